@@ -1,0 +1,59 @@
+"""Shared fixtures: a real gcp-storage-emulator on 127.0.0.1, free ports, the repo root."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """Starts gcp-storage-emulator (in memory) and points the GCS client and TensorStore at it.
+
+    Yields the emulator's base URL. Env vars are set for this process and inherited by
+    every subprocess the tests start (workload hosts, xrun CLI).
+    """
+    from gcp_storage_emulator.server import create_server
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")}
+    os.environ["STORAGE_EMULATOR_HOST"] = url
+    os.environ["TENSORSTORE_GCS_HTTP_URL"] = url
+    try:
+        yield url
+    finally:
+        server.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+_bucket_counter = iter(range(10_000))
+
+
+@pytest.fixture
+def gcs_bucket(gcs_emulator) -> str:
+    """A fresh, empty bucket on the emulator; yields its gs:// URL."""
+    from xrun_contract.storage import gcs_client
+
+    name = f"xrun-test-{os.getpid()}-{next(_bucket_counter)}"
+    gcs_client().create_bucket(name)
+    return f"gs://{name}"
