@@ -186,7 +186,7 @@ CKPT_RESTORED_LINE = "checkpoint restored: step {step}"
 CKPT_RESTORED_RE = re.compile(r"checkpoint restored: step (?P<step>\d+)")
 
 # Lines of the pod wrapper that runs the user's command.
-WRAPPER_START_LINE = "xrun-wrapper: start host={host} attempt={attempt} argv={argv}"
+WRAPPER_START_LINE = "xrun-wrapper: start host={host} attempt={attempt} argv={argv}"  # argv as JSON: one line
 WRAPPER_END_LINE = "xrun-wrapper: end host={host} exit_code={code} seconds={seconds:.3f}"
 EXIT_CODE_LINE = "EXIT_CODE={code}"
 EXIT_CODE_RE = re.compile(r"^EXIT_CODE=(?P<code>-?\d+)\s*$")

@@ -1,0 +1,96 @@
+"""Accelerator shapes, loaded from the data table ``accelerators.yaml``.
+
+Every number the manifests, the workload (MFU, memory %) and the compare report need about
+an accelerator comes from here. ``cpu-N`` shapes are synthesised: N local hosts with a
+configurable number of CPU devices each, for the local backend.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+_TABLE = Path(__file__).with_name("accelerators.yaml")
+_CPU_RE = re.compile(r"^cpu-(\d+)$")
+# A generous but finite bound for local CPU hosts (each is a real process here).
+MAX_CPU_HOSTS = 64
+
+
+class UnknownAccelerator(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str  # e.g. v6e-32
+    kind: str  # tpu | gpu | cpu
+    family: str  # e.g. v6e
+    gke_accelerator: str  # node label value ("" for cpu)
+    topology: str  # e.g. 4x8 ("" for gpu and cpu)
+    vms: int  # hosts per slice (GPU: per node group of one node; scaled by --nodes)
+    devices_per_vm: int  # chips / GPUs per host (cpu: default forced devices)
+    peak_bf16_tflops: float  # per device
+    hbm_bytes: int  # per device
+
+    @property
+    def devices_per_slice(self) -> int:
+        return self.vms * self.devices_per_vm
+
+    @property
+    def hbm_gib(self) -> float:
+        return self.hbm_bytes / 2**30
+
+
+def _bytes(text: str) -> int:
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(GiB|GB)", str(text))
+    if not m:
+        raise ValueError(f"accelerators.yaml: bad hbm {text!r}")
+    return int(float(m[1]) * (2**30 if m[2] == "GiB" else 10**9))
+
+
+@functools.cache
+def shapes() -> dict[str, Shape]:
+    table = yaml.safe_load(_TABLE.read_text())
+    out: dict[str, Shape] = {}
+    for family, fam in table["families"].items():
+        for name, s in fam["shapes"].items():
+            out[name] = Shape(
+                name=name,
+                kind=fam["kind"],
+                family=family,
+                gke_accelerator=fam["gke_accelerator"],
+                topology=s.get("topology", ""),
+                vms=int(s["vms"]),
+                devices_per_vm=int(s.get("devices_per_vm", fam["devices_per_vm"])),
+                peak_bf16_tflops=float(fam["peak_bf16_tflops"]),
+                hbm_bytes=_bytes(fam["hbm"]),
+            )
+    return out
+
+
+def cpu_shape(hosts: int, devices_per_host: int = 2) -> Shape:
+    return Shape(
+        name=f"cpu-{hosts}", kind="cpu", family="cpu", gke_accelerator="", topology="",
+        vms=hosts, devices_per_vm=devices_per_host, peak_bf16_tflops=0.0, hbm_bytes=0,
+    )
+
+
+def lookup(name: str, cpu_devices_per_host: int = 2) -> Shape:
+    """The shape called ``name``; unknown names raise with the close matches listed."""
+    m = _CPU_RE.match(name)
+    if m and 1 <= int(m[1]) <= MAX_CPU_HOSTS:
+        return cpu_shape(int(m[1]), cpu_devices_per_host)
+    table = shapes()
+    if name in table:
+        return table[name]
+    names = sorted(table) + ["cpu-N"]
+    close = difflib.get_close_matches(name, names, n=4, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(names)}"
+    if m:
+        hint = f"cpu hosts must be 1..{MAX_CPU_HOSTS}"
+    raise UnknownAccelerator(f"unknown accelerator {name!r}; {hint}")

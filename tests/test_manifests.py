@@ -1,0 +1,354 @@
+"""xrun render: manifests right by construction for every shape, proven against real schemas."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from manifest_schemas import validate_jobset
+
+from manifests import catalogue
+from manifests.jobset import check_no_empty, jobset
+from orchestrator.cli import main
+from orchestrator.spec import RunSpec, build_spec, max_name_length
+
+SHAPES = sorted(catalogue.shapes()) + ["cpu-1", "cpu-2", "cpu-4"]
+
+
+def spec_for(shape: str, count: int, **extra) -> RunSpec:
+    kind = catalogue.lookup(shape).kind
+    values = {"name": "mt-07-eval", "accelerator": shape, "image": "example.com/xrun:1"}
+    if kind == "tpu":
+        values["num_slices"] = count
+    elif kind == "gpu":
+        values["nodes"] = count
+    values.update(extra)
+    if kind == "gpu" or kind == "tpu":
+        values.setdefault("storage", "gs://bucket/runs")
+    return build_spec(values, {})
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_every_shape_validates(shape, count):
+    if shape.startswith("cpu") and count > 1:
+        count = 1  # cpu shapes have one "slice"; hosts come from the name
+    spec = spec_for(shape, count)
+    obj = jobset(spec)
+    validate_jobset(obj)
+    check_no_empty(obj)
+    s = catalogue.lookup(shape)
+    rj = obj["spec"]["replicatedJobs"][0]
+    job = rj["template"]["spec"]
+    pod = job["template"]["spec"]
+    hosts = count if s.kind == "gpu" else s.vms
+    assert rj["replicas"] == (count if s.kind == "tpu" else 1)
+    assert job["parallelism"] == job["completions"] == hosts
+    assert job["completionMode"] == "Indexed" and job["backoffLimit"] == 0
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["XRUN_HOSTS_PER_SLICE"]["value"] == str(hosts)
+    if s.kind == "tpu":
+        assert pod["nodeSelector"] == {
+            "cloud.google.com/gke-tpu-accelerator": s.gke_accelerator,
+            "cloud.google.com/gke-tpu-topology": s.topology,
+        }
+        chips = str(s.devices_per_vm)
+        assert pod["containers"][0]["resources"] == {
+            "requests": {"google.com/tpu": chips}, "limits": {"google.com/tpu": chips},
+        }
+        assert obj["metadata"]["annotations"] == {
+            "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"
+        }
+        assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+        assert ("MEGASCALE_NUM_SLICES" in env) == (count > 1)
+    elif s.kind == "gpu":
+        assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": s.gke_accelerator}
+        assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "8"}
+        assert not any(k.startswith("MEGASCALE") for k in env)
+        assert "google.com/tpu" not in json.dumps(obj)
+    else:
+        assert "nodeSelector" not in pod and "resources" not in pod["containers"][0]
+
+
+def test_v6e_catalogue_facts():
+    expected = {
+        "v6e-1": ("1x1", 1, 1), "v6e-4": ("2x2", 1, 4), "v6e-8": ("2x4", 1, 8),
+        "v6e-16": ("4x4", 4, 4), "v6e-32": ("4x8", 8, 4), "v6e-64": ("8x8", 16, 4),
+        "v6e-128": ("8x16", 32, 4), "v6e-256": ("16x16", 64, 4),
+    }
+    for name, (topo, vms, chips) in expected.items():
+        s = catalogue.lookup(name)
+        assert (s.topology, s.vms, s.devices_per_vm) == (topo, vms, chips), name
+        assert s.gke_accelerator == "tpu-v6e-slice"
+        assert s.peak_bf16_tflops == 918 and s.hbm_gib == 32
+    # v5p-N counts TensorCores: 2 per chip, 4 chips per VM.
+    for name, s in catalogue.shapes().items():
+        if s.family in ("v5p", "v4"):
+            n = int(name.split("-")[1])
+            assert s.vms * s.devices_per_vm * 2 == n, name
+            dims = [int(d) for d in s.topology.split("x")]
+            assert dims[0] * dims[1] * dims[2] == n // 2, name
+        if s.family in ("v6e", "v5e"):
+            dims = [int(d) for d in s.topology.split("x")]
+            assert dims[0] * dims[1] == int(name.split("-")[1]) == s.vms * s.devices_per_vm
+
+
+def test_issue_example_manifest():
+    spec = build_spec(
+        {}, {"name": "mt-07-eval", "accelerator": "v6e-32", "num_slices": 2, "image": "IMG",
+             "command": "python3 -m workload.train --preset 1b", "queue": "team-a",
+             "kueue_priority": "high", "max_restarts": 5, "storage": "gs://bkt/p"},
+    )
+    obj = jobset(spec)
+    validate_jobset(obj)
+    assert obj["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and obj["kind"] == "JobSet"
+    assert obj["metadata"]["labels"] == {
+        "xrun.dev/run": "mt-07-eval", "app.kubernetes.io/managed-by": "xrun",
+        "kueue.x-k8s.io/queue-name": "team-a", "kueue.x-k8s.io/priority-class": "high",
+    }
+    s = obj["spec"]
+    assert s["failurePolicy"]["maxRestarts"] == 5
+    assert s["failurePolicy"]["rules"][0]["action"] == "FailJobSet"
+    assert s["successPolicy"]["operator"] == "All"
+    assert s["network"]["enableDNSHostnames"] is True
+    assert s["coordinator"] == {"replicatedJob": "slice", "jobIndex": 0, "podIndex": 0}
+    assert s["ttlSecondsAfterFinished"] == 86400
+    job = s["replicatedJobs"][0]["template"]["spec"]
+    rule = job["podFailurePolicy"]["rules"][0]
+    assert rule["action"] == "FailJob" and rule["onExitCodes"]["operator"] == "NotIn"
+    assert rule["onExitCodes"]["values"] == [42, *range(127, 256)]
+    pod = job["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert "serviceAccountName" not in pod and "priorityClassName" not in pod
+    assert "securityContext" not in pod["containers"][0]
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["XRUN_HOST_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
+    assert env["XRUN_SLICE_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['jobset.sigs.k8s.io/job-global-index']"
+    )
+    assert env["MEGASCALE_SLICE_ID"]["valueFrom"] == env["XRUN_SLICE_INDEX"]["valueFrom"]
+    assert env["XRUN_COORDINATOR_ADDRESS"]["value"] == "mt-07-eval-slice-0-0.mt-07-eval:8476"
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"]["value"] == "mt-07-eval-slice-0-0.mt-07-eval"
+    assert env["MEGASCALE_NUM_SLICES"]["value"] == "2"
+    assert env["XRUN_NUM_SLICES"]["value"] == "2" and env["XRUN_HOSTS_PER_SLICE"]["value"] == "8"
+    assert env["XRUN_STORAGE"]["value"] == "gs://bkt/p"
+
+
+def test_optional_fields_appear_only_when_given():
+    spec = spec_for("v6e-8", 1, service_account="trainer", priority_class="high-prio",
+                    privileged=True, env={"EMPTY": "", "X": "1"})
+    obj = jobset(spec)
+    validate_jobset(obj)
+    pod = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "trainer"
+    assert pod["priorityClassName"] == "high-prio"
+    assert pod["containers"][0]["securityContext"] == {"privileged": True}
+    env = pod["containers"][0]["env"]
+    assert {"name": "EMPTY"} in env and {"name": "X", "value": "1"} in env
+
+
+def test_name_length_limit_depends_on_shape():
+    # v6e-256 x 4 slices: pod names <name>-slice-3-63-xxxxx
+    spec = spec_for("v6e-256", 4)
+    limit = max_name_length(spec)
+    assert limit == 63 - len("-slice-3-63-xxxxx")
+    ok = spec_for("v6e-256", 4, name="a" * limit)
+    pod_name = f"{ok.name}-slice-3-63-abcde"
+    assert len(pod_name) == 63
+    rc, out, err = run_cli(["render", "--name", "a" * (limit + 1), "--tpu", "v6e-256",
+                            "--num-slices", "4", "--image", "i"])
+    assert rc == 2 and out == ""
+    assert f"at most {limit}" in err
+
+
+def run_cli(args: list[str]) -> tuple[int, str, str]:
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args],
+                          capture_output=True, text=True, timeout=60)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_render_cli_yaml_json_and_file(tmp_path):
+    args = ["render", "--name", "mt-07-eval", "--tpu", "v6e-32", "--num-slices", "2",
+            "--image", "IMG", "--command", "python3 -m workload.train --preset 1b"]
+    rc, out, err = run_cli(args)
+    assert rc == 0, err
+    obj = yaml.safe_load(out)
+    validate_jobset(obj)
+    rc, out_json, _ = run_cli([*args, "-o", "json"])
+    assert rc == 0 and json.loads(out_json) == obj
+    target = tmp_path / "js.yaml"
+    rc, out_file, _ = run_cli([*args, "--output-file", str(target)])
+    assert rc == 0 and out_file == "" and yaml.safe_load(target.read_text()) == obj
+
+
+def test_run_file_and_flags_override(tmp_path):
+    run = tmp_path / "run.yaml"
+    run.write_text(
+        "name: from-file\naccelerator: v6e-16\nimage: img:1\nnum_slices: 2\n"
+        "env:\n  A: '1'\n  B: two\nmax_restarts: 7\n"
+    )
+    rc, out, err = run_cli(["render", "-f", str(run), "--name", "from-flag", "--env", "B=3"])
+    assert rc == 0, err
+    obj = yaml.safe_load(out)
+    assert obj["metadata"]["name"] == "from-flag"
+    assert obj["spec"]["failurePolicy"]["maxRestarts"] == 7
+    assert obj["spec"]["replicatedJobs"][0]["replicas"] == 2
+    env = {e["name"]: e.get("value") for e in
+           obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["A"] == "1" and env["B"] == "3"
+
+
+def test_no_empty_fields_in_any_rendered_manifest():
+    for shape in SHAPES:
+        text = yaml.safe_dump(jobset(spec_for(shape, 1)))
+        assert ": null" not in text and ": ''" not in text and "None" not in text, shape
+
+
+HARMFUL = "echo 'single' \"double\" $HOME ${X} $(echo sub) `echo tick`; echo a\\b\nprintf '%s' \"$$\" ; echo 'end'"
+
+
+def test_command_reaches_child_unchanged(tmp_path):
+    """The wrapper receives the command as one argv element; after Kubernetes' $-expansion
+    (which the local backend reproduces) sh sees exactly the user's text."""
+    from manifests.jobset import wrapper_argv
+    from orchestrator.k8s_env import expand
+
+    argv = [expand(a, {}) for a in wrapper_argv(HARMFUL)]
+    assert argv[-1] == HARMFUL
+    # Run it for real: the wrapper runs sh -c CMD; CMD here echoes its own text back.
+    probe = "cat <<'XRUN_EOF'\n" + HARMFUL + "\nXRUN_EOF"
+    argv = [expand(a, {}) for a in wrapper_argv(probe)]
+    argv[0] = sys.executable
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=str(tmp_path),
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("xrun-wrapper: start")
+    assert lines[-1] == "EXIT_CODE=0"
+    body = "\n".join(lines[1:-2])
+    assert body == HARMFUL
+
+
+def test_wrapper_exit_code_and_sigterm_forwarding(tmp_path):
+    from manifests.jobset import wrapper_argv
+
+    argv = wrapper_argv("exit 7")
+    argv[0] = sys.executable
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
+    assert proc.returncode == 7 and proc.stdout.splitlines()[-1] == "EXIT_CODE=7"
+    # SIGTERM reaches a grandchild (python under sh) which exits 42 from its handler.
+    script = ("import signal,sys,time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
+              "print('ready', flush=True)\ntime.sleep(30)\n")
+    (tmp_path / "s.py").write_text(script)
+    argv = wrapper_argv(f"{sys.executable} {tmp_path / 's.py'}; echo after")
+    argv[0] = sys.executable
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout.readline().startswith("xrun-wrapper: start")
+    assert p.stdout.readline().strip() == "ready"
+    p.terminate()
+    out = p.stdout.read()
+    p.wait(timeout=20)
+    assert re.search(r"^EXIT_CODE=\d+$", out, re.M)
+    # sh got SIGTERM too (it is in the group): the wrapper reports what sh returned.
+    assert p.returncode == int(out.strip().splitlines()[-1].split("=")[1])
+    assert p.returncode in (42, 143)
+
+
+REPO = __import__("pathlib").Path(__file__).resolve().parent.parent
+
+
+BAD_INPUTS = [
+    (["--name", "a", "--tpu", "v6e-30", "--image", "i"], "did you mean v6e-32"),
+    (["--name", "a", "--tpu", "v7x-8", "--image", "i"], "accelerator"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--num-slices", "0"], "num_slices: must be >= 1"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--num-slices", "-2"], "num_slices"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--num-slices", "two"], "--num-slices"),
+    (["--name", "Bad", "--tpu", "v6e-8", "--image", "i"], "name: 'Bad' is not a DNS-1035"),
+    (["--name", "1abc", "--tpu", "v6e-8", "--image", "i"], "DNS-1035"),
+    (["--name", "abc-", "--tpu", "v6e-8", "--image", "i"], "DNS-1035"),
+    (["--name", "a_b", "--tpu", "v6e-8", "--image", "i"], "DNS-1035"),
+    (["--name", "a" * 60, "--tpu", "v6e-8", "--image", "i"], "characters; at most"),
+    (["--tpu", "v6e-8", "--image", "i"], "name: required"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--env", "A=1", "--env", "A=2"], "duplicate env key 'A'"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--env", "1A=1"], "not a valid variable name"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--env", "A-B=1"], "not a valid variable name"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--env", "NOEQUALS"], "expected KEY=VALUE"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--env", "XRUN_RUN_NAME=x"], "set by xrun itself"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--command", "  "], "command: must not be empty"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--command", "echo 'open"], "command: cannot be parsed"),
+    (["--name", "a", "--tpu", "v6e-8"], "image: required"),
+    (["--name", "a", "--image", "i"], "accelerator: required"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--max-restarts", "-1"], "max_restarts: must be >= 0"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--restartable-exit-codes", "42,x"], "restartable_exit_codes"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--restartable-exit-codes", "0"], "restartable_exit_codes"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--storage", "s3://b/x"], "storage"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--nodes", "2"], "nodes: only for GPU"),
+    (["--name", "a", "--accelerator", "h100-80gb-8", "--image", "i", "--num-slices", "2"], "multislice is for TPU"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--queue", "Bad Queue"], "queue"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--service-account", "Bad_SA"], "service_account"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "-o", "xml"], "--output"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--bogus"], "--bogus"),
+    (["--name", "a", "--tpu", "cpu-0", "--image", "i"], "cpu hosts must be"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--backend", "kube"], "gs://"),
+]
+
+BAD_RUN_FILES = [
+    ("name: a\naccelerator: v6e-8\nimage: i\nslices: 2\n", "unknown key 'slices'"),
+    ("- name: a\n- image: i\n", "must be a YAML mapping"),
+    ("just a string\n", "must be a YAML mapping"),
+    ("name: a\nname: b\naccelerator: v6e-8\nimage: i\n", "duplicate key 'name'"),
+    ("name: a\naccelerator: v6e-8\nimage: i\nenv:\n  A: 1\n  A: 2\n", "duplicate key 'A'"),
+    ("name: a\naccelerator: v6e-8\nimage: i\nenv: [A, B]\n", "env: must be a mapping"),
+    ("name: a\naccelerator: v6e-8\nimage: i\nnum_slices: many\n", "num_slices: must be an integer"),
+    ("name: a\naccelerator: v6e-8\nimage: i\nprivileged: maybe\n", "privileged: must be true or false"),
+    ("name: a\naccelerator: v6e-8\nimage:\n", "image: empty value"),
+    ("name: [a\n", "not valid YAML"),
+    ("name: a\naccelerator: v6e-8\nimage: i\nenv:\n  A: {b: 1}\n", "env.A: must be"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_INPUTS)
+def test_bad_flags_exit_2_one_line(args, needle, tmp_path, capsys):
+    out_file = tmp_path / "out.yaml"
+    rc = main(["render", *args, "--output-file", str(out_file)])
+    out, err = capsys.readouterr()
+    assert rc == 2, (args, err)
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err, err
+    assert not out_file.exists()
+
+
+@pytest.mark.parametrize("content,needle", BAD_RUN_FILES)
+def test_bad_run_files_exit_2_one_line(content, needle, tmp_path, capsys):
+    run = tmp_path / "run.yaml"
+    run.write_text(content)
+    rc = main(["render", "-f", str(run)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err, err
+
+
+def test_missing_run_file_and_env_file(tmp_path, capsys):
+    assert main(["render", "-f", str(tmp_path / "nope.yaml")]) == 2
+    assert "run file: cannot read" in capsys.readouterr().err
+    ef = tmp_path / "e.env"
+    ef.write_text("A=1\n# comment\nA=2\n")
+    assert main(["render", "--name", "a", "--tpu", "v6e-8", "--image", "i", "--env-file", str(ef)]) == 2
+    assert "duplicate env key 'A'" in capsys.readouterr().err
+    ef.write_text("A=1\nexport B=2\n")
+    assert main(["render", "--name", "a", "--tpu", "v6e-8", "--image", "i", "--env-file", str(ef),
+                 "--env", "A=3"]) == 2
+    assert "also in --env-file" in capsys.readouterr().err
+    assert main(["render", "--name", "a", "--tpu", "v6e-8", "--image", "i", "--env-file", str(ef)]) == 0
+    assert "name: B" in capsys.readouterr().out

@@ -1,0 +1,109 @@
+"""The pod wrapper: runs the user's command, ships its output to storage, keeps its exit code.
+
+Every pod's container command is ``python3 -u -m workload.wrapper -- /bin/sh -c CMD``. The
+wrapper prints a start line, runs the child in its own process group (forwarding SIGTERM
+and SIGINT to the whole group, so a shell pipeline's python gets it too), tees the merged
+stdout/stderr to its own stdout and to append-only log chunks under the storage root, then
+prints an end line and ``EXIT_CODE=<n>`` and exits with the child's code (128+N for a
+signal). It imports neither jax nor kubernetes: it must start in milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from xrun_contract import (
+    EXIT_CODE_LINE,
+    WRAPPER_END_LINE,
+    WRAPPER_START_LINE,
+    Env,
+    Layout,
+    host_id,
+)
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGKILL if the wrapper dies, so no orphan ever outlives a pod."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _log_writer():
+    """A ChunkWriter for this host's log under the storage root, or None when not configured."""
+    root, run = os.environ.get(Env.STORAGE), os.environ.get(Env.RUN_NAME)
+    if not root or not run:
+        return None
+    from xrun_contract.storage import ChunkWriter, open_storage
+
+    host = host_id(int(os.environ.get(Env.SLICE_INDEX, "0")), int(os.environ.get(Env.HOST_INDEX, "0")))
+    attempt = int(os.environ.get(Env.RESTART_ATTEMPT, "0") or 0)
+    interval = float(os.environ.get(Env.LOG_FLUSH_SECONDS, "2"))
+    storage = open_storage(root)
+    return ChunkWriter(storage, lambda seq: Layout.log_chunk(run, host, attempt, seq), interval)
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print("usage: python -m workload.wrapper -- COMMAND [ARG...]", file=sys.stderr)
+        return 2
+    host = host_id(int(os.environ.get(Env.SLICE_INDEX, "0")), int(os.environ.get(Env.HOST_INDEX, "0")))
+    attempt = os.environ.get(Env.RESTART_ATTEMPT, "0")
+    out = sys.stdout.buffer
+    try:
+        writer = _log_writer()
+    except Exception as e:  # noqa: BLE001 - a storage problem must not hide the job's output
+        print(f"xrun-wrapper: log shipping disabled: {e}", file=sys.stderr, flush=True)
+        writer = None
+
+    def emit(line: str) -> None:
+        data = (line + "\n").encode()
+        out.write(data)
+        out.flush()
+        if writer:
+            writer.write(data.decode("utf-8", errors="replace"))
+
+    emit(WRAPPER_START_LINE.format(host=host, attempt=attempt, argv=json.dumps(argv)))
+    start = time.monotonic()
+    try:
+        child = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, preexec_fn=_die_with_parent,
+        )
+    except OSError as e:
+        emit(f"xrun-wrapper: cannot start {argv[0]}: {e.strerror}")
+        code = 127
+    else:
+        def forward(signum, _frame):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        assert child.stdout is not None
+        for raw in iter(child.stdout.readline, b""):
+            out.write(raw)
+            out.flush()
+            if writer:
+                writer.write(raw.decode("utf-8", errors="replace"))
+        rc = child.wait()
+        code = rc if rc >= 0 else 128 - rc
+    emit(WRAPPER_END_LINE.format(host=host, code=code, seconds=time.monotonic() - start))
+    emit(EXIT_CODE_LINE.format(code=code))
+    if writer:
+        writer.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
