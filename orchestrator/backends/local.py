@@ -1,0 +1,437 @@
+"""The embedded default: run a rendered JobSet as host processes on this machine.
+
+A detached supervisor process (``python -m orchestrator.backends.local supervise ROOT NAME``)
+reads ``manifest.yaml`` from the storage root and, for each slice x host, starts the
+container's command with its env resolved the way Kubernetes and JobSet would resolve it
+for that pod: Downward-API fields (completion index, job-global-index, restart attempt, pod
+name), ``$(VAR)`` expansion, the coordinator's DNS name mapped to 127.0.0.1 and a free
+port, the accelerator replaced by as many CPU devices per host as the shape has chips.
+
+JobSet semantics, taken from the manifest itself: success when every pod exits 0; a pod
+whose exit code matches the Job's podFailurePolicy ``FailJob`` rule fails the Job with
+reason PodFailurePolicy, which the JobSet failurePolicy rule turns into FailJobSet; any
+other failure restarts the whole set (SIGTERM to every pod, SIGKILL after the grace
+period) while ``restarts < maxRestarts``. Every transition is written to ``state.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import socket
+import string
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.backends import BackendError, BackendStatus, HostStatus
+from orchestrator.k8s_env import expand
+from xrun_contract import (
+    DELETED,
+    FAILED,
+    PENDING,
+    RESTARTING,
+    RUNNING,
+    SUCCEEDED,
+    TERMINAL_STATES,
+    Env,
+    Layout,
+    host_id,
+)
+from xrun_contract.storage import Storage, open_storage
+
+POLL_SECONDS = 0.2
+LOCAL_LOG_FLUSH_SECONDS = "0.5"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Pod:
+    """One pod of the JobSet, as a local process."""
+
+    slice_index: int
+    host_index: int
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+    exit_code: int | None = None
+
+    @property
+    def host(self) -> str:
+        return host_id(self.slice_index, self.host_index)
+
+
+def _field_value(path: str, meta: dict[str, Any]) -> str:
+    """Resolve a Downward-API fieldPath against the pod's would-be metadata."""
+    if path == "metadata.name":
+        return meta["name"]
+    if path == "metadata.namespace":
+        return meta["namespace"]
+    for kind in ("labels", "annotations"):
+        prefix = f"metadata.{kind}['"
+        if path.startswith(prefix) and path.endswith("']"):
+            key = path[len(prefix):-2]
+            if key not in meta[kind]:
+                raise BackendError(f"manifest: fieldRef {path} names a {kind[:-1]} the pod will not have")
+            return meta[kind][key]
+    raise BackendError(f"manifest: unsupported fieldRef {path}")
+
+
+def _resolve_env(container: dict[str, Any], meta: dict[str, Any]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in container.get("env", []):
+        if "valueFrom" in item:
+            ref = item["valueFrom"].get("fieldRef")
+            if not ref:
+                raise BackendError(f"manifest: env {item['name']}: only fieldRef is supported locally")
+            env[item["name"]] = _field_value(ref["fieldPath"], meta)
+        else:
+            env[item["name"]] = expand(item.get("value", ""), env)
+    return env
+
+
+def _suffix() -> str:
+    return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+
+
+def plan_pods(manifest: dict[str, Any], attempt: int, port: int) -> list[Pod]:
+    """Every pod of the JobSet with its argv and env as the cluster would give them."""
+    name = manifest["metadata"]["name"]
+    namespace = manifest["metadata"].get("namespace", "default")
+    pods: list[Pod] = []
+    global_index = 0
+    for rj in manifest["spec"]["replicatedJobs"]:
+        job = rj["template"]["spec"]
+        pod_template = job["template"]
+        (container,) = pod_template["spec"]["containers"]
+        for job_index in range(rj.get("replicas", 1)):
+            for completion_index in range(job.get("parallelism", 1)):
+                meta = {
+                    "name": f"{name}-{rj['name']}-{job_index}-{completion_index}-{_suffix()}",
+                    "namespace": namespace,
+                    "labels": {
+                        **pod_template.get("metadata", {}).get("labels", {}),
+                        "jobset.sigs.k8s.io/jobset-name": name,
+                        "jobset.sigs.k8s.io/replicatedjob-name": rj["name"],
+                        "jobset.sigs.k8s.io/job-index": str(job_index),
+                        "jobset.sigs.k8s.io/job-global-index": str(global_index),
+                        "jobset.sigs.k8s.io/restart-attempt": str(attempt),
+                        "batch.kubernetes.io/job-completion-index": str(completion_index),
+                    },
+                    "annotations": {
+                        "batch.kubernetes.io/job-completion-index": str(completion_index),
+                        "jobset.sigs.k8s.io/job-global-index": str(global_index),
+                    },
+                }
+                env = _resolve_env(container, meta)
+                _localise(env, port)
+                argv = [expand(a, env) for a in container.get("command", []) + container.get("args", [])]
+                if not argv:
+                    raise BackendError("manifest: the container has no command; local runs need one")
+                if argv[0] in ("python3", "python"):
+                    argv[0] = sys.executable  # the image's python is this environment's python
+                pods.append(Pod(int(env.get(Env.SLICE_INDEX, global_index)),
+                                int(env.get(Env.HOST_INDEX, completion_index)),
+                                meta["name"], argv, env))
+            global_index += 1
+    return pods
+
+
+def _localise(env: dict[str, str], port: int) -> None:
+    """Cluster DNS and accelerators do not exist here: map them to 127.0.0.1 and CPUs."""
+    if Env.COORDINATOR_ADDRESS in env:
+        env[Env.COORDINATOR_ADDRESS] = f"127.0.0.1:{port}"
+    if Env.MEGASCALE_COORDINATOR_ADDRESS in env:
+        env[Env.MEGASCALE_COORDINATOR_ADDRESS] = "127.0.0.1"
+    env[Env.PLATFORM] = "cpu"
+    env.setdefault(Env.LOG_FLUSH_SECONDS, LOCAL_LOG_FLUSH_SECONDS)
+
+
+def _fails_job_for_good(job_spec: dict[str, Any], code: int) -> bool:
+    """Does the Job's podFailurePolicy FailJob rule match this exit code?"""
+    for rule in job_spec.get("podFailurePolicy", {}).get("rules", []):
+        on = rule.get("onExitCodes")
+        if rule.get("action") != "FailJob" or not on or code == 0:
+            continue
+        values = set(on.get("values", []))
+        if (on.get("operator") == "In") == (code in values):
+            return True
+    return False
+
+
+def _jobset_fails_on_policy(manifest: dict[str, Any]) -> bool:
+    rules = manifest["spec"].get("failurePolicy", {}).get("rules", [])
+    return any(
+        r.get("action") == "FailJobSet" and "PodFailurePolicy" in r.get("onJobFailureReasons", [])
+        for r in rules
+    )
+
+
+def _base_env() -> dict[str, str]:
+    """The host environment a local pod inherits: PATH with this python first, no XRUN_*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_") and not k.startswith("MEGASCALE_")}
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '/usr/bin:/bin')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    repo = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+@dataclass
+class Supervisor:
+    storage: Storage
+    name: str
+    manifest: dict[str, Any] = field(init=False)
+    state: dict[str, Any] = field(init=False)
+    pods: list[Pod] = field(default_factory=list)
+    stop_requested: bool = False
+
+    def __post_init__(self) -> None:
+        text = self.storage.read_text(Layout.manifest(self.name))
+        if text is None:
+            raise BackendError(f"no manifest for run {self.name} under {self.storage.root}")
+        self.manifest = yaml.safe_load(text)
+        self.state = {
+            "backend": "local", "state": PENDING, "restarts": 0, "attempt": 0,
+            "supervisor_pid": os.getpid(), "hosts": {}, "transitions": [], "message": "",
+        }
+
+    # -- state ------------------------------------------------------------------------
+    def transition(self, state: str, reason: str = "") -> None:
+        self.state["state"] = state
+        self.state["message"] = reason
+        self.state["transitions"].append({"time": time.time(), "state": state, "reason": reason})
+        self.save()
+
+    def save(self) -> None:
+        self.state["updated"] = time.time()
+        self.state["hosts"] = {
+            p.host: {
+                "state": "Running" if p.exit_code is None and p.proc else
+                ("Succeeded" if p.exit_code == 0 else ("Failed" if p.exit_code is not None else "Pending")),
+                "pid": p.proc.pid if p.proc else None,
+                "pod": p.name,
+                "exit_code": p.exit_code,
+                "attempt": self.state["attempt"],
+            }
+            for p in self.pods
+        }
+        self.storage.write_json(Layout.state(self.name), self.state)
+
+    # -- pods -------------------------------------------------------------------------
+    @property
+    def grace_seconds(self) -> float:
+        rj = self.manifest["spec"]["replicatedJobs"][0]
+        return float(rj["template"]["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30))
+
+    def start_pods(self) -> None:
+        port = free_port()
+        base = _base_env()
+        cache = _compilation_cache(self.storage)
+        self.pods = plan_pods(self.manifest, self.state["attempt"], port)
+        for pod in self.pods:
+            env = {**base, **pod.env}
+            if cache:
+                env.setdefault(Env.COMPILATION_CACHE, cache)
+            pod.proc = subprocess.Popen(
+                pod.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True,
+            )
+        self.save()
+
+    def stop_pods(self) -> None:
+        """SIGTERM every live pod's process group, SIGKILL whatever outlives the grace period."""
+        live = [p for p in self.pods if p.proc and p.proc.poll() is None]
+        for p in live:
+            _signal_group(p.proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_seconds
+        while time.monotonic() < deadline and any(p.proc.poll() is None for p in live):
+            time.sleep(POLL_SECONDS)
+        for p in live:
+            _signal_group(p.proc, signal.SIGKILL)
+            p.proc.wait()
+            if p.exit_code is None:
+                rc = p.proc.returncode
+                p.exit_code = rc if rc >= 0 else 128 - rc
+
+    # -- main loop --------------------------------------------------------------------
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_stop)
+        signal.signal(signal.SIGINT, self._on_stop)
+        spec = self.manifest["spec"]
+        max_restarts = int(spec.get("failurePolicy", {}).get("maxRestarts", 0))
+        job_spec = spec["replicatedJobs"][0]["template"]["spec"]
+        self.save()
+        while True:
+            self.start_pods()
+            self.transition(RUNNING, f"attempt {self.state['attempt']}: {len(self.pods)} pods started")
+            failed = self.wait_pods()
+            if self.stop_requested:
+                self.stop_pods()
+                self.transition(DELETED, "stopped by xrun delete")
+                return 1
+            if failed is None:
+                self.transition(SUCCEEDED, "all pods succeeded")
+                return 0
+            code = failed.exit_code
+            assert code is not None
+            self.stop_pods()
+            if _fails_job_for_good(job_spec, code) and _jobset_fails_on_policy(self.manifest):
+                self.transition(FAILED, f"host {failed.host} exited with code {code} (not restartable: podFailurePolicy FailJob)")
+                return 1
+            if self.state["restarts"] >= max_restarts:
+                self.transition(FAILED, f"host {failed.host} exited with code {code}; maxRestarts {max_restarts} reached")
+                return 1
+            self.state["restarts"] += 1
+            self.transition(RESTARTING, f"host {failed.host} exited with code {code}; restart {self.state['restarts']}/{max_restarts}")
+            self.state["attempt"] += 1
+
+    def wait_pods(self) -> Pod | None:
+        """Until every pod succeeded (None), one failed (that pod), or a stop was asked."""
+        while not self.stop_requested:
+            changed = False
+            for p in self.pods:
+                if p.exit_code is None and p.proc and p.proc.poll() is not None:
+                    rc = p.proc.returncode
+                    p.exit_code = rc if rc >= 0 else 128 - rc
+                    changed = True
+                    if p.exit_code != 0:
+                        self.save()
+                        return p
+            if changed:
+                self.save()
+            if all(p.exit_code == 0 for p in self.pods):
+                return None
+            time.sleep(POLL_SECONDS)
+        return None
+
+    def _on_stop(self, _signum, _frame) -> None:
+        self.stop_requested = True
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _compilation_cache(storage: Storage) -> str | None:
+    """JAX's persistent compilation cache under a local storage root (off with XRUN_NO_CACHE=1)."""
+    if os.environ.get("XRUN_LOCAL_COMPILATION_CACHE", "1") == "0":
+        return None
+    if storage.root.startswith("gs://"):
+        return None
+    return storage.url(Layout.compilation_cache())
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class LocalBackend:
+    """Backend protocol over the supervisor: state lives in storage (state.json)."""
+
+    name = "local"
+
+    def __init__(self, storage_root: str):
+        self.storage_root = storage_root
+        self.storage = open_storage(storage_root)
+
+    def submit(self, manifest: dict[str, Any], *, replace: bool = False) -> None:
+        name = manifest["metadata"]["name"]
+        log_dir = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "xrun"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_dir / f"supervisor-{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.backends.local", "supervise", self.storage_root, name],
+                env=_base_env() | {k: v for k, v in os.environ.items() if k.startswith("XRUN_LOCAL")},
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+            )
+        self.supervisor = proc  # callers that follow may wait on it
+        # The supervisor writes state.json at once; wait for it so status never sees nothing.
+        deadline = time.monotonic() + 30
+        while self.storage.read_json(Layout.state(name)) is None:
+            if proc.poll() is not None:
+                raise BackendError(f"local supervisor exited with code {proc.returncode}; see {log_dir}/supervisor-{name}.log")
+            if time.monotonic() > deadline:
+                raise BackendError("local supervisor did not start within 30 s")
+            time.sleep(0.05)
+
+    def status(self, name: str) -> BackendStatus | None:
+        state = self.storage.read_json(Layout.state(name))
+        if state is None:
+            return None
+        current = state.get("state", PENDING)
+        if current not in TERMINAL_STATES and not _pid_alive(state.get("supervisor_pid")):
+            current, state["message"] = FAILED, "local supervisor is gone (machine restarted or killed)"
+        hosts = [
+            HostStatus(host=h, state=v.get("state", PENDING), attempt=v.get("attempt", 0),
+                       exit_code=v.get("exit_code"), pod=str(v.get("pid") or ""))
+            for h, v in sorted(state.get("hosts", {}).items())
+        ]
+        return BackendStatus(state=current, restarts=state.get("restarts", 0), hosts=hosts,
+                             message=state.get("message", ""))
+
+    def delete(self, name: str, *, wait: bool = True) -> bool:
+        state = self.storage.read_json(Layout.state(name))
+        if not state or state.get("state") in TERMINAL_STATES:
+            return False
+        pid = state.get("supervisor_pid")
+        if not _pid_alive(pid):
+            return False
+        os.kill(pid, signal.SIGTERM)
+        if wait:
+            deadline = time.monotonic() + float(state.get("grace_seconds", 180))
+            while _pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            for h in state.get("hosts", {}).values():  # belt and braces: nothing may outlive it
+                if h.get("pid") and _pid_alive(h["pid"]):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(h["pid"], signal.SIGKILL)
+        return True
+
+    def list(self) -> list[dict[str, Any]]:
+        return []  # local runs are exactly what storage holds; the readers list them
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] != "supervise":
+        print("usage: python -m orchestrator.backends.local supervise STORAGE_ROOT NAME", file=sys.stderr)
+        return 2
+    sup = Supervisor(open_storage(argv[1]), argv[2])
+    try:
+        return sup.run()
+    except BaseException as e:
+        sup.stop_pods()
+        if sup.state["state"] not in TERMINAL_STATES:
+            sup.transition(FAILED, f"local supervisor error: {e!r}")
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
