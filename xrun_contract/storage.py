@@ -8,6 +8,7 @@ metrics) are written as numbered chunk objects by :class:`ChunkWriter`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -258,10 +259,8 @@ class ChunkWriter:
 
     def _loop(self) -> None:
         while not self._closed.wait(self._interval):
-            try:
+            with contextlib.suppress(Exception):  # retried at the next tick and on close
                 self.flush()
-            except Exception:  # noqa: BLE001
-                pass
 
     def close(self) -> None:
         self._closed.set()

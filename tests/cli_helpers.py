@@ -1,0 +1,46 @@
+"""Run the real `xrun` CLI as a subprocess, the way a user or a scheduler does."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def xrun_env(storage: str | Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
+    env["XRUN_STORAGE"] = str(storage)
+    env["PYTHONPATH"] = str(REPO)
+    env["XDG_STATE_HOME"] = str(Path(str(storage)).parent / "state") if not str(storage).startswith("gs://") else "/tmp/xrun-test-state"
+    env.update(extra)
+    return env
+
+
+def xrun(*args: str, storage: str | Path, timeout: float = 300, cwd: str | Path | None = None,
+         **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *args], capture_output=True, text=True,
+        timeout=timeout, env=xrun_env(storage, **extra), cwd=cwd,
+    )
+
+
+def xrun_popen(*args: str, storage: str | Path, **extra: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", *args], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env=xrun_env(storage, **extra),
+    )
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

@@ -1,0 +1,189 @@
+"""The local backend runs the rendered JobSet as host processes with JobSet semantics.
+
+The pods here run small shell commands (fast); the real training run is exercised by
+tests/test_e2e_local.py.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+import yaml
+from cli_helpers import pid_alive, xrun, xrun_popen
+
+from orchestrator.backends import BackendError
+from orchestrator.backends.local import plan_pods
+from orchestrator.spec import build_spec
+
+BASE = ["--accelerator", "cpu-2", "--image", "local", "--max-restarts", "2"]
+
+
+def state_of(storage, name):
+    return json.loads((storage / "runs" / name / "state.json").read_text())
+
+
+def test_success_logs_status_list(tmp_path):
+    store = tmp_path / "store"
+    cmd = 'echo "host $XRUN_SLICE_INDEX-$XRUN_HOST_INDEX/$XRUN_HOSTS_PER_SLICE at $XRUN_COORDINATOR_ADDRESS"'
+    r = xrun("submit", "--name", "ok", *BASE, "--command", cmd, "--follow", storage=store)
+    assert r.returncode == 0, r.stderr
+    # Both hosts' lines, prefixed, with the Downward-API values resolved per pod.
+    assert "[0-0] host 0-0/2 at 127.0.0.1:" in r.stdout
+    assert "[0-1] host 0-1/2 at 127.0.0.1:" in r.stdout
+    assert "run ok: Succeeded" in r.stderr
+    st = state_of(store, "ok")
+    assert st["state"] == "Succeeded" and st["restarts"] == 0
+    assert {h: v["exit_code"] for h, v in st["hosts"].items()} == {"0-0": 0, "0-1": 0}
+    # Everything left in storage: manifest, run.json, logs per host.
+    manifest = yaml.safe_load((store / "runs/ok/manifest.yaml").read_text())
+    assert manifest["kind"] == "JobSet" and manifest["metadata"]["name"] == "ok"
+    assert json.loads((store / "runs/ok/run.json").read_text())["spec"]["accelerator"] == "cpu-2"
+    assert sorted(p.name for p in (store / "runs/ok/logs").iterdir()) == ["0-0", "0-1"]
+    r = xrun("status", "ok", "-o", "json", storage=store)
+    view = json.loads(r.stdout)
+    assert view["state"] == "Succeeded" and [h["host"] for h in view["hosts"]] == ["0-0", "0-1"]
+    r = xrun("logs", "ok", "--host", "0-1", storage=store)
+    assert "[0-1] host 0-1/2" in r.stdout and "[0-0]" not in r.stdout
+    assert r.stdout.strip().endswith("[0-1] EXIT_CODE=0")
+    r = xrun("logs", "ok", "--tail", "1", "--no-prefix", storage=store)
+    assert r.stdout.splitlines() == ["EXIT_CODE=0", "EXIT_CODE=0"]
+    r = xrun("list", "-o", "json", storage=store)
+    assert [(x["name"], x["state"]) for x in json.loads(r.stdout)] == [("ok", "Succeeded")]
+    # Same name again: refused (exit 2, nothing written) unless --replace.
+    r = xrun("submit", "--name", "ok", *BASE, "--command", "true", "--detach", storage=store)
+    assert r.returncode == 2 and "already exists" in r.stderr
+
+
+def test_restartable_exit_restarts_whole_set(tmp_path):
+    store = tmp_path / "store"
+    cmd = ('echo "attempt $XRUN_RESTART_ATTEMPT"; '
+           'if [ "$XRUN_RESTART_ATTEMPT" = 0 ] && [ "$XRUN_HOST_INDEX" = 1 ]; then exit 42; fi; '
+           'if [ "$XRUN_RESTART_ATTEMPT" = 0 ]; then sleep 30; fi')
+    r = xrun("submit", "--name", "rs", *BASE, "--command", cmd, "--follow", storage=store)
+    assert r.returncode == 0, r.stderr
+    st = state_of(store, "rs")
+    assert st["state"] == "Succeeded" and st["restarts"] == 1
+    walk = [t["state"] for t in st["transitions"]]
+    assert walk == ["Running", "Restarting", "Running", "Succeeded"]
+    assert "host 0-1 exited with code 42" in st["transitions"][1]["reason"]
+    assert "[0-0 #1] attempt 1" in r.stdout and "[0-1 #1] attempt 1" in r.stdout
+    # Host 0-0 was stopped by SIGTERM when 0-1 failed (it was sleeping 30 s).
+    assert "[0-0] EXIT_CODE=143" in r.stdout
+
+
+def test_non_restartable_exit_fails_run_naming_host_and_code(tmp_path):
+    store = tmp_path / "store"
+    cmd = 'if [ "$XRUN_HOST_INDEX" = 1 ]; then exit 3; fi; sleep 30'
+    r = xrun("submit", "--name", "bad", *BASE, "--command", cmd, storage=store)
+    assert r.returncode == 1
+    st = state_of(store, "bad")
+    assert st["state"] == "Failed" and st["restarts"] == 0
+    assert "host 0-1 exited with code 3 (not restartable" in st["message"]
+    assert "host 0-1 exited with code 3" in r.stderr
+
+
+def test_max_restarts_exhausted(tmp_path):
+    store = tmp_path / "store"
+    r = xrun("submit", "--name", "mr", "--accelerator", "cpu-1", "--image", "i",
+             "--max-restarts", "1", "--command", "exit 42", storage=store)
+    assert r.returncode == 1
+    st = state_of(store, "mr")
+    assert st["restarts"] == 1 and "maxRestarts 1 reached" in st["message"]
+
+
+def test_delete_live_run_leaves_no_process(tmp_path):
+    store = tmp_path / "store"
+    # The pod's command leaves a grandchild (sleep) running in the background.
+    r = xrun("submit", "--name", "live", *BASE, "--termination-grace-seconds", "2",
+             "--command", "sleep 300 & echo child $!; wait", "--detach", storage=store)
+    assert r.returncode == 0, r.stderr
+    deadline = time.time() + 20
+    pids = []
+    while time.time() < deadline:
+        st = state_of(store, "live")
+        logs = xrun("logs", "live", "--no-prefix", storage=store).stdout
+        children = [int(ln.split()[1]) for ln in logs.splitlines() if ln.startswith("child ")]
+        if len(children) == 2 and all(h.get("pid") for h in st["hosts"].values()):
+            pids = [st["supervisor_pid"], *[h["pid"] for h in st["hosts"].values()], *children]
+            break
+        time.sleep(0.3)
+    assert len(pids) == 5 and all(pid_alive(p) for p in pids)
+    assert json.loads(xrun("status", "live", "-o", "json", storage=store).stdout)["state"] == "Running"
+    r = xrun("delete", "live", storage=store)
+    assert r.returncode == 0 and "stopped live" in r.stderr
+    time.sleep(0.5)
+    assert [p for p in pids if pid_alive(p)] == []
+    assert state_of(store, "live")["state"] == "Deleted"
+    # --purge without a TTY needs --yes; with it the data is gone.
+    r = xrun("delete", "live", "--purge", storage=store)
+    assert r.returncode == 2 and "--yes" in r.stderr
+    r = xrun("delete", "live", "--purge", "--yes", storage=store)
+    assert r.returncode == 0 and not (store / "runs" / "live").exists()
+
+
+def test_interrupt_when_not_interactive_detaches(tmp_path):
+    store = tmp_path / "store"
+    p = xrun_popen("submit", "--name", "ci", *BASE, "--command", "sleep 300", storage=store)
+    deadline = time.time() + 20
+    while time.time() < deadline and not (store / "runs/ci/state.json").exists():
+        time.sleep(0.2)
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and "detached" in err
+    assert state_of(store, "ci")["state"] == "Running"
+    assert xrun("delete", "ci", storage=store).returncode == 0
+    assert state_of(store, "ci")["state"] == "Deleted"
+
+
+def test_wrong_manifest_fails_locally_as_on_a_cluster():
+    spec = build_spec({"name": "w", "accelerator": "cpu-2", "image": "i"}, {})
+    from manifests.jobset import jobset
+
+    manifest = jobset(spec)
+    container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["env"].append({"name": "BAD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['no-such-label']"}}})
+    with pytest.raises(BackendError, match="no-such-label"):
+        plan_pods(manifest, 0, 1234)
+
+
+def test_plan_pods_resolves_env_like_kubernetes():
+    spec = build_spec({"name": "p", "accelerator": "v6e-16", "num_slices": 2, "image": "i",
+                       "env": {"A": "x$(XRUN_RUN_NAME)", "B": "$$(XRUN_RUN_NAME)"}}, {})
+    from manifests.jobset import jobset
+
+    manifest = jobset(spec)
+    # Raw manifest values get Kubernetes' $(VAR) expansion; xrun escapes user values so
+    # they arrive exactly as written.
+    container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["env"].append({"name": "C", "value": "x$(XRUN_RUN_NAME)/$(NOPE)/$$(XRUN_RUN_NAME)"})
+    pods = plan_pods(manifest, 3, 5555)
+    assert [(p.slice_index, p.host_index) for p in pods] == [(s, h) for s in range(2) for h in range(4)]
+    p = pods[5]
+    assert p.env["XRUN_SLICE_INDEX"] == "1" and p.env["XRUN_HOST_INDEX"] == "1"
+    assert p.env["MEGASCALE_SLICE_ID"] == "1" and p.env["XRUN_RESTART_ATTEMPT"] == "3"
+    assert p.env["XRUN_COORDINATOR_ADDRESS"] == "127.0.0.1:5555"
+    assert p.env["MEGASCALE_COORDINATOR_ADDRESS"] == "127.0.0.1"
+    assert p.env["XRUN_PLATFORM"] == "cpu" and p.env["XRUN_DEVICES_PER_HOST"] == "4"
+    assert p.env["A"] == "x$(XRUN_RUN_NAME)" and p.env["B"] == "$$(XRUN_RUN_NAME)"
+    assert p.env["C"] == "xp/$(NOPE)/$(XRUN_RUN_NAME)"
+    assert p.name.startswith("p-slice-1-1-") and len(p.name) == len("p-slice-1-1-") + 5
+
+
+def test_gcs_root_logs_and_status_through_gcs(gcs_bucket, tmp_path):
+    root = f"{gcs_bucket}/xrun"
+    cmd = 'echo "hello from $XRUN_HOST_INDEX"'
+    r = xrun("submit", "--name", "g", *BASE, "--command", cmd, "--storage", root, storage=root)
+    assert r.returncode == 0, r.stderr
+    r = xrun("logs", "g", storage=root)
+    assert "[0-0] hello from 0" in r.stdout and "[0-1] hello from 1" in r.stdout
+    view = json.loads(xrun("status", "g", "-o", "json", storage=root).stdout)
+    assert view["state"] == "Succeeded" and view["storage"] == f"{root}/runs/g"
+    from xrun_contract.storage import open_storage
+
+    keys = [o.key for o in open_storage(root).list("runs/g", delimiter=None)[0]]
+    assert "runs/g/state.json" in keys and "runs/g/manifest.yaml" in keys
+    assert any(k.startswith("runs/g/logs/0-1/attempt-000/") for k in keys)
