@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Install everything the tests need into .venv (fresh machine safe) and run them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -x .ci/install-chromium.sh ] || [ -f .ci/install-chromium.sh ]; then bash .ci/install-chromium.sh; fi
+python3 -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -m pip install -q -e ".[workload,test]"
+ruff check .
+python -m pytest -q "$@"

@@ -1,0 +1,22 @@
+# The workload image: what every pod of an xrun JobSet runs.
+# Build: docker build -t REGISTRY/xrun-workload:TAG .
+# No ENTRYPOINT: the JobSet's container command (the xrun pod wrapper) runs as written.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /opt/xrun
+COPY pyproject.toml README.md ./
+COPY xrun_contract ./xrun_contract
+COPY workload ./workload
+COPY manifests ./manifests
+COPY orchestrator ./orchestrator
+
+# jax[tpu] pulls the matching libtpu from PyPI; pinned with the workload extra's jax.
+RUN pip install "jax[tpu]==0.10.2" && pip install ".[workload]"
+
+RUN useradd --create-home --uid 1000 xrun
+USER xrun
+WORKDIR /home/xrun
