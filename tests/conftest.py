@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import os
 import socket
 import sys
@@ -30,6 +31,13 @@ def gcs_emulator():
 
     port = free_port()
     server = create_server("127.0.0.1", port, in_memory=True)
+    # In memory mode the emulator re-serialises its whole object index after every write
+    # (quadratic in the object count) into a file that is only read at start-up. Skip that
+    # bookkeeping: the index itself stays in memory and every request is served as before.
+    server._storage._write_config_to_file = lambda: None
+    # The emulator's single-threaded HTTPServer listens with a backlog of 5: parallel
+    # clients (TensorStore, several hosts) get SYNs dropped and stall a second per retry.
+    http.server.HTTPServer.request_queue_size = 128
     server.start()
     url = f"http://127.0.0.1:{port}"
     old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")}
