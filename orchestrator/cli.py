@@ -589,6 +589,15 @@ def delete(name: str, storage: str | None, purge: bool, yes: bool, no_wait: bool
     return EXIT_OK
 
 
+# Commands that live in their own modules register themselves on the group.
+for _module in ("orchestrator.cli_compare", "orchestrator.cli_kube"):
+    try:
+        __import__(_module, fromlist=["register"]).register(cli)
+    except ModuleNotFoundError as _e:
+        if _e.name != _module:
+            raise
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every error is one line on stderr with a meaningful exit code."""
     try:
