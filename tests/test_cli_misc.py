@@ -1,0 +1,36 @@
+"""CLI conventions: --dry-run writes nothing, --help has examples, unknown runs exit 2."""
+
+from __future__ import annotations
+
+import yaml
+from cli_helpers import xrun
+from manifest_schemas import validate_jobset
+
+
+def test_dry_run_prints_manifest_and_writes_nothing(tmp_path):
+    store = tmp_path / "store"
+    r = xrun("submit", "--name", "dry", "--tpu", "v6e-16", "--image", "img", "--dry-run", storage=store)
+    assert r.returncode == 0, r.stderr
+    validate_jobset(yaml.safe_load(r.stdout))
+    assert not store.exists()
+
+
+def test_bad_submit_writes_nothing(tmp_path):
+    store = tmp_path / "store"
+    r = xrun("submit", "--name", "Bad_Name", "--accelerator", "cpu-2", "--image", "i", storage=store)
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert not store.exists()
+
+
+def test_help_has_examples():
+    for cmd in ("render", "submit", "status", "logs", "checkpoints", "list", "delete"):
+        r = xrun(cmd, "--help", storage="/nonexistent")
+        assert r.returncode == 0 and "Examples:" in r.stdout, cmd
+
+
+def test_unknown_run_is_bad_input(tmp_path):
+    for cmd in (["status", "nope"], ["logs", "nope"], ["checkpoints", "nope"], ["delete", "nope"]):
+        r = xrun(*cmd, storage=tmp_path)
+        assert r.returncode == 2 and "no run named 'nope'" in r.stderr, cmd
+    r = xrun("logs", "nope", "--since", "ten", storage=tmp_path)
+    assert r.returncode == 2 and "--since" in r.stderr
