@@ -74,6 +74,23 @@ def test_restartable_exit_restarts_whole_set(tmp_path):
     assert "[0-0] EXIT_CODE=143" in r.stdout
 
 
+def test_logs_follow_picks_up_new_attempts(tmp_path):
+    store = tmp_path / "store"
+    cmd = ('echo "attempt $XRUN_RESTART_ATTEMPT begins"; sleep 2; '
+           'if [ "$XRUN_RESTART_ATTEMPT" = 0 ]; then exit 42; fi; echo "attempt $XRUN_RESTART_ATTEMPT done"')
+    r = xrun("submit", "--name", "lf", *BASE, "--command", cmd, "--detach", storage=store)
+    assert r.returncode == 0, r.stderr
+    r = xrun("logs", "lf", "-f", storage=store, timeout=120)  # returns when the run ends
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    for host in ("0-0", "0-1"):
+        assert f"[{host}] attempt 0 begins" in lines
+        assert f"[{host} #1] attempt 1 done" in lines
+    attempt_lines = [x for x in lines if " attempt " in x and "xrun-wrapper" not in x]
+    assert len(attempt_lines) == len(set(attempt_lines)) == 6  # no line shown twice
+    assert state_of(store, "lf")["state"] == "Succeeded"
+
+
 def test_non_restartable_exit_fails_run_naming_host_and_code(tmp_path):
     store = tmp_path / "store"
     cmd = 'if [ "$XRUN_HOST_INDEX" = 1 ]; then exit 3; fi; sleep 30'
