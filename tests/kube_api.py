@@ -1,0 +1,623 @@
+"""A scripted Kubernetes API server on 127.0.0.1, reached by the real ``kubernetes`` client.
+
+It speaks plain HTTP/1.1 (chunked streams for watches and followed logs) and serves the
+paths xrun uses: JobSet create/get/list/delete (+ CRD discovery), pods list/get/watch, pod
+logs (follow, timestamps, sinceSeconds, tailLines), events, nodes, config maps and Kueue
+LocalQueues. Errors are real ``Status`` objects (or the apiserver's plain "404 page not
+found" for an unserved resource). Every request is recorded with its parsed body, so tests
+assert on the HTTP traffic, which is the contract; nothing in the client is patched.
+
+The world changes through methods (``put_pod``, ``set_jobset_status``, ``log``...), each
+mutation getting a resourceVersion and a watch event. ``script(phases, hold)`` plays a
+controller: phase 0 runs when the JobSet is created, and each later phase once the JobSet
+has been read ``hold`` times in the phase before, so a poller sees every state.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import hashlib
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import yaml
+
+JOBSET_PREFIX = "/apis/jobset.x-k8s.io/"
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"
+
+
+@dataclass
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+    body: Any
+    headers: dict[str, str]
+
+
+@dataclass
+class Fault:
+    method: str
+    path: re.Pattern
+    code: int
+    body: Any
+    times: int
+
+
+def status(code: int, reason: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A metav1.Status as the apiserver sends it with an error."""
+    obj: dict[str, Any] = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                           "message": message, "reason": reason, "code": code}
+    if details is not None:
+        obj["details"] = details
+    return obj
+
+
+def not_found(kind: str, name: str, group: str = "") -> dict[str, Any]:
+    full = f"{kind}.{group}" if group else kind
+    details = {"name": name, "kind": kind, **({"group": group} if group else {})}
+    return status(404, "NotFound", f'{full} "{name}" not found', details)
+
+
+def rfc3339(ns: int) -> str:
+    """RFC3339Nano as Go writes it (trailing zeros of the fraction trimmed)."""
+    sec, frac = divmod(ns, 10**9)
+    base = dt.datetime.fromtimestamp(sec, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    frac_s = f"{frac:09d}".rstrip("0")
+    return f"{base}.{frac_s}Z" if frac_s else f"{base}Z"
+
+
+def now_rfc3339() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def match_labels(selector: str, labels: dict[str, str]) -> bool:
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k) == v:
+                return False
+        elif "=" in term:
+            k, v = re.split("==?", term, maxsplit=1)
+            if labels.get(k) != v:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+def pod_name(jobset: str, slice_index: int, host_index: int, attempt: int) -> str:
+    suffix = hashlib.md5(f"{jobset}/{attempt}/{slice_index}/{host_index}".encode()).hexdigest()[:5]
+    return f"{jobset}-slice-{slice_index}-{host_index}-{suffix}"
+
+
+def make_pod(jobset: str, slice_index: int, host_index: int, attempt: int, phase: str, *,
+             namespace: str = "default", waiting: str | None = None, unschedulable: str | None = None,
+             exit_code: int | None = None) -> dict[str, Any]:
+    """A JobSet pod with the labels and annotations the JobSet and Job controllers set."""
+    name = pod_name(jobset, slice_index, host_index, attempt)
+    labels = {
+        "jobset.sigs.k8s.io/jobset-name": jobset,
+        "jobset.sigs.k8s.io/replicatedjob-name": "slice",
+        "jobset.sigs.k8s.io/job-index": str(slice_index),
+        "jobset.sigs.k8s.io/job-global-index": str(slice_index),
+        "jobset.sigs.k8s.io/restart-attempt": str(attempt),
+        "batch.kubernetes.io/job-completion-index": str(host_index),
+        "job-name": f"{jobset}-slice-{slice_index}",
+        "xrun.dev/run": jobset,
+    }
+    status: dict[str, Any] = {"phase": phase}
+    container: dict[str, Any] = {"name": "workload", "image": "img", "ready": phase == "Running"}
+    if phase == "Pending":
+        if waiting:
+            container["state"] = {"waiting": {"reason": waiting, "message": f'Back-off pulling image "img": {waiting}'}}
+            status["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+        elif unschedulable:
+            status["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                     "message": unschedulable}]
+            container = {}
+        else:
+            container["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    elif phase == "Running":
+        container["state"] = {"running": {"startedAt": now_rfc3339()}}
+    else:
+        code = exit_code if exit_code is not None else (0 if phase == "Succeeded" else 1)
+        container["state"] = {"terminated": {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}}
+    if container:
+        status["containerStatuses"] = [container]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": labels,
+                     "annotations": {"batch.kubernetes.io/job-completion-index": str(host_index)},
+                     "creationTimestamp": now_rfc3339()},
+        "spec": {"containers": [{"name": "workload", "image": "img"}]},
+        "status": status,
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, *args: Any) -> None:  # quiet
+        pass
+
+    def do_GET(self) -> None:
+        self.server.api.handle(self)
+
+    do_POST = do_DELETE = do_PUT = do_PATCH = do_GET
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    api: KubeAPI
+
+
+class _Drop(Exception):
+    """Close the connection abruptly (no terminating chunk): a dropped stream."""
+
+
+class KubeAPI:
+    def __init__(self, token: str = "xrun-test-token"):
+        self.token = token
+        self.cond = threading.Condition()
+        self.requests: list[Request] = []
+        self.rv = 1000
+        self.history: list[tuple[int, str, str, str, dict[str, Any]]] = []  # rv, kind, ns, type, obj
+        self.compacted_rv = 0  # watches from before this get 410 Gone
+        self.namespaces = {"default", "team"}
+        self.jobsets: dict[tuple[str, str], dict[str, Any]] = {}
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self.logs: dict[str, list[tuple[int, str]]] = {}  # pod name -> [(ns timestamp, line)]
+        self.events: list[dict[str, Any]] = []
+        self.nodes: list[dict[str, Any]] = []
+        self.config_maps: dict[tuple[str, str], dict[str, Any]] = {}
+        self.local_queues: dict[tuple[str, str], dict[str, Any]] = {}
+        self.crd_installed = True
+        self.jobset_versions = ["v1alpha2"]
+        self.kueue_versions: list[str] = []
+        self.faults: list[Fault] = []
+        self.phases: list[Callable[[KubeAPI, str], None]] = []
+        self.hold = 2
+        self.phase = -1
+        self.reads_in_phase = 0
+        self.delete_step_seconds = 0.2
+        self.drop_watch_after: dict[str, int] = {}  # kind -> events on the first watch
+        self.drop_log_after: dict[str, int] = {}  # pod -> lines on its first follow stream
+        self.watch_connections: dict[str, int] = {}
+        self.log_connections: dict[str, int] = {}
+        self.log_sent: list[tuple[str, int, str]] = []  # pod, connection, line
+        self.stopping = False
+        self._server: _Server | None = None
+
+    # --- lifecycle ------------------------------------------------------------------
+    def start(self) -> KubeAPI:
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.api = self
+        threading.Thread(target=self._server.serve_forever, daemon=True, name="kube-api").start()
+        return self
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+
+    @property
+    def url(self) -> str:
+        assert self._server
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def kubeconfig(self, path: Path, context: str = "test-ctx", token: str | None = None,
+                   namespace: str = "default") -> Path:
+        """A kubeconfig whose context (also the current one) points at this server."""
+        cfg = {
+            "apiVersion": "v1", "kind": "Config", "current-context": context,
+            "clusters": [{"name": "scripted", "cluster": {"server": self.url}}],
+            "users": [{"name": "tester", "user": {"token": token or self.token}}],
+            "contexts": [{"name": context, "context": {"cluster": "scripted", "user": "tester",
+                                                       "namespace": namespace}}],
+        }
+        path.write_text(yaml.safe_dump(cfg))
+        return path
+
+    # --- inspection -----------------------------------------------------------------
+    def requests_to(self, method: str, pattern: str) -> list[Request]:
+        with self.cond:
+            return [r for r in self.requests if r.method == method and re.search(pattern, r.path)]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError("timed out waiting for the client")
+            time.sleep(0.01)
+
+    # --- the world ------------------------------------------------------------------
+    def _record(self, kind: str, ns: str, etype: str, obj: dict[str, Any]) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.history.append((self.rv, kind, ns, etype, copy.deepcopy(obj)))
+        self.cond.notify_all()
+
+    def put_pod(self, pod: dict[str, Any]) -> None:
+        with self.cond:
+            meta = pod["metadata"]
+            key = (meta["namespace"], meta["name"])
+            etype = "MODIFIED" if key in self.pods else "ADDED"
+            self.pods[key] = pod = copy.deepcopy(pod)
+            self.logs.setdefault(meta["name"], [])
+            self._record("pods", key[0], etype, pod)
+
+    def remove_pod(self, name: str, namespace: str = "default") -> None:
+        with self.cond:
+            pod = self.pods.pop((namespace, name), None)
+            if pod:
+                self._record("pods", namespace, "DELETED", pod)
+
+    def pods_of(self, jobset: str, namespace: str = "default") -> list[dict[str, Any]]:
+        with self.cond:
+            return [copy.deepcopy(p) for (ns, _), p in self.pods.items() if ns == namespace
+                    and p["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == jobset]
+
+    def set_pods(self, jobset: str, attempt: int, phase: str, namespace: str = "default", **kw: Any) -> list[str]:
+        """Every pod of the JobSet's restart ``attempt`` in ``phase``; returns their names."""
+        with self.cond:
+            js = self.jobsets[(namespace, jobset)]
+            names = []
+            for rj in js["spec"]["replicatedJobs"]:
+                for j in range(rj.get("replicas", 1)):
+                    for p in range(rj["template"]["spec"].get("parallelism", 1)):
+                        pod = make_pod(jobset, j, p, attempt, phase, namespace=namespace, **kw)
+                        old = self.pods.get((namespace, pod["metadata"]["name"]))
+                        if old:
+                            pod["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+                        self.put_pod(pod)
+                        names.append(pod["metadata"]["name"])
+            return names
+
+    def remove_pods(self, jobset: str, namespace: str = "default") -> None:
+        with self.cond:
+            for pod in self.pods_of(jobset, namespace):
+                self.remove_pod(pod["metadata"]["name"], namespace)
+
+    def set_jobset_status(self, name: str, namespace: str = "default", **status_fields: Any) -> None:
+        with self.cond:
+            js = self.jobsets[(namespace, name)]
+            js.setdefault("status", {}).update(copy.deepcopy(status_fields))
+            self._record("jobsets", namespace, "MODIFIED", js)
+
+    def log(self, pod: str, *lines: str) -> None:
+        with self.cond:
+            for line in lines:
+                self.logs.setdefault(pod, []).append((time.time_ns(), line))
+            self.cond.notify_all()
+
+    def add_event(self, kind: str, name: str, reason: str, message: str, etype: str = "Warning",
+                  namespace: str = "default") -> None:
+        with self.cond:
+            self.rv += 1
+            self.events.append({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {"name": f"{name}.{self.rv}", "namespace": namespace, "resourceVersion": str(self.rv)},
+                "involvedObject": {"kind": kind, "name": name, "namespace": namespace},
+                "reason": reason, "message": message, "type": etype, "count": 1,
+                "lastTimestamp": rfc3339(time.time_ns() // 10**9 * 10**9 + self.rv),
+            })
+
+    def fail(self, method: str, path: str, code: int, body: Any, times: int = 1) -> None:
+        """The next ``times`` requests matching answer ``code`` with ``body`` (a Status or text)."""
+        with self.cond:
+            self.faults.append(Fault(method, re.compile(path), code, body, times))
+
+    def script(self, phases: list[Callable[[KubeAPI, str], None]], hold: int = 2) -> None:
+        self.phases, self.hold, self.phase = phases, hold, -1
+
+    def _advance(self, name: str) -> None:
+        self.phase += 1
+        self.reads_in_phase = 0
+        self.phases[self.phase](self, name)
+
+    # --- HTTP -----------------------------------------------------------------------
+    def handle(self, h: _Handler) -> None:
+        parts = urlsplit(h.path)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        length = int(h.headers.get("Content-Length") or 0)
+        raw = h.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw.decode(errors="replace")
+        req = Request(h.command, parts.path, query, body, dict(h.headers.items()))
+        with self.cond:
+            self.requests.append(req)
+        try:
+            if h.headers.get("Authorization") != f"Bearer {self.token}":
+                return self._send(h, 401, status(401, "Unauthorized", "Unauthorized"))
+            with self.cond:
+                for f in self.faults:
+                    if f.times > 0 and f.method == h.command and f.path.search(parts.path):
+                        f.times -= 1
+                        return self._send(h, f.code, f.body)
+            self._route(h, req)
+        except _Drop:
+            h.close_connection = True
+            try:
+                h.wfile.flush()
+                h.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        except (BrokenPipeError, ConnectionResetError):
+            h.close_connection = True
+
+    def _send(self, h: _Handler, code: int, obj: Any) -> None:
+        if isinstance(obj, str):
+            data, ctype = obj.encode(), "text/plain; charset=utf-8"
+        else:
+            data, ctype = json.dumps(obj).encode(), "application/json"
+        h.send_response(code)
+        h.send_header("Content-Type", ctype)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def _start_stream(self, h: _Handler, ctype: str) -> None:
+        h.send_response(200)
+        h.send_header("Content-Type", ctype)
+        h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+
+    @staticmethod
+    def _chunk(h: _Handler, data: bytes) -> None:
+        h.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        h.wfile.flush()
+
+    @staticmethod
+    def _end_stream(h: _Handler) -> None:
+        h.wfile.write(b"0\r\n\r\n")
+        h.wfile.flush()
+
+    def _route(self, h: _Handler, req: Request) -> None:
+        p, m, q = req.path, req.method, req.query
+        if p == "/version":
+            return self._send(h, 200, {"major": "1", "minor": "31", "gitVersion": "v1.31.4-gke.1000"})
+        if p == "/apis":
+            return self._send(h, 200, self._groups())
+        if p == CRD_PATH:
+            if not self.crd_installed:
+                return self._send(h, 404, not_found("customresourcedefinitions", "jobsets.jobset.x-k8s.io",
+                                                    "apiextensions.k8s.io"))
+            return self._send(h, 200, self._crd())
+        if p.startswith(JOBSET_PREFIX):
+            return self._jobsets(h, req)
+        if p.startswith("/apis/kueue.x-k8s.io/"):
+            mm = re.fullmatch(r"/apis/kueue\.x-k8s\.io/([^/]+)/namespaces/([^/]+)/localqueues/([^/]+)", p)
+            version = p.split("/")[3]
+            if version not in self.kueue_versions:
+                return self._send(h, 404, "404 page not found\n")
+            if mm:
+                lq = self.local_queues.get((mm[2], mm[3]))
+                return self._send(h, 200, lq) if lq else self._send(h, 404, not_found("localqueues", mm[3], "kueue.x-k8s.io"))
+            return self._send(h, 404, "404 page not found\n")
+        if p == "/api/v1/nodes":
+            sel = q.get("labelSelector", "")
+            items = [n for n in self.nodes if match_labels(sel, n["metadata"].get("labels", {}))]
+            return self._send(h, 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+        mm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/configmaps/([^/]+)", p)
+        if mm:
+            cm = self.config_maps.get((mm[1], mm[2]))
+            return self._send(h, 200, cm) if cm else self._send(h, 404, not_found("configmaps", mm[2]))
+        mm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", p)
+        if mm and m == "GET":
+            with self.cond:
+                items = [copy.deepcopy(e) for e in self.events if e["metadata"]["namespace"] == mm[1]]
+            return self._send(h, 200, {"kind": "EventList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+        mm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", p)
+        if mm and m == "GET":
+            if q.get("watch") in ("true", "True", "1"):
+                return self._watch(h, "pods", mm[1], q)
+            sel = q.get("labelSelector", "")
+            with self.cond:
+                items = [copy.deepcopy(x) for (ns, _), x in sorted(self.pods.items())
+                         if ns == mm[1] and match_labels(sel, x["metadata"]["labels"])]
+                rv = str(self.rv)
+            return self._send(h, 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": rv}, "items": items})
+        mm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)", p)
+        if mm and m == "GET":
+            with self.cond:
+                pod = copy.deepcopy(self.pods.get((mm[1], mm[2])))
+            return self._send(h, 200, pod) if pod else self._send(h, 404, not_found("pods", mm[2]))
+        mm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", p)
+        if mm and m == "GET":
+            return self._log(h, mm[1], mm[2], q)
+        return self._send(h, 404, "404 page not found\n")
+
+    # --- discovery ------------------------------------------------------------------
+    def _groups(self) -> dict[str, Any]:
+        groups = []
+        for name, versions in (("jobset.x-k8s.io", self.jobset_versions if self.crd_installed else []),
+                               ("kueue.x-k8s.io", self.kueue_versions)):
+            if versions:
+                vs = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
+                groups.append({"name": name, "versions": vs, "preferredVersion": vs[0]})
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}
+
+    def _crd(self) -> dict[str, Any]:
+        versions = [{"name": v, "served": True, "storage": i == 0, "schema": {"openAPIV3Schema": {"type": "object"}}}
+                    for i, v in enumerate(self.jobset_versions)]
+        return {
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "jobsets.jobset.x-k8s.io", "resourceVersion": "1",
+                         "annotations": {"controller-gen.kubebuilder.io/version": "v0.16.5"}},
+            "spec": {"group": "jobset.x-k8s.io", "scope": "Namespaced",
+                     "names": {"plural": "jobsets", "singular": "jobset", "kind": "JobSet", "listKind": "JobSetList"},
+                     "versions": versions},
+            "status": {"storedVersions": self.jobset_versions[:1]},
+        }
+
+    # --- JobSets --------------------------------------------------------------------
+    def _jobsets(self, h: _Handler, req: Request) -> None:
+        p, m = req.path, req.method
+        rest = p[len(JOBSET_PREFIX):].split("/")
+        version = rest[0]
+        if not self.crd_installed or version not in self.jobset_versions:
+            return self._send(h, 404, "404 page not found\n")
+        if len(rest) == 1:
+            return self._send(h, 200, {"kind": "APIResourceList", "apiVersion": "v1",
+                                       "groupVersion": f"jobset.x-k8s.io/{version}",
+                                       "resources": [{"name": "jobsets", "namespaced": True, "kind": "JobSet",
+                                                      "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}]})
+        if len(rest) < 4 or rest[1] != "namespaces" or rest[3] != "jobsets":
+            return self._send(h, 404, "404 page not found\n")
+        ns, name = rest[2], (rest[4] if len(rest) > 4 else None)
+        if ns not in self.namespaces:
+            return self._send(h, 404, not_found("namespaces", ns))
+        with self.cond:
+            if name is None and m == "POST":
+                body = req.body
+                key = (ns, body["metadata"]["name"])
+                if key in self.jobsets:
+                    return self._send(h, 409, status(409, "AlreadyExists",
+                                                     f'jobsets.jobset.x-k8s.io "{key[1]}" already exists',
+                                                     {"name": key[1], "group": "jobset.x-k8s.io", "kind": "jobsets"}))
+                js = copy.deepcopy(body)
+                js["metadata"].update(uid=f"uid-{key[1]}", creationTimestamp=now_rfc3339(), generation=1)
+                js["status"] = {"restarts": 0}
+                self.jobsets[key] = js
+                self._record("jobsets", ns, "ADDED", js)
+                if self.phases:
+                    self._advance(key[1])
+                return self._send(h, 201, js)
+            if name is None and m == "GET":
+                sel = req.query.get("labelSelector", "")
+                items = [copy.deepcopy(x) for (n, _), x in sorted(self.jobsets.items())
+                         if n == ns and match_labels(sel, x["metadata"].get("labels", {}))]
+                return self._send(h, 200, {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSetList",
+                                           "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+            js = self.jobsets.get((ns, name))
+            if js is None:
+                return self._send(h, 404, not_found("jobsets", name, "jobset.x-k8s.io"))
+            if m == "GET":
+                if self.phases and self.phase < len(self.phases) - 1 and self.reads_in_phase >= self.hold:
+                    self._advance(name)
+                self.reads_in_phase += 1
+                return self._send(h, 200, copy.deepcopy(self.jobsets[(ns, name)]))
+            if m == "DELETE":
+                if not js["metadata"].get("deletionTimestamp"):
+                    js["metadata"]["deletionTimestamp"] = now_rfc3339()
+                    js["metadata"]["finalizers"] = ["foregroundDeletion"]
+                    self._record("jobsets", ns, "MODIFIED", js)
+                    threading.Thread(target=self._collect, args=(ns, name), daemon=True).start()
+                return self._send(h, 200, copy.deepcopy(js))
+        return self._send(h, 405, status(405, "MethodNotAllowed", f"{m} not allowed"))
+
+    def _collect(self, ns: str, name: str) -> None:
+        """Foreground deletion as the garbage collector does it: pods terminate, go, then the JobSet."""
+        time.sleep(self.delete_step_seconds)
+        with self.cond:
+            for pod in self.pods_of(name, ns):
+                pod["metadata"]["deletionTimestamp"] = now_rfc3339()
+                self.put_pod(pod)
+        time.sleep(self.delete_step_seconds)
+        with self.cond:
+            self.remove_pods(name, ns)
+            js = self.jobsets.pop((ns, name), None)
+            if js:
+                self._record("jobsets", ns, "DELETED", js)
+
+    # --- watch ----------------------------------------------------------------------
+    def _watch(self, h: _Handler, kind: str, ns: str, q: dict[str, str]) -> None:
+        sel = q.get("labelSelector", "")
+        since = int(q.get("resourceVersion") or self.rv)
+        deadline = time.monotonic() + float(q.get("timeoutSeconds") or 300)
+        with self.cond:
+            self.watch_connections[kind] = conn = self.watch_connections.get(kind, 0) + 1
+            drop_after = self.drop_watch_after.get(kind) if conn == 1 else None
+        self._start_stream(h, "application/json")
+        if since < self.compacted_rv:
+            err = status(410, "Expired", f"too old resource version: {since} ({self.compacted_rv})")
+            self._chunk(h, json.dumps({"type": "ERROR", "object": err}).encode() + b"\n")
+            return self._end_stream(h)
+        sent = 0
+        while True:
+            with self.cond:
+                batch = [(rv, t, o) for rv, k, n, t, o in self.history
+                         if rv > since and k == kind and n == ns and match_labels(sel, o["metadata"].get("labels", {}))]
+                if not batch:
+                    if self.stopping or time.monotonic() >= deadline:
+                        break
+                    self.cond.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+                    continue
+            for rv, etype, obj in batch:
+                if drop_after is not None and sent >= drop_after:
+                    raise _Drop
+                self._chunk(h, json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                since, sent = rv, sent + 1
+        self._end_stream(h)
+
+    # --- logs -----------------------------------------------------------------------
+    def _log(self, h: _Handler, ns: str, name: str, q: dict[str, str]) -> None:
+        with self.cond:
+            pod = self.pods.get((ns, name))
+            if pod is None:
+                return self._send(h, 404, not_found("pods", name))
+            state = ((pod["status"].get("containerStatuses") or [{}])[0].get("state")) or {}
+            if not (state.get("running") or state.get("terminated")):
+                reason = (state.get("waiting") or {}).get("reason", "PodInitializing")
+                return self._send(h, 400, status(400, "BadRequest",
+                                                 f'container "workload" in pod "{name}" is waiting to start: {reason}'))
+            follow = q.get("follow") in ("true", "True", "1")
+            self.log_connections[name] = conn = self.log_connections.get(name, 0) + 1
+            drop_after = self.drop_log_after.get(name) if follow and conn == 1 else None
+        stamps = q.get("timestamps") in ("true", "True", "1")
+        since_ns = time.time_ns() - int(q["sinceSeconds"]) * 10**9 if "sinceSeconds" in q else None
+        tail = int(q["tailLines"]) if "tailLines" in q else None
+
+        def select(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+            out = [x for x in lines if since_ns is None or x[0] >= since_ns]
+            return out[-tail:] if tail is not None and tail > 0 else ([] if tail == 0 else out)
+
+        self._start_stream(h, "text/plain")
+        with self.cond:
+            pending = select(list(self.logs.get(name, [])))
+            index = len(self.logs.get(name, []))
+        sent = 0
+        while True:
+            for ts, line in pending:
+                if drop_after is not None and sent >= drop_after:
+                    raise _Drop
+                text = f"{rfc3339(ts)} {line}" if stamps else line
+                self._chunk(h, (text + "\n").encode())
+                with self.cond:
+                    self.log_sent.append((name, conn, line))
+                sent += 1
+            if not follow:
+                break
+            with self.cond:
+                lines = self.logs.get(name, [])
+                if len(lines) > index:
+                    pending, index = lines[index:], len(lines)
+                    continue
+                pod = self.pods.get((ns, name))
+                st = ((pod or {}).get("status", {}).get("containerStatuses") or [{}])[0].get("state") or {}
+                if pod is None or st.get("terminated") or self.stopping:
+                    break
+                self.cond.wait(timeout=0.2)
+                pending = []
+        self._end_stream(h)
