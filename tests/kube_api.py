@@ -178,7 +178,6 @@ class KubeAPI:
         self.requests: list[Request] = []
         self.rv = 1000
         self.history: list[tuple[int, str, str, str, dict[str, Any]]] = []  # rv, kind, ns, type, obj
-        self.compacted_rv = 0  # watches from before this get 410 Gone
         self.namespaces = {"default", "team"}
         self.jobsets: dict[tuple[str, str], dict[str, Any]] = {}
         self.pods: dict[tuple[str, str], dict[str, Any]] = {}
@@ -199,6 +198,8 @@ class KubeAPI:
         self.drop_watch_after: dict[str, int] = {}  # kind -> events on the first watch
         self.drop_log_after: dict[str, int] = {}  # pod -> lines on its first follow stream
         self.watch_connections: dict[str, int] = {}
+        self.watch_sent: list[tuple[str, int, int]] = []  # kind, connection, resourceVersion
+        self.expire_next_watches = 0  # that many watches get 410 Gone (as after compaction)
         self.log_connections: dict[str, int] = {}
         self.log_sent: list[tuple[str, int, str]] = []  # pod, connection, line
         self.stopping = False
@@ -549,9 +550,11 @@ class KubeAPI:
         with self.cond:
             self.watch_connections[kind] = conn = self.watch_connections.get(kind, 0) + 1
             drop_after = self.drop_watch_after.get(kind) if conn == 1 else None
+            expire = self.expire_next_watches > 0
+            self.expire_next_watches -= int(expire)
         self._start_stream(h, "application/json")
-        if since < self.compacted_rv:
-            err = status(410, "Expired", f"too old resource version: {since} ({self.compacted_rv})")
+        if expire:
+            err = status(410, "Expired", f"too old resource version: {since} ({self.rv})")
             self._chunk(h, json.dumps({"type": "ERROR", "object": err}).encode() + b"\n")
             return self._end_stream(h)
         sent = 0
@@ -568,6 +571,8 @@ class KubeAPI:
                 if drop_after is not None and sent >= drop_after:
                     raise _Drop
                 self._chunk(h, json.dumps({"type": etype, "object": obj}).encode() + b"\n")
+                with self.cond:
+                    self.watch_sent.append((kind, conn, rv))
                 since, sent = rv, sent + 1
         self._end_stream(h)
 
