@@ -396,9 +396,9 @@ class KubeAPI:
 
     def _route(self, h: _Handler, req: Request) -> None:
         p, m, q = req.path, req.method, req.query
-        if p == "/version":
+        if p.rstrip("/") == "/version":
             return self._send(h, 200, {"major": "1", "minor": "31", "gitVersion": "v1.31.4-gke.1000"})
-        if p == "/apis":
+        if p.rstrip("/") == "/apis":
             return self._send(h, 200, self._groups())
         if p == CRD_PATH:
             if not self.crd_installed:

@@ -1,0 +1,192 @@
+"""The `xrun` CLI against the scripted Kubernetes API server (kube backend, gs:// storage).
+
+The CLI runs as a subprocess with KUBECONFIG pointing at the server; assertions are on its
+exit codes and printed lines, on what the server received, and on what storage holds.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from cli_helpers import xrun
+from kube_api import KubeAPI, make_pod, status
+
+from orchestrator.backends.kube import KubeBackend
+from xrun_contract import Layout
+from xrun_contract.storage import open_storage
+
+FLAGS = ["--tpu", "v6e-8", "--num-slices", "2", "--image", "img:1", "--context", "test-ctx"]
+
+
+@pytest.fixture
+def api():
+    server = KubeAPI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kubeconfig(api, tmp_path):
+    return str(api.kubeconfig(tmp_path / "kubeconfig"))
+
+
+def one_error_line(r) -> str:
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xrun: error: "), r.stderr
+    return lines[0][len("xrun: error: "):]
+
+
+def test_submit_follows_a_cluster_run_then_status_list_delete(api, kubeconfig, gcs_bucket):
+    root = f"{gcs_bucket}/xrun"
+    flags = ["--name", "ct", *FLAGS]
+
+    def restart(s: KubeAPI, n: str) -> None:
+        s.put_pod(make_pod(n, 1, 0, 0, "Failed", exit_code=42))
+        s.set_jobset_status(n, restarts=1)
+        s.remove_pods(n)
+        s.set_pods(n, 1, "Pending")
+
+    api.script([
+        lambda s, n: None,
+        lambda s, n: s.set_pods(n, 0, "Pending", unschedulable="0/2 nodes are available: Insufficient google.com/tpu."),
+        lambda s, n: s.set_pods(n, 0, "Running"),
+        restart,
+        lambda s, n: s.set_pods(n, 1, "Running"),
+        lambda s, n: (s.set_pods(n, 1, "Succeeded"), s.set_jobset_status(
+            n, conditions=[{"type": "Completed", "status": "True", "message": "jobset completed successfully"}])),
+    ], hold=1)
+    rendered = json.loads(xrun("render", *flags, "-o", "json", storage=root, KUBECONFIG=kubeconfig).stdout)
+    r = xrun("submit", *flags, storage=root, timeout=60, KUBECONFIG=kubeconfig)
+    assert r.returncode == 0, r.stderr
+    (post,) = api.requests_to("POST", "/jobsets$")
+    assert post.body == rendered
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("xrun: ct ")] == [
+        "xrun: ct Pending", "xrun: ct Running", "xrun: ct Restarting (restart 1/3)", "xrun: ct Running",
+        "xrun: ct Succeeded (jobset completed successfully)",
+    ]
+    assert "run ct: Succeeded (jobset completed successfully)" in r.stderr
+    assert "  restarts 1" in r.stderr
+    storage = open_storage(root)
+    assert yaml.safe_load(storage.read_text(Layout.manifest("ct"))) == rendered
+    run = storage.read_json(Layout.run_json("ct"))
+    assert (run["backend"], run["context"], run["namespace"]) == ("kube", "test-ctx", "default")
+
+    r = xrun("status", "ct", "-o", "json", storage=root, KUBECONFIG=kubeconfig)
+    view = json.loads(r.stdout)
+    assert (view["state"], view["restarts"], view["backend"]) == ("Succeeded", 1, "kube")
+    assert [(h["host"], h["attempt"], h["state"]) for h in view["hosts"]] == [("0-0", 1, "Succeeded"), ("1-0", 1, "Succeeded")]
+
+    r = xrun("list", "--context", "test-ctx", "-o", "json", storage=root, KUBECONFIG=kubeconfig)
+    assert [(x["name"], x["state"], x.get("in_cluster")) for x in json.loads(r.stdout)] == [("ct", "Succeeded", True)]
+
+    r = xrun("delete", "ct", storage=root, KUBECONFIG=kubeconfig)
+    assert r.returncode == 0 and "xrun: stopped ct" in r.stderr
+    (delete,) = api.requests_to("DELETE", "/jobsets/ct$")
+    assert delete.body == {"propagationPolicy": "Foreground"}
+    assert api.pods_of("ct") == [] and not api.jobsets  # waited until everything was gone
+
+
+def test_submit_rejections_are_one_line_with_exit_codes(api, kubeconfig, gcs_bucket, tmp_path):
+    root = f"{gcs_bucket}/xrun"
+    storage = open_storage(root)
+
+    def submit(name: str, *extra: str, config: str = kubeconfig):
+        return xrun("submit", "--name", name, *FLAGS, "--detach", *extra, storage=root, timeout=60, KUBECONFIG=config)
+
+    api.crd_installed = False
+    r = submit("nocrd")
+    assert r.returncode == 1
+    assert one_error_line(r).startswith("JobSet CRD not installed: jobset.x-k8s.io/v1alpha2 jobsets is not served by http://127.0.0.1:")
+    assert "kubectl apply --server-side -f https://github.com/kubernetes-sigs/jobset/releases/download/" in r.stderr
+    # Traceable although rejected: manifest and run.json were written first.
+    assert storage.read_json(Layout.run_json("nocrd"))["name"] == "nocrd"
+    assert yaml.safe_load(storage.read_text(Layout.manifest("nocrd")))["kind"] == "JobSet"
+    api.crd_installed = True
+
+    KubeBackend("test-ctx", "default", kubeconfig).submit(
+        json.loads(xrun("render", "--name", "taken", *FLAGS, "-o", "json", storage=root).stdout))
+    r = submit("taken")
+    assert r.returncode == 1
+    assert one_error_line(r) == "jobsets.jobset.x-k8s.io 'taken' already exists in namespace 'default'; use --replace or another name"
+    r = submit("taken", "--replace")
+    assert r.returncode == 0, r.stderr
+    assert [(q.method, q.path.rsplit("/", 1)[-1]) for q in api.requests if q.method in ("POST", "DELETE")][-3:] == [
+        ("POST", "jobsets"), ("DELETE", "taken"), ("POST", "jobsets")]
+
+    api.fail("POST", "/jobsets$", 403, status(403, "Forbidden", 'jobsets.jobset.x-k8s.io is forbidden: User "dev" cannot create resource "jobsets"'))
+    r = submit("rbac")
+    assert r.returncode == 1
+    assert one_error_line(r).startswith("forbidden: RBAC must allow verb 'create' on resource 'jobsets.jobset.x-k8s.io' in namespace 'default'")
+
+    webhook = 'admission webhook "vjobset.kb.io" denied the request: spec.replicatedJobs[0].name: Invalid value: "slice"'
+    api.fail("POST", "/jobsets$", 422, status(422, "Invalid", webhook))
+    r = submit("hook")
+    assert r.returncode == 1 and one_error_line(r) == f"jobsets.jobset.x-k8s.io 'hook' rejected by the cluster (422 Invalid): {webhook}"
+
+    r = submit("expired", config=str(api.kubeconfig(tmp_path / "expired", token="old")))
+    assert r.returncode == 3 and one_error_line(r).startswith("credentials rejected (401 Unauthorized)")
+
+    dead = KubeAPI().start()
+    unreachable = str(dead.kubeconfig(tmp_path / "dead"))
+    dead.stop()
+    r = submit("far", config=unreachable)
+    assert r.returncode == 3 and one_error_line(r).startswith("cannot reach the Kubernetes API at http://127.0.0.1:")
+    assert sorted(n for _, n in api.jobsets) == ["taken"]
+
+
+def tpu_node(i: int, accelerator: str = "tpu-v6e-slice", topology: str = "2x4") -> dict:
+    return {"metadata": {"name": f"gke-tpu-{i}", "labels": {"cloud.google.com/gke-tpu-accelerator": accelerator,
+                                                            "cloud.google.com/gke-tpu-topology": topology}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_doctor_passes_on_a_ready_cluster(api, kubeconfig, gcs_bucket, tmp_path):
+    api.kueue_versions = ["v1beta1"]
+    api.local_queues[("team", "lq")] = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
+                                        "metadata": {"name": "lq", "namespace": "team"}, "spec": {"clusterQueue": "cq-tpu"}}
+    api.nodes = [tpu_node(0), tpu_node(1), tpu_node(2, topology="4x4")]
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(yaml.safe_dump({"name": "x", "accelerator": "v6e-8", "num_slices": 2, "queue": "lq",
+                                        "namespace": "team", "context": "test-ctx", "storage": f"{gcs_bucket}/xrun"}))
+    r = xrun("doctor", "-f", str(run_file), storage="/nonexistent", KUBECONFIG=kubeconfig)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert [ln.split()[:2] for ln in lines] == [["ok", "api"], ["ok", "jobset"], ["ok", "kueue"], ["ok", "nodes"], ["ok", "storage"]]
+    assert "(context test-ctx, Kubernetes v1.31.4-gke.1000), namespace team" in lines[0]
+    assert "served v1alpha2 (storage v1alpha2); xrun uses v1alpha2" in lines[1]
+    assert "LocalQueue team/lq exists (ClusterQueue cq-tpu, kueue.x-k8s.io/v1beta1)" in lines[2]
+    assert "2 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=2x4 (2 Ready); v6e-8 needs 2" in lines[3]
+    assert f"storage root {gcs_bucket}/xrun writable" in lines[4]
+    assert r.stderr.strip() == "xrun: doctor: all checks passed"
+    assert open_storage(f"{gcs_bucket}/xrun").list("", delimiter=None)[0] == []  # the probe was removed
+    (lq,) = api.requests_to("GET", "/localqueues/")
+    assert lq.path == "/apis/kueue.x-k8s.io/v1beta1/namespaces/team/localqueues/lq"
+
+
+def test_doctor_names_every_problem(api, kubeconfig, tmp_path):
+    api.crd_installed = False
+    api.nodes = [tpu_node(0, topology="4x4")]
+    r = xrun("doctor", "--tpu", "v6e-8", "--queue", "lq", "--storage", str(tmp_path / "local"), storage=tmp_path,
+             KUBECONFIG=kubeconfig)
+    assert r.returncode == 1
+    got = {ln.split()[1]: ln for ln in r.stdout.splitlines()}
+    assert got["api"].startswith("ok ")
+    assert got["jobset"].startswith("FAIL  jobset   JobSet CRD jobsets.jobset.x-k8s.io not installed; install JobSet: kubectl apply")
+    assert got["kueue"] == "FAIL  kueue    queue 'lq' is named but Kueue is not installed (the API serves no kueue.x-k8s.io)"
+    assert got["nodes"].startswith("FAIL  nodes    0 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,"
+                                   "cloud.google.com/gke-tpu-topology=2x4 (0 Ready); v6e-8 needs 1, and no cluster autoscaler")
+    assert got["storage"].startswith("FAIL  storage  storage root ") and "cluster runs need gs://bucket/prefix" in got["storage"]
+    assert r.stderr.strip() == "xrun: doctor: 4 check(s) failed: jobset, kueue, nodes, storage"
+
+    dead = KubeAPI().start()
+    unreachable = str(dead.kubeconfig(tmp_path / "dead"))
+    dead.stop()
+    r = xrun("doctor", "-o", "json", storage=tmp_path, KUBECONFIG=unreachable)
+    assert r.returncode == 3
+    report = json.loads(r.stdout)
+    assert [(c["name"], c["result"]) for c in report["checks"]] == [("api", "FAIL"), ("cluster", "skip"), ("storage", "FAIL")]
+    assert report["checks"][0]["detail"].startswith("cannot reach the Kubernetes API at http://127.0.0.1:")
+    r = xrun("doctor", "--tpu", "v9z-8", storage=tmp_path, KUBECONFIG=kubeconfig)
+    assert r.returncode == 2 and one_error_line(r).startswith("accelerator: ")

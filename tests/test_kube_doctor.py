@@ -1,0 +1,69 @@
+"""Doctor's checks in-process against the scripted API server: the cases the CLI test skips."""
+
+from __future__ import annotations
+
+import pytest
+from kube_api import KubeAPI, status
+
+from manifests.catalogue import lookup
+from orchestrator import doctor
+from orchestrator.backends.kube import KubeBackend
+
+
+@pytest.fixture
+def api():
+    server = KubeAPI().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def backend(api, tmp_path):
+    return KubeBackend(None, "default", str(api.kubeconfig(tmp_path / "kubeconfig")))
+
+
+def test_rbac_hidden_crd_falls_back_to_discovery(api, backend):
+    api.fail("GET", "/customresourcedefinitions/", 403, status(
+        403, "Forbidden", 'customresourcedefinitions.apiextensions.k8s.io "jobsets.jobset.x-k8s.io" is forbidden'))
+    check = doctor.check_jobset(backend)
+    assert check.result == "ok"
+    assert check.detail == ("JobSet API jobset.x-k8s.io/v1alpha2 served (served v1alpha2; "
+                            "the CRD itself is not readable with your RBAC)")
+    assert [r.path for r in api.requests][-2:] == [
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io", "/apis/"]
+
+
+def test_old_jobset_version_fails(api, backend):
+    api.jobset_versions = ["v1alpha1"]
+    check = doctor.check_jobset(backend)
+    assert (check.result, check.exit_code) == ("FAIL", 1)
+    assert check.detail.startswith("JobSet CRD serves v1alpha1, xrun needs v1alpha2: upgrade JobSet")
+
+
+def test_missing_local_queue_and_autoscaled_node_pool(api, backend):
+    api.kueue_versions = ["v1beta1"]
+    check = doctor.check_queue(backend, "lq")
+    assert (check.result, check.detail) == (
+        "FAIL", "LocalQueue 'lq' not found in namespace 'default' (kueue.x-k8s.io/v1beta1)")
+    api.config_maps[("kube-system", "cluster-autoscaler-status")] = {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "cluster-autoscaler-status", "namespace": "kube-system"}, "data": {"status": "Health: Healthy"}}
+    check = doctor.check_nodes(backend, lookup("v6e-32"), 16)
+    assert check.result == "warn"
+    assert check.detail.startswith(
+        "0 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=4x8 "
+        "(0 Ready); v6e-32 needs 16; the cluster autoscaler is on")
+    (nodes,) = api.requests_to("GET", "^/api/v1/nodes$")
+    assert nodes.query["labelSelector"] == ("cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,"
+                                           "cloud.google.com/gke-tpu-topology=4x8")
+    assert doctor.exit_code([check]) == 0
+
+
+def test_gpu_nodes_and_forbidden_node_list(api, backend):
+    shape = lookup("h200-141gb-8")
+    assert doctor.node_selector(shape) == f"cloud.google.com/gke-accelerator={shape.gke_accelerator}"
+    api.fail("GET", "^/api/v1/nodes$", 403, status(403, "Forbidden", 'nodes is forbidden: User "dev" cannot list resource "nodes"'))
+    check = doctor.check_nodes(backend, shape, 2)
+    assert check.result == "warn" and "cannot list nodes to look for cloud.google.com/gke-accelerator=" in check.detail
+    assert "RBAC must allow verb 'list' on resource 'nodes'" in check.detail
+    assert doctor.check_nodes(backend, lookup("cpu-2"), 2).result == "skip"
