@@ -38,7 +38,8 @@ def kube_log_lines(storage, name: str, backend, *, follow: bool = False, hosts: 
 
     Restart attempts whose pods are gone (or every attempt, when the JobSet is gone) come
     from the chunks the pod wrapper shipped to storage; attempts with pods are streamed from
-    the pods (concurrently, following new pods after a restart when ``follow``).
+    the pods (concurrently, following new pods after a restart when ``follow``). ``tail``
+    is the last lines of each live pod, or of each host in storage when no pod is left.
     """
     from orchestrator.readers import LogFollower
     from xrun_contract import TERMINAL_STATES
@@ -54,6 +55,8 @@ def kube_log_lines(storage, name: str, backend, *, follow: bool = False, hosts: 
     since_ts = time.time() - since_seconds if since_seconds is not None else None
     stored = [x for x in LogFollower(storage, name, hosts, since_ts).poll()
               if not from_pods or first_live is None or x[1] < first_live]
+    if tail is not None and live:
+        stored = []  # the last lines of each host are its live pod's
     if tail is not None:
         per_host: dict[str, list[tuple[str, int, str]]] = {}
         for item in stored:

@@ -353,3 +353,32 @@ def test_logs_without_follow_read_each_pod_once(api, kubeconfig):
     assert sorted(backend.stream_logs("once")) == [("0-0", 0, "hello"), ("0-0", 0, "world"), ("1-0", 0, "other")]
     assert all(r.query["follow"] == "false" for r in api.requests_to("GET", "/log$"))
     assert api.requests_to("GET", "/pods$")[-1].query.get("watch") is None
+
+
+def test_cluster_logs_take_attempts_without_pods_from_storage(api, kubeconfig, tmp_path):
+    from orchestrator.cli_kube import kube_log_lines
+    from xrun_contract import Layout
+    from xrun_contract.storage import open_storage
+
+    storage = open_storage(str(tmp_path / "store"))
+    backend = backend_for(kubeconfig)
+    backend.submit(manifest("mixed"))
+    for host in ("0-0", "1-0"):  # what the pod wrapper shipped: attempt 0 (pods gone), attempt 1
+        storage.write_text(Layout.log_chunk("mixed", host, 0, 0), f"{host} first try\n{host} exit 42\n")
+        storage.write_text(Layout.log_chunk("mixed", host, 1, 0), f"{host} second try\n")
+    api.set_jobset_status("mixed", restarts=1)
+    q00, q10 = api.set_pods("mixed", 1, "Running")
+    api.log(q00, "0-0 second try")
+    api.log(q10, "1-0 second try")
+    got = list(kube_log_lines(storage, "mixed", backend))
+    assert got[:4] == [("0-0", 0, "0-0 first try"), ("0-0", 0, "0-0 exit 42"),
+                       ("1-0", 0, "1-0 first try"), ("1-0", 0, "1-0 exit 42")]
+    assert sorted(got[4:]) == [("0-0", 1, "0-0 second try"), ("1-0", 1, "1-0 second try")]  # from the pods, once
+    assert len(api.requests_to("GET", "/log$")) == 2
+    assert list(kube_log_lines(storage, "mixed", backend, tail=1, hosts={"1-0"})) == [("1-0", 1, "1-0 second try")]
+    # The JobSet and its pods gone: everything comes from storage, even when following.
+    api.remove_pods("mixed")
+    api.jobsets.clear()
+    got = list(kube_log_lines(storage, "mixed", backend, follow=True))
+    assert [x[1] for x in got] == [0, 0, 0, 0, 1, 1] and ("1-0", 1, "1-0 second try") in got
+    assert list(kube_log_lines(storage, "mixed", backend, tail=1, hosts={"0-0"})) == [("0-0", 1, "0-0 second try")]
