@@ -382,3 +382,26 @@ def test_cluster_logs_take_attempts_without_pods_from_storage(api, kubeconfig, t
     got = list(kube_log_lines(storage, "mixed", backend, follow=True))
     assert [x[1] for x in got] == [0, 0, 0, 0, 1, 1] and ("1-0", 1, "1-0 second try") in got
     assert list(kube_log_lines(storage, "mixed", backend, tail=1, hosts={"0-0"})) == [("0-0", 1, "0-0 second try")]
+
+
+def test_kube_logs_prints_prefixed_lines_and_one_line_errors(api, kubeconfig, tmp_path, capsys):
+    import click
+
+    from orchestrator.cli_kube import kube_logs
+    from xrun_contract.storage import open_storage
+
+    storage = open_storage(str(tmp_path / "store"))
+    backend = backend_for(kubeconfig)
+    backend.submit(manifest("pfx"))
+    api.set_jobset_status("pfx", restarts=2)
+    q00, _ = api.set_pods("pfx", 2, "Running")
+    api.log(q00, "step 7")
+    assert kube_logs(storage, "pfx", backend, hosts={"0-0"}) == 0
+    assert capsys.readouterr().out == "[0-0 #2] step 7\n"
+    assert kube_logs(storage, "pfx", backend, hosts={"0-0"}, prefix=False) == 0
+    assert capsys.readouterr().out == "step 7\n"
+    api.fail("GET", f"/pods/{q00}/log$", 403, status(403, "Forbidden", 'pods "x" is forbidden: cannot get resource "pods/log"'))
+    with pytest.raises(click.ClickException) as info:
+        kube_logs(storage, "pfx", backend, hosts={"0-0"})
+    assert info.value.exit_code == 1
+    assert info.value.message.startswith("forbidden: RBAC must allow verb 'get' on resource 'pods/log' in namespace 'default'")

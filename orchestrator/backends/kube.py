@@ -289,7 +289,8 @@ class KubeBackend:
         except ConfigException as e:
             if self.context and "Expected object with name" in str(e):
                 raise BackendError(f"--context: no context {self.context!r} in kubeconfig {path}", 2) from None
-            raise BackendError(f"kubeconfig {path}: {one_line(str(e))}", 3) from None
+            raise BackendError(f"kubeconfig {path}: {one_line(str(e))} (for GKE: gcloud container clusters "
+                               "get-credentials CLUSTER --location LOCATION)", 3) from None
         except OSError as e:
             raise BackendError(f"kubeconfig {path}: {e.strerror or e}", 3) from None
         return api
@@ -333,6 +334,9 @@ class KubeBackend:
             raise self.api_error(e, verb, resource, name) from None
         except (HTTPError, OSError) as e:
             raise self.unreachable(e) from None
+        except ValueError:  # a proxy or login page answering instead of the API server
+            raise BackendError(f"{self._where()} answered {verb} {resource} with something that is not JSON; "
+                               "is the kubeconfig's server the Kubernetes API?", 3) from None
 
     def unreachable(self, e: BaseException) -> BackendError:
         reason = getattr(e, "reason", None) or e
