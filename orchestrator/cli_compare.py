@@ -1,0 +1,232 @@
+"""`xrun compare`, `xrun report`, `xrun nightly`: registered on the main group by cli.py.
+
+Exit codes as the rest of xrun: 0 nothing regressed; 1 a significant regression beyond the
+threshold (or a failed candidate), so a scheduler can alert; 2 bad input (one line naming
+the field, nothing written); 3 storage or cluster unreachable.
+
+This module must not import ``orchestrator.cli`` at import time: cli.py imports it while
+it is itself being imported (and ``python -m orchestrator.cli`` runs cli.py as __main__).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+EXIT_OK, EXIT_REGRESSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+class CompareError(click.ClickException):
+    """One line on stderr with an exit code (2: bad input)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class Percent(click.ParamType):
+    """'5%', '5' or '2.5%': a percentage in 0..1000."""
+
+    name = "percent"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%?\s*", str(value))
+        if not m or float(m[1]) > 1000:
+            self.fail(f"{value!r} is not a percentage; use e.g. 5% or 2.5 (0 to 1000)", param, ctx)
+        return float(m[1])
+
+
+def storage_root(option: str | None) -> str:
+    from orchestrator.spec import default_storage
+    from xrun_contract import Env
+
+    return option or os.environ.get(Env.STORAGE) or default_storage()
+
+
+def _load(arg: str, root: str, what: str):
+    from orchestrator.runlog import RunLogError, load_run
+
+    try:
+        return load_run(arg, root, what)
+    except RunLogError as e:
+        raise CompareError(str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a storage client error: unreachable, not bad input
+        raise CompareError(f"{what}: cannot read {arg} from {root}: {e}", EXIT_UNREACHABLE) from None
+
+
+def _check_output(path: str | None) -> None:
+    """Refuse an output path we could not write before doing any work."""
+    if path is None or path == "-":
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise CompareError(f"--output: {path} is a folder; give a file name")
+    if not p.parent.exists():
+        raise CompareError(f"--output: folder {p.parent} does not exist")
+
+
+def _write(text: str, path: str | None) -> None:
+    if path is None or path == "-":
+        click.echo(text, nl=False)
+        return
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, p)
+    click.echo(f"xrun: wrote {p}", err=True)
+
+
+def _common(fn):
+    for deco in reversed([
+        click.option("--storage", help="Storage root for run names (folder or gs://bucket/prefix). Default: $XRUN_STORAGE or ~/.local/share/xrun."),
+        click.option("--threshold", type=Percent(), default="5%", show_default=True,
+                     help="Smallest significant regression that sets exit code 1."),
+        click.option("--alpha", type=click.FloatRange(0.0001, 0.5), default=0.05, show_default=True,
+                     help="Significance level of the Mann-Whitney U test."),
+        click.option("--warmup", type=click.IntRange(0, 10_000), default=3, show_default=True,
+                     help="Steps of each attempt left out of steady state (compilation, restore)."),
+    ]):
+        fn = deco(fn)
+    return fn
+
+
+@click.command()
+@click.argument("base")
+@click.argument("candidate")
+@_common
+@click.option("--format", "fmt", type=click.Choice(["md", "json", "html"]), default="md", show_default=True)
+@click.option("-o", "--output", help="Write to this file instead of stdout.")
+def compare(base: str, candidate: str, storage: str | None, threshold: float, alpha: float,
+            warmup: int, fmt: str, output: str | None) -> int:
+    """Compare CANDIDATE with BASE: a table, significance marks, warnings, goodput.
+
+    BASE and CANDIDATE are each a run name (under --storage), a run path
+    (<root>/runs/<name>, local or gs://) or a log / metrics file (MaxText or xrun lines;
+    .gz too). Exit code: 0 no significant regression beyond --threshold, 1 regression (or
+    the candidate failed), 2 bad input.
+
+    \b
+    Examples:
+      xrun compare nightly-main-20250103-030000-0 nightly-feat-x-20250103-030000-1
+      xrun compare main.log feat.log --threshold 3% --format json
+      xrun compare gs://b/xrun/runs/a gs://b/xrun/runs/b --format html -o cmp.html
+    """
+    from orchestrator.compare import compare as do_compare
+
+    _check_output(output)
+    root = storage_root(storage)
+    b = _load(base, root, "BASE")
+    c = _load(candidate, root, "CANDIDATE")
+    result = do_compare(b, c, threshold_pct=threshold, alpha=alpha, warmup=warmup)
+    if fmt == "json":
+        text = result.json()
+    elif fmt == "html":
+        from orchestrator.report import report_for
+
+        text = report_for(b, [c], [result])
+    else:
+        text = result.markdown()
+    _write(text, output)
+    return result.exit_code
+
+
+@click.command()
+@click.argument("base")
+@click.argument("candidates", nargs=-1, required=True, metavar="CANDIDATE [CANDIDATE...]")
+@_common
+@click.option("-o", "--output", default="xrun-report.html", show_default=True,
+              help="HTML file to write ('-' for stdout).")
+@click.option("--title", default="xrun comparison report", show_default=True)
+def report(base: str, candidates: tuple[str, ...], storage: str | None, threshold: float, alpha: float,
+           warmup: int, output: str, title: str) -> int:
+    """Write a self-contained HTML report: tables, loss and step-time charts, goodput.
+
+    Every CANDIDATE is compared with BASE. Exit code as `xrun compare`: 1 when any
+    candidate regressed, 2 bad input (nothing written).
+
+    \b
+    Examples:
+      xrun report main-run feat-a-run feat-b-run -o report.html
+      xrun report main.log feat.log.gz -o - > report.html
+    """
+    from orchestrator.compare import compare as do_compare
+    from orchestrator.report import report_for
+
+    _check_output(output)
+    root = storage_root(storage)
+    b = _load(base, root, "BASE")
+    cands = [_load(c, root, f"CANDIDATE {i + 1}" if len(candidates) > 1 else "CANDIDATE")
+             for i, c in enumerate(candidates)]
+    results = [do_compare(b, c, threshold_pct=threshold, alpha=alpha, warmup=warmup) for c in cands]
+    _write(report_for(b, cands, results, title=title), output)
+    return EXIT_REGRESSED if any(r.regressed for r in results) else EXIT_OK
+
+
+@click.command()
+@click.option("-f", "--file", "nightly_file", required=True, type=click.Path(dir_okay=False),
+              help="The nightly file: base branch, candidate branches, configs, slice, storage, schedule.")
+@click.option("--render-cronjob", is_flag=True,
+              help="Print the CronJob, ServiceAccount, Role, RoleBinding (and ConfigMap) as YAML; run nothing.")
+@click.option("--dry-run", is_flag=True, help="Print the run files that would be submitted; run nothing.")
+@click.option("--storage", help="Override the file's storage root.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1, None), help="Per-run time limit in seconds (overrides the file).")
+def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str | None,
+            timeout_s: float | None) -> int:
+    """Run every (branch, config) on the same slice, compare each candidate with the base.
+
+    Runs are named <prefix>-<branch>-<YYYYmmdd-HHMMSS>-<i> and run one after another.
+    Writes reports/<date>/summary.md, summary.json and index.html under the storage root.
+    Exit code: 0 nothing regressed, 1 a regression or a failed run, 2 bad nightly file,
+    3 storage or cluster unreachable.
+
+    \b
+    Examples:
+      xrun nightly -f nightly.yaml
+      xrun nightly -f nightly.yaml --render-cronjob | kubectl apply -f -
+    """
+    from orchestrator.nightly import NightlyError, load_nightly, render_cronjob_yaml, run_nightly
+
+    try:
+        cfg = load_nightly(nightly_file)
+        if storage:
+            cfg = cfg.with_storage(storage)
+        if timeout_s:
+            cfg.timeout_s = timeout_s
+    except NightlyError as e:
+        raise CompareError(str(e)) from None
+    if render_cronjob:
+        click.echo(render_cronjob_yaml(cfg, Path(nightly_file).read_text()), nl=False)
+        return EXIT_OK
+    if dry_run:
+        import yaml
+
+        from orchestrator.nightly import plan_runs
+
+        for run in plan_runs(cfg):
+            click.echo("---")
+            click.echo(yaml.safe_dump(run.run_file, sort_keys=False), nl=False)
+        return EXIT_OK
+    try:
+        result = run_nightly(cfg, log=lambda msg: click.echo(f"xrun: {msg}", err=True))
+    except NightlyError as e:
+        raise CompareError(str(e), e.exit_code) from None
+    click.echo(result.summary_md, nl=False)
+    click.echo(f"xrun: report {result.report_url}", err=True)
+    return result.exit_code
+
+
+def register(cli: click.Group) -> None:
+    """Called by orchestrator/cli.py to add these commands to `xrun`."""
+    for cmd in (compare, report, nightly):
+        cli.add_command(cmd)
+
+
+if __name__ == "__main__":  # pragma: no cover - debugging aid
+    sys.exit(click.Group(commands=[compare, report, nightly]).main())

@@ -1,0 +1,667 @@
+"""Compare two runs honestly: per-step samples, a significance test, and the confounders.
+
+A diff is marked *improved* or *regressed* only when a two-sided Mann-Whitney U test on the
+per-step samples rejects "same distribution" at ``alpha`` (benchstat's method: medians as
+the summary, a rank test as the judge); otherwise it is *within noise*. One-value figures
+(time to first step, memory, goodput) have no noise estimate and are never marked by sign.
+``exit_code`` is 1 only for a significant regression beyond the threshold on a gating row
+(step time, throughput, loss, checkpoint stalls) or a candidate that failed where the base
+did not. Everything that makes a comparison unfair is said above the table.
+
+Pure standard library: the CLI is installed without numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.goodput import DEFAULT_WARMUP, format_goodput, goodput
+from orchestrator.runlog import RunRecord
+
+DEFAULT_THRESHOLD_PCT = 5.0
+DEFAULT_ALPHA = 0.05
+MIN_SAMPLES = 4  # with 3 vs 3 the smallest two-sided p is 0.1: nothing could be significant
+STALL_SHARE_WARN = 0.10  # stalls above this share of all step time make "Avg s/step" misleading
+
+
+# ---------------------------------------------------------------------------------------
+# Statistics
+
+
+def _ranks(values: list[float]) -> tuple[list[float], float]:
+    """Average ranks (1-based) and the tie term sum(t^3 - t)."""
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    ties = 0.0
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        avg = (i + j) / 2 + 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = avg
+        t = j - i + 1
+        ties += t ** 3 - t
+        i = j + 1
+    return ranks, ties
+
+
+def _exact_u_counts(m: int, n: int) -> list[int]:
+    """Number of orderings giving each U (0..m*n) for samples of sizes m and n, no ties."""
+    # c[j] for the current i: counts of U for sizes (i, j); U gains j when x_i is largest.
+    prev = [[1] for _ in range(n + 1)]  # i = 0: U = 0 whatever j
+    for i in range(1, m + 1):
+        cur = [[1]]  # j = 0
+        for j in range(1, n + 1):
+            a = prev[j]  # largest element from x: U += j
+            b = cur[j - 1]  # largest from y
+            size = i * j + 1
+            out = [0] * size
+            for u, c in enumerate(a):
+                out[u + j] += c
+            for u, c in enumerate(b):
+                out[u] += c
+            cur.append(out)
+        prev = cur
+    return prev[n]
+
+
+def mann_whitney_u(x: list[float], y: list[float]) -> tuple[float, float]:
+    """(U of x, two-sided p). Exact when a side has at most 8 values and nothing ties (as
+    scipy's ``method='auto'``), else the normal approximation with tie and continuity
+    corrections."""
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        return math.nan, 1.0
+    ranks, ties = _ranks(list(x) + list(y))
+    r1 = sum(ranks[:n1])
+    u1 = r1 - n1 * (n1 + 1) / 2
+    u_big = max(u1, n1 * n2 - u1)
+    if ties == 0 and min(n1, n2) <= 8 and max(n1, n2) <= 200:
+        counts = _exact_u_counts(min(n1, n2), max(n1, n2))
+        total = sum(counts)
+        tail = sum(counts[int(round(u_big)):])
+        return u1, min(1.0, 2 * tail / total)
+    n = n1 + n2
+    var = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
+    if var <= 0:
+        return u1, 1.0
+    z = (u_big - n1 * n2 / 2 - 0.5) / math.sqrt(var)
+    return u1, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
+
+
+def mean_diff_test(x: list[float], y: list[float], seed: int = 0) -> tuple[float, float]:
+    """(mean(y) - mean(x), two-sided p) for a difference of means.
+
+    Means are what "Avg s/step" shows, and one checkpoint stall moves them a lot: a rank
+    test would judge a different figure. Up to 1000 values a side: a seeded percentile
+    bootstrap (stalls widen it honestly); above, Welch's normal approximation.
+    """
+    nx, ny = len(x), len(y)
+    d = statistics.fmean(y) - statistics.fmean(x)
+    if nx <= 1000 and ny <= 1000:
+        rng = random.Random(seed)
+        below = above = 0
+        reps = 2000
+        for _ in range(reps):
+            bx = math.fsum(rng.choices(x, k=nx)) / nx
+            by = math.fsum(rng.choices(y, k=ny)) / ny
+            diff = by - bx
+            below += diff <= 0
+            above += diff >= 0
+        return d, min(1.0, 2 * min(below, above) / reps)
+    se = math.sqrt(statistics.variance(x) / nx + statistics.variance(y) / ny)
+    if se == 0:
+        return d, 1.0 if d == 0 else 0.0
+    return d, math.erfc(abs(d / se) / math.sqrt(2))
+
+
+def median_ci(values: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """Distribution-free CI of the median from order statistics (benchstat's method)."""
+    xs = sorted(values)
+    n = len(xs)
+    if n < 6:
+        return None
+    alpha = 1 - confidence
+    if n <= 1000:
+        cdf, k = 0.0, 0
+        total = 2 ** n
+        while True:  # largest k with P(Binom(n, 1/2) <= k - 1) <= alpha / 2
+            nxt = cdf + math.comb(n, k) / total
+            if nxt > alpha / 2:
+                break
+            cdf, k = nxt, k + 1
+        lo = max(k, 1)
+    else:
+        lo = max(1, int(math.floor(n / 2 - 1.959964 * math.sqrt(n) / 2)))
+    return xs[lo - 1], xs[n - lo]
+
+
+def iqr(values: list[float]) -> float | None:
+    if len(values) < 4:
+        return None
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[2] - q[0]
+
+
+# ---------------------------------------------------------------------------------------
+# One run's figures
+
+
+@dataclass
+class RunFigures:
+    """What the table shows for one run, with the samples behind each figure."""
+
+    label: str
+    steady_seconds: list[float]
+    steady_tflops: list[float]
+    steady_tokens: list[float]
+    all_seconds: list[float]
+    loss_tail: list[float]
+    final_loss: float | None
+    final_step: int | None
+    steps_executed: int
+    stall_events: list[float]
+    stall_total: float
+    stall_saves: int
+    time_to_first_step: float | None
+    ttfs_basis: str
+    goodput: dict[str, Any]
+    warmup: int
+    stride: int
+
+    @property
+    def steady_median(self) -> float | None:
+        return statistics.median(self.steady_seconds) if self.steady_seconds else None
+
+    @property
+    def step_share_of_stalls(self) -> float:
+        total = sum(self.all_seconds)
+        return self.stall_total / total if total > 0 else 0.0
+
+
+def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
+    steps = rec.steps
+    steady = rec.steady_mask(warmup)
+    final = rec.final_mask()
+    ss, tf, tok = [], [], []
+    for (_step, seconds, tflops, tokens, _loss, _b, _t, _a), ok in zip(steps.rows(), steady, strict=True):
+        if ok:
+            ss.append(seconds)
+            if math.isfinite(tflops):
+                tf.append(tflops)
+            if math.isfinite(tokens):
+                tok.append(tokens)
+    losses = [(st, loss) for st, loss, is_final in zip(steps.step, steps.loss, final, strict=True)
+              if is_final and math.isfinite(loss)]
+    losses.sort()
+    k = max(5, min(50, len(losses) // 10))
+    events = [c["seconds"] for c in rec.checkpoints
+              if c["event"] in ("blocked", "waited") and c["seconds"] is not None]
+    stall_total = rec.checkpoint_totals["blocked"] + rec.checkpoint_totals["waited"]
+    if not events:  # only per-step blocked times (JSONL without checkpoint records)
+        events = [b for b in steps.blocked if b > 0]
+        stall_total = stall_total or sum(events) * steps.stride
+    ttfs, basis = _time_to_first_step(rec)
+    return RunFigures(
+        label=rec.label, steady_seconds=ss, steady_tflops=tf, steady_tokens=tok,
+        all_seconds=[s for s in steps.seconds if math.isfinite(s)],
+        loss_tail=[loss for _, loss in losses[-k:]],
+        final_loss=losses[-1][1] if losses else None,
+        final_step=losses[-1][0] if losses else None,
+        steps_executed=steps.count, stall_events=events, stall_total=stall_total,
+        stall_saves=int(rec.checkpoint_totals["saves"]), time_to_first_step=ttfs,
+        ttfs_basis=basis, goodput=goodput(rec, warmup=warmup), warmup=warmup, stride=steps.stride,
+    )
+
+
+def _time_to_first_step(rec: RunRecord) -> tuple[float | None, str]:
+    """Submit (or process start, or first log line) to the end of the first step."""
+    t = rec.steps.time[0] if len(rec.steps) else math.nan
+    if not math.isfinite(t):
+        return None, ""
+    for origin, basis in ((rec.submitted_at, "from submit"), (rec.start_time, "from process start"),
+                          (rec.log_first_time, "from the first log line")):
+        if origin is not None and t >= origin:
+            return t - origin, basis
+    return None, ""
+
+
+# ---------------------------------------------------------------------------------------
+# Rows
+
+
+@dataclass
+class Row:
+    metric: str
+    base: str  # formatted cells
+    cand: str
+    diff: str
+    base_value: Any = None
+    cand_value: Any = None
+    delta: float | None = None
+    delta_pct: float | None = None
+    verdict: str = ""  # improved | regressed | within noise | identical | same | differs | not tested | missing
+    p_value: float | None = None
+    n_base: int | None = None
+    n_cand: int | None = None
+    better: str | None = None  # lower | higher
+    gating: bool = False  # may set the exit code
+    beyond_threshold: bool = False
+
+
+def _fmt(v: float | None, decimals: int, unit: str = "") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if v != 0 and abs(v) < 10 ** -(decimals - 1):  # tiny figures (CPU step times) keep 4 digits
+        return f"{v:.4g}{unit}"
+    return f"{v:.{decimals}f}{unit}"
+
+
+def _signed(v: float, decimals: int) -> str:
+    if v == 0:
+        return "0"
+    s = _fmt(abs(v), decimals)
+    return ("+" if v > 0 else "-") + s
+
+
+def _p(p: float) -> str:
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
+
+
+class Comparator:
+    """Builds the rows of one base-vs-candidate comparison."""
+
+    def __init__(self, threshold_pct: float, alpha: float):
+        self.threshold_pct = threshold_pct
+        self.alpha = alpha
+
+    def sampled(self, metric: str, base_vals: list[float], cand_vals: list[float], center: str,
+                better: str, decimals: int, gating: bool = True, unit: str = "",
+                shown: tuple[float | None, float | None] | None = None, what: str = "steps") -> Row:
+        """A figure backed by per-step samples: value, difference, and the test's verdict.
+
+        ``center`` "median" is judged by the Mann-Whitney U test, "mean" by a test of the
+        difference of means, so the verdict always speaks about the figure shown.
+        """
+        nb, nc = len(base_vals), len(cand_vals)
+        fb = _center(base_vals, center) if shown is None else shown[0]
+        fc = _center(cand_vals, center) if shown is None else shown[1]
+        row = Row(metric, _fmt(fb, decimals, unit), _fmt(fc, decimals, unit), "",
+                  base_value=fb, cand_value=fc, n_base=nb, n_cand=nc, better=better, gating=gating)
+        if fb is None or fc is None:
+            row.verdict = "missing"
+            row.diff = f"n/a (no samples: {nb}/{nc} {what})"
+            return row
+        row.delta = fc - fb
+        row.delta_pct = 100 * row.delta / abs(fb) if fb else None
+        pct = f" ({row.delta_pct:+.1f}%)" if row.delta_pct is not None and row.delta else ""
+        counts = f"n={nb}/{nc} {what}"
+        change = f"{_signed(row.delta, decimals)}{pct}"
+        if base_vals == cand_vals:
+            row.verdict = "identical"
+            row.diff = f"0 (identical; {counts})"
+            return row
+        if nb < MIN_SAMPLES or nc < MIN_SAMPLES:
+            row.verdict = "not tested"
+            row.diff = f"{change} not tested: too few samples ({counts})"
+            return row
+        if center == "mean":
+            _d, p = mean_diff_test(base_vals, cand_vals)
+            cand_larger = _d > 0
+        else:
+            u1, p = mann_whitney_u(base_vals, cand_vals)
+            cand_larger = u1 < nb * nc / 2  # U of base small: candidate values rank higher
+        row.p_value = p
+        if p >= self.alpha:
+            row.verdict = "within noise"
+            row.diff = f"{change} within noise ({_p(p)}, {counts})"
+            return row
+        if row.delta == 0 or (row.delta > 0) != cand_larger:
+            # The samples shifted one way while the shown figure moved the other (or not).
+            row.verdict = "not tested"
+            row.diff = f"{change} direction unclear: the samples shifted the other way ({_p(p)}, {counts})"
+            return row
+        worse = cand_larger if better == "lower" else not cand_larger
+        row.verdict = "regressed" if worse else "improved"
+        beyond = row.delta_pct is not None and abs(row.delta_pct) >= self.threshold_pct
+        row.beyond_threshold = worse and beyond
+        mark = f"**{row.verdict}**" if row.beyond_threshold else row.verdict
+        if worse and not beyond:
+            mark += f", under the {self.threshold_pct:g}% threshold"
+        row.diff = f"{change} {mark} ({_p(p)}, {counts})"
+        return row
+
+    @staticmethod
+    def single(metric: str, fb: float | None, fc: float | None, decimals: int, unit: str = "",
+               why: str = "one value per run: no noise estimate") -> Row:
+        """A figure with one value per run: shown with its difference, never marked by sign."""
+        row = Row(metric, _fmt(fb, decimals, unit), _fmt(fc, decimals, unit), "",
+                  base_value=fb, cand_value=fc, n_base=1 if fb is not None else 0,
+                  n_cand=1 if fc is not None else 0)
+        if fb is None or fc is None:
+            row.verdict, row.diff = "missing", "n/a"
+            return row
+        row.delta = fc - fb
+        row.delta_pct = 100 * row.delta / abs(fb) if fb else None
+        if row.delta == 0:
+            row.verdict, row.diff = "same", "0"
+            return row
+        pct = f" ({row.delta_pct:+.1f}%)" if row.delta_pct is not None else ""
+        row.verdict = "not tested"
+        row.diff = f"{_signed(row.delta, decimals)}{pct} not tested: {why}"
+        return row
+
+    @staticmethod
+    def text(metric: str, vb: str, vc: str) -> Row:
+        same = vb == vc
+        return Row(metric, vb or "unknown", vc or "unknown", "—" if same else "**differs** (see warnings)",
+                   base_value=vb, cand_value=vc, verdict="same" if same else "differs")
+
+
+def _center(values: list[float], center: str) -> float | None:
+    if not values:
+        return None
+    return statistics.median(values) if center == "median" else statistics.fmean(values)
+
+
+# ---------------------------------------------------------------------------------------
+# The comparison
+
+
+@dataclass
+class Comparison:
+    base: RunRecord
+    cand: RunRecord
+    base_label: str
+    cand_label: str
+    base_fig: RunFigures
+    cand_fig: RunFigures
+    rows: list[Row]
+    warnings: list[str]
+    notes: list[str]
+    threshold_pct: float
+    alpha: float
+    warmup: int
+    candidate_failed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def regressions(self) -> list[Row]:
+        return [r for r in self.rows if r.gating and r.beyond_threshold]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressions) or self.candidate_failed
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.regressed else 0
+
+    # -- output -------------------------------------------------------------------------
+    def markdown(self) -> str:
+        lines = [f"**Warning:** {w}\n" for w in self.warnings]
+        lines.append(table_markdown(self))
+        lines.append("")
+        lines.append("Notes:")
+        lines += [f"- {n}" for n in self.notes]
+        return "\n".join(lines) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        def run(rec: RunRecord, fig: RunFigures, label: str) -> dict[str, Any]:
+            return {
+                "label": label, "name": rec.name, "source": rec.source, "kind": rec.kind,
+                "branch": rec.branch, "commit": rec.commit, "image": rec.image,
+                "state": rec.state, "exit_code": rec.exit_code, "finished": rec.finished,
+                "restarts": rec.restarts, "versions": rec.versions, "accelerator": rec.accelerator,
+                "devices": rec.devices, "process_id": rec.process_id,
+                "steps_executed": fig.steps_executed, "final_step": fig.final_step,
+                "steady_steps": len(fig.steady_seconds), "steady_median_s": fig.steady_median,
+                "steady_median_ci95_s": median_ci(fig.steady_seconds),
+                "time_to_first_step_s": fig.time_to_first_step, "goodput": fig.goodput,
+                "checkpoint": {**rec.checkpoint_totals, "stall_total_s": fig.stall_total},
+                "notes": rec.notes,
+            }
+
+        return {
+            "base": run(self.base, self.base_fig, self.base_label),
+            "candidate": run(self.cand, self.cand_fig, self.cand_label),
+            "warnings": self.warnings,
+            "rows": [asdict(r) for r in self.rows],
+            "notes": self.notes,
+            "threshold_pct": self.threshold_pct,
+            "alpha": self.alpha,
+            "warmup_steps": self.warmup,
+            "candidate_failed": self.candidate_failed,
+            "regressions": [r.metric for r in self.regressions],
+            "regressed": self.regressed,
+            "exit_code": self.exit_code,
+        }
+
+    def json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=_json_default) + "\n"
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, set | tuple):
+        return list(o)
+    return str(o)
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def table_markdown(c: Comparison) -> str:
+    """The table: header row exactly '| Metric | <base> | <cand> | Diff (<cand> − <base>) |'."""
+    b, k = _md_cell(c.base_label), _md_cell(c.cand_label)
+    out = [f"| Metric | {b} | {k} | Diff ({k} − {b}) |", "|---|---|---|---|"]
+    for r in c.rows:
+        out.append(f"| {_md_cell(r.metric)} | {_md_cell(r.base)} | {_md_cell(r.cand)} | {_md_cell(r.diff)} |")
+    return "\n".join(out)
+
+
+def _labels(base: RunRecord, cand: RunRecord) -> tuple[str, str]:
+    lb, lc = base.label, cand.label
+    if lb == lc:
+        nb, nc = base.name or "base", cand.name or "candidate"
+        if nb == nc:
+            nb, nc = "base", "candidate"
+        lb, lc = f"{lb} ({nb})", f"{lc} ({nc})"
+    return lb, lc
+
+
+def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
+            alpha: float = DEFAULT_ALPHA, warmup: int = DEFAULT_WARMUP) -> Comparison:
+    """The table, warnings and notes of CANDIDATE against BASE."""
+    fb, fc = figures(base, warmup), figures(cand, warmup)
+    lb, lc = _labels(base, cand)
+    cmp = Comparator(threshold_pct, alpha)
+    rows = [
+        cmp.text("Parameters", base.params_text or _params(base.params), cand.params_text or _params(cand.params)),
+        cmp.sampled("Final loss", fb.loss_tail, fc.loss_tail, "median", "lower", 4,
+                    shown=(fb.final_loss, fc.final_loss), what="last steps"),
+        cmp.sampled("TFLOP/s", fb.steady_tflops, fc.steady_tflops, "median", "higher", 3),
+        cmp.sampled("Tok/s", fb.steady_tokens, fc.steady_tokens, "median", "higher", 1),
+        cmp.sampled("Avg s/step", fb.all_seconds, fc.all_seconds, "mean", "lower", 3, what="all steps"),
+        Comparator.single("Memory %", _mem(base), _mem(cand), 2,
+                          why="one reading per run"),
+        cmp.text("JAX", base.jax, cand.jax),
+        cmp.sampled("Steady-state s/step (median)", fb.steady_seconds, fc.steady_seconds, "median", "lower", 3),
+        _spread_row(cmp, fb, fc),
+        _stall_row(cmp, fb, fc),
+        Comparator.single("Time to first step", fb.time_to_first_step, fc.time_to_first_step, 1, " s"),
+        Comparator.single("Goodput %", fb.goodput["goodput_pct"] if fb.steps_executed else None,
+                          fc.goodput["goodput_pct"] if fc.steps_executed else None, 1,
+                          why="one value per run"),
+    ]
+    # A loss that changed only within noise is still not identical numerics: say so.
+    warnings = confounders(base, cand, fb, fc, lb, lc)
+    candidate_failed = (not cand.finished and base.finished) or (fc.steps_executed == 0 < fb.steps_executed)
+    if candidate_failed:
+        warnings.insert(0, f"candidate {lc} did not succeed ({cand.outcome}) while the base did: "
+                           "counted as a regression")
+    notes = _notes(fb, fc, lb, lc, threshold_pct, alpha, warmup, rows, base, cand)
+    return Comparison(base, cand, lb, lc, fb, fc, rows, warnings, notes, threshold_pct, alpha,
+                      warmup, candidate_failed)
+
+
+def _params(p: float | None) -> str:
+    return f"{p / 1e9:.3f} billion" if p else ""
+
+
+def _mem(rec: RunRecord) -> float | None:
+    return rec.memory["pct"] if rec.memory else None
+
+
+def _spread_row(cmp: Comparator, fb: RunFigures, fc: RunFigures) -> Row:
+    """IQR of steady step times; tested on absolute deviations from each side's median."""
+    def dev(xs: list[float]) -> list[float]:
+        if not xs:
+            return []
+        m = statistics.median(xs)
+        return [abs(x - m) for x in xs]
+
+    row = cmp.sampled("Step time spread (IQR)", dev(fb.steady_seconds), dev(fc.steady_seconds),
+                      "median", "lower", 3, gating=False,
+                      shown=(iqr(fb.steady_seconds), iqr(fc.steady_seconds)))
+    return row
+
+
+def _stall_row(cmp: Comparator, fb: RunFigures, fc: RunFigures) -> Row:
+    """Total seconds saves blocked or waited; tested on the per-save stalls."""
+    if not fb.stall_events and not fc.stall_events:
+        return Row("Checkpoint stall total", _fmt(fb.stall_total, 3, " s"), _fmt(fc.stall_total, 3, " s"),
+                   "0 (no save blocked or waited)" if fb.stall_total == fc.stall_total == 0 else "n/a",
+                   base_value=fb.stall_total, cand_value=fc.stall_total, verdict="identical",
+                   n_base=0, n_cand=0, better="lower")
+    row = cmp.sampled("Checkpoint stall total", fb.stall_events, fc.stall_events, "mean", "lower", 3,
+                      unit=" s", shown=(fb.stall_total, fc.stall_total), what="stalls")
+    return row
+
+
+def confounders(base: RunRecord, cand: RunRecord, fb: RunFigures, fc: RunFigures,
+                lb: str, lc: str) -> list[str]:
+    """What makes this comparison unfair or its figures misleading, one sentence each."""
+    w: list[str] = []
+    for key, name in (("jax", "JAX"), ("jaxlib", "jaxlib"), ("libtpu", "libtpu")):
+        vb = base.libtpu if key == "libtpu" else base.versions.get(key, "")
+        vc = cand.libtpu if key == "libtpu" else cand.versions.get(key, "")
+        if vb and vc and vb != vc:
+            w.append(f"different {name}: {lb} ran {vb}, {lc} ran {vc}; differences may come from "
+                     f"{name}, not the branch")
+        elif key != "libtpu" and bool(vb) != bool(vc):
+            w.append(f"{name} version unknown for {lc if vb else lb}: cannot tell whether both sides ran the same")
+    if not base.jax and not cand.jax:
+        w.append("JAX version unknown on both sides (no header or System Information lines)")
+    if base.accelerator and cand.accelerator and base.accelerator != cand.accelerator:
+        w.append(f"different accelerators: {lb} on {base.accelerator}, {lc} on {cand.accelerator}")
+    if base.devices and cand.devices and base.devices != cand.devices:
+        w.append(f"different device counts: {lb} {base.devices}, {lc} {cand.devices}")
+    if base.device_kind and cand.device_kind and base.device_kind != cand.device_kind:
+        w.append(f"different device kinds: {lb} {base.device_kind}, {lc} {cand.device_kind}")
+    if base.process_count and cand.process_count and base.process_count != cand.process_count:
+        w.append(f"different process counts: {lb} {base.process_count}, {lc} {cand.process_count}")
+    if base.source and base.source == cand.source:
+        w.append("the same run on both sides: every difference is zero by construction")
+    elif base.commit and cand.commit and base.commit == cand.commit:
+        w.append(f"same commit {base.short_commit} on both sides: any difference is noise or environment, "
+                 "not code")
+    if base.process_id is not None and cand.process_id is not None and base.process_id != cand.process_id:
+        w.append(f"logs from different processes: {lb} is process {base.process_id}, "
+                 f"{lc} is process {cand.process_id}")
+    if fb.steps_executed != fc.steps_executed or fb.final_step != fc.final_step:
+        w.append(f"different step counts: {lb} ran {fb.steps_executed} steps (last step {fb.final_step}), "
+                 f"{lc} ran {fc.steps_executed} (last step {fc.final_step})")
+    diff = config_diff(base.config, cand.config)
+    if diff:
+        w.append(f"different configs: {diff}")
+    if base.params and cand.params and base.params != cand.params:
+        w.append(f"different parameter counts: {lb} {_params(base.params)}, {lc} {_params(cand.params)}")
+    tw_b, tw_c = base.steps.total_weights_last, cand.steps.total_weights_last
+    if tw_b and tw_c and tw_b != tw_c:
+        w.append(f"different tokens per step (total_weights): {lb} {tw_b}, {lc} {tw_c}")
+    for rec, lab in ((base, lb), (cand, lc)):
+        if not rec.finished:
+            w.append(f"{lab} did not finish: {rec.outcome}")
+        if rec.restarts:
+            w.append(f"{lab} restarted {rec.restarts} time(s): redone steps are in its samples")
+    for fig, lab in ((fb, lb), (fc, lc)):
+        share = fig.step_share_of_stalls
+        if share >= STALL_SHARE_WARN:
+            mean = statistics.fmean(fig.all_seconds) if fig.all_seconds else 0.0
+            w.append(f"'Avg s/step' of {lab} ({_fmt(mean, 3)}) is dominated by checkpoint stalls: "
+                     f"{fig.stall_total:.3f} s of {sum(fig.all_seconds):.3f} s step time ({100 * share:.0f}%); "
+                     "read the steady-state row instead")
+        if 0 < len(fig.steady_seconds) < MIN_SAMPLES:
+            w.append(f"{lab} has only {len(fig.steady_seconds)} steady-state steps: too few to test; "
+                     "run more steps or lower --warmup")
+    return w
+
+
+def config_diff(a: Any, b: Any, limit: int = 5) -> str:
+    """'steps 40 -> 20, batch 8 -> 16' for differing keys; '' when equal or unknown."""
+    if a is None or b is None or a == b:
+        return ""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return f"{str(a)[:80]!r} vs {str(b)[:80]!r}"
+    fa, fb = _flatten(a), _flatten(b)
+    keys = sorted(k for k in set(fa) | set(fb) if fa.get(k, "<unset>") != fb.get(k, "<unset>"))
+    parts = [f"{k} {fa.get(k, '<unset>')} -> {fb.get(k, '<unset>')}" for k in keys[:limit]]
+    if len(keys) > limit:
+        parts.append(f"and {len(keys) - limit} more")
+    return ", ".join(parts)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, alpha: float,
+           warmup: int, rows: list[Row], base: RunRecord, cand: RunRecord) -> list[str]:
+    n: list[str] = []
+    n.append(f"Steady state: steps after the first {warmup} of each attempt, without the steps next to a "
+             f"checkpoint save that blocked or waited: {lb} {len(fb.steady_seconds)} of "
+             f"{fb.steps_executed} steps, {lc} {len(fc.steady_seconds)} of {fc.steps_executed}.")
+    for fig, lab in ((fb, lb), (fc, lc)):
+        ci = median_ci(fig.steady_seconds)
+        if fig.steady_median is not None:
+            extra = f", 95% CI {_fmt(ci[0], 3)}–{_fmt(ci[1], 3)}" if ci else ""
+            n.append(f"{lab}: steady-state median {_fmt(fig.steady_median, 3)} s/step{extra}; "
+                     f"{format_goodput(fig.goodput)}.")
+    n.append(f"Marks: two-sided Mann-Whitney U test on per-step samples at alpha={alpha:g}; 'within noise' "
+             f"means p >= {alpha:g}. The exit code is 1 for a significant regression of at least "
+             f"{threshold:g}% in Final loss, TFLOP/s, Tok/s, Avg s/step, steady-state s/step or checkpoint "
+             "stalls, or a failed candidate.")
+    n.append("TFLOP/s and Tok/s are per device, medians of steady-state steps; Avg s/step is the mean "
+             "of every step, stalls and compilation included; Final loss is the last step's, tested on "
+             f"the last {len(fb.loss_tail)}/{len(fc.loss_tail)} steps.")
+    loss_row = rows[1]
+    if loss_row.verdict not in ("identical", "missing") and not config_diff(base.config, cand.config):
+        n.append("The losses differ although the configs match: the two sides are not numerically "
+                 "identical (code, versions or nondeterminism).")
+    mem = rows[5]
+    if mem.delta_pct is not None and abs(mem.delta_pct) >= threshold:
+        n.append(f"Memory % changed by {mem.delta_pct:+.1f}% (one reading per run, not noise-tested).")
+    for fig, lab in ((fb, lb), (fc, lc)):
+        if fig.stride > 1:
+            n.append(f"{lab}: a long run; statistics use every {fig.stride}th step.")
+    for rec, lab in ((base, lb), (cand, lc)):
+        for note in rec.notes[:5]:
+            n.append(f"{lab}: {note}.")
+    return n

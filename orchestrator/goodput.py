@@ -1,0 +1,172 @@
+"""Goodput: where a run's wall time went, in seconds per category.
+
+Productive step time is what training is for; everything else is overhead someone can
+reduce: startup (submit to the first step), compilation (what the first steps of each
+attempt took beyond a steady step), checkpoint saves that blocked training, restarts (from
+the last step of a failed attempt to the first step of the next) and the steps they redid.
+``other`` is what no record explains (teardown after the last step, gaps between steps).
+
+Inputs are a parsed :class:`~orchestrator.runlog.RunRecord` (metrics JSONL, logs, run.json)
+and state.json's transitions; ``goodput_from_records`` is the entry point of ``xrun status``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from orchestrator.runlog import RunRecord, apply_metric, apply_run_json, apply_state
+
+CATEGORIES = ("startup", "compilation", "productive", "checkpoint", "restarts", "redone_steps", "other")
+DEFAULT_WARMUP = 3
+
+
+def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
+            warmup: int = DEFAULT_WARMUP) -> dict[str, Any]:
+    """Seconds per category (see module doc), the wall time and productive share.
+
+    ``partial`` is True when times are missing (a log without timestamps): then only the
+    step-time categories are known and ``wall_s`` is their sum.
+    """
+    transitions = transitions if transitions is not None else rec.transitions
+    notes: list[str] = []
+    cats = dict.fromkeys(CATEGORIES, 0.0)
+    steps = rec.steps
+    stride = steps.stride  # each kept sample stands for `stride` steps once decimated
+    if stride > 1:
+        notes.append(f"long run: estimated from every {stride}th step")
+    steady = rec.steady_mask(warmup)
+    final = rec.final_mask()
+    steady_seconds = [s for s, ok in zip(steps.seconds, steady, strict=True) if ok]
+    median = statistics.median(steady_seconds) if steady_seconds else None
+
+    # Step time by kind of execution.
+    first_of_attempt: dict[int, int] = {}
+    compile_s = redone_s = final_s = blocked_field = 0.0
+    redone_n = 0
+    per_attempt: dict[int, dict[str, float]] = {}
+    for (step, seconds, _tf, _tok, _loss, blocked, t, attempt), is_final in zip(steps.rows(), final, strict=True):
+        if not math.isfinite(seconds):
+            continue
+        first = first_of_attempt.setdefault(attempt, step)
+        excess = 0.0
+        if step < first + warmup and median is not None:
+            excess = max(0.0, seconds - median)
+        compile_s += excess * stride
+        blocked_field += blocked * stride
+        if is_final:
+            final_s += (seconds - excess) * stride
+        else:
+            redone_s += (seconds - excess) * stride
+            redone_n += stride
+        a = per_attempt.setdefault(attempt, {"start": math.nan, "end": math.nan, "seconds": 0.0})
+        a["seconds"] += seconds * stride
+        if math.isfinite(t):
+            if math.isnan(a["start"]):
+                a["start"] = t - seconds
+            a["end"] = t
+
+    stall = rec.checkpoint_totals["blocked"] + rec.checkpoint_totals["waited"]
+    if stall == 0.0 and blocked_field:
+        stall = blocked_field
+    # Are the stalls inside the step times? Yes when step records carry them; otherwise
+    # judge by the gaps between step records: stalls outside step times show up there.
+    in_loop = sum(a["end"] - a["start"] for a in per_attempt.values()
+                  if math.isfinite(a["start"]) and math.isfinite(a["end"]))
+    timed_seconds = sum(a["seconds"] for a in per_attempt.values() if math.isfinite(a["start"]))
+    gaps = max(0.0, in_loop - timed_seconds) if in_loop else 0.0
+    stalls_inside = bool(blocked_field) or not (gaps >= 0.8 * stall > 0)
+    cats["checkpoint"] = stall
+    cats["compilation"] = compile_s
+    cats["redone_steps"] = redone_s
+    cats["productive"] = max(0.0, final_s - (stall if stalls_inside else 0.0))
+    if stalls_inside and stall > final_s:
+        notes.append("checkpoint stalls exceed step time: stalls counted in full")
+
+    # Times: submit (or process start) to first step, restarts, end.
+    attempts = sorted(a for a in per_attempt if math.isfinite(per_attempt[a]["start"]))
+    origin, basis = _origin(rec)
+    end = _end(rec, transitions, per_attempt)
+    if attempts:
+        first_start = per_attempt[attempts[0]]["start"]
+        if origin is not None:
+            cats["startup"] = max(0.0, first_start - origin)
+        for prev, cur in zip(attempts, attempts[1:], strict=False):
+            cats["restarts"] += max(0.0, per_attempt[cur]["start"] - per_attempt[prev]["end"])
+    partial = origin is None or end is None or not attempts
+    known = sum(cats.values())
+    if partial:
+        wall = known
+        notes.append("no timestamps for submit/start or end: wall time is the sum of step times")
+    else:
+        wall = max(0.0, end - origin)
+        cats["other"] = wall - known
+        if cats["other"] < 0:
+            if cats["other"] < -0.05 * wall:
+                notes.append(f"records overlap by {-cats['other']:.1f}s (clock skew?): 'other' set to 0")
+            cats["other"] = 0.0
+            wall = known
+    return {
+        "wall_s": wall,
+        "categories": {k: round(v, 6) for k, v in cats.items()},
+        "goodput_pct": 100.0 * cats["productive"] / wall if wall > 0 else 0.0,
+        "partial": partial,
+        "basis": basis,
+        "steady_step_s": median,
+        "steps": {"executed": steps.count, "redone": redone_n, "attempts": len(per_attempt)},
+        "notes": notes,
+    }
+
+
+def _origin(rec: RunRecord) -> tuple[float | None, str]:
+    """When the run started, as precisely as the records allow."""
+    if rec.submitted_at is not None:
+        return rec.submitted_at, "submit"
+    if rec.transitions and isinstance(rec.transitions[0].get("time"), int | float):
+        return float(rec.transitions[0]["time"]), "first state transition"
+    if rec.start_time is not None:
+        return rec.start_time, "process start"
+    if rec.log_first_time is not None:
+        return rec.log_first_time, "first log line"
+    return None, "step times only"
+
+
+def _end(rec: RunRecord, transitions: list[dict[str, Any]], per_attempt: dict[int, dict[str, float]]) -> float | None:
+    for t in reversed(transitions or []):
+        if t.get("state") in ("Succeeded", "Failed", "Deleted") and isinstance(t.get("time"), int | float):
+            return float(t["time"])
+    if rec.end_time is not None:
+        return rec.end_time
+    if rec.log_last_time is not None and rec.log_first_time is not None:
+        return rec.log_last_time
+    ends = [a["end"] for a in per_attempt.values() if math.isfinite(a["end"])]
+    return max(ends) if ends else None
+
+
+def goodput_from_records(records: list[dict[str, Any]], run: dict[str, Any] | None,
+                         state: dict[str, Any] | None) -> dict[str, Any]:
+    """``xrun status``: goodput from metrics records, run.json and state.json as read."""
+    rec = RunRecord(kind="storage")
+    apply_run_json(rec, run or {})
+    for r in records:
+        apply_metric(rec, r)
+    apply_state(rec, state or {})
+    return goodput(rec)
+
+
+def format_goodput(gp: dict[str, Any]) -> str:
+    """One line: 'goodput 81.2% of 12m03s: productive 9m47s, startup 1m10s, ...'."""
+    parts = [f"{k.replace('_', ' ')} {_dur(v)}" for k, v in gp["categories"].items() if v >= 0.0005]
+    head = f"goodput {gp['goodput_pct']:.1f}% of {_dur(gp['wall_s'])}"
+    if gp.get("partial"):
+        head += " (step times only)"
+    return head + (": " + ", ".join(parts) if parts else "")
+
+
+def _dur(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s" if seconds < 10 else f"{seconds:.0f}s"
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
