@@ -154,6 +154,8 @@ def write_stored_run(root: Path, name: str, shape: RunShape, branch: str = "main
     transitions = [{"time": start - 5, "state": "Running", "reason": "attempt 0"}]
     for attempt, s in plan:
         if attempt != attempt_started:
+            if attempt and s["blocked"]:  # the save before the restore was attempt 0's
+                s = {**s, "seconds": s["seconds"] - s["blocked"], "blocked": 0.0}
             if attempt:
                 t += 3.0  # failure detected
                 transitions.append({"time": t, "state": "Restarting", "reason": "host 0-1 exited with code 42"})

@@ -1,0 +1,239 @@
+"""`xrun compare`: the statistics, the table's exact form, verdicts that respect noise, the
+confounders said above the table, and the CLI's outputs and exit codes."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from cli_helpers import xrun
+from synthetic_runs import RunShape, write_log, write_stored_run
+
+from orchestrator.compare import compare, mann_whitney_u, mean_diff_test, median_ci
+from orchestrator.runlog import load_run
+
+ROW_NAMES = ["Parameters", "Final loss", "TFLOP/s", "Tok/s", "Avg s/step", "Memory %", "JAX",
+             "Steady-state s/step (median)", "Step time spread (IQR)", "Checkpoint stall total",
+             "Time to first step", "Goodput %"]
+
+
+def run(tmp_path, name: str, **kw) -> object:
+    return load_run(str(write_log(tmp_path / f"{name}.log", RunShape(**kw))))
+
+
+def rows(c) -> dict:
+    return {r.metric: r for r in c.rows}
+
+
+# ---------------------------------------------------------------------------------------
+# Statistics against scipy (a test-only oracle: the CLI itself has no numpy or scipy).
+
+
+def test_mann_whitney_matches_scipy_exact_and_asymptotic():
+    from scipy.stats import mannwhitneyu
+
+    rng = random.Random(5)
+    for trial in range(200):
+        n1, n2 = rng.randint(1, 40), rng.randint(1, 40)
+        rounded = trial % 2 == 0  # ties force the asymptotic branch
+        x = [round(rng.gauss(0, 1), 1 if rounded else 9) for _ in range(n1)]
+        y = [round(rng.gauss(0.6, 1), 1 if rounded else 9) for _ in range(n2)]
+        u, p = mann_whitney_u(x, y)
+        ref = mannwhitneyu(x, y, alternative="two-sided")
+        assert u == pytest.approx(ref.statistic) and p == pytest.approx(ref.pvalue, rel=1e-9, abs=1e-12)
+
+
+def test_median_ci_and_mean_test():
+    assert median_ci([float(i) for i in range(1, 21)]) == (6.0, 15.0)  # binomial order statistics
+    assert median_ci([1.0, 2.0, 3.0]) is None  # too few for 95%
+    rng = random.Random(1)
+    x = [rng.gauss(1.0, 0.05) for _ in range(50)]
+    d, p = mean_diff_test(x, [v + 0.1 for v in x])
+    assert d == pytest.approx(0.1) and p < 0.001
+    d, p = mean_diff_test(x, [rng.gauss(1.0, 0.05) for _ in range(50)])
+    assert p > 0.05 or abs(d) < 0.03
+    big = [rng.gauss(1.0, 0.05) for _ in range(3000)]  # Welch branch
+    assert mean_diff_test(big, [v * 1.05 for v in big])[1] < 1e-6
+
+
+# ---------------------------------------------------------------------------------------
+# The table
+
+
+def test_table_has_the_exact_form_and_rows(tmp_path):
+    base = run(tmp_path, "main", commit="abc1234ffff", seed=1)
+    cand = run(tmp_path, "feat", commit="def5678eeee", seed=2)
+    md = compare(base, cand).markdown()
+    table = [ln for ln in md.splitlines() if ln.startswith("|")]
+    assert table[0] == "| Metric | main abc1234 | feat def5678 | Diff (feat def5678 − main abc1234) |"
+    assert table[1] == "|---|---|---|---|"
+    assert [ln.split(" | ")[0].lstrip("| ") for ln in table[2:]] == ROW_NAMES
+    cells = {ln.split(" | ")[0].lstrip("| "): ln.strip("| ").split(" | ") for ln in table[2:]}
+    assert cells["Parameters"][1:] == ["0.853 billion", "0.853 billion", "—"]
+    assert cells["JAX"][1:] == ["0.10.2", "0.10.2", "—"]
+    assert cells["Memory %"][1:] == ["2.07", "2.07", "0"]
+    # Every sampled figure says how many steps it used.
+    for name in ("TFLOP/s", "Tok/s", "Steady-state s/step (median)"):
+        assert "n=57/57 steps" in cells[name][3], cells[name]
+    assert "n=60/60 all steps" in cells["Avg s/step"][3]
+    notes = md.split("Notes:")[1]
+    assert "57 of 60 steps" in notes and "Mann-Whitney" in notes
+
+
+def test_a_real_slowdown_is_regressed_and_exits_1(tmp_path):
+    base = run(tmp_path, "main", seed=1)
+    slow = run(tmp_path, "slow", seed=2, seconds=0.150 * 1.10)
+    c = compare(base, slow, threshold_pct=5)
+    r = rows(c)
+    assert r["Steady-state s/step (median)"].verdict == "regressed"
+    assert r["Steady-state s/step (median)"].beyond_threshold
+    assert r["Steady-state s/step (median)"].delta_pct == pytest.approx(10, abs=1.5)
+    assert r["Tok/s"].verdict == "regressed" and r["TFLOP/s"].verdict == "regressed"
+    assert "**regressed**" in r["Tok/s"].diff
+    assert c.exit_code == 1 and "Steady-state s/step (median)" in [x.metric for x in c.regressions]
+    # The same slowdown is below a 15% threshold: still marked, but no alert.
+    c15 = compare(base, slow, threshold_pct=15)
+    assert rows(c15)["Tok/s"].verdict == "regressed" and c15.exit_code == 0
+    assert "under the 15% threshold" in rows(c15)["Tok/s"].diff
+    # And the other way round it is an improvement.
+    assert rows(compare(slow, base))["Tok/s"].verdict == "improved" and compare(slow, base).exit_code == 0
+
+
+def test_same_code_is_within_noise_across_seeds(tmp_path):
+    flagged = 0
+    for seed in range(8):
+        c = compare(run(tmp_path, f"a{seed}", seed=100 + seed, jitter=0.01),
+                    run(tmp_path, f"b{seed}", seed=200 + seed, jitter=0.01))
+        flagged += c.exit_code
+        for name in ("TFLOP/s", "Tok/s", "Steady-state s/step (median)"):
+            assert rows(c)[name].verdict in ("within noise", "regressed", "improved")
+    assert flagged == 0
+
+
+def test_a_sign_alone_is_never_a_verdict(tmp_path):
+    """A 3% shift under 20% noise is within noise, whichever sign the medians have."""
+    base = run(tmp_path, "noisy-a", seed=3, jitter=0.03, steps=30)
+    cand = run(tmp_path, "noisy-b", seed=4, jitter=0.03, steps=30, seconds=0.155)
+    r = rows(compare(base, cand))["Steady-state s/step (median)"]
+    assert r.delta != 0 and r.verdict == "within noise" and "within noise (p=" in r.diff
+    assert r.p_value >= 0.05
+
+
+def test_one_checkpoint_stall_does_not_pass_for_a_slowdown(tmp_path):
+    """The trap: 'Avg s/step' dominated by one checkpoint stall. The warning says so, the
+    steady-state row excludes it, and no regression is reported."""
+    base = run(tmp_path, "main", seed=1)
+    stalled = run(tmp_path, "feat", seed=2, ckpt_every=50, stall_s=30.0)
+    c = compare(base, stalled)
+    r = rows(c)
+    assert r["Avg s/step"].delta_pct > 50  # the naive figure looks terrible ...
+    assert r["Avg s/step"].verdict == "within noise"  # ... but one stall is not a trend
+    assert r["Steady-state s/step (median)"].verdict == "within noise"
+    assert r["Checkpoint stall total"].cand == "30.000 s" and r["Checkpoint stall total"].base == "0.000 s"
+    assert any("'Avg s/step' of feat" in w and "dominated by checkpoint stalls" in w for w in c.warnings)
+    assert c.exit_code == 0
+    md = c.markdown()
+    assert md.index("dominated by checkpoint stalls") < md.index("| Metric |")  # above the table
+
+
+def test_confounders_are_said_above_the_table(tmp_path):
+    base = run(tmp_path, "main", commit="abc1234aaaa", config={"steps": 60, "batch": 8})
+    cand = run(tmp_path, "feat", commit="abc1234aaaa", jax="0.9.2", jaxlib="0.9.1", devices=8,
+               accelerator="v6e-16", process_id=3, steps=50, exit_code=None,
+               config={"steps": 50, "batch": 8})
+    c = compare(base, cand)
+    text = "\n".join(c.warnings)
+    for expected in ("different JAX: main abc1234 ran 0.10.2, feat abc1234 ran 0.9.2",
+                     "different jaxlib", "different accelerators", "different device counts: main abc1234 4, feat abc1234 8",
+                     "same commit abc1234 on both sides", "logs from different processes",
+                     "different step counts", "different configs: steps 60 -> 50",
+                     "feat abc1234 did not finish: unknown (no exit code)"):
+        assert expected in text, expected
+    assert rows(c)["JAX"].diff == "**differs** (see warnings)"
+    assert c.candidate_failed and c.exit_code == 1  # a candidate that did not finish alerts
+    md = c.markdown()
+    assert md.index("different JAX") < md.index("| Metric |")
+    clean = compare(run(tmp_path, "x", commit="1111111a"), run(tmp_path, "y", commit="2222222b", seed=9))
+    assert clean.warnings == []
+
+
+def test_labels_come_from_branch_and_commit(tmp_path):
+    root = tmp_path / "root"
+    write_stored_run(root, "nightly-main-1", RunShape(commit="abcdef0123456789"), branch="main")
+    write_stored_run(root, "nightly-feat-2", RunShape(commit="0123456789abcdef", seed=3), branch="feat/x")
+    c = compare(load_run("nightly-main-1", str(root)), load_run("nightly-feat-2", str(root)))
+    assert (c.base_label, c.cand_label) == ("main abcdef0", "feat/x 0123456")
+    same = compare(load_run("nightly-main-1", str(root)), load_run("nightly-main-1", str(root)))
+    assert same.base_label != same.cand_label  # disambiguated
+    assert any("the same run on both sides" in w for w in same.warnings)
+    assert all(r.verdict in ("identical", "same", "") or r.metric == "Goodput %" for r in same.rows)
+
+
+def test_json_output(tmp_path):
+    c = compare(run(tmp_path, "main", seed=1), run(tmp_path, "slow", seed=2, seconds=0.2))
+    d = json.loads(c.json())
+    assert d["exit_code"] == 1 and d["regressed"] is True and d["threshold_pct"] == 5.0
+    assert [r["metric"] for r in d["rows"]] == ROW_NAMES
+    steady = next(r for r in d["rows"] if r["metric"].startswith("Steady"))
+    assert steady["verdict"] == "regressed" and steady["n_base"] == 57 and steady["p_value"] < 0.001
+    assert d["base"]["steady_steps"] == 57 and len(d["base"]["steady_median_ci95_s"]) == 2
+    assert set(d["candidate"]["goodput"]["categories"]) >= {"productive", "compilation", "checkpoint"}
+
+
+# ---------------------------------------------------------------------------------------
+# The CLI
+
+
+def test_cli_outputs_and_exit_codes(tmp_path):
+    main = write_log(tmp_path / "main.log", RunShape(seed=1))
+    same = write_log(tmp_path / "same.log", RunShape(seed=2))
+    slow = write_log(tmp_path / "slow.log", RunShape(seed=3, seconds=0.18))
+    r = xrun("compare", str(main), str(same), storage=tmp_path / "root")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "| Metric | main | same | Diff (same − main) |"
+    r = xrun("compare", str(main), str(slow), storage=tmp_path / "root")
+    assert r.returncode == 1 and "**regressed**" in r.stdout
+    r = xrun("compare", str(main), str(slow), "--threshold", "25%", storage=tmp_path / "root")
+    assert r.returncode == 0
+    r = xrun("compare", str(main), str(slow), "--format", "json", storage=tmp_path / "root")
+    assert r.returncode == 1 and json.loads(r.stdout)["regressions"]
+    out = tmp_path / "cmp.html"
+    r = xrun("compare", str(main), str(slow), "--format", "html", "-o", str(out), storage=tmp_path / "root")
+    assert r.returncode == 1 and out.read_text().startswith("<!DOCTYPE html>") and r.stdout == ""
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--threshold", "5x"], "--threshold"),
+    (["--threshold", "-3%"], "--threshold"),
+    (["--format", "xml"], "--format"),
+    (["--warmup", "-1"], "--warmup"),
+    (["--alpha", "2"], "--alpha"),
+])
+def test_cli_bad_options_exit_2_and_write_nothing(tmp_path, args, field):
+    main = write_log(tmp_path / "main.log", RunShape(seed=1))
+    out = tmp_path / "out.md"
+    r = xrun("compare", str(main), str(main), *args, "-o", str(out), storage=tmp_path / "root")
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], r.stderr
+    assert not out.exists()
+
+
+def test_cli_bad_runs_exit_2_and_write_nothing(tmp_path):
+    main = write_log(tmp_path / "main.log", RunShape(seed=1))
+    junk = tmp_path / "junk.txt"
+    junk.write_text("nothing useful\n")
+    out = tmp_path / "out.md"
+    cases = [
+        ([str(main), str(tmp_path / "missing.log")], "CANDIDATE: no such file"),
+        ([str(junk), str(main)], "BASE: "),
+        (["no-such-run", str(main)], "BASE: no run named 'no-such-run'"),
+        ([str(main), str(main), "-o", str(tmp_path / "nodir" / "x.md")], "--output: folder"),
+    ]
+    for args, message in cases:
+        r = xrun("compare", *args, "-o", str(out), storage=tmp_path / "root") if "-o" not in args else \
+            xrun("compare", *args, storage=tmp_path / "root")
+        assert r.returncode == 2, (args, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+        assert not out.exists() and r.stdout == ""
