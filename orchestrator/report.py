@@ -178,9 +178,9 @@ def line_chart(chart_id: str, series: Sequence[Series], x_label: str, y_label: s
                            f'fill="{s.color}"><title>{esc(s.label)} step {x:g}: {y:.3f}</title></path>')
     lx = ml + 8
     for i, s in enumerate(series):
-        y = mt + 14 + 16 * i
-        out.append(f'<rect x="{lx}" y="{y - 9}" width="14" height="4" fill="{s.color}"/>'
-                   f'<text x="{lx + 20}" y="{y - 4}">{esc(s.label)}</text>')
+        y = mt + 8 + 18 * i
+        out.append(f'<rect class="legend" x="{lx}" y="{y}" width="18" height="12" fill="{s.color}"/>'
+                   f'<text x="{lx + 24}" y="{y + 10}">{esc(s.label)}</text>')
     out.append("</svg>")
     return "".join(out), caption
 

@@ -1,0 +1,186 @@
+"""`xrun report`: one self-contained HTML file, checked in headless Chromium (Debian's
+`chromium`, installed by .ci/install-chromium.sh): it renders, the tables and charts have
+real size, checkpoint events are marked, and a screenshot shows them (pixels, not blank)."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from cli_helpers import xrun
+from synthetic_runs import RunShape, write_log, write_stored_run
+
+from orchestrator.compare import compare
+from orchestrator.report import COLORS, GOODPUT_COLORS, Section, render_report
+from orchestrator.runlog import load_run
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars"]
+
+PROBE = """<script>
+(function () {
+  const q = s => Array.from(document.querySelectorAll(s));
+  const box = e => { const b = e.getBoundingClientRect(); return [Math.round(b.width), Math.round(b.height)]; };
+  const tables = q('table.cmp:not(.runs)');
+  document.body.setAttribute('data-probe', JSON.stringify({
+    tables: tables.map(t => ({box: box(t), rows: Array.from(t.rows).map(r => Array.from(r.cells).map(c => c.textContent))})),
+    charts: q('svg.chart').map(s => ({id: s.id, box: box(s), series: s.querySelectorAll('polyline.series').length,
+                                     ckpt: s.querySelectorAll('line.ckpt').length,
+                                     clipped: s.querySelectorAll('path').length})),
+    warnings: q('ul.warnings li').map(li => [li.textContent, box(li)[1]]),
+    verdicts: q('.verdict').map(v => v.textContent),
+  }));
+})();
+</script>"""
+
+
+def chromium(*args: str, tmp: Path, timeout: float = 60) -> subprocess.CompletedProcess:
+    exe = shutil.which("chromium")
+    assert exe, "chromium is not installed: run .ci/install-chromium.sh"
+    return subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp / 'chromium-profile'}", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def decode_png(data: bytes) -> tuple[int, int, list[bytes], int]:
+    """Width, height, unfiltered rows, bytes per pixel (8-bit RGB/RGBA PNGs)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat = 8, []
+    w = h = ctype = 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            w, h, depth, ctype = struct.unpack(">IIBB", body[:10])
+            assert depth == 8
+        elif kind == b"IDAT":
+            idat.append(body)
+        pos += 12 + length
+    bpp = {2: 3, 6: 4}[ctype]
+    raw = zlib.decompress(b"".join(idat))
+    stride, prev, rows, i = w * bpp, bytearray(w * bpp), [], 0
+    for _ in range(h):
+        f, line = raw[i], bytearray(raw[i + 1:i + 1 + stride])
+        i += 1 + stride
+        for x in range(stride) if f else ():
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], (prev[x - bpp] if x >= bpp else 0)
+            if f == 1:
+                pred = a
+            elif f == 2:
+                pred = b
+            elif f == 3:
+                pred = (a + b) // 2
+            else:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+            line[x] = (line[x] + pred) & 255
+        rows.append(bytes(line))
+        prev = line
+    return w, h, rows, bpp
+
+
+@pytest.fixture(scope="module")
+def report_file(tmp_path_factory) -> tuple[Path, object]:
+    tmp = tmp_path_factory.mktemp("report")
+    base = write_log(tmp / "main.log", RunShape(commit="abc1234aaaa", ckpt_every=20, stall_s=3.0, seed=1))
+    slow = write_log(tmp / "slow.log", RunShape(commit="def5678bbbb", ckpt_every=20, stall_s=3.0, seed=2,
+                                                seconds=0.18, jax="0.9.2"), absl=True)
+    same = write_log(tmp / "same.log", RunShape(commit="0badcafe00", ckpt_every=20, stall_s=3.0, seed=3))
+    out = tmp / "report.html"
+    r = xrun("report", str(base), str(slow), str(same), "-o", str(out), storage=tmp / "root")
+    assert r.returncode == 1, r.stderr  # the slow candidate regressed
+    return out, r
+
+
+def test_the_report_is_one_self_contained_file(report_file):
+    out, _ = report_file
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>")
+    assert not re.search(r"<(script|link|img|iframe)\b", text, re.I)  # nothing to fetch or run
+    assert not re.search(r"\b(src|href)\s*=", text, re.I)
+    assert set(re.findall(r"https?://[^\s\"'<>]+", text)) <= {"http://www.w3.org/2000/svg"}
+    assert text.count('<svg class="chart"') == 3
+
+
+def test_the_report_renders_in_chromium_with_tables_charts_and_warnings(report_file, tmp_path):
+    out, _ = report_file
+    probe = tmp_path / "probe.html"
+    probe.write_text(out.read_text().replace("</body>", PROBE + "</body>"))
+    r = chromium("--dump-dom", probe.as_uri(), tmp=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = re.search(r'data-probe="([^"]*)"', r.stdout)
+    assert m, "the page did not run to the end"
+    got = json.loads(html.unescape(m[1]))
+    assert len(got["tables"]) == 2  # one per candidate
+    for t in got["tables"]:
+        assert t["box"][0] > 400 and t["box"][1] > 200
+        assert [row[0] for row in t["rows"]][:8] == ["Metric", "Parameters", "Final loss", "TFLOP/s", "Tok/s",
+                                                     "Avg s/step", "Memory %", "JAX"]
+    head = got["tables"][0]["rows"][0]
+    assert head == ["Metric", "main abc1234", "slow def5678", "Diff (slow def5678 − main abc1234)"]
+    steady = next(row for row in got["tables"][0]["rows"] if row[0].startswith("Steady"))
+    assert "regressed" in steady[3]
+    charts = {c["id"].split("-")[0]: c for c in got["charts"]}
+    assert set(charts) == {"loss", "steptime", "goodput"}
+    for c in got["charts"]:
+        assert c["box"][0] >= 900 and c["box"][1] >= 100, c
+    assert charts["loss"]["series"] == 3 and charts["steptime"]["series"] == 3
+    assert charts["steptime"]["ckpt"] == 3 * 3 * 2  # 3 runs x 3 saves x (started, blocked) marks
+    assert charts["steptime"]["clipped"] > 0  # compilation and stalls drawn on the top edge
+    warnings = [w for w, height in got["warnings"] if height > 0]
+    assert any("different JAX: main abc1234 ran 0.10.2, slow def5678 ran 0.9.2" in w for w in warnings)
+    assert any("dominated by checkpoint stalls" in w for w in warnings)
+    assert got["verdicts"][0] == "1 comparison(s) regressed"
+
+
+def test_a_screenshot_of_the_report_is_not_blank(report_file, tmp_path):
+    out, _ = report_file
+    png = tmp_path / "shot.png"
+    r = chromium(f"--screenshot={png}", "--window-size=1200,3800", "--force-device-scale-factor=0.5",
+                 out.as_uri(), tmp=tmp_path)
+    assert r.returncode == 0 and png.exists(), r.stderr[-2000:]
+    w, h, rows, bpp = decode_png(png.read_bytes())
+    assert (w, h) == (600, 1900)
+    colors = Counter(row[x:x + 3] for row in rows for x in range(0, len(row), bpp))
+    white = colors[b"\xff\xff\xff"]
+    assert white < 0.9 * w * h, "the page is (nearly) blank"
+    assert len(colors) > 200  # text, lines and bars, not a flat fill
+    # The goodput bars and the warning box are solid fills of known colours.
+    assert colors[bytes.fromhex(GOODPUT_COLORS["productive"][1:])] > 500
+    assert colors[bytes.fromhex("fff4e5")] > 5000
+    # The chart lines are thin and anti-aliased: look for pixels near each run's colour.
+    for color in COLORS[:3]:
+        target = bytes.fromhex(color[1:])
+        near = sum(n for c, n in colors.items() if sum(abs(a - b) for a, b in zip(c, target, strict=True)) < 60)
+        assert near > 20, color
+
+
+def test_strings_from_runs_are_escaped(tmp_path):
+    root = tmp_path / "root"
+    write_stored_run(root, "evil", RunShape(commit="abc1234aaaa"), branch="<img src=x onerror=alert(1)>")
+    write_stored_run(root, "good", RunShape(commit="def5678bbbb", seed=3), branch="main")
+    base, cand = load_run("good", str(root)), load_run("evil", str(root))
+    page = render_report([Section("runs & <things>", [base, cand], [compare(base, cand)])])
+    assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "runs &amp; &lt;things&gt;" in page
+
+
+def test_compare_html_and_report_cli_bad_input(tmp_path):
+    base = write_log(tmp_path / "main.log", RunShape(seed=1))
+    out = tmp_path / "r.html"
+    r = xrun("report", str(base), str(tmp_path / "missing.log"), "-o", str(out), storage=tmp_path / "root")
+    assert r.returncode == 2 and "CANDIDATE: no such file" in r.stderr and not out.exists()
+    r = xrun("report", str(base), "-o", str(out), storage=tmp_path / "root")
+    assert r.returncode == 2 and "CANDIDATE" in r.stderr and not out.exists()
+    r = xrun("report", str(base), str(base), "-o", str(out), storage=tmp_path / "root")
+    assert r.returncode == 0 and "the same run on both sides" in out.read_text()
