@@ -85,10 +85,10 @@ def run_view(
 
 
 def _goodput(records: list[dict[str, Any]], run: dict[str, Any], state: dict[str, Any]):
-    """Wall-time breakdown, when the goodput module is available (it reads records only)."""
-    try:
-        from orchestrator.goodput import goodput_from_records
-    except ImportError:
+    """Wall-time breakdown from the records (None while there is nothing to break down)."""
+    from orchestrator.goodput import goodput_from_records
+
+    if not any(r.get("kind") == "step" for r in records):
         return None
     try:
         return goodput_from_records(records, run, state)
@@ -139,9 +139,10 @@ def render_table(view: dict[str, Any]) -> Group:
         ck_text += f"; in progress: {', '.join(map(str, view['checkpoints_in_progress']))}"
     head.add_row("Checkpoint", ck_text)
     gp = view.get("goodput")
-    if gp and isinstance(gp, dict) and gp.get("categories"):
-        parts = [f"{k} {_duration(v)}" for k, v in gp["categories"].items() if v]
-        head.add_row("Goodput", f"{gp.get('goodput_pct', 0):.1f}%  " + ", ".join(parts))
+    if gp and gp.get("categories"):
+        from orchestrator.goodput import format_goodput
+
+        head.add_row("Goodput", format_goodput(gp))
     head.add_row("Storage", view["storage"])
     for ev in view.get("events") or []:
         head.add_row("Event", Text(ev, style="yellow"))
@@ -167,6 +168,10 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
     lines.append(f"  restarts {view['restarts']}")
     ck = view["latest_checkpoint"]
     lines.append(f"  latest committed checkpoint: {'step ' + str(ck['step']) if ck else 'none'}")
+    if view.get("goodput") and view["goodput"].get("categories"):
+        from orchestrator.goodput import format_goodput
+
+        lines.append(f"  {format_goodput(view['goodput'])}")
     if started is not None:
         lines.append(f"  wall time {_duration(time.time() - started)}")
     lines.append(f"  storage {view['storage']}")
