@@ -202,7 +202,11 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
     except NightlyError as e:
         raise CompareError(str(e)) from None
     if render_cronjob:
-        click.echo(render_cronjob_yaml(cfg, Path(nightly_file).read_text()), nl=False)
+        try:
+            text = render_cronjob_yaml(cfg, cfg.text)
+        except NightlyError as e:
+            raise CompareError(str(e)) from None
+        click.echo(text, nl=False)
         return EXIT_OK
     if dry_run:
         import yaml
