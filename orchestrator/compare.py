@@ -589,6 +589,9 @@ def confounders(base: RunRecord, cand: RunRecord, fb: RunFigures, fc: RunFigures
     tw_b, tw_c = base.steps.total_weights_last, cand.steps.total_weights_last
     if tw_b and tw_c and tw_b != tw_c:
         w.append(f"different tokens per step (total_weights): {lb} {tw_b}, {lc} {tw_c}")
+    if fb.time_to_first_step is not None and fc.time_to_first_step is not None and fb.ttfs_basis != fc.ttfs_basis:
+        w.append(f"time to first step is measured {fb.ttfs_basis} for {lb} but {fc.ttfs_basis} for {lc}: "
+                 "not comparable")
     for rec, lab in ((base, lb), (cand, lc)):
         if not rec.finished:
             w.append(f"{lab} did not finish: {rec.outcome}")

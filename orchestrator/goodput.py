@@ -86,12 +86,14 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
             cats["startup"] = max(0.0, first_start - origin)
         for prev, cur in zip(attempts, attempts[1:], strict=False):
             cats["restarts"] += max(0.0, per_attempt[cur]["start"] - per_attempt[prev]["end"])
-    partial = origin is None or end is None or not attempts
+    partial = origin is None or end is None
     known = sum(cats.values())
     if partial:
         wall = known
         notes.append("no timestamps for submit/start or end: wall time is the sum of step times")
     else:
+        if not attempts:
+            notes.append("steps carry no timestamps: startup and restarts are inside 'other'")
         wall = max(0.0, end - origin)
         cats["other"] = wall - known
         if cats["other"] < 0:
