@@ -222,14 +222,33 @@ def _backend_of(storage, name: str, context: str | None = None, namespace: str |
     return backend_for(kind, storage.root, ctx, ns)
 
 
-def _live_status(backend, name: str):
+def _live_status(backend, name: str, storage=None):
+    """The backend's view of a run; for cluster runs also recorded into state.json, so
+    storage still knows how the run ended after the JobSet (and its TTL) are gone."""
     from orchestrator.backends import BackendError
 
     try:
-        return backend.status(name)
+        status = backend.status(name)
     except BackendError as e:
         click.echo(f"xrun: warning: {backend.name} backend: {e}; showing what storage says", err=True)
         return None
+    if status is not None and storage is not None and backend.name == "kube":
+        record_cluster_state(storage, name, status.state, status.restarts, status.message)
+    return status
+
+
+def record_cluster_state(storage, name: str, state: str, restarts: int, message: str) -> None:
+    """Append a transition to state.json when a cluster run's state changed."""
+    import time
+
+    from xrun_contract import Layout
+
+    current = storage.read_json(Layout.state(name)) or {"backend": "kube", "transitions": []}
+    if current.get("state") == state and current.get("restarts") == restarts:
+        return
+    current.update(state=state, restarts=restarts, message=message, updated=time.time())
+    current.setdefault("transitions", []).append({"time": time.time(), "state": state, "reason": message})
+    storage.write_json(Layout.state(name), current)
 
 
 @cli.command()
@@ -320,7 +339,7 @@ def follow_run(storage, name: str, backend, show_logs: bool) -> int:
         if live_ctx:
             live_ctx.start()
         while True:
-            status = _live_status(backend, name)
+            status = _live_status(backend, name, storage)
             view = run_view(storage, name, status, metrics)
             if view is None:
                 time.sleep(0.5)
@@ -391,7 +410,7 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 
     st = _storage(storage)
     backend = _backend_of(st, name, context, namespace)
-    view = run_view(st, name, _live_status(backend, name))
+    view = run_view(st, name, _live_status(backend, name, st))
     if view is None:
         raise XrunError(f"run: no run named {name!r} under {st.root}")
     if fmt == "table":
@@ -435,7 +454,12 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...], a
     except ValueError as e:
         raise XrunError(str(e)) from None
     st = _storage(storage)
-    _run_record(st, name)
+    run = _run_record(st, name)
+    if run.get("backend") == "kube":  # live pods, storage for attempts whose pods are gone
+        from orchestrator.cli_kube import kube_logs
+
+        return kube_logs(st, name, _backend_of(st, name), follow=follow, hosts=set(hosts) or None,
+                         since_seconds=parse_duration(since) if since else None, tail=tail, prefix=prefix)
     follower = LogFollower(st, name, set(hosts) or None, since_ts)
 
     def show(batch):
@@ -582,6 +606,9 @@ def delete(name: str, storage: str | None, purge: bool, yes: bool, no_wait: bool
         stopped = backend.delete(name, wait=not no_wait)
     except BackendError as e:
         raise XrunError(str(e), e.exit_code) from None
+    recorded = st.read_json(Layout.state(name)) or {}
+    if stopped and backend.name == "kube" and recorded.get("state") not in ("Succeeded", "Failed"):
+        record_cluster_state(st, name, "Deleted", recorded.get("restarts", 0), "deleted by xrun delete")
     click.echo(f"xrun: {'stopped' if stopped else 'no live hosts for'} {name}", err=True)
     if purge:
         count = st.delete_prefix(Layout.run(name))

@@ -86,6 +86,12 @@ def test_submit_follows_a_cluster_run_then_status_list_delete(api, kubeconfig, g
     (delete,) = api.requests_to("DELETE", "/jobsets/ct$")
     assert delete.body == {"propagationPolicy": "Foreground"}
     assert api.pods_of("ct") == [] and not api.jobsets  # waited until everything was gone
+    # The cluster objects are gone; storage still tells how the run went.
+    state = storage.read_json(Layout.state("ct"))
+    assert [t["state"] for t in state["transitions"]] == [
+        "Pending", "Running", "Restarting", "Running", "Succeeded"]
+    view = json.loads(xrun("status", "ct", "-o", "json", storage=root, KUBECONFIG=kubeconfig).stdout)
+    assert (view["state"], view["restarts"]) == ("Succeeded", 1)
 
 
 def test_submit_rejections_are_one_line_with_exit_codes(api, kubeconfig, gcs_bucket, tmp_path):
