@@ -204,3 +204,39 @@ def test_gcs_root_logs_and_status_through_gcs(gcs_bucket, tmp_path):
     keys = [o.key for o in open_storage(root).list("runs/g", delimiter=None)[0]]
     assert "runs/g/state.json" in keys and "runs/g/manifest.yaml" in keys
     assert any(k.startswith("runs/g/logs/0-1/attempt-000/") for k in keys)
+
+
+def test_interrupt_at_a_terminal_asks_and_can_stop(tmp_path):
+    """At a terminal Ctrl-C asks: 'stop' ends the run and leaves no process behind."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from cli_helpers import xrun_env
+
+    store = tmp_path / "store"
+    master, slave = pty.openpty()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "submit", "--name", "tty", *BASE,
+         "--command", "sleep 300"],
+        stdin=slave, stdout=slave, stderr=slave, env=xrun_env(store), close_fds=True,
+    )
+    os.close(slave)
+    deadline = time.time() + 20
+    while time.time() < deadline and not (store / "runs/tty/state.json").exists():
+        time.sleep(0.2)
+    while time.time() < deadline and not all(h.get("pid") for h in state_of(store, "tty")["hosts"].values() or [{}]):
+        time.sleep(0.2)
+    pids = [h["pid"] for h in state_of(store, "tty")["hosts"].values()]
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    seen = b""
+    while b"detach" not in seen and time.time() < deadline + 10:
+        seen += os.read(master, 4096)
+    assert b"Stop the run, or detach" in seen
+    os.write(master, b"stop\n")
+    assert p.wait(timeout=60) == 130
+    os.close(master)
+    assert state_of(store, "tty")["state"] == "Deleted"
+    assert [x for x in pids if pid_alive(x)] == []
