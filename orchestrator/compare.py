@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.goodput import DEFAULT_WARMUP, format_goodput, goodput
-from orchestrator.runlog import RunRecord
+from orchestrator.runlog import RunRecord, format_params
 
 DEFAULT_THRESHOLD_PCT = 5.0
 DEFAULT_ALPHA = 0.05
@@ -486,7 +486,7 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
     lb, lc = _labels(base, cand)
     cmp = Comparator(threshold_pct, alpha)
     rows = [
-        cmp.text("Parameters", base.params_text or _params(base.params), cand.params_text or _params(cand.params)),
+        cmp.text("Parameters", *_params_cells(base, cand)),
         cmp.sampled("Final loss", fb.loss_tail, fc.loss_tail, "median", "lower", 4,
                     shown=(fb.final_loss, fc.final_loss), what="last steps"),
         cmp.sampled("TFLOP/s", fb.steady_tflops, fc.steady_tflops, "median", "higher", 3),
@@ -515,7 +515,25 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
 
 
 def _params(p: float | None) -> str:
-    return f"{p / 1e9:.3f} billion" if p else ""
+    return format_params(p) if p else ""
+
+
+def _params_cells(base: RunRecord, cand: RunRecord) -> tuple[str, str]:
+    """Both sides at the precision of the less precise one (a log line has 3 decimals of billions)."""
+    if base.params and cand.params and not (base.params_exact and cand.params_exact):
+        return f"{base.params / 1e9:.3f} billion", f"{cand.params / 1e9:.3f} billion"
+    tb, tc = base.params_text or _params(base.params), cand.params_text or _params(cand.params)
+    if tb == tc and _params_differ(base, cand):  # exact counts that round alike: show them whole
+        return f"{base.params:,.0f}", f"{cand.params:,.0f}"
+    return tb, tc
+
+
+def _params_differ(base: RunRecord, cand: RunRecord) -> bool:
+    if not base.params or not cand.params:
+        return False
+    if base.params_exact and cand.params_exact:
+        return base.params != cand.params
+    return round(base.params / 1e9, 3) != round(cand.params / 1e9, 3)
 
 
 def _mem(rec: RunRecord) -> float | None:
@@ -584,7 +602,7 @@ def confounders(base: RunRecord, cand: RunRecord, fb: RunFigures, fc: RunFigures
     diff = config_diff(base.config, cand.config)
     if diff:
         w.append(f"different configs: {diff}")
-    if base.params and cand.params and base.params != cand.params:
+    if _params_differ(base, cand):
         w.append(f"different parameter counts: {lb} {_params(base.params)}, {lc} {_params(cand.params)}")
     tw_b, tw_c = base.steps.total_weights_last, cand.steps.total_weights_last
     if tw_b and tw_c and tw_b != tw_c:

@@ -50,6 +50,8 @@ from xrun_contract import (
 )
 from xrun_contract.storage import Storage, open_storage
 
+ALLOWED = "; give a run name, a run path <root>/runs/<name>, or a log or metrics file"
+
 
 class RunLogError(ValueError):
     """A run argument that cannot be read: one line naming what and why."""
@@ -157,6 +159,7 @@ class RunRecord:
     backend: str = ""
     params: float | None = None  # parameter count
     params_text: str = ""  # as logged, e.g. "0.853 billion"
+    params_exact: bool = False  # an exact count (metrics), not a log line's rounded billions
     flops: dict[str, float] | None = None
     memory: dict[str, Any] | None = None  # the device reading with the highest %
     steps: StepSeries = field(default_factory=StepSeries)
@@ -632,7 +635,8 @@ def apply_metric(rec: RunRecord, r: dict[str, Any]) -> None:
     elif kind == "params":
         with contextlib.suppress(TypeError, ValueError):
             rec.params = float(r["params"])
-            rec.params_text = f"{rec.params / 1e9:.3f} billion"
+            rec.params_text = format_params(rec.params)
+            rec.params_exact = True
     elif kind == "flops":
         rec.flops = {k: r[k] for k in ("tflops_per_step", "learnable_pct", "attention_pct",
                                        "tflops_per_device") if k in r}
@@ -650,6 +654,15 @@ def apply_metric(rec: RunRecord, r: dict[str, Any]) -> None:
         rec.end_reason = str(r.get("reason") or "")
         if isinstance(t, int | float):
             rec.end_time = max(rec.end_time or 0.0, float(t))
+
+
+def format_params(count: float) -> str:
+    """'0.853 billion' as MaxText logs it; small models in millions or as a plain count."""
+    if count >= 1e8:
+        return f"{count / 1e9:.3f} billion"
+    if count >= 1e5:
+        return f"{count / 1e6:.3f} million"
+    return f"{count:,.0f}"
 
 
 def _num(value: Any, default: float = math.nan) -> float:
@@ -875,12 +888,13 @@ def load_run(arg: str, storage_root: str | None = None, what: str = "run") -> Ru
             rec.source = str(path)
             return _checked(rec, what, arg)
         if "/" in arg or arg.endswith((".log", ".txt", ".jsonl", ".gz")):
-            raise RunLogError(f"{what}: no such file or folder: {arg}")
+            raise RunLogError(f"{what}: no such file or folder: {arg}{ALLOWED}")
         if storage_root is None:
             raise RunLogError(f"{what}: {arg!r} is not a file; give --storage to read run names")
         storage = open_storage(storage_root)
         if storage.read_json(Layout.run_json(arg)) is None and storage.read_json(Layout.state(arg)) is None:
-            raise RunLogError(f"{what}: no run named {arg!r} under {storage.root}, and no such file")
+            raise RunLogError(f"{what}: no run named {arg!r} under {storage.root} (see 'xrun list'), "
+                              "and no such file")
         return _checked(read_stored_run(storage, arg), what, arg)
     except RunLogError:
         raise

@@ -237,3 +237,19 @@ def test_cli_bad_runs_exit_2_and_write_nothing(tmp_path):
         assert r.returncode == 2, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
         assert not out.exists() and r.stdout == ""
+
+
+def test_parameter_counts_compare_at_the_log_lines_precision(tmp_path):
+    from orchestrator.runlog import format_params
+
+    root = tmp_path / "root"
+    write_stored_run(root, "exact", RunShape(params_billions=0.8531))  # 853,100,000 from metrics
+    write_stored_run(root, "exact2", RunShape(params_billions=0.8532, seed=2))
+    logged = run(tmp_path, "logged", params_billions=0.853)  # "0.853 billion" from a log line
+    exact, exact2 = load_run("exact", str(root)), load_run("exact2", str(root))
+    c = compare(logged, exact)
+    assert rows(c)["Parameters"].diff == "—" and not any("parameter counts" in w for w in c.warnings)
+    c = compare(exact, exact2)  # exact on both sides: 100,000 parameters apart is a difference
+    assert rows(c)["Parameters"].verdict == "differs"
+    assert any("different parameter counts" in w for w in c.warnings)
+    assert [format_params(n) for n in (853_100_000, 106_816, 4_321)] == ["0.853 billion", "0.107 million", "4,321"]
