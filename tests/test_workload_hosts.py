@@ -1,0 +1,173 @@
+"""The workload as real host processes: 2 processes x 2 CPU devices over gloo, a 1 x 4
+topology, kill-and-resume, SIGTERM, and the same save/restore through gs:// (emulator).
+
+One uninterrupted 2 x 2 run (tiny, 10 steps, saves every 4) is the reference every other
+run's losses are held against.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+from workload_helpers import (
+    emulator_sends_generations,
+    events,
+    launch,
+    losses,
+    metrics,
+    run_hosts,
+    wait_all,
+    wait_for_line,
+)
+
+from xrun_contract import HEADER_RE, STEP_RE, Layout
+from xrun_contract.storage import open_storage
+
+ARGS = ("--preset", "tiny", "steps=10", "checkpoint_every=4")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ref")
+    codes, hosts = run_hosts("ref", root, root / "logs", args=ARGS)
+    assert codes == [0, 0], "\n".join(h.output()[-3000:] for h in hosts)
+    return root, hosts, metrics(root, "ref")
+
+
+def test_two_hosts_train_and_report(reference):
+    root, hosts, records = reference
+    ref = losses(records)
+    assert sorted(ref) == list(range(1, 11))
+    assert ref[10] < ref[1] - 1.0  # it learns
+    # Every host prints the header; only process 0 prints step lines.
+    for h in hosts:
+        header = dict(m.groups() for line in h.output().splitlines() if (m := HEADER_RE.match(line)))
+        assert header["process_id"] == str(h.process_id)
+        assert header["process_count"] == "2" and header["local_devices"] == "2"
+        assert header["global_devices"] == "4" and json.loads(header["mesh"]) == {"data": 1, "fsdp": 4}
+    steps_logged = [int(m["step"]) for line in hosts[0].output().splitlines()
+                    if (m := STEP_RE.search(line))]
+    assert steps_logged == list(range(1, 11))
+    assert not STEP_RE.search(hosts[1].output())
+    # JSONL: one header/params/flops, a step record per step, checkpoint events, the end.
+    kinds = [r["kind"] for r in records]
+    assert kinds.count("header") == kinds.count("params") == kinds.count("flops") == 1
+    assert records[-1]["kind"] == "end" and records[-1]["exit_code"] == 0
+    steps = {r["step"]: r for r in records if r["kind"] == "step"}
+    assert all(r["total_weights"] == 8 * 64 and r["seconds"] > 0.001 for r in steps.values())
+    assert all((r["checkpoint_blocked_s"] > 0) == (s in (4, 8, 10)) for s, r in steps.items())
+    assert events(records, "started") == events(records, "committed") == [4, 8, 10]
+    flops = next(r for r in records if r["kind"] == "flops")
+    assert flops["tflops_per_device"] == pytest.approx(flops["tflops_per_step"] / 4)
+    # run.json (created by process 0 here: no orchestrator wrote it first).
+    wl = json.loads((root / "runs/ref/run.json").read_text())["workload"]
+    assert wl["exit_code"] == 0 and wl["processes"] == 2 and wl["devices"] == 4
+    assert wl["config"]["steps"] == 10 and wl["mesh"] == {"data": 1, "fsdp": 4}
+    assert wl["end_time"] >= wl["start_time"] and wl["versions"]["jax"]
+    # Committed checkpoints only (max_to_keep 3), each with both items.
+    ck = root / "runs/ref/checkpoints"
+    assert sorted(int(p.name) for p in ck.iterdir()) == [4, 8, 10]
+    assert {p.name for p in (ck / "10").iterdir()} >= {"state", "data"}
+
+
+def test_one_host_four_devices_matches_two_hosts(reference, tmp_path):
+    _, _, records = reference
+    codes, hosts = run_hosts("one", tmp_path, tmp_path / "logs", hosts=1, devices=4, args=ARGS)
+    assert codes == [0], hosts[0].output()[-3000:]
+    ref, one = losses(records), losses(metrics(tmp_path, "one"))
+    assert sorted(one) == list(range(1, 11))
+    np.testing.assert_allclose([one[s] for s in range(1, 11)], [ref[s] for s in range(1, 11)],
+                               rtol=0, atol=1e-5)
+
+
+def test_kill_and_resume_continues_exactly(reference, tmp_path):
+    _, _, records = reference
+    ref = losses(records)
+    hosts = launch("kill", tmp_path, tmp_path / "logs", args=ARGS)
+    wait_for_line(hosts[0], "completed step: 6,")
+    for h in hosts:
+        h.signal(signal.SIGKILL)
+    assert wait_all(hosts) == [-9, -9]
+    ck = tmp_path / "runs/kill/checkpoints"
+    # A half-written step as a kill mid-save leaves it: must never be restored.
+    (ck / "8.orbax-checkpoint-tmp-1234567" / "state").mkdir(parents=True)
+    codes, hosts = run_hosts("kill", tmp_path, tmp_path / "logs", args=ARGS, attempt=1)
+    assert codes == [0, 0], hosts[0].output()[-3000:]
+    again = metrics(tmp_path, "kill")
+    restored = events(again, "restored", attempt=1)
+    assert restored in ([4], [8])
+    resumed = losses(again, attempt=1)
+    assert sorted(resumed) == list(range(restored[0] + 1, 11))
+    for s in resumed:
+        assert resumed[s] == ref[s], s
+    assert sorted(p.name for p in ck.iterdir()) == ["10", "4", "8"]
+
+
+def test_sigterm_saves_that_step_and_exits_restartable(reference, tmp_path):
+    _, _, records = reference
+    ref = losses(records)
+    hosts = launch("term", tmp_path, tmp_path / "logs", args=ARGS, XRUN_TEST_STEP_DELAY="0.3")
+    wait_for_line(hosts[0], "completed step: 2,")
+    for h in hosts:
+        h.signal(signal.SIGTERM)
+    assert wait_all(hosts, timeout=60) == [42, 42], hosts[0].output()[-3000:]
+    first = metrics(tmp_path, "term")
+    last = max(losses(first))
+    assert 2 <= last < 10
+    assert events(first, "committed")[-1] == last
+    assert first[-1]["kind"] == "end" and first[-1]["exit_code"] == 42
+    assert (tmp_path / f"runs/term/checkpoints/{last}/commit_success.txt").exists()
+    slow = [r for r in first if r["kind"] == "step"]
+    assert all(r["seconds"] >= 0.3 for r in slow)  # the delay is inside the timed region
+    # The restart resumes from that very step and trains as if never interrupted.
+    codes, hosts = run_hosts("term", tmp_path, tmp_path / "logs", args=ARGS, attempt=1)
+    assert codes == [0, 0], hosts[0].output()[-3000:]
+    again = metrics(tmp_path, "term")
+    assert events(again, "restored", attempt=1) == [last]
+    resumed = losses(again, attempt=1)
+    assert sorted(resumed) == list(range(last + 1, 11))
+    assert all(resumed[s] == ref[s] for s in resumed)
+
+
+def test_gcs_save_restore_with_token_file(gcs_bucket, tmp_path):
+    """Storage and data on gs://: attempt 0 saves synchronously and fails at step 6; attempt
+    1 resumes from step 4 past a half-written step 8, saves asynchronously, and redoes steps
+    5-6 with the same losses."""
+    emulator_sends_generations()
+    root = f"{gcs_bucket}/root"
+    store = open_storage(root)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 256, size=20_000, dtype=np.uint16)
+    store.write_bytes("data/tokens.bin", tokens.tobytes())
+    args = (*ARGS, f"data={root}/data/tokens.bin", "data_dtype=uint16")
+    codes, hosts = run_hosts("gcs", root, tmp_path / "logs", args=(*args, "async_checkpoint=false"),
+                             XRUN_TEST_FAIL_AT_STEP="6:3")
+    assert codes == [3, 3], hosts[0].output()[-3000:]
+    first = metrics(root, "gcs")
+    assert sorted(losses(first)) == list(range(1, 7))
+    assert events(first, "committed") == [4]
+    assert first[-1]["kind"] == "end" and first[-1]["exit_code"] == 3
+    # Process 0 read only its own rows: 2 devices x 2 rows of 65 tokens (one read per
+    # device), for 7 batches (steps 1-6 and the prefetched 7th), uint16.
+    assert first[-1]["data_bytes_read"] == 7 * 2 * (2 * 64 + 1) * 2
+    ck = Layout.checkpoints("gcs")
+    # Half-written step 8 on GCS: objects but no commit_success.txt.
+    store.write_bytes(f"{ck}/8/state/manifest.ocdbt", b"partial")
+    codes, hosts = run_hosts("gcs", root, tmp_path / "logs", args=args, attempt=1,
+                             XRUN_TEST_FAIL_AT_STEP="6:3")
+    assert codes == [0, 0], hosts[0].output()[-3000:]
+    records = metrics(root, "gcs")
+    assert events(records, "restored", attempt=1) == [4]
+    before, after = losses(records, attempt=0), losses(records, attempt=1)
+    assert sorted(after) == list(range(5, 11))
+    assert after[5] == before[5] and after[6] == before[6]
+    assert after[10] < before[1]
+    _, steps = store.list(ck)
+    assert sorted(int(p.rsplit("/", 1)[1]) for p in steps) == [4, 8, 10]
+    assert store.exists(f"{ck}/8/commit_success.txt") or store.exists(f"{ck}/8/state/commit_success.txt")
+    assert store.read_json(Layout.run_json("gcs"))["workload"]["exit_code"] == 0
+    assert not Path("runs").exists()

@@ -1,0 +1,177 @@
+"""Start `python -m workload.train` hosts the way the manifest does: one process per host
+with the contract env, the coordinator on 127.0.0.1, CPU devices per host. Plain helpers
+(not fixtures) so any test module can use them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from xrun_contract import Env, Layout
+from xrun_contract.storage import open_storage
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Host:
+    process_id: int
+    proc: subprocess.Popen
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def signal(self, signum: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signum)
+
+
+def host_env(run: str, storage: str | Path, *, process_id: int, hosts: int, devices: int,
+             port: int, attempt: int = 0, slices: int = 1, **extra: str) -> dict[str, str]:
+    """The contract env of one host (slice-major ids), on top of this process's env minus XRUN_*."""
+    per_slice = hosts // slices
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
+    env.pop("XLA_FLAGS", None)
+    env.update({
+        "PYTHONPATH": str(REPO),
+        Env.RUN_NAME: run,
+        Env.STORAGE: str(storage),
+        Env.NUM_SLICES: str(slices),
+        Env.HOSTS_PER_SLICE: str(per_slice),
+        Env.SLICE_INDEX: str(process_id // per_slice),
+        Env.HOST_INDEX: str(process_id % per_slice),
+        Env.COORDINATOR_ADDRESS: f"127.0.0.1:{port}",
+        Env.RESTART_ATTEMPT: str(attempt),
+        Env.PLATFORM: "cpu",
+        Env.DEVICES_PER_HOST: str(devices),
+        Env.ACCELERATOR: f"cpu-{hosts * devices}",
+    })
+    env.update(extra)
+    return env
+
+
+def launch(run: str, storage: str | Path, log_dir: Path, *, hosts: int = 2, devices: int = 2,
+           args: tuple[str, ...] = ("--preset", "tiny"), attempt: int = 0, slices: int = 1,
+           **extra: str) -> list[Host]:
+    """Start every host of one attempt; stdout+stderr of host i go to log_dir/<run>-a<attempt>-<i>.log."""
+    port = _free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = []
+    for pid in range(hosts):
+        log = log_dir / f"{run}-a{attempt}-{pid}.log"
+        env = host_env(run, storage, process_id=pid, hosts=hosts, devices=devices, port=port,
+                       attempt=attempt, slices=slices, **extra)
+        with open(log, "wb") as f:
+            proc = subprocess.Popen([sys.executable, "-m", "workload.train", *args], cwd=REPO,
+                                    env=env, stdout=f, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+        out.append(Host(pid, proc, log))
+    return out
+
+
+def wait_all(hosts: list[Host], timeout: float = 240) -> list[int]:
+    """Exit codes of every host; kills them all (and fails) if one outlives the timeout."""
+    deadline = time.monotonic() + timeout
+    codes = []
+    try:
+        for h in hosts:
+            codes.append(h.wait(max(1.0, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        kill(hosts)
+        raise AssertionError("hosts timed out:\n" + "\n".join(h.output()[-3000:] for h in hosts)) from None
+    return codes
+
+
+def kill(hosts: list[Host], signum: int = signal.SIGKILL) -> None:
+    for h in hosts:
+        h.signal(signum)
+    for h in hosts:
+        h.proc.wait(timeout=60)
+
+
+def wait_for_line(host: Host, text: str, timeout: float = 180) -> None:
+    """Block until ``text`` appears in the host's log (fails if the host exits first)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in host.output():
+            return
+        if host.proc.poll() is not None:
+            raise AssertionError(f"host {host.process_id} exited {host.proc.returncode} before "
+                                 f"{text!r}:\n{host.output()[-3000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"no {text!r} within {timeout}s:\n{host.output()[-3000:]}")
+
+
+def run_hosts(run: str, storage: str | Path, log_dir: Path, timeout: float = 240,
+              **kwargs) -> tuple[list[int], list[Host]]:
+    hosts = launch(run, storage, log_dir, **kwargs)
+    return wait_all(hosts, timeout), hosts
+
+
+def metrics(storage: str | Path, run: str) -> list[dict]:
+    """Every metrics record of a run, in chunk order (attempt, then sequence)."""
+    st = open_storage(str(storage))
+    objects, _ = st.list(Layout.metrics(run))
+    out = []
+    for o in objects:
+        out += [json.loads(line) for line in (st.read_text(o.key) or "").splitlines() if line]
+    return out
+
+
+def losses(records: list[dict], attempt: int | None = None) -> dict[int, float]:
+    """step -> loss from step records (of one attempt, or the latest value of each step)."""
+    return {r["step"]: r["loss"] for r in records
+            if r["kind"] == "step" and (attempt is None or r["attempt"] == attempt)}
+
+
+def events(records: list[dict], event: str, attempt: int | None = None) -> list[int]:
+    """Steps of the checkpoint records with this event."""
+    return [r["step"] for r in records if r["kind"] == "checkpoint" and r["event"] == event
+            and (attempt is None or r["attempt"] == attempt)]
+
+
+def emulator_sends_generations() -> None:
+    """Make gcp-storage-emulator (running in this process) send ``x-goog-generation`` on
+    object reads, as GCS does. TensorStore's OCDBT driver needs it for the conditional
+    manifest writes every Orbax save makes; without it the 2nd write of a manifest fails
+    with "Malformed StorageGeneration". Idempotent."""
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.handlers import objects
+
+    def with_generation(fn):
+        if getattr(fn, "sends_generation", False):
+            return fn
+
+        def handler(request, response, storage, *args, **kwargs):
+            fn(request, response, storage, *args, **kwargs)
+            if response.status.value in (200, 206):
+                obj = storage.get_file_obj(request.params["bucket_name"],
+                                           request.params["object_id"])
+                response["x-goog-generation"] = str(obj["generation"])
+                response["x-goog-metageneration"] = str(obj.get("metageneration", 1))
+
+        handler.sends_generation = True
+        return handler
+
+    for _, handlers in server.HANDLERS:
+        for method, fn in list(handlers.items()):
+            if fn in (objects.get, objects.download) or getattr(fn, "sends_generation", False):
+                handlers[method] = with_generation(fn)

@@ -1,0 +1,139 @@
+"""Who am I in the job, and how to start JAX's multi-process runtime for it.
+
+``Cluster.from_env`` reads the contract env (jax-free, so it runs before any backend starts);
+``configure_platform`` sets the CPU device count / platform before the first device use;
+``initialize`` calls ``jax.distributed.initialize`` with xrun's values, or JAX's own cluster
+detection when xrun's env is absent on a TPU VM, or nothing for a standalone single process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from xrun_contract import RESTARTABLE_EXIT_CODE, Env, global_process_id
+
+
+def _int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}: expected an integer, got {value!r}") from None
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """This process's place in the job, as the manifest (or the local backend) describes it."""
+
+    from_xrun: bool  # XRUN_COORDINATOR_ADDRESS was set
+    coordinator: str | None
+    num_slices: int
+    hosts_per_slice: int
+    slice_index: int
+    host_index: int
+    platform: str  # tpu | gpu | cpu | "" (let JAX choose)
+    devices_per_host: int
+    attempt: int
+    restartable_exit_code: int
+
+    @property
+    def num_processes(self) -> int:
+        return self.num_slices * self.hosts_per_slice
+
+    @property
+    def process_id(self) -> int:
+        return global_process_id(self.slice_index, self.host_index, self.hosts_per_slice)
+
+    @classmethod
+    def from_env(cls) -> Cluster:
+        coordinator = os.environ.get(Env.COORDINATOR_ADDRESS, "").strip() or None
+        return cls(
+            from_xrun=coordinator is not None,
+            coordinator=coordinator,
+            num_slices=_int(Env.NUM_SLICES, 1),
+            hosts_per_slice=_int(Env.HOSTS_PER_SLICE, 1),
+            slice_index=_int(Env.SLICE_INDEX, 0),
+            host_index=_int(Env.HOST_INDEX, 0),
+            platform=os.environ.get(Env.PLATFORM, "").strip().lower(),
+            devices_per_host=_int(Env.DEVICES_PER_HOST, 0),
+            attempt=_int(Env.RESTART_ATTEMPT, 0),
+            restartable_exit_code=_int(Env.RESTARTABLE_EXIT_CODE, RESTARTABLE_EXIT_CODE),
+        )
+
+
+def configure_platform(cluster: Cluster) -> None:
+    """Before the first device use: CPU device count, platform, collectives, compile cache."""
+    import jax
+
+    if cluster.platform == "cpu":
+        if cluster.devices_per_host > 0:
+            flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
+                           os.environ.get("XLA_FLAGS", ""))
+            os.environ["XLA_FLAGS"] = (
+                f"{flags} --xla_force_host_platform_device_count={cluster.devices_per_host}".strip()
+            )
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        jax.config.update("jax_platforms", "cpu")
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    cache = os.environ.get(Env.COMPILATION_CACHE, "").strip()
+    if cache:
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def initialize(cluster: Cluster) -> bool:
+    """Start jax.distributed; True when it was started (and so preemption sync exists)."""
+    import jax
+
+    if cluster.from_xrun:
+        kwargs = {}
+        if cluster.platform == "cpu":
+            # Nothing in CI's environment (SLURM, MPI, a TPU VM's metadata) may override us.
+            kwargs["cluster_detection_method"] = "deactivate"
+        jax.distributed.initialize(
+            coordinator_address=cluster.coordinator,
+            num_processes=cluster.num_processes,
+            process_id=cluster.process_id,
+            **kwargs,
+        )
+        return True
+    if cluster.platform == "tpu" or (not cluster.platform and _on_tpu_vm()):
+        jax.distributed.initialize()  # JAX's own detection (TPU metadata server)
+        return True
+    return False
+
+
+def _on_tpu_vm() -> bool:
+    return any(os.environ.get(k) for k in ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE",
+                                           "TPU_WORKER_ID", "CLOUD_TPU_TASK_ID"))
+
+
+def make_mesh(num_slices: int | None = None):
+    """Mesh ('data', 'fsdp'): slices on 'data' (DCN), every device of a slice on 'fsdp' (ICI).
+
+    ``num_slices`` None: count the devices' slice indices (TPU multislice), else 1.
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import mesh_utils
+    from jax.sharding import AxisType, Mesh
+
+    devices = jax.devices()
+    if num_slices is None:
+        num_slices = len({getattr(d, "slice_index", 0) for d in devices})
+    if len(devices) % num_slices:
+        raise ValueError(f"{len(devices)} devices do not split into {num_slices} slices")
+    per_slice = len(devices) // num_slices
+    if num_slices > 1 and hasattr(devices[0], "slice_index"):
+        grid = mesh_utils.create_hybrid_device_mesh((1, per_slice), (num_slices, 1), devices)
+    elif num_slices == 1 and devices[0].platform == "tpu":
+        grid = mesh_utils.create_device_mesh((1, per_slice), devices)
+    else:
+        grid = np.array(sorted(devices, key=lambda d: (d.process_index, d.id))).reshape(
+            num_slices, per_slice)
+    return Mesh(grid, ("data", "fsdp"), axis_types=(AxisType.Auto, AxisType.Auto))

@@ -1,0 +1,127 @@
+"""What the run tells the outside world: contract log lines on stdout and JSONL records in
+storage (``runs/<name>/metrics/``), plus the ``workload`` section of ``run.json``.
+
+Only process 0 writes records and step lines (every host prints the header). Lines use the
+format strings of :mod:`xrun_contract`, so the orchestrator's parsers read them as-is.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from xrun_contract import (
+    CKPT_BLOCKED_LINE,
+    CKPT_COMMIT_LINE,
+    CKPT_RESTORED_LINE,
+    CKPT_START_LINE,
+    CKPT_WAIT_PREVIOUS_LINE,
+    FLOPS_LINE,
+    HEADER_LINE,
+    MEMORY_LINE,
+    PARAMS_LINE,
+    STEP_LINE,
+    Layout,
+)
+from xrun_contract.storage import ChunkWriter, Storage
+
+CHECKPOINT_LINES = {
+    "started": CKPT_START_LINE,
+    "blocked": CKPT_BLOCKED_LINE,
+    "waited": CKPT_WAIT_PREVIOUS_LINE,
+    "committed": CKPT_COMMIT_LINE,
+    "restored": CKPT_RESTORED_LINE,
+}
+
+
+def say(line: str) -> None:
+    print(line, flush=True)  # logs are shipped live
+
+
+def next_chunk_seq(storage: Storage, run: str, attempt: int) -> int:
+    """First free chunk number for this attempt, so a rerun with the same attempt appends."""
+    objects, _ = storage.list(Layout.metrics(run))
+    pattern = re.compile(rf"attempt-{attempt:03d}-(\d+)\.jsonl$")
+    seqs = [int(m.group(1)) for o in objects if (m := pattern.search(o.key))]
+    return max(seqs) + 1 if seqs else 0
+
+
+class Metrics:
+    def __init__(self, storage: Storage | None, run: str | None, attempt: int, primary: bool,
+                 interval: float = 2.0):
+        self.attempt, self.primary = attempt, primary
+        self.writer: ChunkWriter | None = None
+        if primary and storage is not None and run:
+            start = next_chunk_seq(storage, run, attempt)
+            self.writer = ChunkWriter(
+                storage, lambda seq: Layout.metrics_chunk(run, attempt, seq), interval, start)
+
+    def record(self, kind: str, **fields: Any) -> None:
+        if self.writer is not None:
+            import json
+
+            rec = {"kind": kind, "time": time.time(), "attempt": self.attempt, **fields}
+            self.writer.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+
+    def header(self, versions: dict[str, str], config: dict[str, Any]) -> None:
+        for key, value in versions.items():
+            say(HEADER_LINE.format(key=key, value=value))
+        if self.primary:
+            self.record("header", versions=versions, config=config,
+                        total_steps=config.get("steps"))
+
+    def params(self, count: int) -> None:
+        if self.primary:
+            say(PARAMS_LINE.format(billions=count / 1e9))
+            self.record("params", params=count)
+
+    def flops(self, tflops_per_step: float, learnable_pct: float, attention_pct: float,
+              tflops_per_device: float) -> None:
+        if self.primary:
+            say(FLOPS_LINE.format(total=tflops_per_device, learnable_pct=learnable_pct,
+                                  attention_pct=attention_pct))
+            self.record("flops", tflops_per_step=tflops_per_step, learnable_pct=learnable_pct,
+                        attention_pct=attention_pct, tflops_per_device=tflops_per_device)
+
+    def memory(self, used_gb: float, total_gb: float, device: str) -> None:
+        if self.primary:
+            pct = 100.0 * used_gb / total_gb if total_gb else 0.0
+            say(MEMORY_LINE.format(used=used_gb, total=total_gb, pct=pct, device=device))
+            self.record("memory", used_gb=used_gb, total_gb=total_gb, pct=pct, device=device)
+
+    def step(self, step: int, seconds: float, tflops_per_device: float, tokens_per_s_per_device: float,
+             total_weights: int, loss: float, checkpoint_blocked_s: float, **extra: Any) -> None:
+        """``tflops_per_device`` is the rate, TFLOP/s per device, as in the step line."""
+        if self.primary:
+            say(STEP_LINE.format(step=step, seconds=seconds, tflops=tflops_per_device,
+                                 tokens=tokens_per_s_per_device, total_weights=total_weights,
+                                 loss=loss))
+            self.record("step", step=step, seconds=seconds, tflops_per_device=tflops_per_device,
+                        tokens_per_s_per_device=tokens_per_s_per_device,
+                        total_weights=total_weights, loss=loss,
+                        checkpoint_blocked_s=checkpoint_blocked_s, **extra)
+
+    def checkpoint(self, event: str, step: int, seconds: float | None = None) -> None:
+        if self.primary:
+            say(CHECKPOINT_LINES[event].format(step=step, seconds=seconds or 0.0))
+            self.record("checkpoint", step=step, event=event, seconds=seconds)
+
+    def end(self, exit_code: int, reason: str, **extra: Any) -> None:
+        if self.primary:
+            self.record("end", exit_code=exit_code, reason=reason, **extra)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+def update_run_json(storage: Storage, run: str, **workload: Any) -> None:
+    """Merge ``workload`` into run.json's "workload" section (creating the file if absent)."""
+    key = Layout.run_json(run)
+    doc = storage.read_json(key) or {"name": run}
+    section = doc.get("workload") if isinstance(doc.get("workload"), dict) else {}
+    section.update(workload)
+    doc["workload"] = section
+    storage.write_json(key, doc)

@@ -1,0 +1,204 @@
+"""A llama-style decoder in Flax NNX: embedding, RMSNorm, rotary GQA attention with a causal
+mask, SwiGLU MLP, untied output projection; the layers stacked on a leading axis and run
+with ``nnx.scan`` under a configurable remat policy.
+
+Parameters carry *logical* axis names (``out_sharding`` metadata, eager sharding off); the
+training code maps them onto the mesh (``logical_to_mesh``), so the model itself knows
+nothing about devices. Parameters are stored in ``param_dtype`` and cast to
+``compute_dtype`` where they are used; norms, softmax and the logits stay in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from workload.config import Config
+
+# Logical axis -> mesh axis. FSDP: every weight is split over its model dimension.
+LOGICAL_RULES: dict[str, str | tuple[str, ...] | None] = {
+    "embed": "fsdp",
+    "vocab": None,
+    "heads": None,
+    "kv_heads": None,
+    "head_dim": None,
+    "mlp": None,
+    "norm": None,
+    "layers": None,
+    "batch": ("data", "fsdp"),
+}
+
+REMAT = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _param(rngs: nnx.Rngs, init, shape: tuple[int, ...], axes: tuple[str, ...],
+           dtype: Any) -> nnx.Param:
+    return nnx.Param(init(rngs.params(), shape, dtype), out_sharding=axes, eager_sharding=False)
+
+
+def _dense_init(fan_in_axes: tuple[int, ...]):
+    return jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal",
+                                                in_axis=fan_in_axes, out_axis=-1)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, cfg: Config, rngs: nnx.Rngs):
+        self.eps = cfg.norm_eps
+        self.scale = _param(rngs, jax.nn.initializers.ones, (dim,), ("norm",), cfg.param_dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotate pairs (i, i + d/2) of the last axis by position-dependent angles."""
+    half = x.shape[-1] // 2
+    freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) / half)
+    angles = positions[:, None].astype(jnp.float32) * freqs[None, :]  # [S, half]
+    sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Causal self-attention; query heads share KV heads in groups of n_heads // n_kv_heads."""
+
+    def __init__(self, cfg: Config, rngs: nnx.Rngs):
+        d, n, k, h, dt = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.param_dtype
+        self.cfg = cfg
+        self.wq = _param(rngs, _dense_init((0,)), (d, n, h), ("embed", "heads", "head_dim"), dt)
+        self.wk = _param(rngs, _dense_init((0,)), (d, k, h), ("embed", "kv_heads", "head_dim"), dt)
+        self.wv = _param(rngs, _dense_init((0,)), (d, k, h), ("embed", "kv_heads", "head_dim"), dt)
+        self.wo = _param(rngs, _dense_init((0, 1)), (n, h, d), ("heads", "head_dim", "embed"), dt)
+
+    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        cfg, dt = self.cfg, x.dtype
+        q = jnp.einsum("bsd,dnh->bsnh", x, self.wq[...].astype(dt))
+        k = jnp.einsum("bsd,dkh->bskh", x, self.wk[...].astype(dt))
+        v = jnp.einsum("bsd,dkh->bskh", x, self.wv[...].astype(dt))
+        q, k = rotary(q, positions, cfg.rope_theta), rotary(k, positions, cfg.rope_theta)
+        b, s, _, h = q.shape
+        q = q.reshape(b, s, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, h)
+        scores = jnp.einsum("bskgh,btkh->bkgst", q, k).astype(jnp.float32) * h**-0.5
+        causal = positions[:, None] >= positions[None, :]
+        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgst,btkh->bskgh", probs, v).reshape(b, s, cfg.n_heads, h)
+        return jnp.einsum("bsnh,nhd->bsd", out, self.wo[...].astype(dt))
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: Config, rngs: nnx.Rngs):
+        d, m, dt = cfg.d_model, cfg.mlp_dim, cfg.param_dtype
+        self.gate = _param(rngs, _dense_init((0,)), (d, m), ("embed", "mlp"), dt)
+        self.up = _param(rngs, _dense_init((0,)), (d, m), ("embed", "mlp"), dt)
+        self.down = _param(rngs, _dense_init((0,)), (m, d), ("mlp", "embed"), dt)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = x.dtype
+        g = x @ self.gate[...].astype(dt)
+        u = x @ self.up[...].astype(dt)
+        return (jax.nn.silu(g) * u) @ self.down[...].astype(dt)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: Config, rngs: nnx.Rngs):
+        self.attn_norm = RMSNorm(cfg.d_model, cfg, rngs)
+        self.attn = Attention(cfg, rngs)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg, rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        x = x + self.attn(self.attn_norm(x), positions)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nnx.Module):
+    """tokens [B, S] int32 -> logits [B, S, vocab] float32."""
+
+    def __init__(self, cfg: Config, rngs: nnx.Rngs, act_sharding: NamedSharding | None = None):
+        self.cfg = cfg
+        self.act_sharding = act_sharding  # batch-sharded residual stream, when on a mesh
+        self.embed = _param(rngs, jax.nn.initializers.normal(1.0), (cfg.vocab_size, cfg.d_model),
+                            ("vocab", "embed"), cfg.param_dtype)
+
+        @nnx.split_rngs(splits=cfg.n_layers)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def make_blocks(rngs: nnx.Rngs) -> Block:
+            return Block(cfg, rngs)
+
+        self.blocks = make_blocks(rngs)
+        self.final_norm = RMSNorm(cfg.d_model, cfg, rngs)
+        self.out = _param(rngs, _dense_init((0,)), (cfg.d_model, cfg.vocab_size),
+                          ("embed", "vocab"), cfg.param_dtype)
+
+    def _constrain(self, x: jax.Array) -> jax.Array:
+        return x if self.act_sharding is None else jax.lax.with_sharding_constraint(x, self.act_sharding)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        dt = jnp.dtype(cfg.compute_dtype)
+        positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
+        x = self._constrain(jnp.take(self.embed[...], tokens, axis=0).astype(dt))
+
+        def layer(x: jax.Array, block: Block) -> jax.Array:
+            return self._constrain(block(x, positions))
+
+        if cfg.remat != "none":
+            layer = nnx.remat(layer, policy=REMAT[cfg.remat], prevent_cse=False)
+        x = nnx.scan(layer, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(x, self.blocks)
+        x = self.final_norm(x)
+        return jnp.einsum("bsd,dv->bsv", x, self.out[...].astype(dt)).astype(jnp.float32)
+
+
+def abstract_model(cfg: Config) -> Transformer:
+    """The model with ShapeDtypeStructs for values: shapes, dtypes, axis names, no memory."""
+    return nnx.eval_shape(lambda: Transformer(cfg, nnx.Rngs(0)))
+
+
+def count_params(model: nnx.Module) -> int:
+    return sum(int(x.size) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+
+
+def logical_to_mesh(axes: tuple[str | None, ...], shape: tuple[int, ...],
+                    mesh: jax.sharding.Mesh) -> PartitionSpec:
+    """Map logical axis names to mesh axes; a dimension the mesh does not divide is replicated
+    (correct, only less sharded) instead of failing to compile."""
+    spec: list[Any] = []
+    used: set[str] = set()
+    for name, dim in zip(axes, shape, strict=True):
+        target = LOGICAL_RULES.get(name) if name else None
+        names = (target,) if isinstance(target, str) else tuple(target or ())
+        names = tuple(n for n in names if n in mesh.shape and n not in used)
+        size = 1
+        for n in names:
+            size *= mesh.shape[n]
+        if not names or dim % size:
+            spec.append(None)
+            continue
+        used.update(names)
+        spec.append(names[0] if len(names) == 1 else names)
+    return PartitionSpec(*spec)
+
+
+def param_shardings(model: nnx.Module, mesh: jax.sharding.Mesh) -> nnx.State:
+    """NamedSharding for every parameter, from its logical axes (``out_sharding`` metadata)."""
+
+    def one(v: nnx.Variable) -> nnx.Variable:
+        axes = v.get_metadata().get("out_sharding") or (None,) * v.ndim
+        return v.replace(NamedSharding(mesh, logical_to_mesh(tuple(axes), v.shape, mesh)))
+
+    return jax.tree.map(one, nnx.state(model, nnx.Param),
+                        is_leaf=lambda x: isinstance(x, nnx.Variable))

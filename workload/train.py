@@ -1,0 +1,366 @@
+"""Train the decoder on every host of the job: ``python -m workload.train``.
+
+Usage::
+
+    python -m workload.train [--config FILE.yaml] [--preset NAME] [--storage ROOT]
+                             [--run-name NAME] [key=value ...]
+
+The contract env (``xrun_contract.Env``) says who this process is; ``--storage`` and
+``--run-name`` override ``XRUN_STORAGE`` / ``XRUN_RUN_NAME`` (standalone runs, benchmarks).
+Without a storage root nothing is written (no metrics, no checkpoints).
+
+Step numbering: steps are 1..``steps``. "completed step: N" means N optimizer updates have
+been applied; the checkpoint of step N holds the state after those N updates and the data
+position of step N + 1, so a run that restores step 4 logs step 5 next.
+
+Written under ``<storage>/runs/<run>/``: ``metrics/attempt-AAA-SSSSSSSS.jsonl`` (process 0),
+``run.json`` (its ``workload`` section, process 0), ``checkpoints/<step>/`` (Orbax, all).
+
+Exit codes: 0 done; ``XRUN_RESTARTABLE_EXIT_CODE`` (default 42) after a SIGTERM save
+committed; the code of ``XRUN_TEST_FAIL_AT_STEP``; 1 on an exception (traceback on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from workload.config import Config, describe, load_config, step_flops
+from workload.distributed import Cluster, configure_platform, initialize, make_mesh
+from workload.metrics import Metrics, update_run_json
+from xrun_contract import XRUN_VERSION, Env, Layout
+from xrun_contract.storage import Storage, open_storage
+
+# ---------------------------------------------------------------------------------------
+# The pure JAX part: optimizer, loss, state init and one train step.
+
+
+def make_optimizer(cfg: Config):
+    """AdamW (no decay on norm scales), linear warmup then cosine, global-norm clipping."""
+    import optax
+
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=cfg.warmup_steps,
+        decay_steps=max(cfg.steps, cfg.warmup_steps + 1),
+        end_value=cfg.learning_rate * cfg.min_lr_ratio)
+
+    def decay_mask(params):
+        import jax
+
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: getattr(path[-1], "key", None) != "scale", params)
+
+    tx = optax.chain(
+        optax.clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity(),
+        optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, weight_decay=cfg.weight_decay,
+                    mask=decay_mask),
+    )
+    return tx, schedule
+
+
+def cross_entropy(logits, targets, z_loss: float):
+    """Mean token cross-entropy (+ z_loss x mean(logsumexp^2)); logits are float32."""
+    import jax
+    import jax.numpy as jnp
+
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    nll = jnp.mean(lse - target_logit)
+    loss = nll + z_loss * jnp.mean(lse**2) if z_loss else nll
+    return loss, {"nll": nll}
+
+
+class Program:
+    """The jitted functions and shardings of one (config, mesh): built once, used by train()."""
+
+    def __init__(self, cfg: Config, mesh, global_batch: int):
+        import jax
+        import jax.numpy as jnp
+        import optax
+        from flax import nnx
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        from workload import model
+
+        self.cfg, self.mesh, self.global_batch = cfg, mesh, global_batch
+        replicated = NamedSharding(mesh, P())
+        batch_axes = model.logical_to_mesh(("batch",), (global_batch,), mesh)
+        self.batch_sharding = NamedSharding(mesh, P(*batch_axes, None))
+        act_sharding = NamedSharding(mesh, P(*batch_axes, None, None))
+        self.tx, self.schedule = make_optimizer(cfg)
+
+        abstract_model = nnx.eval_shape(lambda: model.Transformer(cfg, nnx.Rngs(0), act_sharding))
+        self.graphdef, _ = nnx.split(abstract_model, nnx.Param)
+        self.num_params = model.count_params(abstract_model)
+        param_sh = nnx.to_pure_dict(model.param_shardings(abstract_model, mesh))
+
+        def init(seed: int) -> dict[str, Any]:
+            m = model.Transformer(cfg, nnx.Rngs(seed), act_sharding)
+            params = nnx.to_pure_dict(nnx.state(m, nnx.Param))
+            return {"params": params, "opt_state": self.tx.init(params),
+                    "step": jnp.zeros((), jnp.int32)}
+
+        abstract = jax.eval_shape(functools.partial(init, cfg.seed))
+        opt_sh = optax.tree_map_params(self.tx, lambda _, s: s, abstract["opt_state"], param_sh,
+                                       transform_non_params=lambda _: replicated)
+        self.state_shardings = {"params": param_sh, "opt_state": opt_sh, "step": replicated}
+        self.abstract_state = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract, self.state_shardings)
+        # Created already sharded: each device computes only its own shards.
+        self.init = jax.jit(functools.partial(init, cfg.seed), out_shardings=self.state_shardings)
+
+        graphdef, tx = self.graphdef, self.tx
+
+        def train_step(state, tokens):
+            def loss_fn(params):
+                logits = nnx.merge(graphdef, params)(tokens[:, :-1])
+                return cross_entropy(logits, tokens[:, 1:], cfg.z_loss)
+
+            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+            updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+            params = optax.apply_updates(state["params"], updates)
+            out = {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+            return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, out
+
+        abstract_batch = jax.ShapeDtypeStruct((global_batch, cfg.seq_len + 1), jnp.int32,
+                                              sharding=self.batch_sharding)
+        # Compiled ahead of time, so that step 1's time is a step, not a compilation.
+        self.train_step = jax.jit(
+            train_step, in_shardings=(self.state_shardings, self.batch_sharding),
+            out_shardings=(self.state_shardings, replicated), donate_argnums=0,
+        ).lower(self.abstract_state, abstract_batch).compile()
+
+
+# ---------------------------------------------------------------------------------------
+# The process: arguments, env, header, the loop, checkpoints, signals, exit.
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m workload.train", description=__doc__.split("\n")[0])
+    p.add_argument("--config", help="YAML file of config keys (and optionally preset: NAME)")
+    p.add_argument("--preset", help="named preset: tiny, bench-21m, 1b (default tiny)")
+    p.add_argument("--storage", help=f"storage root (folder or gs://); overrides {Env.STORAGE}")
+    p.add_argument("--run-name", help=f"run name; overrides {Env.RUN_NAME}")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    return p.parse_args(argv)
+
+
+def test_fail_at(cluster: Cluster) -> tuple[int, int] | None:
+    """(step, exit code) when XRUN_TEST_FAIL_AT_STEP targets this process in attempt 0."""
+    spec = os.environ.get(Env.TEST_FAIL_AT_STEP, "").strip()
+    if not spec or cluster.attempt != 0:
+        return None
+    parts = spec.split(":")
+    if len(parts) not in (2, 3):
+        raise ValueError(f"{Env.TEST_FAIL_AT_STEP}: expected <step>:<exit code>[:<process id>], "
+                         f"got {spec!r}")
+    if len(parts) == 3 and int(parts[2]) != cluster.process_id:
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+class Preemption:
+    """SIGTERM -> save and exit. With jax.distributed running, JAX's preemption service owns
+    SIGTERM and picks one step at which every process stops; otherwise a local flag does."""
+
+    def __init__(self):
+        self.received: list[float] = []
+        self.distributed = False
+        signal.signal(signal.SIGTERM, lambda *_: self.received.append(time.time()))
+
+    def handed_to_jax(self) -> None:
+        """jax.distributed.initialize has installed its own handler; replay an early notice."""
+        self.distributed = True
+        if self.received:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def reached(self, step: int) -> bool:
+        if self.distributed:
+            from jax.experimental import multihost_utils
+
+            return multihost_utils.reached_preemption_sync_point(step)
+        return bool(self.received)
+
+
+def versions(cluster: Cluster, cfg: Config, mesh) -> dict[str, str]:
+    import jax
+    import jaxlib
+
+    devices = jax.devices()
+    out = {
+        "xrun": XRUN_VERSION,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "backend": jax.default_backend(),
+        "process_id": str(jax.process_index()),
+        "process_count": str(jax.process_count()),
+        "local_devices": str(jax.local_device_count()),
+        "global_devices": str(len(devices)),
+        "device_kind": devices[0].device_kind,
+        "mesh": json.dumps(dict(mesh.shape)),
+        "accelerator": os.environ.get(Env.ACCELERATOR, ""),
+        "image": os.environ.get(Env.IMAGE, ""),
+        "commit": os.environ.get(Env.COMMIT, ""),
+        "config": describe(cfg),
+    }
+    return {k: v for k, v in out.items() if v}
+
+
+def report_memory(metrics: Metrics) -> None:
+    """MaxText's memory line for this process's first device, where the backend reports it."""
+    import jax
+
+    device = jax.local_devices()[0]
+    stats = device.memory_stats() or {}
+    if "bytes_in_use" not in stats:
+        return
+    total = stats.get("bytes_limit") or 0
+    if not total and os.environ.get(Env.HBM_GIB_PER_DEVICE):
+        total = float(os.environ[Env.HBM_GIB_PER_DEVICE]) * 2**30
+    if total:
+        metrics.memory(stats["bytes_in_use"] / 1e9, total / 1e9, str(device).replace(" ", ""))
+
+
+def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metrics,
+          storage: Storage | None, run: str | None, run_info: dict[str, Any]) -> tuple[int, str]:
+    """The training loop; returns (exit code, reason)."""
+    import jax
+
+    from workload import data
+
+    mesh = make_mesh(cluster.num_slices if cluster.from_xrun else None)
+    devices = jax.device_count()
+    global_batch = cfg.batch_size(devices)
+    if global_batch % devices:
+        raise ValueError(f"global batch {global_batch} does not split over {devices} devices")
+    info = versions(cluster, cfg, mesh)
+    metrics.header(info, cfg.to_dict())
+    run_info.update(versions=info, config=cfg.to_dict(), mesh=dict(mesh.shape),
+                    accelerator=os.environ.get(Env.ACCELERATOR) or jax.devices()[0].device_kind,
+                    devices=devices, processes=jax.process_count())
+    if storage is not None and run and metrics.primary:
+        update_run_json(storage, run, **run_info)
+
+    program = Program(cfg, mesh, global_batch)
+    flops = step_flops(cfg, global_batch, devices)
+    metrics.params(program.num_params)
+    metrics.flops(**flops)
+
+    ckpt = None
+    if storage is not None and run and cfg.checkpoint_every > 0:
+        from workload.checkpointing import Checkpoints
+
+        ckpt = Checkpoints(storage.url(Layout.checkpoints(run)), cfg, metrics)
+    source = data.make_source(cfg.data, cfg.data_dtype, cfg.seed, cfg.seq_len, cfg.vocab_size)
+    latest = ckpt.latest_step() if ckpt else None
+    if latest is not None:
+        state, position = ckpt.restore(latest, program.abstract_state)
+        start, position = latest, int(position["position"])
+    else:
+        state, start, position = program.init(), 0, 0
+
+    fail = test_fail_at(cluster)
+    delay = float(os.environ.get(Env.TEST_STEP_DELAY, "0") or 0)
+    tokens_per_step = global_batch * cfg.seq_len
+
+    def make_batch(pos: int):
+        batch = data.make_batch(source, pos, global_batch, cfg.seq_len, program.batch_sharding)
+        if isinstance(source, data.TokenFile):  # this process's reads: its own rows only
+            run_info["data_bytes_read"] = source.bytes_read
+        return batch
+
+    def save(step: int) -> float:
+        position_data = {"position": position, "step": step, "global_batch": global_batch,
+                         "source": cfg.data, "seed": cfg.seed}
+        return ckpt.save(step, state, position_data) if ckpt else 0.0
+
+    batch = make_batch(position)
+    for step in range(start + 1, cfg.steps + 1):
+        t0 = time.perf_counter()
+        state, out = program.train_step(state, batch)  # dispatched; runs while we go on
+        position += global_batch
+        if step < cfg.steps:
+            batch = make_batch(position)
+        if delay:
+            time.sleep(delay)
+        loss = float(out["loss"])  # waits for the step: "seconds" is the true step time
+        seconds = time.perf_counter() - t0
+        due = ckpt is not None and (step % cfg.checkpoint_every == 0 or step == cfg.steps)
+        blocked = save(step) if due else 0.0
+        metrics.step(step, seconds, flops["tflops_per_device"] / seconds,
+                     tokens_per_step / seconds / devices, tokens_per_step, loss, blocked,
+                     grad_norm=float(out["grad_norm"]), learning_rate=float(program.schedule(step - 1)))
+        if step == start + 1:
+            report_memory(metrics)
+        if ckpt:
+            ckpt.poll()
+        if fail and fail[0] == step:
+            return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})"
+        if step < cfg.steps and preemption.reached(step):
+            if ckpt and step not in ckpt.saved_steps:
+                save(step)
+            if ckpt:
+                ckpt.wait()
+                ckpt.close()
+            return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}"
+    if ckpt:
+        ckpt.wait()
+        ckpt.close()
+    return 0, "completed"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    preemption = Preemption()
+    cluster = Cluster.from_env()
+    yaml_text = Path(args.config).read_text() if args.config else None
+    cfg = load_config(args.preset, args.overrides, yaml_text)
+    root = args.storage or os.environ.get(Env.STORAGE) or None
+    run = args.run_name or os.environ.get(Env.RUN_NAME) or ("standalone" if root else None)
+    storage = open_storage(root) if root else None
+
+    configure_platform(cluster)
+    if initialize(cluster):
+        preemption.handed_to_jax()
+    import jax
+
+    primary = jax.process_index() == 0
+    metrics = Metrics(storage, run, cluster.attempt, primary)
+    run_info: dict[str, Any] = {"attempt": cluster.attempt, "start_time": time.time(),
+                                "end_time": None, "exit_code": None}
+    clean = False
+    try:
+        code, reason = train(cfg, cluster, preemption, metrics, storage, run, run_info)
+        clean = code in (0, cluster.restartable_exit_code)
+    except Exception as e:  # noqa: BLE001 - reported, then exit 1
+        traceback.print_exc()
+        sys.stderr.flush()
+        code, reason = 1, f"exception: {type(e).__name__}: {e}"
+    metrics.end(code, reason, **{k: run_info[k] for k in ("data_bytes_read",) if k in run_info})
+    metrics.close()
+    if storage is not None and run and primary:
+        run_info.update(end_time=time.time(), exit_code=code, reason=reason)
+        try:
+            update_run_json(storage, run, **run_info)
+        except Exception:  # noqa: BLE001 - the exit code matters more than run.json
+            traceback.print_exc()
+    sys.stdout.flush()
+    if not clean:
+        os._exit(code)  # a peer may be gone: skip jax.distributed's shutdown barrier
+    if jax.distributed.is_initialized():
+        jax.distributed.shutdown()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
