@@ -17,7 +17,7 @@ import json
 import math
 import random
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from orchestrator.goodput import DEFAULT_WARMUP, format_goodput, goodput
@@ -167,6 +167,8 @@ class RunFigures:
     final_loss: float | None
     final_step: int | None
     steps_executed: int
+    steps_distinct: int  # steps trained, each counted once however often a restart redid it
+    total_step_seconds: float  # exact, over every step (samples may be thinned)
     stall_events: list[float]
     stall_total: float
     stall_saves: int
@@ -182,7 +184,7 @@ class RunFigures:
 
     @property
     def step_share_of_stalls(self) -> float:
-        total = sum(self.all_seconds)
+        total = self.total_step_seconds
         return self.stall_total / total if total > 0 else 0.0
 
 
@@ -215,7 +217,8 @@ def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
         loss_tail=[loss for _, loss in losses[-k:]],
         final_loss=losses[-1][1] if losses else None,
         final_step=losses[-1][0] if losses else None,
-        steps_executed=steps.count, stall_events=events, stall_total=stall_total,
+        steps_executed=steps.count, steps_distinct=sum(final) * steps.stride,
+        total_step_seconds=steps.total_seconds, stall_events=events, stall_total=stall_total,
         stall_saves=int(rec.checkpoint_totals["saves"]), time_to_first_step=ttfs,
         ttfs_basis=basis, goodput=goodput(rec, warmup=warmup), warmup=warmup, stride=steps.stride,
     )
@@ -390,7 +393,6 @@ class Comparison:
     alpha: float
     warmup: int
     candidate_failed: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def regressions(self) -> list[Row]:
@@ -421,7 +423,8 @@ class Comparison:
                 "state": rec.state, "exit_code": rec.exit_code, "finished": rec.finished,
                 "restarts": rec.restarts, "versions": rec.versions, "accelerator": rec.accelerator,
                 "devices": rec.devices, "process_id": rec.process_id,
-                "steps_executed": fig.steps_executed, "final_step": fig.final_step,
+                "steps_executed": fig.steps_executed, "steps_distinct": fig.steps_distinct,
+                "final_step": fig.final_step,
                 "steady_steps": len(fig.steady_seconds), "steady_median_s": fig.steady_median,
                 "steady_median_ci95_s": median_ci(fig.steady_seconds),
                 "time_to_first_step_s": fig.time_to_first_step, "goodput": fig.goodput,
@@ -596,9 +599,9 @@ def confounders(base: RunRecord, cand: RunRecord, fb: RunFigures, fc: RunFigures
     if base.process_id is not None and cand.process_id is not None and base.process_id != cand.process_id:
         w.append(f"logs from different processes: {lb} is process {base.process_id}, "
                  f"{lc} is process {cand.process_id}")
-    if fb.steps_executed != fc.steps_executed or fb.final_step != fc.final_step:
-        w.append(f"different step counts: {lb} ran {fb.steps_executed} steps (last step {fb.final_step}), "
-                 f"{lc} ran {fc.steps_executed} (last step {fc.final_step})")
+    if fb.steps_distinct != fc.steps_distinct or fb.final_step != fc.final_step:
+        w.append(f"different step counts: {lb} trained {fb.steps_distinct} steps (last step {fb.final_step}), "
+                 f"{lc} trained {fc.steps_distinct} (last step {fc.final_step})")
     diff = config_diff(base.config, cand.config)
     if diff:
         w.append(f"different configs: {diff}")
@@ -620,7 +623,7 @@ def confounders(base: RunRecord, cand: RunRecord, fb: RunFigures, fc: RunFigures
         if share >= STALL_SHARE_WARN:
             mean = statistics.fmean(fig.all_seconds) if fig.all_seconds else 0.0
             w.append(f"'Avg s/step' of {lab} ({_fmt(mean, 3)}) is dominated by checkpoint stalls: "
-                     f"{fig.stall_total:.3f} s of {sum(fig.all_seconds):.3f} s step time ({100 * share:.0f}%); "
+                     f"{fig.stall_total:.3f} s of {fig.total_step_seconds:.3f} s step time ({100 * share:.0f}%); "
                      "read the steady-state row instead")
         if 0 < len(fig.steady_seconds) < MIN_SAMPLES:
             w.append(f"{lab} has only {len(fig.steady_seconds)} steady-state steps: too few to test; "

@@ -357,7 +357,6 @@ class _HostParse:
     attempt: int = 0
     attempt_known: bool = False  # set from a wrapper line, a host prefix or the storage path
     last_step: int | None = None
-    pending_time: float | None = None  # absl time of the segment being parsed
     lines_split: int = 0
 
 
@@ -380,7 +379,6 @@ class LogParser:
         self._continuing = False  # the pending text continues a line already partly parsed
         self._cur_host = ""
         self._year = year or _dt.datetime.now(_dt.UTC).year
-        self.bytes_seen = 0
 
     def set_attempt(self, attempt: int) -> None:
         """The attempt of what comes next (stored logs name it in their path)."""
@@ -390,7 +388,6 @@ class LogParser:
 
     # -- input ------------------------------------------------------------------------
     def feed(self, text: str) -> None:
-        self.bytes_seen += len(text)
         if self._pending:
             text = self._pending + text
         parts = text.split("\n")

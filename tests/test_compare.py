@@ -253,3 +253,17 @@ def test_parameter_counts_compare_at_the_log_lines_precision(tmp_path):
     assert rows(c)["Parameters"].verdict == "differs"
     assert any("different parameter counts" in w for w in c.warnings)
     assert [format_params(n) for n in (853_100_000, 106_816, 4_321)] == ["0.853 billion", "0.107 million", "4,321"]
+
+
+def test_a_restart_is_said_but_its_redone_steps_are_not_a_step_count_difference(tmp_path):
+    root = tmp_path / "root"
+    write_stored_run(root, "plain", RunShape(steps=40, ckpt_every=10, stall_s=0.2, seed=1))
+    write_stored_run(root, "restarted", RunShape(steps=40, ckpt_every=10, stall_s=0.2, seed=2), restart_at=25)
+    c = compare(load_run("plain", str(root)), load_run("restarted", str(root)))
+    assert any("restarted 1 time(s)" in w for w in c.warnings)
+    assert not any("different step counts" in w for w in c.warnings)
+    d = c.to_dict()["candidate"]
+    assert (d["steps_executed"], d["steps_distinct"], d["final_step"]) == (45, 40, 40)
+    fewer = compare(load_run("plain", str(root)), run(tmp_path, "short", steps=30))
+    assert "different step counts: main trained 40 steps (last step 40), short trained 30 (last step 30)" \
+        in fewer.warnings

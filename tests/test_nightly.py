@@ -153,3 +153,9 @@ def test_render_cronjob_needs_a_cluster_backend_and_an_image(tmp_path):
     no_image = {**KUBE, "cronjob": {}}
     r = xrun("nightly", "-f", str(write(tmp_path, no_image)), "--render-cronjob", storage=tmp_path / "root")
     assert r.returncode == 2 and "cronjob.image" in r.stderr and r.stdout == ""
+
+
+def test_help_of_the_comparison_commands_has_examples(tmp_path):
+    for cmd in ("compare", "report", "nightly"):
+        r = xrun(cmd, "--help", storage=tmp_path)
+        assert r.returncode == 0 and "Examples:" in r.stdout and "Exit code" in r.stdout, cmd
