@@ -24,6 +24,7 @@ import socket
 import string
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,7 @@ class Pod:
     env: dict[str, str]
     proc: subprocess.Popen | None = None
     exit_code: int | None = None
+    exited_at: float | None = None  # monotonic time the process was reaped
 
     @property
     def host(self) -> str:
@@ -251,7 +253,15 @@ class Supervisor:
                 pod.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True,
             )
+            # A waiter per pod stamps the moment it exits: when one host's failure brings
+            # the others down within milliseconds, the first to fail is the one to blame.
+            threading.Thread(target=self._reap, args=(pod,), daemon=True).start()
         self.save()
+
+    def _reap(self, pod: Pod) -> None:
+        assert pod.proc is not None
+        pod.proc.wait()
+        pod.exited_at = time.monotonic()
 
     def stop_pods(self) -> None:
         """SIGTERM every live pod's process group, SIGKILL whatever outlives the grace period."""
@@ -264,6 +274,8 @@ class Supervisor:
         for p in live:
             _signal_group(p.proc, signal.SIGKILL)
             p.proc.wait()
+            if p.exited_at is None:
+                p.exited_at = time.monotonic()
             if p.exit_code is None:
                 rc = p.proc.returncode
                 p.exit_code = rc if rc >= 0 else 128 - rc
@@ -303,17 +315,15 @@ class Supervisor:
     def wait_pods(self) -> Pod | None:
         """Until every pod succeeded (None), one failed (that pod), or a stop was asked."""
         while not self.stop_requested:
-            changed = False
-            for p in self.pods:
-                if p.exit_code is None and p.proc and p.proc.poll() is not None:
-                    rc = p.proc.returncode
-                    p.exit_code = rc if rc >= 0 else 128 - rc
-                    changed = True
-                    if p.exit_code != 0:
-                        self.save()
-                        return p
-            if changed:
+            exited = [p for p in self.pods if p.exit_code is None and p.exited_at is not None]
+            for p in exited:
+                rc = p.proc.returncode
+                p.exit_code = rc if rc >= 0 else 128 - rc
+            if exited:
                 self.save()
+            failed = [p for p in self.pods if p.exit_code not in (None, 0)]
+            if failed:
+                return min(failed, key=lambda p: p.exited_at)
             if all(p.exit_code == 0 for p in self.pods):
                 return None
             time.sleep(POLL_SECONDS)
