@@ -87,7 +87,9 @@ def test_one_host_four_devices_matches_two_hosts(reference, tmp_path):
 def test_kill_and_resume_continues_exactly(reference, tmp_path):
     _, _, records = reference
     ref = losses(records)
-    hosts = launch("kill", tmp_path, tmp_path / "logs", args=ARGS)
+    # Slowed steps, so that the kill lands mid-run and step 4 has committed by then.
+    hosts = launch("kill", tmp_path, tmp_path / "logs", args=ARGS, XRUN_TEST_STEP_DELAY="0.2")
+    wait_for_line(hosts[0], "checkpoint committed: step 4,")
     wait_for_line(hosts[0], "completed step: 6,")
     for h in hosts:
         h.signal(signal.SIGKILL)

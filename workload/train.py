@@ -23,6 +23,7 @@ committed; the code of ``XRUN_TEST_FAIL_AT_STEP``; 1 on an exception (traceback 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import functools
 import json
 import os
@@ -119,7 +120,7 @@ class Program:
         # Created already sharded: each device computes only its own shards.
         self.init = jax.jit(functools.partial(init, cfg.seed), out_shardings=self.state_shardings)
 
-        graphdef, tx = self.graphdef, self.tx
+        graphdef, tx, schedule = self.graphdef, self.tx, self.schedule
 
         def train_step(state, tokens):
             def loss_fn(params):
@@ -129,7 +130,8 @@ class Program:
             (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
             updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
             params = optax.apply_updates(state["params"], updates)
-            out = {"loss": loss, "grad_norm": optax.global_norm(grads), **aux}
+            out = {"loss": loss, "grad_norm": optax.global_norm(grads),
+                   "learning_rate": schedule(state["step"]), **aux}
             return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, out
 
         abstract_batch = jax.ShapeDtypeStruct((global_batch, cfg.seq_len + 1), jnp.int32,
@@ -232,8 +234,9 @@ def report_memory(metrics: Metrics) -> None:
 
 
 def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metrics,
-          storage: Storage | None, run: str | None, run_info: dict[str, Any]) -> tuple[int, str]:
-    """The training loop; returns (exit code, reason)."""
+          storage: Storage | None, run: str | None,
+          run_info: dict[str, Any]) -> tuple[int, str, bool]:
+    """The training loop; returns (exit code, reason, whether every process stops with us)."""
     import jax
 
     from workload import data
@@ -293,33 +296,35 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
             batch = make_batch(position)
         if delay:
             time.sleep(delay)
-        loss = float(out["loss"])  # waits for the step: "seconds" is the true step time
+        out = jax.device_get(out)  # waits for the step: "seconds" is the true step time
         seconds = time.perf_counter() - t0
         due = ckpt is not None and (step % cfg.checkpoint_every == 0 or step == cfg.steps)
         blocked = save(step) if due else 0.0
         metrics.step(step, seconds, flops["tflops_per_device"] / seconds,
-                     tokens_per_step / seconds / devices, tokens_per_step, loss, blocked,
-                     grad_norm=float(out["grad_norm"]), learning_rate=float(program.schedule(step - 1)))
+                     tokens_per_step / seconds / devices, tokens_per_step, float(out["loss"]),
+                     blocked, grad_norm=float(out["grad_norm"]),
+                     learning_rate=float(out["learning_rate"]))
         if step == start + 1:
             report_memory(metrics)
         if ckpt:
             ckpt.poll()
         if fail and fail[0] == step:
-            return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})"
+            return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})", False
         if step < cfg.steps and preemption.reached(step):
             if ckpt and step not in ckpt.saved_steps:
                 save(step)
             if ckpt:
                 ckpt.wait()
                 ckpt.close()
-            return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}"
+            return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}", True
     if ckpt:
         ckpt.wait()
         ckpt.close()
-    return 0, "completed"
+    return 0, "completed", True
 
 
 def main(argv: list[str] | None = None) -> int:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: stacks to stderr
     args = parse_args(argv)
     preemption = Preemption()
     cluster = Cluster.from_env()
@@ -338,14 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     metrics = Metrics(storage, run, cluster.attempt, primary)
     run_info: dict[str, Any] = {"attempt": cluster.attempt, "start_time": time.time(),
                                 "end_time": None, "exit_code": None}
-    clean = False
     try:
-        code, reason = train(cfg, cluster, preemption, metrics, storage, run, run_info)
-        clean = code in (0, cluster.restartable_exit_code)
+        code, reason, clean = train(cfg, cluster, preemption, metrics, storage, run, run_info)
     except Exception as e:  # noqa: BLE001 - reported, then exit 1
         traceback.print_exc()
         sys.stderr.flush()
-        code, reason = 1, f"exception: {type(e).__name__}: {e}"
+        code, reason, clean = 1, f"exception: {type(e).__name__}: {e}", False
     metrics.end(code, reason, **{k: run_info[k] for k in ("data_bytes_read",) if k in run_info})
     metrics.close()
     if storage is not None and run and primary:
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
     sys.stdout.flush()
     if not clean:
-        os._exit(code)  # a peer may be gone: skip jax.distributed's shutdown barrier
+        os._exit(code)  # the peers go on without us: skip jax.distributed's shutdown barrier
     if jax.distributed.is_initialized():
         jax.distributed.shutdown()
     return code

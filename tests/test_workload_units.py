@@ -1,0 +1,172 @@
+"""Workload pieces in-process: config parsing (jax-free), the 1b preset's size and FLOPs
+without allocating it, the model's shape and causality, data addressing, token files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workload.config import PRESETS, Config, load_config, parse_overrides, step_flops
+from xrun_contract import FLOPS_LINE, PARAMS_LINE
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_config_module_is_importable_without_jax():
+    code = ("import sys; from workload.config import PRESETS, parse_overrides, load_config; "
+            "load_config('1b', ['steps=3']); assert 'jax' not in sys.modules, 'jax imported'")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_overrides_are_typed_and_errors_name_the_field():
+    assert parse_overrides(["steps=7", "learning_rate=1e-4", "async_checkpoint=false",
+                            "remat=full", "data=gs://b/tokens.bin"]) == {
+        "steps": 7, "learning_rate": 1e-4, "async_checkpoint": False, "remat": "full",
+        "data": "gs://b/tokens.bin"}
+    with pytest.raises(ValueError, match=r"unknown key 'stpes'; allowed: .*steps"):
+        parse_overrides(["stpes=3"])
+    with pytest.raises(ValueError, match=r"steps: expected an integer, got 'many'"):
+        parse_overrides(["steps=many"])
+    with pytest.raises(ValueError, match=r"remat: unknown 'some'; allowed: none, full, dots"):
+        parse_overrides(["remat=some"])
+    with pytest.raises(ValueError, match="expected key=value"):
+        parse_overrides(["steps"])
+    with pytest.raises(ValueError, match=r"preset: unknown 'huge'; allowed: tiny, bench-21m, 1b"):
+        load_config("huge")
+    with pytest.raises(ValueError, match="n_kv_heads: must divide n_heads=4"):
+        load_config("tiny", ["n_kv_heads=3"])
+
+
+def test_preset_yaml_and_overrides_precedence():
+    yaml_text = "preset: bench-21m\nsteps: 30\nlearning_rate: 0.002\n"
+    cfg = load_config(None, ["steps=40"], yaml_text)
+    assert (cfg.preset, cfg.d_model, cfg.steps, cfg.learning_rate) == ("bench-21m", 256, 40, 0.002)
+    assert load_config("tiny", [], yaml_text).preset == "tiny"  # the flag wins
+    assert load_config().preset == "tiny" and Config().compute_dtype == "float32"
+    with pytest.raises(ValueError, match="unknown key 'colour'"):
+        load_config(None, [], "colour: red\n")
+    assert set(PRESETS) == {"tiny", "bench-21m", "1b"}
+
+
+def test_1b_size_and_flops_without_allocating():
+    import jax
+
+    from workload import model
+
+    cfg = load_config("1b")
+    abstract = model.abstract_model(cfg)  # ShapeDtypeStructs only
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(abstract))
+    assert model.count_params(abstract) == cfg.params_count == 1_104_218_112
+    assert PARAMS_LINE.format(billions=cfg.params_count / 1e9) == "number parameters: 1.104 billion"
+    f = step_flops(cfg, global_batch=32, devices=32)
+    line = FLOPS_LINE.format(total=f["tflops_per_device"], learnable_pct=f["learnable_pct"],
+                             attention_pct=f["attention_pct"])
+    assert line == ("Per train step: Total TFLOPs: 13.59 split as 93.93% learnable weight flops "
+                    "and 6.07% attention flops")
+    assert cfg.batch_size(32) == 32
+    # FSDP over 32 devices: every big weight split on its model dimension.
+    from flax import nnx
+    from jax.sharding import AbstractMesh, AxisType
+
+    mesh = AbstractMesh((1, 32), ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2)
+    specs = {"/".join(k): tuple(v.spec) for k, v in
+             nnx.to_flat_state(model.param_shardings(abstract, mesh))}
+    assert specs["embed"] == (None, "fsdp") and specs["out"] == ("fsdp", None)
+    assert specs["blocks/mlp/gate"] == (None, "fsdp", None)
+    assert specs["blocks/attn/wo"] == (None, None, None, "fsdp")
+    assert specs["final_norm/scale"] == (None,)
+
+
+def test_logical_axes_replicate_what_the_mesh_does_not_divide():
+    from jax.sharding import AbstractMesh, AxisType, PartitionSpec
+
+    from workload.model import logical_to_mesh
+
+    mesh = AbstractMesh((2, 3), ("data", "fsdp"), axis_types=(AxisType.Auto,) * 2)
+    assert logical_to_mesh(("vocab", "embed"), (10, 9), mesh) == PartitionSpec(None, "fsdp")
+    assert logical_to_mesh(("vocab", "embed"), (10, 8), mesh) == PartitionSpec(None, None)
+    assert logical_to_mesh(("batch",), (12,), mesh) == PartitionSpec(("data", "fsdp"))
+
+
+def test_tiny_model_is_causal_and_the_loss_is_cross_entropy():
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from workload.model import Transformer
+    from workload.train import cross_entropy
+
+    cfg = load_config("tiny", ["remat=full"])
+    m = Transformer(cfg, nnx.Rngs(0))
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
+    logits = m(tokens)
+    assert logits.shape == (2, 16, 256) and logits.dtype == jnp.float32
+    changed = m(tokens.at[:, 10].set((tokens[:, 10] + 1) % 256))
+    np.testing.assert_allclose(logits[:, :10], changed[:, :10], atol=1e-5)  # no peeking ahead
+    assert not np.allclose(logits[:, 10:], changed[:, 10:])
+    loss, aux = cross_entropy(logits[:, :-1], tokens[:, 1:], 0.0)
+    manual = -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]),
+                                           tokens[:, 1:, None], -1))
+    assert float(loss) == pytest.approx(float(manual), rel=1e-6) and float(aux["nll"]) == float(loss)
+    z, _ = cross_entropy(logits, tokens, 1e-4)
+    assert float(z) > float(cross_entropy(logits, tokens, 0.0)[0])
+
+
+def test_synthetic_rows_depend_only_on_the_sequence_index():
+    from workload.data import synthetic_source
+
+    rows = synthetic_source(seed=0, seq_len=8, vocab=256)
+    whole = rows(10, 6)
+    assert whole.shape == (6, 9) and whole.dtype == np.int32
+    np.testing.assert_array_equal(np.concatenate([rows(10, 2), rows(12, 4)]), whole)
+    steps = np.diff(whole, axis=1) % 256
+    assert np.all(steps == steps[:, :1]) and set(steps[:, 0]) <= {1, 2, 3, 4}
+    assert not np.array_equal(synthetic_source(1, 8, 256)(10, 6), whole)
+
+
+def test_token_file_reads_only_the_requested_rows(tmp_path):
+    from workload.data import TokenFile
+
+    tokens = np.arange(1000, dtype=np.uint32) % 500
+    path = tmp_path / "tokens.bin"
+    path.write_bytes(tokens.tobytes())
+    f = TokenFile(str(path), "uint32", seq_len=10, vocab=500)
+    assert f.windows == 99
+    rows = f(5, 3)  # windows 5..7, one contiguous read of 3 x 10 + 1 tokens
+    np.testing.assert_array_equal(rows[0], tokens[50:61])
+    np.testing.assert_array_equal(rows[2], tokens[70:81])
+    assert f.bytes_read == 31 * 4
+    wrapped = f(98, 2)  # window 98, then back to window 0
+    np.testing.assert_array_equal(wrapped[1], tokens[0:11])
+    assert f.bytes_read == 31 * 4 + 2 * 11 * 4
+    with pytest.raises(ValueError, match="token 499 >= vocab_size 100"):
+        TokenFile(str(path), "uint32", seq_len=10, vocab=100)(49, 1)
+    with pytest.raises(ValueError, match="fewer than seq_len"):
+        TokenFile(str(path), "uint32", seq_len=1000, vocab=500)
+
+
+def test_gpu_bench_runs_on_cpu_with_tiny(tmp_path):
+    out = tmp_path / "gpu.json"
+    r = subprocess.run(
+        [sys.executable, "bench/gpu_bench.py", "--preset", "tiny", "--steps", "6", "--warmup", "2",
+         "--checkpoint-every", "3", "--peak-tflops", "2.0", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={k: v for k, v in os.environ.items() if not k.startswith("XRUN_")})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert set(res) >= {"preset", "backend", "device_kind", "n_layers", "global_batch", "reduced",
+                        "step_seconds", "tokens_per_s", "tflops_per_s_per_device",
+                        "peak_tflops_per_device", "mfu", "checkpoint_blocked_s",
+                        "checkpoint_save_s", "checkpoint_blocking_ratio"}
+    assert (res["preset"], res["backend"], res["reduced"], res["steady_steps"]) == ("tiny", "cpu", "", 4)
+    assert res["step_seconds"] > 0 and res["tokens_per_s"] == pytest.approx(
+        res["global_batch"] * 64 / res["step_seconds"], rel=0.5)
+    assert res["mfu"] == pytest.approx(res["tflops_per_s_per_device"] / 2.0)
+    assert res["checkpoint_saves"] == 2 and 0 < res["checkpoint_blocking_ratio"] <= 1.5
