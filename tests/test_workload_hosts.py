@@ -84,6 +84,17 @@ def test_one_host_four_devices_matches_two_hosts(reference, tmp_path):
                                rtol=0, atol=1e-5)
 
 
+def test_two_slices_put_data_parallelism_across_slices(reference, tmp_path):
+    """2 slices x 1 host x 2 devices: mesh data=2 (across slices), fsdp=2; same losses."""
+    _, _, records = reference
+    codes, hosts = run_hosts("slices", tmp_path, tmp_path / "logs", slices=2, args=ARGS)
+    assert codes == [0, 0], hosts[0].output()[-3000:]
+    assert 'xrun header mesh: {"data": 2, "fsdp": 2}' in hosts[1].output()
+    ref, two = losses(records), losses(metrics(tmp_path, "slices"))
+    np.testing.assert_allclose([two[s] for s in range(1, 11)], [ref[s] for s in range(1, 11)],
+                               rtol=0, atol=1e-5)
+
+
 def test_kill_and_resume_continues_exactly(reference, tmp_path):
     _, _, records = reference
     ref = losses(records)

@@ -103,12 +103,12 @@ def test_tiny_model_is_causal_and_the_loss_is_cross_entropy():
     from workload.model import Transformer
     from workload.train import cross_entropy
 
-    cfg = load_config("tiny", ["remat=full"])
-    m = Transformer(cfg, nnx.Rngs(0))
+    graphdef, params = nnx.split(Transformer(load_config("tiny"), nnx.Rngs(0)))
+    forward = jax.jit(lambda p, t: nnx.merge(graphdef, p)(t))
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 16)), jnp.int32)
-    logits = m(tokens)
+    logits = forward(params, tokens)
     assert logits.shape == (2, 16, 256) and logits.dtype == jnp.float32
-    changed = m(tokens.at[:, 10].set((tokens[:, 10] + 1) % 256))
+    changed = forward(params, tokens.at[:, 10].set((tokens[:, 10] + 1) % 256))
     np.testing.assert_allclose(logits[:, :10], changed[:, :10], atol=1e-5)  # no peeking ahead
     assert not np.allclose(logits[:, 10:], changed[:, 10:])
     loss, aux = cross_entropy(logits[:, :-1], tokens[:, 1:], 0.0)
@@ -170,3 +170,28 @@ def test_gpu_bench_runs_on_cpu_with_tiny(tmp_path):
         res["global_batch"] * 64 / res["step_seconds"], rel=0.5)
     assert res["mfu"] == pytest.approx(res["tflops_per_s_per_device"] / 2.0)
     assert res["checkpoint_saves"] == 2 and 0 < res["checkpoint_blocking_ratio"] <= 1.5
+
+
+def test_remat_changes_the_program_not_the_gradients():
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from workload.model import Transformer
+    from workload.train import cross_entropy
+
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 17)), jnp.int32)
+
+    def grads_and_jaxpr(remat: str):
+        graphdef, params = nnx.split(Transformer(load_config("tiny", [f"remat={remat}"]), nnx.Rngs(0)))
+
+        def loss(p):
+            return cross_entropy(nnx.merge(graphdef, p)(tokens[:, :-1]), tokens[:, 1:], 0.0)[0]
+
+        return jax.jit(jax.grad(loss))(params), str(jax.make_jaxpr(jax.grad(loss))(params))
+
+    plain, plain_jaxpr = grads_and_jaxpr("none")
+    full, full_jaxpr = grads_and_jaxpr("full")
+    assert "remat" in full_jaxpr and "remat" not in plain_jaxpr  # jax.checkpoint's primitive
+    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(full), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)

@@ -129,11 +129,12 @@ def make_mesh(num_slices: int | None = None):
     if len(devices) % num_slices:
         raise ValueError(f"{len(devices)} devices do not split into {num_slices} slices")
     per_slice = len(devices) // num_slices
-    if num_slices > 1 and hasattr(devices[0], "slice_index"):
+    slices_seen = len({getattr(d, "slice_index", 0) for d in devices})
+    if num_slices > 1 and slices_seen == num_slices:  # real multislice: DCN between slices
         grid = mesh_utils.create_hybrid_device_mesh((1, per_slice), (num_slices, 1), devices)
     elif num_slices == 1 and devices[0].platform == "tpu":
         grid = mesh_utils.create_device_mesh((1, per_slice), devices)
-    else:
+    else:  # CPU (a local multislice stand-in), GPU: processes in order, slice-major
         grid = np.array(sorted(devices, key=lambda d: (d.process_index, d.id))).reshape(
             num_slices, per_slice)
     return Mesh(grid, ("data", "fsdp"), axis_types=(AxisType.Auto, AxisType.Auto))
