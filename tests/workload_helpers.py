@@ -68,10 +68,25 @@ def host_env(run: str, storage: str | Path, *, process_id: int, hosts: int, devi
     return env
 
 
+_CACHE: list[str] = []
+
+
+def compilation_cache() -> str:
+    """One JAX compilation cache folder per test session (as the local backend keeps one per
+    storage root): later runs of the same program skip compiling."""
+    if not _CACHE:
+        import tempfile
+
+        _CACHE.append(tempfile.mkdtemp(prefix="xrun-test-jax-cache-"))
+    return _CACHE[0]
+
+
 def launch(run: str, storage: str | Path, log_dir: Path, *, hosts: int = 2, devices: int = 2,
            args: tuple[str, ...] = ("--preset", "tiny"), attempt: int = 0, slices: int = 1,
-           **extra: str) -> list[Host]:
+           cache: bool = True, **extra: str) -> list[Host]:
     """Start every host of one attempt; stdout+stderr of host i go to log_dir/<run>-a<attempt>-<i>.log."""
+    if cache:
+        extra.setdefault(Env.COMPILATION_CACHE, compilation_cache())
     port = _free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     out = []

@@ -157,7 +157,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def test_fail_at(cluster: Cluster) -> tuple[int, int] | None:
+def fail_at_step(cluster: Cluster) -> tuple[int, int] | None:
     """(step, exit code) when XRUN_TEST_FAIL_AT_STEP targets this process in attempt 0."""
     spec = os.environ.get(Env.TEST_FAIL_AT_STEP, "").strip()
     if not spec or cluster.attempt != 0:
@@ -194,7 +194,7 @@ class Preemption:
         return bool(self.received)
 
 
-def versions(cluster: Cluster, cfg: Config, mesh) -> dict[str, str]:
+def versions(cfg: Config, mesh) -> dict[str, str]:
     import jax
     import jaxlib
 
@@ -246,7 +246,7 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     global_batch = cfg.batch_size(devices)
     if global_batch % devices:
         raise ValueError(f"global batch {global_batch} does not split over {devices} devices")
-    info = versions(cluster, cfg, mesh)
+    info = versions(cfg, mesh)
     metrics.header(info, cfg.to_dict())
     run_info.update(versions=info, config=cfg.to_dict(), mesh=dict(mesh.shape),
                     accelerator=os.environ.get(Env.ACCELERATOR) or jax.devices()[0].device_kind,
@@ -272,7 +272,7 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     else:
         state, start, position = program.init(), 0, 0
 
-    fail = test_fail_at(cluster)
+    fail = fail_at_step(cluster)
     delay = float(os.environ.get(Env.TEST_STEP_DELAY, "0") or 0)
     tokens_per_step = global_batch * cfg.seq_len
 
@@ -345,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "end_time": None, "exit_code": None}
     try:
         code, reason, clean = train(cfg, cluster, preemption, metrics, storage, run, run_info)
+    except KeyboardInterrupt:
+        code, reason, clean = 130, "interrupted (SIGINT)", False
     except Exception as e:  # noqa: BLE001 - reported, then exit 1
         traceback.print_exc()
         sys.stderr.flush()
