@@ -294,9 +294,9 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         position += global_batch
         if step < cfg.steps:
             batch = make_batch(position)
-        if delay:
-            time.sleep(delay)
         out = jax.device_get(out)  # waits for the step: "seconds" is the true step time
+        if delay:  # after the step finished, so it cannot hide behind async dispatch
+            time.sleep(delay)
         seconds = time.perf_counter() - t0
         due = ckpt is not None and (step % cfg.checkpoint_every == 0 or step == cfg.steps)
         blocked = save(step) if due else 0.0
