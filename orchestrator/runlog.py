@@ -48,7 +48,7 @@ from xrun_contract import (
     Env,
     Layout,
 )
-from xrun_contract.storage import Storage, open_storage
+from xrun_contract.storage import Storage, open_storage, read_chunks
 
 ALLOWED = "; give a run name, a run path <root>/runs/<name>, or a log or metrics file"
 
@@ -794,7 +794,7 @@ def read_stored_run(storage: Storage, name: str) -> RunRecord:
     if run:
         apply_run_json(rec, run)
     bad = 0
-    for _key, data in _chunks(storage, Layout.metrics(name)):
+    for _key, data in read_chunks(storage, Layout.metrics(name)):
         bad += read_jsonl_lines(rec, data.decode("utf-8", errors="replace").splitlines())
     if bad:
         rec.notes.append(f"{bad} metrics lines were not valid JSON records; skipped")
@@ -808,14 +808,6 @@ def read_stored_run(storage: Storage, name: str) -> RunRecord:
     if rec.process_id is None and rec.kind == "storage" and rec.versions.get("process_id") is None:
         rec.process_id = 0  # metrics and the fallback log are process 0's
     return rec
-
-
-def _chunks(storage: Storage, prefix: str) -> Iterator[tuple[str, bytes]]:
-    objects, _ = storage.list(prefix, delimiter=None)
-    for o in objects:
-        data = storage.read_bytes(o.key)
-        if data is not None:
-            yield o.key, data
 
 
 def _read_stored_logs(storage: Storage, name: str, rec: RunRecord) -> bool:
@@ -833,7 +825,7 @@ def _read_stored_logs(storage: Storage, name: str, rec: RunRecord) -> bool:
         if not m:
             continue
         parser.set_attempt(int(m[1]))
-        for _key, data in _chunks(storage, ap):
+        for _key, data in read_chunks(storage, ap):
             parser.feed(data.decode("utf-8", errors="replace"))
     out = parser.finish()
     if out.steps.count:

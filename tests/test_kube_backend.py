@@ -23,18 +23,6 @@ WEBHOOK = ('admission webhook "vjobset.kb.io" denied the request: spec.replicate
            'Invalid value: 0: must be greater than 0')
 
 
-@pytest.fixture
-def api():
-    server = KubeAPI().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def kubeconfig(api, tmp_path):
-    return str(api.kubeconfig(tmp_path / "kubeconfig"))
-
-
 def backend_for(kubeconfig: str, namespace: str = "default", context: str | None = None) -> KubeBackend:
     return KubeBackend(context, namespace, kubeconfig, poll_seconds=0.05, watch_timeout_seconds=1)
 

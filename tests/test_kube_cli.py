@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import yaml
 from cli_helpers import xrun
 from kube_api import KubeAPI, make_pod, status
@@ -18,18 +17,6 @@ from xrun_contract import Layout
 from xrun_contract.storage import open_storage
 
 FLAGS = ["--tpu", "v6e-8", "--num-slices", "2", "--image", "img:1", "--context", "test-ctx"]
-
-
-@pytest.fixture
-def api():
-    server = KubeAPI().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def kubeconfig(api, tmp_path):
-    return str(api.kubeconfig(tmp_path / "kubeconfig"))
 
 
 def one_error_line(r) -> str:

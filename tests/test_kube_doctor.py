@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from kube_api import KubeAPI, status
+from kube_api import status
 
 from manifests.catalogue import lookup
 from orchestrator import doctor
@@ -11,15 +11,8 @@ from orchestrator.backends.kube import KubeBackend
 
 
 @pytest.fixture
-def api():
-    server = KubeAPI().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def backend(api, tmp_path):
-    return KubeBackend(None, "default", str(api.kubeconfig(tmp_path / "kubeconfig")))
+def backend(kubeconfig):
+    return KubeBackend(None, "default", kubeconfig)
 
 
 def test_rbac_hidden_crd_falls_back_to_discovery(api, backend):
