@@ -333,6 +333,7 @@ def follow_run(storage, name: str, backend, show_logs: bool) -> int:
     logs = LogFollower(storage, name) if show_logs else None
     live_screen = console.is_terminal and not show_logs
     last_state, last_report = None, 0.0
+    seen_events: set[str] = set()
     view = None
     live_ctx = Live(console=console, refresh_per_second=4, transient=False) if live_screen else None
     try:
@@ -351,6 +352,12 @@ def follow_run(storage, name: str, backend, show_logs: bool) -> int:
             if live_ctx:
                 live_ctx.update(render_table(view))
             else:
+                reasons = [f"host {h.get('host')} {h.get('state')}: {h['reason']}"
+                           for h in view["hosts"] if h.get("reason")]
+                for event in [*reasons, *(view.get("events") or [])]:  # why pods wait, once each
+                    if event not in seen_events:
+                        seen_events.add(event)
+                        click.echo(f"xrun: {name} event: {event}", err=True)
                 if view["state"] != last_state:
                     msg = f" ({view['message']})" if view["message"] else ""
                     click.echo(f"xrun: {name} {view['state']}{msg}", err=True)

@@ -49,11 +49,15 @@ def test_submit_follows_a_cluster_run_then_status_list_delete(api, kubeconfig, g
     assert r.returncode == 0, r.stderr
     (post,) = api.requests_to("POST", "/jobsets$")
     assert post.body == rendered
-    assert [ln for ln in r.stderr.splitlines() if ln.startswith("xrun: ct ")] == [
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("xrun: ct ") and " event: " not in ln] == [
         "xrun: ct Pending", "xrun: ct Running", "xrun: ct Restarting (restart 1/3)", "xrun: ct Running",
         "xrun: ct Succeeded (jobset completed successfully)",
     ]
     assert "run ct: Succeeded (jobset completed successfully)" in r.stderr
+    # Why pods were Pending is shown while following, once.
+    pending = [ln for ln in r.stderr.splitlines() if ln.startswith("xrun: ct event: ")]
+    assert len(pending) == len(set(pending)) >= 1
+    assert any("Insufficient google.com/tpu" in ln for ln in pending), pending
     assert "  restarts 1" in r.stderr
     storage = open_storage(root)
     assert yaml.safe_load(storage.read_text(Layout.manifest("ct"))) == rendered
