@@ -1,5 +1,6 @@
 # The workload image: what every pod of an xrun JobSet runs.
-# Build: docker build -t REGISTRY/xrun-workload:TAG .
+# Build: docker build -t REGISTRY/xrun-workload:TAG .                       (TPU)
+#        docker build --build-arg JAX_EXTRA=cuda12 -t REGISTRY/xrun-workload:TAG-gpu .  (GPU)
 # No ENTRYPOINT: the JobSet's container command (the xrun pod wrapper) runs as written.
 FROM python:3.11-slim
 
@@ -14,8 +15,10 @@ COPY workload ./workload
 COPY manifests ./manifests
 COPY orchestrator ./orchestrator
 
-# jax[tpu] pulls the matching libtpu from PyPI; pinned with the workload extra's jax.
-RUN pip install "jax[tpu]==0.10.2" && pip install ".[workload]"
+# jax[tpu] pulls the matching libtpu from PyPI (jax[cuda12] the CUDA wheels); the version
+# is pinned with the workload extra's jax.
+ARG JAX_EXTRA=tpu
+RUN pip install "jax[${JAX_EXTRA}]==0.10.2" && pip install ".[workload]"
 
 RUN useradd --create-home --uid 1000 xrun
 USER xrun
