@@ -15,12 +15,14 @@ has been read ``hold`` times in the phase before, so a poller sees every state.
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime as dt
 import hashlib
 import json
 import re
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -204,11 +206,24 @@ class KubeAPI:
         self.log_sent: list[tuple[str, int, str]] = []  # pod, connection, line
         self.stopping = False
         self._server: _Server | None = None
+        self.ca_pem: bytes | None = None  # set when serving TLS
 
     # --- lifecycle ------------------------------------------------------------------
-    def start(self) -> KubeAPI:
+    def start(self, tls: bool = False) -> KubeAPI:
+        """Serve on 127.0.0.1; ``tls`` serves HTTPS with a fresh self-signed certificate."""
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.api = self
+        if tls:
+            import ssl
+
+            cert_pem, key_pem = _self_signed_cert()
+            self.ca_pem = cert_pem
+            folder = Path(tempfile.mkdtemp(prefix="kube-api-tls-"))
+            (folder / "cert.pem").write_bytes(cert_pem)
+            (folder / "key.pem").write_bytes(key_pem)
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(folder / "cert.pem", folder / "key.pem")
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         threading.Thread(target=self._server.serve_forever, daemon=True, name="kube-api").start()
         return self
 
@@ -223,14 +238,17 @@ class KubeAPI:
     @property
     def url(self) -> str:
         assert self._server
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "https" if self.ca_pem else "http"
+        return f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
 
     def kubeconfig(self, path: Path, context: str = "test-ctx", token: str | None = None,
-                   namespace: str = "default") -> Path:
+                   namespace: str = "default", trust_ca: bool = True) -> Path:
         """A kubeconfig whose context (also the current one) points at this server."""
         cfg = {
             "apiVersion": "v1", "kind": "Config", "current-context": context,
-            "clusters": [{"name": "scripted", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "scripted", "cluster": {"server": self.url, **(
+                {"certificate-authority-data": base64.b64encode(self.ca_pem).decode()}
+                if self.ca_pem and trust_ca else {})}}],
             "users": [{"name": "tester", "user": {"token": token or self.token}}],
             "contexts": [{"name": context, "context": {"cluster": "scripted", "user": "tester",
                                                        "namespace": namespace}}],
@@ -626,3 +644,31 @@ class KubeAPI:
                 self.cond.wait(timeout=0.2)
                 pending = []
         self._end_stream(h)
+
+
+def _self_signed_cert() -> tuple[bytes, bytes]:
+    """A throwaway certificate for 127.0.0.1 (IP SAN), and its key, as PEM."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-api-test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name)
+        .public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                       critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem

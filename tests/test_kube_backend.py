@@ -393,3 +393,27 @@ def test_kube_logs_prints_prefixed_lines_and_one_line_errors(api, kubeconfig, tm
         kube_logs(storage, "pfx", backend, hosts={"0-0"})
     assert info.value.exit_code == 1
     assert info.value.message.startswith("forbidden: RBAC must allow verb 'get' on resource 'pods/log' in namespace 'default'")
+
+
+def test_self_signed_tls_api_server(tmp_path):
+    """The client verifies the server against the kubeconfig's CA; without it, exit 3."""
+    server = KubeAPI().start(tls=True)
+    try:
+        assert server.url.startswith("https://127.0.0.1:")
+        trusted = str(server.kubeconfig(tmp_path / "trusted"))
+        backend = backend_for(trusted)
+        spec = build_spec({"name": "tls", "accelerator": "v6e-8", "image": "i",
+                           "storage": "gs://bkt/x"}, {})
+        manifest = jobset(spec)
+        backend.submit(manifest)
+        (post,) = server.requests_to("POST", "/jobsets$")
+        assert post.body == manifest
+        assert [j["name"] for j in backend.list()] == ["tls"]
+        untrusted = str(server.kubeconfig(tmp_path / "untrusted", trust_ca=False))
+        with pytest.raises(BackendError) as err:
+            backend_for(untrusted).list()
+        assert err.value.exit_code == 3 and "CERTIFICATE_VERIFY_FAILED" in str(err.value)
+        assert "\n" not in str(err.value)
+        assert len(server.requests_to("GET", "/jobsets")) == 1  # the untrusted call never arrived
+    finally:
+        server.stop()
