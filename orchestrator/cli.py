@@ -392,6 +392,16 @@ def follow_run(storage, name: str, backend, show_logs: bool) -> int:
     return EXIT_OK if view["state"] == "Succeeded" else EXIT_FAILED
 
 
+def plain_table(*columns: str):
+    """kubectl-style table: no borders, bold headers."""
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", show_edge=False)
+    for col in columns:
+        table.add_column(col)
+    return table
+
+
 OUTPUT = click.option("-o", "--output", "fmt", type=click.Choice(["table", "json", "yaml"]), default="table", show_default=True)
 
 
@@ -511,7 +521,6 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
       xrun checkpoints mt-07 -o json --sizes
     """
     from rich.console import Console
-    from rich.table import Table
 
     from orchestrator.readers import list_checkpoints
     from orchestrator.screen import _duration
@@ -522,9 +531,7 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
     if fmt != "table":
         click.echo(dump(items, fmt), nl=False)
         return EXIT_OK
-    table = Table(box=None, header_style="bold", show_edge=False)
-    for col in ("STEP", "STATE", "WRITE", "AGE", "SIZE", "PATH"):
-        table.add_column(col)
+    table = plain_table("STEP", "STATE", "WRITE", "AGE", "SIZE", "PATH")
     for c in items:
         size = f"{c['size_bytes'] / 2**20:.1f} MiB" if c["size_bytes"] is not None else "-"
         write = f"{c['write_seconds']:.2f}s" if c["write_seconds"] is not None else "-"
@@ -550,7 +557,6 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str)
     import datetime
 
     from rich.console import Console
-    from rich.table import Table
 
     from orchestrator.backends import BackendError
     from orchestrator.readers import list_runs
@@ -574,9 +580,7 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str)
     if fmt != "table":
         click.echo(dump(runs, fmt), nl=False)
         return EXIT_OK
-    table = Table(box=None, header_style="bold", show_edge=False)
-    for col in ("NAME", "STATE", "BACKEND", "ACCELERATOR", "RESTARTS", "SUBMITTED"):
-        table.add_column(col)
+    table = plain_table("NAME", "STATE", "BACKEND", "ACCELERATOR", "RESTARTS", "SUBMITTED")
     for r in runs:
         ts = r.get("submitted_at")
         when = datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if isinstance(ts, int | float) else str(ts or "-")

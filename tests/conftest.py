@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -14,10 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from orchestrator.backends.local import free_port  # noqa: E402  (after sys.path is set)
 
 
 @pytest.fixture(scope="session")

@@ -13,18 +13,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.backends.local import free_port
 from xrun_contract import Env, Layout
 from xrun_contract.storage import open_storage
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -87,7 +80,7 @@ def launch(run: str, storage: str | Path, log_dir: Path, *, hosts: int = 2, devi
     """Start every host of one attempt; stdout+stderr of host i go to log_dir/<run>-a<attempt>-<i>.log."""
     if cache:
         extra.setdefault(Env.COMPILATION_CACHE, compilation_cache())
-    port = _free_port()
+    port = free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     out = []
     for pid in range(hosts):
