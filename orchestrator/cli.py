@@ -460,6 +460,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...], a
     import time
 
     from orchestrator.readers import LogFollower, host_prefix, is_terminal, parse_duration
+    from xrun_contract import Layout
 
     for h in hosts:
         if not re.fullmatch(r"\d+-\d+", h):
@@ -497,7 +498,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...], a
     try:
         while True:
             status = _live_status(backend, name)
-            state = status.state if status else (st.read_json(f"runs/{name}/state.json") or {}).get("state", "")
+            state = status.state if status else (st.read_json(Layout.state(name)) or {}).get("state", "")
             show(follower.poll())
             if is_terminal(state):
                 show(follower.poll())

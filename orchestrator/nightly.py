@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.spec import FIELDS, RunSpec, SpecError, build_spec, max_name_length
+from orchestrator.spec import FIELDS, RunSpec, SpecError, build_spec, env_values, max_name_length
 
 EXIT_OK, EXIT_REGRESSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -157,13 +157,10 @@ def _str(value: Any, where: str, required: bool = True) -> str:
 def _env(value: Any, where: str) -> dict[str, str]:
     if value is None:
         return {}
-    d = _mapping(value, where)
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict | list) or v is None:
-            raise NightlyError(f"{where}.{k}: must be a string, number or bool")
-        out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
-    return out
+    try:
+        return env_values(_mapping(value, where), where)
+    except SpecError as e:
+        raise NightlyError(str(e)) from None
 
 
 def parse_percent(value: Any, where: str) -> float:

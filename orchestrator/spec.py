@@ -161,6 +161,16 @@ def read_env_file(path: str) -> dict[str, str]:
     return parse_env_pairs(pairs, source=f"--env-file {path}")
 
 
+def env_values(mapping: dict[Any, Any], where: str) -> dict[str, str]:
+    """An env mapping as strings (YAML true -> "true"); nested values are refused."""
+    out = {}
+    for k, v in mapping.items():
+        if isinstance(v, dict | list) or v is None:
+            raise SpecError(f"{where}.{k}: must be a string, number or bool")
+        out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
+    return out
+
+
 def _coerce(name: str, value: Any) -> Any:
     """Type-check one field's value against the dataclass annotation."""
     kind = FIELDS[name].type
@@ -181,12 +191,7 @@ def _coerce(name: str, value: Any) -> Any:
     if kind == "dict[str, str]":
         if not isinstance(value, dict):
             raise SpecError(f"{name}: must be a mapping of NAME: value")
-        out = {}
-        for k, v in value.items():
-            if isinstance(v, dict | list) or v is None:
-                raise SpecError(f"{name}.{k}: must be a string, number or bool")
-            out[str(k)] = str(v).lower() if isinstance(v, bool) else str(v)
-        return out
+        return env_values(value, name)
     if kind == "list[int]":
         if not isinstance(value, list) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value

@@ -210,6 +210,7 @@ class Supervisor:
         self.state = {
             "backend": "local", "state": PENDING, "restarts": 0, "attempt": 0,
             "supervisor_pid": os.getpid(), "hosts": {}, "transitions": [], "message": "",
+            "grace_seconds": self.grace_seconds,  # how long `xrun delete` waits for the stop
         }
 
     # -- state ------------------------------------------------------------------------
@@ -339,7 +340,7 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 
 def _compilation_cache(storage: Storage) -> str | None:
-    """JAX's persistent compilation cache under a local storage root (off with XRUN_NO_CACHE=1)."""
+    """JAX's persistent compilation cache under a local storage root (off with XRUN_LOCAL_COMPILATION_CACHE=0)."""
     if os.environ.get("XRUN_LOCAL_COMPILATION_CACHE", "1") == "0":
         return None
     if storage.root.startswith("gs://"):
@@ -416,7 +417,7 @@ class LocalBackend:
             return False
         os.kill(pid, signal.SIGTERM)
         if wait:
-            deadline = time.monotonic() + float(state.get("grace_seconds", 180))
+            deadline = time.monotonic() + float(state.get("grace_seconds", 180)) + 10
             while _pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
             for h in state.get("hosts", {}).values():  # belt and braces: nothing may outlive it
