@@ -12,7 +12,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from xrun_contract import ATTEMPT_RE, PENDING, TERMINAL_STATES, Layout
@@ -60,11 +60,7 @@ class Progress:
     step_seconds: float | None = None  # median of recent steps
     eta_seconds: float | None = None
     attempt: int = 0
-    first_step_time: float | None = None
-    last_time: float | None = None
-    exit_code: int | None = None
     devices: int | None = None
-    checkpoint_events: list[dict[str, Any]] = field(default_factory=list)
 
 
 def progress(records: list[dict[str, Any]], run_json: dict[str, Any] | None = None) -> Progress:
@@ -82,15 +78,9 @@ def progress(records: list[dict[str, Any]], run_json: dict[str, Any] | None = No
             total = r.get("total_steps") or (r.get("config") or {}).get("steps")
             if isinstance(total, int):
                 p.total_steps = total
-        elif r.get("kind") == "checkpoint":
-            p.checkpoint_events.append(r)
-        elif r.get("kind") == "end":
-            p.exit_code = r.get("exit_code")
     if steps:
         last = steps[-1]
         p.step, p.loss, p.attempt = last.get("step"), last.get("loss"), last.get("attempt", 0)
-        p.first_step_time = steps[0].get("time")
-        p.last_time = last.get("time")
         recent = sorted(s.get("seconds", 0.0) for s in steps[-20:])
         p.step_seconds = recent[len(recent) // 2]
         tok = last.get("tokens_per_s_per_device")
