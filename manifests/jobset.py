@@ -1,42 +1,36 @@
-"""The JobSet for one run: spec in, plain dict out. No I/O, no clients.
+"""The JobSet for one run: spec in, typed objects (``manifests.types``) out. No I/O.
 
-Shaped after JobSet's Go API (jobset.x-k8s.io/v1alpha2): one replicatedJob ``slice`` with
-``replicas`` = slices, each an Indexed Job with one pod per host. Every value comes from the
-RunSpec (where all defaults live) or from the accelerator catalogue; optional fields are
-left out rather than set to None or "" (``check_no_empty`` enforces it).
+One replicatedJob ``slice`` with ``replicas`` = slices, each an Indexed Job with one pod per
+host. Every value comes from the RunSpec (where all defaults live), the accelerator
+catalogue, or a constant below; optional fields are left out (``types.to_dict`` omits
+them), never set to None or "".
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from manifests import types as t
+from manifests.spec import RunSpec
 from xrun_contract import Env
+from xrun_contract.k8s import (
+    JOBSET_API_VERSION,
+    JOBSET_KIND,
+    Annotations,
+    FieldPaths,
+    JobFailureReasons,
+    Labels,
+)
 
-if TYPE_CHECKING:
-    from orchestrator.spec import RunSpec
-
-API_VERSION = "jobset.x-k8s.io/v1alpha2"
-KIND = "JobSet"
 REPLICATED_JOB = "slice"
 CONTAINER = "workload"
-RUN_LABEL = "xrun.dev/run"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
-NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
-TPU_ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
-TPU_TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
-GPU_ACCELERATOR_LABEL = "cloud.google.com/gke-accelerator"
+MANAGED_BY = "xrun"
 TPU_RESOURCE = "google.com/tpu"
 GPU_RESOURCE = "nvidia.com/gpu"
-# Downward API sources (what Kubernetes / JobSet put on every pod).
-COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
-JOB_GLOBAL_INDEX = "metadata.labels['jobset.sigs.k8s.io/job-global-index']"
-RESTART_ATTEMPT = "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"
-POD_NAME = "metadata.name"
-JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-FAIL_ON_USER_ERROR_RULE = "fail-on-user-error"
+# A bug (an exit code outside the restartable set) fails the JobSet for good. The name must
+# match jobset_webhook.go validateFailurePolicy's ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$.
+FAIL_ON_USER_ERROR_RULE = "FailOnUserError"
+SHM_VOLUME = "dshm"
 
 
 def coordinator_host(spec: RunSpec) -> str:
@@ -59,16 +53,16 @@ def k8s_escape(text: str) -> str:
     return text.replace("$", "$$")
 
 
-def _field_env(name: str, field_path: str) -> dict[str, Any]:
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+def _field_env(name: str, field_path: str) -> t.EnvVar:
+    return t.EnvVar(name=name, value_from=t.EnvVarSource(field_ref=t.ObjectFieldSelector(field_path=field_path)))
 
 
-def container_env(spec: RunSpec) -> list[dict[str, Any]]:
+def container_env(spec: RunSpec) -> list[t.EnvVar]:
     """Every env var a pod gets: contract values (static or Downward API), then the user's."""
     shape = spec.shape
     static: dict[str, str] = {
         Env.RUN_NAME: spec.name,
-        Env.STORAGE: spec.storage_root,
+        Env.STORAGE: spec.storage,
         Env.NUM_SLICES: str(spec.slices),
         Env.HOSTS_PER_SLICE: str(spec.hosts_per_slice),
         Env.COORDINATOR_ADDRESS: f"{coordinator_host(spec)}:{spec.coordinator_port}",
@@ -86,154 +80,132 @@ def container_env(spec: RunSpec) -> list[dict[str, Any]]:
         static[Env.COMMIT] = spec.commit
     if spec.branch:
         static[Env.BRANCH] = spec.branch
-    if shape.kind == "tpu" and spec.slices > 1:
+    multislice = shape.kind == "tpu" and spec.slices > 1
+    if multislice:
         static[Env.MEGASCALE_COORDINATOR_ADDRESS] = coordinator_host(spec)
         static[Env.MEGASCALE_NUM_SLICES] = str(spec.slices)
         static[Env.MEGASCALE_PORT] = str(spec.megascale_port)
     env = [
-        _field_env(Env.HOST_INDEX, COMPLETION_INDEX),
-        _field_env(Env.SLICE_INDEX, JOB_GLOBAL_INDEX),
-        _field_env(Env.RESTART_ATTEMPT, RESTART_ATTEMPT),
-        _field_env(Env.POD_NAME, POD_NAME),
+        _field_env(Env.HOST_INDEX, FieldPaths.COMPLETION_INDEX),
+        _field_env(Env.SLICE_INDEX, FieldPaths.JOB_GLOBAL_INDEX),
+        _field_env(Env.RESTART_ATTEMPT, FieldPaths.RESTART_ATTEMPT),
+        _field_env(Env.POD_NAME, FieldPaths.POD_NAME),
     ]
-    if shape.kind == "tpu" and spec.slices > 1:
-        env.append(_field_env(Env.MEGASCALE_SLICE_ID, JOB_GLOBAL_INDEX))
-    env += [{"name": k, "value": k8s_escape(v)} for k, v in static.items()]
+    if multislice:
+        env.append(_field_env(Env.MEGASCALE_SLICE_ID, FieldPaths.JOB_GLOBAL_INDEX))
+    env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in static.items()]
     # An empty value is expressed by leaving "value" out (Kubernetes reads it as "").
-    env += [{"name": k, "value": k8s_escape(v)} if v else {"name": k} for k, v in spec.env.items()]
+    env += [t.EnvVar(name=k, value=k8s_escape(v) if v else None) for k, v in spec.env.items()]
     return env
 
 
-def pod_failure_policy(spec: RunSpec) -> dict[str, Any]:
+def pod_failure_policy(spec: RunSpec) -> t.PodFailurePolicy:
     """Exit codes outside the restartable set fail the Job for good (reason PodFailurePolicy),
     which the JobSet rule below turns into FailJobSet; restartable codes fail the Job the
     ordinary way (backoffLimit 0) and JobSet restarts the whole set."""
-    return {
-        "rules": [
-            {
-                "action": "FailJob",
-                "onExitCodes": {
-                    "containerName": CONTAINER,
-                    "operator": "NotIn",
-                    "values": sorted(spec.restartable_exit_codes),
-                },
-            }
-        ]
-    }
+    return t.PodFailurePolicy(rules=[t.PodFailurePolicyRule(
+        action="FailJob",
+        on_exit_codes=t.PodFailurePolicyOnExitCodesRequirement(
+            container_name=CONTAINER, operator="NotIn", values=sorted(spec.restartable_exit_codes)),
+    )])
 
 
-def pod_spec(spec: RunSpec) -> dict[str, Any]:
+def _accelerator_resources(resource: str, count: int) -> t.ResourceRequirements:
+    return t.ResourceRequirements(requests={resource: str(count)}, limits={resource: str(count)})
+
+
+def pod_spec(spec: RunSpec) -> t.PodSpec:
     shape = spec.shape
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": spec.image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": wrapper_argv(spec.command),
-        "env": container_env(spec),
-        "ports": [{"name": "coordinator", "containerPort": spec.coordinator_port}],
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-    }
-    pod: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "terminationGracePeriodSeconds": spec.termination_grace_seconds,
-        "containers": [container],
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
-    }
+    container = t.Container(
+        name=CONTAINER,
+        image=spec.image,
+        image_pull_policy="IfNotPresent",
+        command=wrapper_argv(spec.command),
+        env=container_env(spec),
+        ports=[t.ContainerPort(name="coordinator", container_port=spec.coordinator_port)],
+        volume_mounts=[t.VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")],
+    )
+    pod = t.PodSpec(
+        containers=[container],
+        restart_policy="Never",
+        termination_grace_period_seconds=spec.termination_grace_seconds,
+        volumes=[t.Volume(name=SHM_VOLUME, empty_dir=t.EmptyDirVolumeSource(medium="Memory"))],
+    )
     if shape.kind == "tpu":
-        chips = str(shape.devices_per_vm)
-        container["resources"] = {
-            "requests": {TPU_RESOURCE: chips},
-            "limits": {TPU_RESOURCE: chips},
-        }
-        pod["nodeSelector"] = {
-            TPU_ACCELERATOR_LABEL: shape.gke_accelerator,
-            TPU_TOPOLOGY_LABEL: shape.topology,
-        }
-        pod["tolerations"] = [
-            {"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-        ]
+        container.resources = _accelerator_resources(TPU_RESOURCE, shape.devices_per_vm)
+        pod.node_selector = {Labels.TPU_ACCELERATOR: shape.gke_accelerator,
+                             Labels.TPU_TOPOLOGY: shape.topology}
+        pod.tolerations = [t.Toleration(key=TPU_RESOURCE, operator="Exists", effect="NoSchedule")]
         if spec.slices > 1:
-            container["ports"].append({"name": "megascale", "containerPort": spec.megascale_port})
+            container.ports.append(t.ContainerPort(name="megascale", container_port=spec.megascale_port))
     elif shape.kind == "gpu":
-        gpus = str(shape.devices_per_vm)
-        container["resources"] = {
-            "requests": {GPU_RESOURCE: gpus},
-            "limits": {GPU_RESOURCE: gpus},
-        }
-        pod["nodeSelector"] = {GPU_ACCELERATOR_LABEL: shape.gke_accelerator}
-        pod["tolerations"] = [
-            {"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}
-        ]
+        container.resources = _accelerator_resources(GPU_RESOURCE, shape.devices_per_vm)
+        pod.node_selector = {Labels.GPU_ACCELERATOR: shape.gke_accelerator}
+        pod.tolerations = [t.Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")]
     if shape.kind in ("tpu", "gpu"):
-        pod["hostNetwork"] = True
-        pod["dnsPolicy"] = "ClusterFirstWithHostNet"
+        pod.host_network = True
+        pod.dns_policy = "ClusterFirstWithHostNet"
     if spec.service_account:
-        pod["serviceAccountName"] = spec.service_account
+        pod.service_account_name = spec.service_account
     if spec.priority_class:
-        pod["priorityClassName"] = spec.priority_class
+        pod.priority_class_name = spec.priority_class
     if spec.privileged:
-        container["securityContext"] = {"privileged": True}
+        container.security_context = t.SecurityContext(privileged=True)
     return pod
 
 
 def labels(spec: RunSpec) -> dict[str, str]:
-    out = {RUN_LABEL: spec.name, MANAGED_BY_LABEL: "xrun"}
+    out = {Labels.RUN: spec.name, Labels.MANAGED_BY: MANAGED_BY}
     if spec.queue:
-        out[QUEUE_LABEL] = spec.queue
+        out[Labels.QUEUE_NAME] = spec.queue
     if spec.kueue_priority:
-        out[KUEUE_PRIORITY_LABEL] = spec.kueue_priority
+        out[Labels.KUEUE_PRIORITY] = spec.kueue_priority
     return out
 
 
-def jobset(spec: RunSpec) -> dict[str, Any]:
-    """The whole JobSet object for ``spec``."""
+def build(spec: RunSpec) -> t.JobSet:
+    """The typed JobSet for ``spec``."""
     shape = spec.shape
     hosts = spec.hosts_per_slice
-    metadata: dict[str, Any] = {
-        "name": spec.name,
-        "namespace": spec.namespace,
-        "labels": labels(spec),
-    }
+    metadata = t.ObjectMeta(name=spec.name, namespace=spec.namespace, labels=labels(spec))
     if shape.kind == "tpu":
-        metadata["annotations"] = {EXCLUSIVE_TOPOLOGY: NODEPOOL_LABEL}
-    job_template = {
-        "metadata": {"labels": {RUN_LABEL: spec.name}},
-        "spec": {
-            "parallelism": hosts,
-            "completions": hosts,
-            "completionMode": "Indexed",
-            "backoffLimit": 0,
-            "podFailurePolicy": pod_failure_policy(spec),
-            "template": {
-                "metadata": {"labels": {RUN_LABEL: spec.name}},
-                "spec": pod_spec(spec),
-            },
-        },
-    }
-    obj = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": metadata,
-        "spec": {
-            "failurePolicy": {
-                "maxRestarts": spec.max_restarts,
-                "rules": [
-                    {
-                        "name": FAIL_ON_USER_ERROR_RULE,
-                        "action": "FailJobSet",
-                        "onJobFailureReasons": ["PodFailurePolicy"],
-                    }
-                ],
-            },
-            "successPolicy": {"operator": "All", "targetReplicatedJobs": [REPLICATED_JOB]},
-            "network": {"enableDNSHostnames": True, "subdomain": spec.name},
-            "coordinator": {"replicatedJob": REPLICATED_JOB, "jobIndex": 0, "podIndex": 0},
-            "ttlSecondsAfterFinished": spec.ttl_seconds_after_finished,
-            "replicatedJobs": [
-                {"name": REPLICATED_JOB, "replicas": spec.slices, "template": job_template}
-            ],
-        },
-    }
+        metadata.annotations = {Annotations.EXCLUSIVE_TOPOLOGY: Labels.NODEPOOL}
+    run_label = {Labels.RUN: spec.name}
+    job = t.JobTemplateSpec(
+        metadata=t.ObjectMeta(labels=dict(run_label)),
+        spec=t.JobSpec(
+            parallelism=hosts,
+            completions=hosts,
+            completion_mode="Indexed",
+            backoff_limit=0,
+            pod_failure_policy=pod_failure_policy(spec),
+            template=t.PodTemplateSpec(metadata=t.ObjectMeta(labels=dict(run_label)),
+                                       spec=pod_spec(spec)),
+        ),
+    )
+    return t.JobSet(
+        api_version=JOBSET_API_VERSION,
+        kind=JOBSET_KIND,
+        metadata=metadata,
+        spec=t.JobSetSpec(
+            failure_policy=t.FailurePolicy(
+                max_restarts=spec.max_restarts,
+                rules=[t.FailurePolicyRule(
+                    name=FAIL_ON_USER_ERROR_RULE, action="FailJobSet",
+                    on_job_failure_reasons=[JobFailureReasons.POD_FAILURE_POLICY])],
+            ),
+            success_policy=t.SuccessPolicy(operator="All", target_replicated_jobs=[REPLICATED_JOB]),
+            network=t.Network(enable_dns_hostnames=True, subdomain=spec.name),
+            coordinator=t.Coordinator(replicated_job=REPLICATED_JOB, job_index=0, pod_index=0),
+            ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
+            replicated_jobs=[t.ReplicatedJob(name=REPLICATED_JOB, replicas=spec.slices, template=job)],
+        ),
+    )
+
+
+def jobset(spec: RunSpec) -> dict[str, Any]:
+    """The whole JobSet object for ``spec``, in its wire form."""
+    obj = t.to_dict(build(spec))
     check_no_empty(obj)
     return obj
 

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from http_counter import CountingProxy
 
-from orchestrator.readers import list_checkpoints
+from orchestrator.readers.checkpoints import list_checkpoints
 from xrun_contract.storage import open_storage
 
 STEPS = 1000

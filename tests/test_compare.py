@@ -8,10 +8,10 @@ import random
 
 import pytest
 from cli_helpers import xrun
+from orchestrator.analysis.compare import compare
+from orchestrator.analysis.stats import mann_whitney_u, mean_diff_test, median_ci
+from orchestrator.readers.loaders import load_run
 from synthetic_runs import RunShape, write_log, write_stored_run
-
-from orchestrator.compare import compare, mann_whitney_u, mean_diff_test, median_ci
-from orchestrator.runlog import load_run
 
 ROW_NAMES = ["Parameters", "Final loss", "TFLOP/s", "Tok/s", "Avg s/step", "Memory %", "JAX",
              "Steady-state s/step (median)", "Step time spread (IQR)", "Checkpoint stall total",
@@ -240,7 +240,7 @@ def test_cli_bad_runs_exit_2_and_write_nothing(tmp_path):
 
 
 def test_parameter_counts_compare_at_the_log_lines_precision(tmp_path):
-    from orchestrator.runlog import format_params
+    from orchestrator.readers.record import format_params
 
     root = tmp_path / "root"
     write_stored_run(root, "exact", RunShape(params_billions=0.8531))  # 853,100,000 from metrics

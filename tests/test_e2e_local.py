@@ -14,12 +14,13 @@ EXAMPLE = REPO / "examples" / "local-tiny.yaml"
 
 
 def metrics(root, name):
-    from orchestrator.readers import MetricsReader
-    from xrun_contract.storage import open_storage
+    import json
 
-    r = MetricsReader(open_storage(str(root)), name)
-    r.poll()
-    return r.records
+    from xrun_contract import Layout
+    from xrun_contract.storage import open_storage, read_chunks
+
+    return [json.loads(line) for _key, data in read_chunks(open_storage(str(root)), Layout.metrics(name))
+            for line in data.decode().splitlines() if line.strip()]
 
 
 def step_losses(records):

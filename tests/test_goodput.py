@@ -7,10 +7,10 @@ import json
 
 import pytest
 from cli_helpers import xrun
+from orchestrator.analysis.goodput import CATEGORIES, format_goodput, goodput
+from orchestrator.readers.loaders import load_run, read_stored_run
+from xrun_contract.storage import open_storage
 from synthetic_runs import RunShape, write_log, write_stored_run
-
-from orchestrator.goodput import CATEGORIES, format_goodput, goodput, goodput_from_records
-from orchestrator.runlog import load_run
 
 SHAPE = RunShape(steps=40, ckpt_every=10, stall_s=1.5, compile_s=4.0, seed=11)
 
@@ -43,11 +43,8 @@ def test_breakdown_of_a_run_with_a_restart(tmp_path):
 def test_status_entry_point_matches_and_xrun_status_shows_it(tmp_path):
     root = tmp_path / "root"
     run_dir = write_stored_run(root, "st", SHAPE, submitted_at=2_000_000.0)
-    records = [json.loads(line) for p in sorted((run_dir / "metrics").iterdir())
-               for line in p.read_text().splitlines()]
-    run = json.loads((run_dir / "run.json").read_text())
-    state = json.loads((run_dir / "state.json").read_text())
-    gp = goodput_from_records(records, run, state)
+    assert (run_dir / "metrics").is_dir()
+    gp = goodput(read_stored_run(open_storage(str(root)), "st"))  # what status reads
     assert gp["categories"] == goodput(load_run("st", str(root)))["categories"]
     r = xrun("status", "st", "-o", "json", storage=root)
     assert r.returncode == 0, r.stderr

@@ -11,11 +11,11 @@ import time
 
 import pytest
 from kube_api import KubeAPI, make_pod, status
+from manifests.spec import build_spec
 
 from manifests.jobset import jobset
-from orchestrator.backends import BackendError
-from orchestrator.backends.kube import KubeBackend
-from orchestrator.spec import build_spec
+from orchestrator.backends.kube.backend import KubeBackend
+from xrun_contract.errors import XrunError as BackendError
 
 FORBIDDEN = ('jobsets.jobset.x-k8s.io is forbidden: User "dev@example.com" cannot create resource '
              '"jobsets" in API group "jobset.x-k8s.io" in the namespace "default"')
@@ -100,9 +100,11 @@ def test_submit_sends_the_rendered_body_and_status_walks_the_states(api, kubecon
 
 def test_the_status_screen_is_the_local_one(api, kubeconfig, tmp_path):
     """The live view of a cluster run renders through orchestrator.screen like a local run."""
+    from orchestrator.cli.screen import render_table
+    from orchestrator.readers.loaders import read_stored_run
+    from orchestrator.readers.view import run_view
     from rich.console import Console
 
-    from orchestrator.screen import render_table, run_view
     from xrun_contract import Layout
     from xrun_contract.storage import open_storage
 
@@ -112,7 +114,7 @@ def test_the_status_screen_is_the_local_one(api, kubeconfig, tmp_path):
     api.set_pods("screen", 1, "Pending", waiting="ErrImagePull")
     storage = open_storage(str(tmp_path / "store"))
     storage.write_json(Layout.run_json("screen"), {"name": "screen", "backend": "kube", "spec": {"accelerator": "v6e-8"}})
-    view = run_view(storage, "screen", backend.status("screen"))
+    view = run_view(storage, read_stored_run(storage, "screen"), backend.status("screen"))
     console = Console(record=True, width=200)
     console.print(render_table(view))
     text = console.export_text()
@@ -344,7 +346,8 @@ def test_logs_without_follow_read_each_pod_once(api, kubeconfig):
 
 
 def test_cluster_logs_take_attempts_without_pods_from_storage(api, kubeconfig, tmp_path):
-    from orchestrator.cli_kube import kube_log_lines
+    from orchestrator.services.logs import log_lines as kube_log_lines
+
     from xrun_contract import Layout
     from xrun_contract.storage import open_storage
 
@@ -372,13 +375,21 @@ def test_cluster_logs_take_attempts_without_pods_from_storage(api, kubeconfig, t
     assert list(kube_log_lines(storage, "mixed", backend, tail=1, hosts={"0-0"})) == [("0-0", 1, "0-0 second try")]
 
 
-def test_kube_logs_prints_prefixed_lines_and_one_line_errors(api, kubeconfig, tmp_path, capsys):
-    import click
+def test_kube_logs_prints_prefixed_lines_and_one_line_errors(api, kubeconfig, tmp_path, capsys, monkeypatch):
+    from orchestrator.cli import main
 
-    from orchestrator.cli_kube import kube_logs
+    from xrun_contract import Layout
     from xrun_contract.storage import open_storage
 
     storage = open_storage(str(tmp_path / "store"))
+    storage.write_json(Layout.run_json("pfx"), {"name": "pfx", "backend": "kube", "context": "test-ctx",
+                                                "namespace": "default"})
+    monkeypatch.setenv("KUBECONFIG", kubeconfig)
+
+    def kube_logs(storage, name, backend, hosts, prefix=True):
+        host_args = [a for h in hosts for a in ("--host", h)]
+        return main(["logs", name, "--storage", storage.root, *host_args, *([] if prefix else ["--no-prefix"])])
+
     backend = backend_for(kubeconfig)
     backend.submit(manifest("pfx"))
     api.set_jobset_status("pfx", restarts=2)
@@ -389,10 +400,10 @@ def test_kube_logs_prints_prefixed_lines_and_one_line_errors(api, kubeconfig, tm
     assert kube_logs(storage, "pfx", backend, hosts={"0-0"}, prefix=False) == 0
     assert capsys.readouterr().out == "step 7\n"
     api.fail("GET", f"/pods/{q00}/log$", 403, status(403, "Forbidden", 'pods "x" is forbidden: cannot get resource "pods/log"'))
-    with pytest.raises(click.ClickException) as info:
-        kube_logs(storage, "pfx", backend, hosts={"0-0"})
-    assert info.value.exit_code == 1
-    assert info.value.message.startswith("forbidden: RBAC must allow verb 'get' on resource 'pods/log' in namespace 'default'")
+    assert kube_logs(storage, "pfx", backend, hosts={"0-0"}) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("xrun: error: forbidden: RBAC must allow verb 'get' on resource 'pods/log' in namespace 'default'")
+    assert err.count("\n") == 1
 
 
 def test_self_signed_tls_api_server(tmp_path):

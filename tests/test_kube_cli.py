@@ -12,7 +12,7 @@ import yaml
 from cli_helpers import xrun
 from kube_api import KubeAPI, make_pod, status
 
-from orchestrator.backends.kube import KubeBackend
+from orchestrator.backends.kube.backend import KubeBackend
 from xrun_contract import Layout
 from xrun_contract.storage import open_storage
 

@@ -6,8 +6,8 @@ import pytest
 from kube_api import status
 
 from manifests.catalogue import lookup
-from orchestrator import doctor
-from orchestrator.backends.kube import KubeBackend
+from orchestrator.backends.kube.backend import KubeBackend
+from orchestrator.services import doctor
 
 
 @pytest.fixture

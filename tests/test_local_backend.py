@@ -13,10 +13,10 @@ import time
 import pytest
 import yaml
 from cli_helpers import pid_alive, xrun, xrun_popen
+from manifests.spec import build_spec
 
-from orchestrator.backends import BackendError
-from orchestrator.backends.local import plan_pods
-from orchestrator.spec import build_spec
+from orchestrator.backends.local.supervisor import plan_pods
+from xrun_contract.errors import XrunError as BackendError
 
 BASE = ["--accelerator", "cpu-2", "--image", "local", "--max-restarts", "2"]
 
@@ -157,7 +157,7 @@ def test_interrupt_when_not_interactive_detaches(tmp_path):
 
 
 def test_wrong_manifest_fails_locally_as_on_a_cluster():
-    spec = build_spec({"name": "w", "accelerator": "cpu-2", "image": "i"}, {})
+    spec = build_spec({"name": "w", "accelerator": "cpu-2", "image": "i"}, {}, storage_default="/tmp/x")
     from manifests.jobset import jobset
 
     manifest = jobset(spec)
@@ -169,7 +169,8 @@ def test_wrong_manifest_fails_locally_as_on_a_cluster():
 
 def test_plan_pods_resolves_env_like_kubernetes():
     spec = build_spec({"name": "p", "accelerator": "v6e-16", "num_slices": 2, "image": "i",
-                       "env": {"A": "x$(XRUN_RUN_NAME)", "B": "$$(XRUN_RUN_NAME)"}}, {})
+                       "env": {"A": "x$(XRUN_RUN_NAME)", "B": "$$(XRUN_RUN_NAME)"}}, {},
+                      storage_default="/tmp/x")
     from manifests.jobset import jobset
 
     manifest = jobset(spec)

@@ -10,11 +10,11 @@ import sys
 import pytest
 import yaml
 from manifest_schemas import validate_jobset
+from manifests.spec import RunSpec, build_spec, max_name_length
 
 from manifests import catalogue
 from manifests.jobset import check_no_empty, jobset
 from orchestrator.cli import main
-from orchestrator.spec import RunSpec, build_spec, max_name_length
 
 SHAPES = sorted(catalogue.shapes()) + ["cpu-1", "cpu-2", "cpu-4"]
 
@@ -29,7 +29,7 @@ def spec_for(shape: str, count: int, **extra) -> RunSpec:
     values.update(extra)
     if kind == "gpu" or kind == "tpu":
         values.setdefault("storage", "gs://bucket/runs")
-    return build_spec(values, {})
+    return build_spec(values, {}, storage_default="/tmp/xrun-test-storage")
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -217,8 +217,9 @@ HARMFUL = "echo 'single' \"double\" $HOME ${X} $(echo sub) `echo tick`; echo a\\
 def test_command_reaches_child_unchanged(tmp_path):
     """The wrapper receives the command as one argv element; after Kubernetes' $-expansion
     (which the local backend reproduces) sh sees exactly the user's text."""
+    from orchestrator.backends.local.k8s_env import expand
+
     from manifests.jobset import wrapper_argv
-    from orchestrator.k8s_env import expand
 
     argv = [expand(a, {}) for a in wrapper_argv(HARMFUL)]
     assert argv[-1] == HARMFUL

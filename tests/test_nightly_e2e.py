@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_helpers import xrun
-
-from orchestrator.runlog import load_run
+from orchestrator.readers.loaders import load_run
 
 STEPS = 24
 DELAY = 0.05  # seconds added to every step of every branch ...

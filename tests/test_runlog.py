@@ -11,17 +11,13 @@ import time
 import tracemalloc
 
 import pytest
+from orchestrator.readers.loaders import load_run, read_log_file
+from orchestrator.readers.logparse import MAX_PENDING, LogParser
+from orchestrator.readers.record import StepSeries
 from synthetic_runs import RunShape, glue, log_lines, write_log, write_stored_run
 
-from orchestrator.runlog import (
-    MAX_PENDING,
-    LogParser,
-    RunLogError,
-    StepSeries,
-    load_run,
-    read_log_file,
-)
 from xrun_contract import STEP_LINE, Layout
+from xrun_contract.errors import XrunError as RunLogError
 
 SHAPE = RunShape(steps=40, ckpt_every=10, stall_s=2.5, wait_previous_s=0.75, commit="0123456789abcdef",
                  process_id=0, memory_pct=2.528, seed=7)

@@ -23,6 +23,7 @@ from xrun_contract import (
     PARAMS_LINE,
     STEP_LINE,
     Layout,
+    records,
 )
 from xrun_contract.storage import ChunkWriter, Storage
 
@@ -57,59 +58,61 @@ class Metrics:
             self.writer = ChunkWriter(
                 storage, lambda seq: Layout.metrics_chunk(run, attempt, seq), interval, start)
 
-    def record(self, kind: str, **fields: Any) -> None:
+    def record(self, rec: records.Record) -> None:
         if self.writer is not None:
-            import json
-
-            rec = {"kind": kind, "time": time.time(), "attempt": self.attempt, **fields}
-            self.writer.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
+            rec.time, rec.attempt = time.time(), self.attempt
+            self.writer.write(records.to_json(rec) + "\n")
 
     def header(self, versions: dict[str, str], config: dict[str, Any]) -> None:
         for key, value in versions.items():
             say(HEADER_LINE.format(key=key, value=value))
         if self.primary:
-            self.record("header", versions=versions, config=config,
-                        total_steps=config.get("steps"))
+            self.record(records.Header(versions=versions, config=config,
+                                       total_steps=config.get("steps")))
 
     def params(self, count: int) -> None:
         if self.primary:
             say(PARAMS_LINE.format(billions=count / 1e9))
-            self.record("params", params=count)
+            self.record(records.Params(params=count))
 
     def flops(self, tflops_per_step: float, learnable_pct: float, attention_pct: float,
               tflops_per_device: float) -> None:
         if self.primary:
             say(FLOPS_LINE.format(total=tflops_per_device, learnable_pct=learnable_pct,
                                   attention_pct=attention_pct))
-            self.record("flops", tflops_per_step=tflops_per_step, learnable_pct=learnable_pct,
-                        attention_pct=attention_pct, tflops_per_device=tflops_per_device)
+            self.record(records.Flops(tflops_per_step=tflops_per_step, learnable_pct=learnable_pct,
+                                      attention_pct=attention_pct,
+                                      tflops_per_device=tflops_per_device))
 
     def memory(self, used_gb: float, total_gb: float, device: str) -> None:
         if self.primary:
             pct = 100.0 * used_gb / total_gb if total_gb else 0.0
             say(MEMORY_LINE.format(used=used_gb, total=total_gb, pct=pct, device=device))
-            self.record("memory", used_gb=used_gb, total_gb=total_gb, pct=pct, device=device)
+            self.record(records.Memory(used_gb=used_gb, total_gb=total_gb, pct=pct, device=device))
 
     def step(self, step: int, seconds: float, tflops_per_device: float, tokens_per_s_per_device: float,
-             total_weights: int, loss: float, checkpoint_blocked_s: float, **extra: Any) -> None:
+             total_weights: int, loss: float, checkpoint_blocked_s: float,
+             grad_norm: float | None = None, learning_rate: float | None = None) -> None:
         """``tflops_per_device`` is the rate, TFLOP/s per device, as in the step line."""
         if self.primary:
             say(STEP_LINE.format(step=step, seconds=seconds, tflops=tflops_per_device,
                                  tokens=tokens_per_s_per_device, total_weights=total_weights,
                                  loss=loss))
-            self.record("step", step=step, seconds=seconds, tflops_per_device=tflops_per_device,
-                        tokens_per_s_per_device=tokens_per_s_per_device,
-                        total_weights=total_weights, loss=loss,
-                        checkpoint_blocked_s=checkpoint_blocked_s, **extra)
+            self.record(records.Step(
+                step=step, seconds=seconds, tflops_per_device=tflops_per_device,
+                tokens_per_s_per_device=tokens_per_s_per_device, total_weights=total_weights,
+                loss=loss, checkpoint_blocked_s=checkpoint_blocked_s, grad_norm=grad_norm,
+                learning_rate=learning_rate))
 
     def checkpoint(self, event: str, step: int, seconds: float | None = None) -> None:
         if self.primary:
             say(CHECKPOINT_LINES[event].format(step=step, seconds=seconds or 0.0))
-            self.record("checkpoint", step=step, event=event, seconds=seconds)
+            self.record(records.Checkpoint(step=step, event=event, seconds=seconds))
 
-    def end(self, exit_code: int, reason: str, **extra: Any) -> None:
+    def end(self, exit_code: int, reason: str, data_bytes_read: int | None = None) -> None:
         if self.primary:
-            self.record("end", exit_code=exit_code, reason=reason, **extra)
+            self.record(records.End(exit_code=exit_code, reason=reason,
+                                    data_bytes_read=data_bytes_read))
 
     def close(self) -> None:
         if self.writer is not None:

@@ -9,7 +9,6 @@ kubernetes (the storage helpers in ``xrun_contract.storage`` need only the GCS c
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 XRUN_VERSION = "0.1.0"
 
@@ -188,39 +187,28 @@ CKPT_RESTORED_RE = re.compile(r"checkpoint restored: step (?P<step>\d+)")
 # Lines of the pod wrapper that runs the user's command.
 WRAPPER_START_LINE = "xrun-wrapper: start host={host} attempt={attempt} argv={argv}"  # argv as JSON: one line
 WRAPPER_END_LINE = "xrun-wrapper: end host={host} exit_code={code} seconds={seconds:.3f}"
+WRAPPER_START_RE = re.compile(r"xrun-wrapper: start host=(?P<host>\S+) attempt=(?P<attempt>\d+)")
+WRAPPER_END_RE = re.compile(
+    r"xrun-wrapper: end host=(?P<host>\S+) exit_code=(?P<code>-?\d+) seconds=(?P<seconds>[\d.]+)"
+)
 EXIT_CODE_LINE = "EXIT_CODE={code}"
 EXIT_CODE_RE = re.compile(r"^EXIT_CODE=(?P<code>-?\d+)\s*$")
 
 
 # ---------------------------------------------------------------------------------------
-# Metrics records: JSON lines under runs/<name>/metrics/, written by process 0.
-# Every record has "kind", "time" (unix seconds) and "attempt"; the kinds and their keys:
+# Metrics records: JSON lines under runs/<name>/metrics/, written by process 0. One typed
+# record per kind, shared by the writer and the readers: see xrun_contract.records.
 
-METRIC_KINDS = {
-    "header": ("versions",),  # dict of HEADER_KEYS -> str
-    "params": ("params",),  # int, total parameter count
-    "flops": ("tflops_per_step", "learnable_pct", "attention_pct", "tflops_per_device"),
-    "memory": ("used_gb", "total_gb", "pct", "device"),
-    "step": (
-        "step", "seconds", "tflops_per_device", "tokens_per_s_per_device", "total_weights",
-        "loss", "checkpoint_blocked_s",
-    ),
-    "checkpoint": ("step", "event", "seconds"),  # event: started|blocked|waited|committed|restored
-    "end": ("exit_code", "reason"),
-}
+from xrun_contract import records as records  # noqa: E402  (the typed records, re-exported)
+
+METRIC_KINDS = tuple(records.KINDS)
+
+# How `xrun logs` prefixes a host's line: "[0-1] ..." (attempt 0) or "[0-1 #2] ...".
+HOST_PREFIX_RE = re.compile(r"\[(?P<host>\d+-\d+)(?: #(?P<attempt>\d+))?\] ")
 
 
-@dataclass(frozen=True)
-class StepRecord:
-    """One training step as the nightly compare reads it (from JSONL or a parsed log line)."""
-
-    step: int
-    seconds: float
-    tflops_per_device: float
-    tokens_per_s_per_device: float
-    total_weights: int
-    loss: float
-    checkpoint_blocked_s: float = 0.0
+def host_prefix(host: str, attempt: int) -> str:
+    return f"[{host}]" if attempt == 0 else f"[{host} #{attempt}]"
 
 
 # ---------------------------------------------------------------------------------------
@@ -230,3 +218,8 @@ PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, DELETED = (
     "Pending", "Running", "Restarting", "Succeeded", "Failed", "Deleted",
 )
 TERMINAL_STATES = (SUCCEEDED, FAILED, DELETED)
+RUN_STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, DELETED)
+
+
+def is_terminal(state: str) -> bool:
+    return state in TERMINAL_STATES

@@ -6,8 +6,8 @@ attempt took beyond a steady step), checkpoint saves that blocked training, rest
 the last step of a failed attempt to the first step of the next) and the steps they redid.
 ``other`` is what no record explains (teardown after the last step, gaps between steps).
 
-Inputs are a parsed :class:`~orchestrator.runlog.RunRecord` (metrics JSONL, logs, run.json)
-and state.json's transitions; ``goodput_from_records`` is the entry point of ``xrun status``.
+Input is the one :class:`~orchestrator.readers.record.RunRecord` a run reads back as (metrics
+JSONL, logs, run.json and state.json's transitions).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import math
 import statistics
 from typing import Any
 
-from orchestrator.runlog import RunRecord, apply_metric, apply_run_json, apply_state
+from orchestrator.readers.record import RunRecord
 
 CATEGORIES = ("startup", "compilation", "productive", "checkpoint", "restarts", "redone_steps", "other")
 DEFAULT_WARMUP = 3
@@ -166,17 +166,6 @@ def _end(rec: RunRecord, transitions: list[dict[str, Any]], per_attempt: dict[in
         return rec.log_last_time
     ends = [a["end"] for a in per_attempt.values() if math.isfinite(a["end"])]
     return max(ends) if ends else None
-
-
-def goodput_from_records(records: list[dict[str, Any]], run: dict[str, Any] | None,
-                         state: dict[str, Any] | None) -> dict[str, Any]:
-    """``xrun status``: goodput from metrics records, run.json and state.json as read."""
-    rec = RunRecord(kind="storage")
-    apply_run_json(rec, run or {})
-    for r in records:
-        apply_metric(rec, r)
-    apply_state(rec, state or {})
-    return goodput(rec)
 
 
 def format_goodput(gp: dict[str, Any]) -> str:

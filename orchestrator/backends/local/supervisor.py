@@ -1,4 +1,4 @@
-"""The embedded default: run a rendered JobSet as host processes on this machine.
+"""The embedded default's supervisor: run a rendered JobSet as host processes.
 
 A detached supervisor process (``python -m orchestrator.backends.local supervise ROOT NAME``)
 reads ``manifest.yaml`` from the storage root and, for each slice x host, starts the
@@ -32,8 +32,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.backends import BackendError, BackendStatus, HostStatus
-from orchestrator.k8s_env import expand
+from orchestrator.backends.local.k8s_env import expand
 from xrun_contract import (
     DELETED,
     FAILED,
@@ -46,6 +45,8 @@ from xrun_contract import (
     Layout,
     host_id,
 )
+from xrun_contract.errors import EXIT_FAILED, XrunError, exit_code_of_returncode
+from xrun_contract.k8s import Annotations, JobFailureReasons, Labels
 from xrun_contract.storage import Storage, open_storage
 
 POLL_SECONDS = 0.2
@@ -87,9 +88,9 @@ def _field_value(path: str, meta: dict[str, Any]) -> str:
         if path.startswith(prefix) and path.endswith("']"):
             key = path[len(prefix):-2]
             if key not in meta[kind]:
-                raise BackendError(f"manifest: fieldRef {path} names a {kind[:-1]} the pod will not have")
+                raise XrunError(f"manifest: fieldRef {path} names a {kind[:-1]} the pod will not have", EXIT_FAILED)
             return meta[kind][key]
-    raise BackendError(f"manifest: unsupported fieldRef {path}")
+    raise XrunError(f"manifest: unsupported fieldRef {path}", EXIT_FAILED)
 
 
 def _resolve_env(container: dict[str, Any], meta: dict[str, Any]) -> dict[str, str]:
@@ -98,7 +99,7 @@ def _resolve_env(container: dict[str, Any], meta: dict[str, Any]) -> dict[str, s
         if "valueFrom" in item:
             ref = item["valueFrom"].get("fieldRef")
             if not ref:
-                raise BackendError(f"manifest: env {item['name']}: only fieldRef is supported locally")
+                raise XrunError(f"manifest: env {item['name']}: only fieldRef is supported locally", EXIT_FAILED)
             env[item["name"]] = _field_value(ref["fieldPath"], meta)
         else:
             env[item["name"]] = expand(item.get("value", ""), env)
@@ -126,23 +127,23 @@ def plan_pods(manifest: dict[str, Any], attempt: int, port: int) -> list[Pod]:
                     "namespace": namespace,
                     "labels": {
                         **pod_template.get("metadata", {}).get("labels", {}),
-                        "jobset.sigs.k8s.io/jobset-name": name,
-                        "jobset.sigs.k8s.io/replicatedjob-name": rj["name"],
-                        "jobset.sigs.k8s.io/job-index": str(job_index),
-                        "jobset.sigs.k8s.io/job-global-index": str(global_index),
-                        "jobset.sigs.k8s.io/restart-attempt": str(attempt),
-                        "batch.kubernetes.io/job-completion-index": str(completion_index),
+                        Labels.JOBSET_NAME: name,
+                        Labels.REPLICATED_JOB_NAME: rj["name"],
+                        Labels.JOB_INDEX: str(job_index),
+                        Labels.JOB_GLOBAL_INDEX: str(global_index),
+                        Labels.RESTART_ATTEMPT: str(attempt),
+                        Labels.COMPLETION_INDEX: str(completion_index),
                     },
                     "annotations": {
-                        "batch.kubernetes.io/job-completion-index": str(completion_index),
-                        "jobset.sigs.k8s.io/job-global-index": str(global_index),
+                        Annotations.COMPLETION_INDEX: str(completion_index),
+                        Annotations.JOB_GLOBAL_INDEX: str(global_index),
                     },
                 }
                 env = _resolve_env(container, meta)
                 _localise(env, port)
                 argv = [expand(a, env) for a in container.get("command", []) + container.get("args", [])]
                 if not argv:
-                    raise BackendError("manifest: the container has no command; local runs need one")
+                    raise XrunError("manifest: the container has no command; local runs need one", EXIT_FAILED)
                 if argv[0] in ("python3", "python"):
                     argv[0] = sys.executable  # the image's python is this environment's python
                 pods.append(Pod(int(env.get(Env.SLICE_INDEX, global_index)),
@@ -177,12 +178,13 @@ def _fails_job_for_good(job_spec: dict[str, Any], code: int) -> bool:
 def _jobset_fails_on_policy(manifest: dict[str, Any]) -> bool:
     rules = manifest["spec"].get("failurePolicy", {}).get("rules", [])
     return any(
-        r.get("action") == "FailJobSet" and "PodFailurePolicy" in r.get("onJobFailureReasons", [])
+        r.get("action") == "FailJobSet"
+        and JobFailureReasons.POD_FAILURE_POLICY in r.get("onJobFailureReasons", [])
         for r in rules
     )
 
 
-def _base_env() -> dict[str, str]:
+def base_env() -> dict[str, str]:
     """The host environment a local pod inherits: PATH with this python first, no XRUN_*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_") and not k.startswith("MEGASCALE_")}
     bindir = str(Path(sys.executable).parent)
@@ -205,7 +207,7 @@ class Supervisor:
     def __post_init__(self) -> None:
         text = self.storage.read_text(Layout.manifest(self.name))
         if text is None:
-            raise BackendError(f"no manifest for run {self.name} under {self.storage.root}")
+            raise XrunError(f"no manifest for run {self.name} under {self.storage.root}", EXIT_FAILED)
         self.manifest = yaml.safe_load(text)
         self.state = {
             "backend": "local", "state": PENDING, "restarts": 0, "attempt": 0,
@@ -243,7 +245,7 @@ class Supervisor:
 
     def start_pods(self) -> None:
         port = free_port()
-        base = _base_env()
+        base = base_env()
         cache = _compilation_cache(self.storage)
         self.pods = plan_pods(self.manifest, self.state["attempt"], port)
         for pod in self.pods:
@@ -279,7 +281,7 @@ class Supervisor:
                 p.exited_at = time.monotonic()
             if p.exit_code is None:
                 rc = p.proc.returncode
-                p.exit_code = rc if rc >= 0 else 128 - rc
+                p.exit_code = exit_code_of_returncode(rc)
 
     # -- main loop --------------------------------------------------------------------
     def run(self) -> int:
@@ -319,7 +321,7 @@ class Supervisor:
             exited = [p for p in self.pods if p.exit_code is None and p.exited_at is not None]
             for p in exited:
                 rc = p.proc.returncode
-                p.exit_code = rc if rc >= 0 else 128 - rc
+                p.exit_code = exit_code_of_returncode(rc)
             if exited:
                 self.save()
             failed = [p for p in self.pods if p.exit_code not in (None, 0)]
@@ -348,86 +350,6 @@ def _compilation_cache(storage: Storage) -> str | None:
     return storage.url(Layout.compilation_cache())
 
 
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped) is not alive
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-class LocalBackend:
-    """Backend protocol over the supervisor: state lives in storage (state.json)."""
-
-    name = "local"
-
-    def __init__(self, storage_root: str):
-        self.storage_root = storage_root
-        self.storage = open_storage(storage_root)
-
-    def submit(self, manifest: dict[str, Any], *, replace: bool = False) -> None:
-        name = manifest["metadata"]["name"]
-        log_dir = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "xrun"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        with open(log_dir / f"supervisor-{name}.log", "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.backends.local", "supervise", self.storage_root, name],
-                env=_base_env() | {k: v for k, v in os.environ.items() if k.startswith("XRUN_LOCAL")},
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            )
-        self.supervisor = proc  # callers that follow may wait on it
-        # The supervisor writes state.json at once; wait for it so status never sees nothing.
-        deadline = time.monotonic() + 30
-        while self.storage.read_json(Layout.state(name)) is None:
-            if proc.poll() is not None:
-                raise BackendError(f"local supervisor exited with code {proc.returncode}; see {log_dir}/supervisor-{name}.log")
-            if time.monotonic() > deadline:
-                raise BackendError("local supervisor did not start within 30 s")
-            time.sleep(0.05)
-
-    def status(self, name: str) -> BackendStatus | None:
-        state = self.storage.read_json(Layout.state(name))
-        if state is None:
-            return None
-        current = state.get("state", PENDING)
-        if current not in TERMINAL_STATES and not _pid_alive(state.get("supervisor_pid")):
-            current, state["message"] = FAILED, "local supervisor is gone (machine restarted or killed)"
-        hosts = [
-            HostStatus(host=h, state=v.get("state", PENDING), attempt=v.get("attempt", 0),
-                       exit_code=v.get("exit_code"), pod=str(v.get("pid") or ""))
-            for h, v in sorted(state.get("hosts", {}).items())
-        ]
-        return BackendStatus(state=current, restarts=state.get("restarts", 0), hosts=hosts,
-                             message=state.get("message", ""))
-
-    def delete(self, name: str, *, wait: bool = True) -> bool:
-        state = self.storage.read_json(Layout.state(name))
-        if not state or state.get("state") in TERMINAL_STATES:
-            return False
-        pid = state.get("supervisor_pid")
-        if not _pid_alive(pid):
-            return False
-        os.kill(pid, signal.SIGTERM)
-        if wait:
-            deadline = time.monotonic() + float(state.get("grace_seconds", 180)) + 10
-            while _pid_alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            for h in state.get("hosts", {}).values():  # belt and braces: nothing may outlive it
-                if h.get("pid") and _pid_alive(h["pid"]):
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(h["pid"], signal.SIGKILL)
-        return True
-
-    def list(self) -> list[dict[str, Any]]:
-        return []  # local runs are exactly what storage holds; the readers list them
 
 
 def main(argv: list[str]) -> int:

@@ -16,9 +16,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.compare import Comparison, Row
-from orchestrator.goodput import CATEGORIES, format_goodput
-from orchestrator.runlog import RunRecord
+from orchestrator.analysis.compare import Comparison, Row
+from orchestrator.analysis.goodput import CATEGORIES, format_goodput
+from orchestrator.readers.record import RunRecord
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 GOODPUT_COLORS = {
@@ -291,7 +291,7 @@ def _gp(section: Section, rec: RunRecord) -> dict:
             return c.base_fig.goodput
         if c.cand is rec:
             return c.cand_fig.goodput
-    from orchestrator.goodput import goodput
+    from orchestrator.analysis.goodput import goodput
 
     return goodput(rec)
 

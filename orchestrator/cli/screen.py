@@ -1,7 +1,6 @@
-"""One status view for every backend: backend state merged with what storage says.
+"""The screens: a run's status table (``xrun status``, the live follow) and its summary.
 
-``run_view`` gathers a plain dict (what ``-o json`` prints); ``render_table`` turns it into
-the rich screen that ``xrun status`` and the live follow of ``xrun submit`` show.
+Presentation only: the data is the view dict of ``orchestrator.readers.view``.
 """
 
 from __future__ import annotations
@@ -13,87 +12,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.backends import BackendStatus
-from orchestrator.readers import (
-    MetricsReader,
-    latest_committed,
-    list_checkpoints,
-    progress,
-)
-from xrun_contract import FAILED, PENDING, SUCCEEDED, Layout
-from xrun_contract.storage import Storage
-
-
-def _state_from_records(records: list[dict[str, Any]]) -> str | None:
-    ends = [r for r in records if r.get("kind") == "end"]
-    if not ends:
-        return None
-    return SUCCEEDED if ends[-1].get("exit_code") == 0 else FAILED
-
-
-def run_view(
-    storage: Storage,
-    name: str,
-    live: BackendStatus | None = None,
-    metrics: MetricsReader | None = None,
-) -> dict[str, Any] | None:
-    """Everything known about a run; None when storage has no such run."""
-    run = storage.read_json(Layout.run_json(name))
-    state = storage.read_json(Layout.state(name)) or {}
-    if run is None and not state and live is None:
-        return None
-    run = run or {}
-    if metrics is None:
-        metrics = MetricsReader(storage, name)
-    metrics.poll()
-    prog = progress(metrics.records, run)
-    checkpoints = list_checkpoints(storage, name)
-    latest = latest_committed(checkpoints)
-    if live is not None:
-        current, restarts, message = live.state, live.restarts, live.message
-        hosts = [h.__dict__ for h in live.hosts]
-        events = live.events
-    else:
-        current = state.get("state") or _state_from_records(metrics.records) or PENDING
-        restarts, message = state.get("restarts", 0), state.get("message", "")
-        hosts = [{"host": h, **v} for h, v in sorted(state.get("hosts", {}).items())]
-        events = []
-    view: dict[str, Any] = {
-        "name": name,
-        "state": current,
-        "restarts": restarts,
-        "message": message,
-        "events": events,
-        "backend": run.get("backend", state.get("backend", "")),
-        "accelerator": (run.get("spec") or {}).get("accelerator", ""),
-        "submitted_at": run.get("submitted_at"),
-        "storage": storage.url(Layout.run(name)),
-        "hosts": hosts,
-        "step": prog.step,
-        "total_steps": prog.total_steps,
-        "loss": prog.loss,
-        "tokens_per_s": prog.tokens_per_s,
-        "step_seconds": prog.step_seconds,
-        "eta_seconds": prog.eta_seconds,
-        "attempt": prog.attempt,
-        "latest_checkpoint": latest.as_dict() if latest else None,
-        "checkpoints_in_progress": [c.step for c in checkpoints if c.state != "committed"],
-        "transitions": state.get("transitions", []),
-    }
-    view["goodput"] = _goodput(metrics.records, run, state)
-    return view
-
-
-def _goodput(records: list[dict[str, Any]], run: dict[str, Any], state: dict[str, Any]):
-    """Wall-time breakdown from the records (None while there is nothing to break down)."""
-    from orchestrator.goodput import goodput_from_records
-
-    if not any(r.get("kind") == "step" for r in records):
-        return None
-    try:
-        return goodput_from_records(records, run, state)
-    except Exception:  # noqa: BLE001 - a partial run must still show its status
-        return None
+from orchestrator.analysis.goodput import format_goodput
+from xrun_contract import DELETED, FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED
 
 
 def _fmt(value: Any, spec: str = "", missing: str = "-") -> str:
@@ -111,8 +31,8 @@ def _duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
-STATE_STYLE = {"Succeeded": "green", "Failed": "red", "Restarting": "yellow", "Running": "cyan",
-               "Pending": "magenta", "Deleted": "red"}
+STATE_STYLE = {SUCCEEDED: "green", FAILED: "red", RESTARTING: "yellow", RUNNING: "cyan",
+               PENDING: "magenta", DELETED: "red"}
 
 
 def render_table(view: dict[str, Any]) -> Group:
@@ -140,8 +60,6 @@ def render_table(view: dict[str, Any]) -> Group:
     head.add_row("Checkpoint", ck_text)
     gp = view.get("goodput")
     if gp and gp.get("categories"):
-        from orchestrator.goodput import format_goodput
-
         head.add_row("Goodput", format_goodput(gp))
     head.add_row("Storage", view["storage"])
     for ev in view.get("events") or []:
@@ -169,8 +87,6 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
     ck = view["latest_checkpoint"]
     lines.append(f"  latest committed checkpoint: {'step ' + str(ck['step']) if ck else 'none'}")
     if view.get("goodput") and view["goodput"].get("categories"):
-        from orchestrator.goodput import format_goodput
-
         lines.append(f"  {format_goodput(view['goodput'])}")
     if started is not None:
         lines.append(f"  wall time {_duration(time.time() - started)}")

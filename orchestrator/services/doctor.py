@@ -19,9 +19,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from manifests.catalogue import Shape
-from manifests.jobset import GPU_ACCELERATOR_LABEL, TPU_ACCELERATOR_LABEL, TPU_TOPOLOGY_LABEL
-from orchestrator.backends import BackendError
-from orchestrator.backends.kube import INSTALL_HINT, JOBSET_CRD, KUEUE_GROUP, VERSION, KubeBackend
+from orchestrator.backends.kube.backend import (
+    INSTALL_HINT,
+    JOBSET_CRD,
+    KUEUE_GROUP,
+    VERSION,
+    KubeBackend,
+)
+from xrun_contract.errors import XrunError
+from xrun_contract.k8s import Labels
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 AUTOSCALER_STATUS = ("kube-system", "cluster-autoscaler-status")
@@ -41,7 +47,7 @@ class Check:
 def check_api(backend: KubeBackend) -> Check:
     try:
         version = backend.server_version()
-    except BackendError as e:
+    except XrunError as e:
         return Check("api", FAIL, str(e), e.exit_code)
     return Check("api", OK, f"API reachable at {backend.host} (context {backend.context_name or '?'}, "
                             f"Kubernetes {version}), namespace {backend.namespace}")
@@ -50,7 +56,7 @@ def check_api(backend: KubeBackend) -> Check:
 def check_jobset(backend: KubeBackend) -> Check:
     try:
         crd = backend.jobset_crd()
-    except BackendError as e:
+    except XrunError as e:
         if e.exit_code != 1 or "forbidden" not in str(e):
             return Check("jobset", FAIL, str(e), e.exit_code)
         return _jobset_by_discovery(backend)
@@ -70,7 +76,7 @@ def _jobset_by_discovery(backend: KubeBackend) -> Check:
     group = JOBSET_CRD.split(".", 1)[1]
     try:
         entry = backend.api_group(group)
-    except BackendError as e:
+    except XrunError as e:
         return Check("jobset", FAIL, str(e), e.exit_code)
     served = [v.get("version", "") for v in (entry or {}).get("versions") or []]
     if VERSION not in served:
@@ -88,7 +94,7 @@ def check_queue(backend: KubeBackend, queue: str) -> Check:
                                         f"(the API serves no {KUEUE_GROUP})", 1)
         version = (group.get("preferredVersion") or {}).get("version") or group["versions"][0]["version"]
         lq = backend.local_queue(queue, version)
-    except BackendError as e:
+    except XrunError as e:
         return Check("kueue", FAIL, str(e), e.exit_code)
     if lq is None:
         return Check("kueue", FAIL, f"LocalQueue {queue!r} not found in namespace {backend.namespace!r} "
@@ -100,8 +106,8 @@ def check_queue(backend: KubeBackend, queue: str) -> Check:
 def node_selector(shape: Shape) -> str:
     """The label selector matching the nodeSelector the manifest gives this shape's pods."""
     if shape.kind == "tpu":
-        return f"{TPU_ACCELERATOR_LABEL}={shape.gke_accelerator},{TPU_TOPOLOGY_LABEL}={shape.topology}"
-    return f"{GPU_ACCELERATOR_LABEL}={shape.gke_accelerator}"
+        return f"{Labels.TPU_ACCELERATOR}={shape.gke_accelerator},{Labels.TPU_TOPOLOGY}={shape.topology}"
+    return f"{Labels.GPU_ACCELERATOR}={shape.gke_accelerator}"
 
 
 def check_nodes(backend: KubeBackend, shape: Shape, needed: int) -> Check:
@@ -110,7 +116,7 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int) -> Check:
     selector = node_selector(shape)
     try:
         nodes = backend.nodes(selector)
-    except BackendError as e:
+    except XrunError as e:
         if e.exit_code == 1:
             return Check("nodes", WARN, f"cannot list nodes to look for {selector}: {e}")
         return Check("nodes", FAIL, str(e), e.exit_code)
@@ -123,7 +129,7 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int) -> Check:
         return Check("nodes", OK, have)
     try:
         autoscaler = backend.config_map(*AUTOSCALER_STATUS)
-    except BackendError:
+    except XrunError:
         autoscaler = None
     if autoscaler is not None:
         return Check("nodes", WARN, f"{have}; the cluster autoscaler is on ({'/'.join(AUTOSCALER_STATUS)}), so an "
@@ -173,3 +179,52 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
 def exit_code(checks: list[Check]) -> int:
     codes = {c.exit_code or 1 for c in checks if c.result == FAIL}
     return 3 if 3 in codes else (max(codes) if codes else 0)
+
+
+@dataclass
+class DoctorInputs:
+    """The few run fields doctor needs: file values, flags over them, defaults under both."""
+
+    context: str = ""
+    namespace: str = "default"
+    accelerator: str = ""
+    num_slices: int = 1
+    nodes: int = 1
+    cpu_devices_per_host: int = 2
+    queue: str = ""
+    storage: str = ""
+
+
+def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
+    from orchestrator import settings
+    from orchestrator.runfile import read_run_file
+
+    values: dict[str, Any] = {}
+    if run_file:
+        data = read_run_file(run_file)
+        values = {k: data[k] for k in ("accelerator", "num_slices", "nodes", "cpu_devices_per_host",
+                                       "queue", "namespace", "context", "storage") if data.get(k) is not None}
+    values.update({k: v for k, v in flags.items() if v is not None})
+    for key in ("num_slices", "nodes"):
+        value = values.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise XrunError(f"{key}: must be an integer >= 1, got {value!r}")
+    values["storage"] = settings.storage_root(values.get("storage"))
+    return DoctorInputs(**{k: v for k, v in values.items() if k in DoctorInputs.__dataclass_fields__})
+
+
+def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
+    """Every check for the inputs' cluster, shape and storage, and the exit code."""
+    from manifests import catalogue
+
+    shape, needed = None, 0
+    if v.accelerator:
+        try:
+            shape = catalogue.lookup(str(v.accelerator), int(v.cpu_devices_per_host))
+        except catalogue.UnknownAccelerator as e:
+            raise XrunError(f"accelerator: {e}") from None
+        needed = shape.vms * v.num_slices if shape.kind == "tpu" else v.nodes
+    backend = KubeBackend(v.context or None, v.namespace or "default")
+    results = run_checks(backend, shape=shape, needed_nodes=needed, queue=v.queue,
+                         storage_root=v.storage)
+    return results, exit_code(results)

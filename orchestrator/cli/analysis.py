@@ -1,32 +1,22 @@
-"""`xrun compare`, `xrun report`, `xrun nightly`: registered on the main group by cli.py.
+"""`xrun compare`, `xrun report`, `xrun nightly`: parse, call a service, print.
 
 Exit codes as the rest of xrun: 0 nothing regressed; 1 a significant regression beyond the
 threshold (or a failed candidate), so a scheduler can alert; 2 bad input (one line naming
 the field, nothing written); 3 storage or cluster unreachable.
-
-This module must not import ``orchestrator.cli`` at import time: cli.py imports it while
-it is itself being imported (and ``python -m orchestrator.cli`` runs cli.py as __main__).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-EXIT_OK, EXIT_REGRESSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
-
-
-class CompareError(click.ClickException):
-    """One line on stderr with an exit code (2: bad input)."""
-
-    def __init__(self, message: str, exit_code: int = EXIT_USAGE):
-        super().__init__(message)
-        self.exit_code = exit_code
+from orchestrator import settings
+from orchestrator.services import analysis
+from xrun_contract.errors import EXIT_FAILED, EXIT_OK, XrunError
 
 
 class Percent(click.ParamType):
@@ -43,33 +33,15 @@ class Percent(click.ParamType):
         return float(m[1])
 
 
-def storage_root(option: str | None) -> str:
-    from orchestrator.spec import default_storage
-    from xrun_contract import Env
-
-    return option or os.environ.get(Env.STORAGE) or default_storage()
-
-
-def _load(arg: str, root: str, what: str):
-    from orchestrator.runlog import RunLogError, load_run
-
-    try:
-        return load_run(arg, root, what)
-    except RunLogError as e:
-        raise CompareError(str(e)) from None
-    except Exception as e:  # noqa: BLE001 - a storage client error: unreachable, not bad input
-        raise CompareError(f"{what}: cannot read {arg} from {root}: {e}", EXIT_UNREACHABLE) from None
-
-
 def _check_output(path: str | None) -> None:
     """Refuse an output path we could not write before doing any work."""
     if path is None or path == "-":
         return
     p = Path(path)
     if p.is_dir():
-        raise CompareError(f"--output: {path} is a folder; give a file name")
+        raise XrunError(f"--output: {path} is a folder; give a file name")
     if not p.parent.exists():
-        raise CompareError(f"--output: folder {p.parent} does not exist")
+        raise XrunError(f"--output: folder {p.parent} does not exist")
 
 
 def _write(text: str, path: str | None) -> None:
@@ -118,19 +90,13 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
       xrun compare main.log feat.log --threshold 3% --format json
       xrun compare gs://b/xrun/runs/a gs://b/xrun/runs/b --format html -o cmp.html
     """
-    from orchestrator.compare import compare as do_compare
-
     _check_output(output)
-    root = storage_root(storage)
-    b = _load(base, root, "BASE")
-    c = _load(candidate, root, "CANDIDATE")
-    result = do_compare(b, c, threshold_pct=threshold, alpha=alpha, warmup=warmup)
+    result = analysis.compare(base, candidate, settings.storage_root(storage),
+                              threshold_pct=threshold, alpha=alpha, warmup=warmup)
     if fmt == "json":
         text = result.json()
     elif fmt == "html":
-        from orchestrator.report import report_for
-
-        text = report_for(b, [c], [result])
+        text = analysis.comparison_html(result)
     else:
         text = result.markdown()
     _write(text, output)
@@ -156,17 +122,11 @@ def report(base: str, candidates: tuple[str, ...], storage: str | None, threshol
       xrun report main-run feat-a-run feat-b-run -o report.html
       xrun report main.log feat.log.gz -o - > report.html
     """
-    from orchestrator.compare import compare as do_compare
-    from orchestrator.report import report_for
-
     _check_output(output)
-    root = storage_root(storage)
-    b = _load(base, root, "BASE")
-    cands = [_load(c, root, f"CANDIDATE {i + 1}" if len(candidates) > 1 else "CANDIDATE")
-             for i, c in enumerate(candidates)]
-    results = [do_compare(b, c, threshold_pct=threshold, alpha=alpha, warmup=warmup) for c in cands]
-    _write(report_for(b, cands, results, title=title), output)
-    return EXIT_REGRESSED if any(r.regressed for r in results) else EXIT_OK
+    page, results = analysis.report(base, candidates, settings.storage_root(storage),
+                                    threshold_pct=threshold, alpha=alpha, warmup=warmup, title=title)
+    _write(page, output)
+    return EXIT_FAILED if any(r.regressed for r in results) else EXIT_OK
 
 
 @click.command()
@@ -191,46 +151,30 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
       xrun nightly -f nightly.yaml
       xrun nightly -f nightly.yaml --render-cronjob | kubectl apply -f -
     """
-    from orchestrator.nightly import NightlyError, load_nightly, render_cronjob_yaml, run_nightly
+    from orchestrator.nightly_file import load_nightly
+    from orchestrator.services.nightly import render_cronjob_yaml, run_nightly
 
-    try:
-        cfg = load_nightly(nightly_file)
-        if storage:
-            cfg = cfg.with_storage(storage)
-        if timeout_s:
-            cfg.timeout_s = timeout_s
-    except NightlyError as e:
-        raise CompareError(str(e)) from None
+    cfg = load_nightly(nightly_file)
+    if storage:
+        cfg = cfg.with_storage(storage)
+    if timeout_s:
+        cfg.timeout_s = timeout_s
     if render_cronjob:
-        try:
-            text = render_cronjob_yaml(cfg, cfg.text)
-        except NightlyError as e:
-            raise CompareError(str(e)) from None
-        click.echo(text, nl=False)
+        click.echo(render_cronjob_yaml(cfg, cfg.text), nl=False)
         return EXIT_OK
     if dry_run:
         import yaml
 
-        from orchestrator.nightly import plan_runs
+        from orchestrator.nightly_file import plan_runs
 
         for run in plan_runs(cfg):
             click.echo("---")
             click.echo(yaml.safe_dump(run.run_file, sort_keys=False), nl=False)
         return EXIT_OK
-    try:
-        result = run_nightly(cfg, log=lambda msg: click.echo(f"xrun: {msg}", err=True))
-    except NightlyError as e:
-        raise CompareError(str(e), e.exit_code) from None
+    result = run_nightly(cfg, log=lambda msg: click.echo(f"xrun: {msg}", err=True))
     click.echo(result.summary_md, nl=False)
     click.echo(f"xrun: report {result.report_url}", err=True)
     return result.exit_code
 
 
-def register(cli: click.Group) -> None:
-    """Called by orchestrator/cli.py to add these commands to `xrun`."""
-    for cmd in (compare, report, nightly):
-        cli.add_command(cmd)
-
-
-if __name__ == "__main__":  # pragma: no cover - debugging aid
-    sys.exit(click.Group(commands=[compare, report, nightly]).main())
+COMMANDS = (compare, report, nightly)

@@ -1,0 +1,380 @@
+"""GKE backend: JobSets through the Kubernetes API, with the official ``kubernetes`` client.
+
+The backend takes the manifest ``manifests.jobset.jobset(spec)`` rendered and sends it as is
+(CustomObjectsApi, ``jobset.x-k8s.io/v1alpha2``); it never runs kubectl or gcloud. Status is
+read from the JobSet (conditions, restarts), its pods (label ``jobset.sigs.k8s.io/jobset-name``)
+and, while something is Pending, the namespace's events. Logs are streamed from every pod at
+once (watch + follow), resuming dropped connections without repeating lines.
+
+Errors are :class:`~xrun_contract.errors.XrunError` with a one-line message and the CLI's exit code:
+
+* 3: the cluster cannot be reached or will not let us in: connection refused / timeout /
+  TLS failure, 401 (expired or missing credentials), 5xx, or no usable kubeconfig.
+* 2: ``--context`` names a context the kubeconfig does not have (bad input).
+* 1: the cluster answered and refused: JobSet CRD not installed (404 on the resource, with the
+  install hint), name already exists (409, unless ``replace``), forbidden (403, naming the
+  verb and resource RBAC must allow; webhook denials quote the webhook), invalid (422/400,
+  quoting the server), namespace missing, delete timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from orchestrator.backends.base import BackendStatus, LogItem
+from orchestrator.backends.kube.logs import _LogSession
+from orchestrator.backends.kube.state import (
+    PENDING,
+    RESTARTING,
+    _epoch,
+    container_started,
+    jobset_state,
+    latest_hosts,
+    one_line,
+    pod_host,
+    summarize_events,
+)
+from xrun_contract.errors import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, XrunError
+from xrun_contract.k8s import (
+    JOBSET_API_VERSION,
+    JOBSET_GROUP,
+    JOBSET_PLURAL,
+    JOBSET_VERSION,
+    KUEUE_GROUP,
+    Labels,
+)
+
+GROUP, VERSION, PLURAL = JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL
+API_VERSION = JOBSET_API_VERSION
+JOBSET_CRD = f"{PLURAL}.{GROUP}"
+INSTALL_HINT = (
+    "install JobSet: kubectl apply --server-side -f "
+    "https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml"
+)
+__all__ = ["KUEUE_GROUP", "KubeBackend"]
+
+
+class KubeBackend:
+    """Backend protocol over the Kubernetes API of one kubeconfig context and namespace."""
+
+    name = "kube"
+    serves_logs = True
+
+    def __init__(
+        self,
+        context: str | None,
+        namespace: str = "default",
+        kubeconfig: str | None = None,
+        *,
+        poll_seconds: float = 1.0,
+        watch_timeout_seconds: int = 10,
+        delete_timeout_seconds: float = 900.0,
+        request_timeout: tuple[float, float] = (10.0, 60.0),
+    ):
+        self.context = context or None
+        self.namespace = namespace or "default"
+        self.kubeconfig = kubeconfig
+        self.poll_seconds = poll_seconds
+        self.watch_timeout_seconds = watch_timeout_seconds
+        self.delete_timeout_seconds = delete_timeout_seconds
+        self.request_timeout = request_timeout
+        self._client = None
+        self._client_lock = threading.Lock()
+        self.context_name = context or ""
+
+    # --- client ---------------------------------------------------------------------
+    @property
+    def api_client(self):
+        """The ApiClient for the context, built on first use (errors then, not at import)."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = self._new_client()
+            return self._client
+
+    def _new_client(self):
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+
+        path = self.kubeconfig or os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        cfg = client.Configuration()
+        cfg.retries = 2  # urllib3: a refused connection fails in well under a second
+        cfg.connection_pool_maxsize = 128  # one connection per followed pod log
+        try:
+            api = config.new_client_from_config(
+                config_file=path, context=self.context, persist_config=False, client_configuration=cfg,
+            )
+            if not self.context:
+                _, active = config.list_kube_config_contexts(config_file=path)
+                self.context_name = (active or {}).get("name", "")
+        except ConfigException as e:
+            if self.context and "Expected object with name" in str(e):
+                raise XrunError(f"--context: no context {self.context!r} in kubeconfig {path}", EXIT_USAGE) from None
+            raise XrunError(f"kubeconfig {path}: {one_line(str(e))} (for GKE: gcloud container clusters "
+                               "get-credentials CLUSTER --location LOCATION)", EXIT_UNREACHABLE) from None
+        except OSError as e:
+            raise XrunError(f"kubeconfig {path}: {e.strerror or e}", EXIT_UNREACHABLE) from None
+        return api
+
+    @property
+    def host(self) -> str:
+        return self.api_client.configuration.host
+
+    def _where(self) -> str:
+        return f"{self.host} (context {self.context_name or '?'})"
+
+    def _apis(self):
+        from kubernetes import client
+
+        api = self.api_client
+        return client.CustomObjectsApi(api), client.CoreV1Api(api)
+
+    def _raw(self, fn: Callable, *args: Any, timeout: Any = None, **kwargs: Any):
+        """Call a client method without model decoding: the urllib3 response."""
+        return fn(*args, _preload_content=False, _request_timeout=timeout or self.request_timeout, **kwargs)
+
+    def _json(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        resp = self._raw(fn, *args, **kwargs)
+        try:
+            data = resp.data
+        finally:
+            resp.release_conn()
+        return json.loads(data) if data else None
+
+    def call(self, verb: str, resource: str, fn: Callable, *args: Any, name: str = "",
+             missing_ok: bool = False, **kwargs: Any) -> Any:
+        """One API call as JSON; failures become one-line XrunErrors (None for 404 if asked)."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return self._json(fn, *args, **kwargs)
+        except ApiException as e:
+            if e.status == 404 and missing_ok and _object_missing(e):
+                return None
+            raise self.api_error(e, verb, resource, name) from None
+        except (HTTPError, OSError) as e:
+            raise self.unreachable(e) from None
+        except ValueError:  # a proxy or login page answering instead of the API server
+            raise XrunError(f"{self._where()} answered {verb} {resource} with something that is not JSON; "
+                               "is the kubeconfig's server the Kubernetes API?", EXIT_UNREACHABLE) from None
+
+    def unreachable(self, e: BaseException) -> XrunError:
+        reason = getattr(e, "reason", None) or e
+        return XrunError(f"cannot reach the Kubernetes API at {self._where()}: {one_line(str(reason), 200)}", EXIT_UNREACHABLE)
+
+    def api_error(self, e: Any, verb: str, resource: str, name: str = "") -> XrunError:
+        """Map an ApiException to the one-line message and exit code of the module docstring."""
+        status_obj = _status_body(e)
+        msg = one_line(status_obj.get("message") or (e.body or "").strip() or e.reason or "")
+        ns, what = self.namespace, f"{resource} {name!r}" if name else resource
+        if e.status == 0:
+            return XrunError(f"TLS error talking to {self._where()}: {one_line(e.reason or '', 200)}", EXIT_UNREACHABLE)
+        if e.status == 401:
+            return XrunError(
+                f"credentials rejected (401 Unauthorized) by {self._where()}: refresh them, e.g. "
+                "gcloud container clusters get-credentials CLUSTER --location LOCATION", EXIT_UNREACHABLE)
+        if e.status == 403:
+            if "admission webhook" in msg:
+                return XrunError(f"{what} rejected by an admission webhook: {msg}", EXIT_FAILED)
+            return XrunError(
+                f"forbidden: RBAC must allow verb '{verb}' on resource '{resource}' in namespace '{ns}' "
+                f"(context {self.context_name or '?'}): {msg}", EXIT_FAILED)
+        if e.status == 404:
+            details = status_obj.get("details") or {}
+            if details.get("kind") == "namespaces":
+                return XrunError(f"namespace {ns!r} does not exist in context {self.context_name or '?'}", EXIT_FAILED)
+            if resource == JOBSET_CRD and not details.get("name"):
+                return XrunError(
+                    f"JobSet CRD not installed: {API_VERSION} {PLURAL} is not served by {self._where()}; {INSTALL_HINT}", EXIT_FAILED)
+            return XrunError(f"{what} not found in namespace '{ns}': {msg}", EXIT_FAILED)
+        if e.status == 409:
+            return XrunError(f"{what} already exists in namespace '{ns}'; use --replace or another name", EXIT_FAILED)
+        if e.status in (400, 422):
+            return XrunError(f"{what} rejected by the cluster ({e.status} {status_obj.get('reason') or e.reason}): {msg}", EXIT_FAILED)
+        if e.status >= 500:
+            return XrunError(f"Kubernetes API at {self._where()} failed ({e.status}): {msg}", EXIT_UNREACHABLE)
+        return XrunError(f"{verb} {what}: {e.status} {e.reason}: {msg}", EXIT_FAILED)
+
+    # --- JobSets --------------------------------------------------------------------
+    def submit(self, manifest: dict[str, Any], *, replace: bool = False) -> None:
+        """Create the JobSet exactly as rendered; on a name clash with ``replace``, delete the
+        old one (foreground, waiting for its pods) and create again."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        name = manifest["metadata"]["name"]
+        self.namespace = manifest["metadata"].get("namespace") or self.namespace
+        custom, _ = self._apis()
+        create = (custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, manifest)
+        try:
+            self._json(*create)
+            return
+        except ApiException as e:
+            if e.status != 409 or not replace:
+                raise self.api_error(e, "create", JOBSET_CRD, name) from None
+        except (HTTPError, OSError) as e:
+            raise self.unreachable(e) from None
+        self.delete(name, wait=True)
+        self.call("create", JOBSET_CRD, *create, name=name)
+
+    def get_jobset(self, name: str) -> dict[str, Any] | None:
+        custom, _ = self._apis()
+        return self.call("get", JOBSET_CRD, custom.get_namespaced_custom_object,
+                         GROUP, VERSION, self.namespace, PLURAL, name, name=name, missing_ok=True)
+
+    def list_pods(self, name: str) -> tuple[list[dict[str, Any]], str]:
+        """The JobSet's pods and the list's resourceVersion (to watch from)."""
+        _, core = self._apis()
+        data = self.call("list", "pods", core.list_namespaced_pod, self.namespace,
+                         label_selector=f"{Labels.JOBSET_NAME}={name}")
+        return data.get("items") or [], (data.get("metadata") or {}).get("resourceVersion", "")
+
+    def list_events(self) -> list[dict[str, Any]]:
+        _, core = self._apis()
+        return (self.call("list", "events", core.list_namespaced_event, self.namespace) or {}).get("items") or []
+
+    def status(self, name: str) -> BackendStatus | None:
+        jobset = self.get_jobset(name)
+        if jobset is None:
+            return None
+        pods, _ = self.list_pods(name)
+        hosts = latest_hosts(pods)
+        state, message = jobset_state(jobset, hosts)
+        events: list[str] = []
+        if state in (PENDING, RESTARTING) or any(h.state == "Pending" for h in hosts):
+            pod_names = {(p.get("metadata") or {}).get("name", "") for p in pods}
+            try:
+                events = summarize_events(self.list_events(), name, pod_names)
+            except XrunError as e:  # events are a hint; RBAC may hide them
+                events = [f"(events unavailable: {e})"]
+        status = jobset.get("status") or {}
+        return BackendStatus(
+            state=state, restarts=int(status.get("restarts") or 0), hosts=hosts, message=message,
+            conditions=list(status.get("conditions") or []), events=events,
+        )
+
+    def delete(self, name: str, *, wait: bool = True) -> bool:
+        """Foreground delete (pods go before the JobSet); with ``wait`` until no pod is left."""
+        from kubernetes import client
+
+        custom, _ = self._apis()
+        opts = client.V1DeleteOptions(propagation_policy="Foreground")
+        gone = self.call("delete", JOBSET_CRD, custom.delete_namespaced_custom_object,
+                         GROUP, VERSION, self.namespace, PLURAL, name, body=opts, name=name, missing_ok=True)
+        if gone is None:
+            return False
+        if wait:
+            deadline = time.monotonic() + self.delete_timeout_seconds
+            while True:
+                pods, _ = self.list_pods(name)
+                if not pods and self.get_jobset(name) is None:
+                    break
+                if time.monotonic() > deadline:
+                    left = ", ".join(sorted(p["metadata"]["name"] for p in pods)) or "the JobSet itself"
+                    raise XrunError(
+                        f"JobSet {name!r} deleted but still present after {self.delete_timeout_seconds:.0f} s: {left}", EXIT_FAILED)
+                time.sleep(self.poll_seconds)
+        return True
+
+    def list(self) -> list[dict[str, Any]]:
+        """xrun's JobSets in the namespace (label xrun.dev/run), state from the JobSet alone."""
+        custom, _ = self._apis()
+        data = self.call("list", JOBSET_CRD, custom.list_namespaced_custom_object,
+                         GROUP, VERSION, self.namespace, PLURAL, label_selector=Labels.RUN)
+        out = []
+        for js in (data or {}).get("items") or []:
+            meta = js.get("metadata") or {}
+            state, message = jobset_state(js, None)
+            out.append({
+                "name": meta.get("name", ""), "state": state, "message": message,
+                "created": _epoch(meta.get("creationTimestamp")),
+                "restarts": int((js.get("status") or {}).get("restarts") or 0),
+                "namespace": meta.get("namespace", self.namespace),
+            })
+        out.sort(key=lambda r: r["created"] or 0, reverse=True)
+        return out
+
+    # --- logs -----------------------------------------------------------------------
+    def live_attempts(self, name: str) -> set[int]:
+        """Restart attempts that have pods with a log now (empty when the pods are gone)."""
+        pods, _ = self.list_pods(name)
+        return {pod_host(p)[1] for p in pods if container_started(p)}
+
+    def stream_logs(
+        self,
+        name: str,
+        follow: bool = False,
+        since_seconds: int | None = None,
+        tail_lines: int | None = None,
+        hosts: set[str] | None = None,
+    ) -> Iterator[LogItem]:
+        """Every pod's log at once as (host "<slice>-<host>", restart attempt, line).
+
+        With ``follow`` new pods (a JobSet restart) are picked up from a pod watch, dropped
+        watches resume from their resourceVersion and dropped log streams from the last
+        line's timestamp; it ends when the JobSet is finished (or gone) and every stream ended.
+        """
+        session = _LogSession(self, name, follow, since_seconds, tail_lines, hosts)
+        yield from session.run()
+
+    # --- doctor ---------------------------------------------------------------------
+    def server_version(self) -> str:
+        from kubernetes import client
+
+        data = self.call("get", "version", client.VersionApi(self.api_client).get_code)
+        return (data or {}).get("gitVersion", "?")
+
+    def api_group(self, group: str) -> dict[str, Any] | None:
+        """The APIGroup entry of /apis (versions, preferredVersion), None when not served."""
+        from kubernetes import client
+
+        data = self.call("get", "apis", client.ApisApi(self.api_client).get_api_versions) or {}
+        return next((g for g in data.get("groups") or [] if g.get("name") == group), None)
+
+    def api_resources(self, group: str, version: str) -> dict[str, Any] | None:
+        custom, _ = self._apis()
+        return self.call("get", f"apis/{group}/{version}", custom.get_api_resources, group, version,
+                         missing_ok=True)
+
+    def jobset_crd(self) -> dict[str, Any] | None:
+        from kubernetes import client
+
+        ext = client.ApiextensionsV1Api(self.api_client)
+        return self.call("get", "customresourcedefinitions.apiextensions.k8s.io",
+                         ext.read_custom_resource_definition, JOBSET_CRD, name=JOBSET_CRD, missing_ok=True)
+
+    def local_queue(self, queue_name: str, version: str) -> dict[str, Any] | None:
+        custom, _ = self._apis()
+        return self.call("get", f"localqueues.{KUEUE_GROUP}", custom.get_namespaced_custom_object,
+                         KUEUE_GROUP, version, self.namespace, "localqueues", queue_name,
+                         name=queue_name, missing_ok=True)
+
+    def nodes(self, label_selector: str) -> list[dict[str, Any]]:
+        _, core = self._apis()
+        return (self.call("list", "nodes", core.list_node, label_selector=label_selector) or {}).get("items") or []
+
+    def config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
+        _, core = self._apis()
+        return self.call("get", "configmaps", core.read_namespaced_config_map, name, namespace,
+                         name=name, missing_ok=True)
+
+
+def _status_body(e: Any) -> dict[str, Any]:
+    try:
+        body = json.loads(e.body or "")
+    except (TypeError, ValueError):
+        return {}
+    return body if isinstance(body, dict) and body.get("kind") == "Status" else {}
+
+
+def _object_missing(e: Any) -> bool:
+    """A 404 about the object itself (Status naming it), not about an unserved resource."""
+    details = _status_body(e).get("details") or {}
+    return bool(details.get("name")) and details.get("kind") != "namespaces"
+
+

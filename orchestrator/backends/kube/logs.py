@@ -1,0 +1,296 @@
+"""Every pod's log at once: one thread per pod log, one pod watch, a queue to the caller.
+
+Dropped watches resume from their resourceVersion (410 Gone lists again); dropped log
+streams resume from the last line's timestamp without repeating a line; new pods of a
+JobSet restart are picked up from the watch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.backends.kube.state import (
+    CONTAINER,
+    container_done,
+    container_started,
+    jobset_state,
+    one_line,
+    parse_time,
+    pod_host,
+)
+from xrun_contract import DELETED, FAILED, SUCCEEDED
+from xrun_contract.errors import EXIT_FAILED, XrunError
+from xrun_contract.k8s import Labels
+
+if TYPE_CHECKING:
+    from orchestrator.backends.kube.backend import KubeBackend
+
+# Re-fetch a log from this many seconds before its last line when a stream is resumed;
+# the overlap (clock skew between us and the node) is dropped by timestamp.
+LOG_RESUME_SLACK_SECONDS = 10
+# A followed log silent this long is reopened (from its last line): cheap, and it notices a
+# connection that died without a FIN.
+FOLLOW_READ_TIMEOUT = 300.0
+
+
+_DONE = object()
+
+
+class _LogSession:
+    def __init__(self, backend: KubeBackend, name: str, follow: bool, since_seconds: int | None,
+                 tail_lines: int | None, hosts: set[str] | None):
+        self.b, self.name, self.follow = backend, name, follow
+        self.since_seconds, self.tail_lines, self.hosts = since_seconds, tail_lines, hosts
+        self.q: queue.Queue = queue.Queue()
+        self.lock = threading.Lock()
+        self.started: set[str] = set()  # pod uids with a pump
+        self.pumps: list[threading.Thread] = []
+        self.watcher: threading.Thread | None = None
+        self.stop = threading.Event()
+        self.responses: set[Any] = set()
+
+    # Lifecycle
+    def run(self) -> Iterator[tuple[str, int, str]]:
+        pods, rv = self.b.list_pods(self.name)
+        if not pods and self.follow and self.b.get_jobset(self.name) is None:
+            return
+        for pod in pods:
+            self.consider(pod)
+        if self.follow:
+            self.watcher = threading.Thread(target=self._guard, args=(self._watch, rv), daemon=True,
+                                            name=f"xrun-watch-{self.name}")
+            self.watcher.start()
+        try:
+            while True:
+                try:
+                    item = self.q.get(timeout=0.1)
+                except queue.Empty:
+                    if self._finished():
+                        while not self.q.empty():
+                            yield from self._emit(self.q.get_nowait())
+                        return
+                    continue
+                yield from self._emit(item)
+        finally:
+            self.close()
+
+    def _emit(self, item: Any) -> Iterator[tuple[str, int, str]]:
+        if isinstance(item, XrunError):
+            raise item
+        yield item
+
+    def _finished(self) -> bool:
+        with self.lock:
+            pumps_done = all(not t.is_alive() for t in self.pumps)
+        return pumps_done and (self.watcher is None or not self.watcher.is_alive())
+
+    def close(self) -> None:
+        self.stop.set()
+        with self.lock:
+            open_responses = list(self.responses)
+        for resp in open_responses:
+            with contextlib.suppress(Exception):
+                resp.shutdown()  # unblocks a thread waiting in a socket read
+            with contextlib.suppress(Exception):
+                resp.release_conn()
+
+    def _guard(self, fn: Callable, *args: Any) -> None:
+        """Run a worker; its XrunError reaches the caller through the queue."""
+        try:
+            fn(*args)
+        except XrunError as e:
+            if not self.stop.is_set():
+                self.q.put(e)
+        except Exception as e:  # noqa: BLE001 - a bug must surface, not end the stream quietly
+            if not self.stop.is_set():
+                self.q.put(XrunError(f"log streaming failed: {type(e).__name__}: {one_line(str(e), 200)}", EXIT_FAILED))
+
+    def _open(self, fn: Callable, *args: Any, **kwargs: Any):
+        resp = self.b._raw(fn, *args, **kwargs)
+        with self.lock:
+            self.responses.add(resp)
+        return resp
+
+    def _release(self, resp: Any) -> None:
+        with self.lock:
+            self.responses.discard(resp)
+        with contextlib.suppress(Exception):
+            resp.release_conn()
+
+    # Pods
+    def consider(self, pod: dict[str, Any]) -> None:
+        """Start a log pump for a pod whose container has started, once per pod."""
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid") or meta.get("name", "")
+        host, _ = pod_host(pod)
+        if self.hosts and host not in self.hosts:
+            return
+        if not container_started(pod):
+            return
+        with self.lock:
+            if uid in self.started or self.stop.is_set():
+                return
+            self.started.add(uid)
+            t = threading.Thread(target=self._guard, args=(self._pump, pod), daemon=True,
+                                 name=f"xrun-log-{meta.get('name')}")
+            self.pumps.append(t)
+        t.start()
+
+    def _terminal(self) -> bool:
+        jobset = self.b.get_jobset(self.name)
+        if jobset is None:
+            return True
+        return jobset_state(jobset, [])[0] in (SUCCEEDED, FAILED, DELETED)
+
+    def _watch(self, rv: str) -> None:
+        """Follow the pod list from ``rv`` until the JobSet is finished or gone.
+
+        A dropped connection resumes from the last resourceVersion seen (no event twice);
+        a 410 Gone lists again. The JobSet is checked whenever a pod ends or goes, and
+        whenever the server closes the watch (``timeoutSeconds``).
+        """
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.watch.watch import iter_resp_lines
+        from urllib3.exceptions import HTTPError
+
+        _, core = self.b._apis()
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                resp = self._open(
+                    core.list_namespaced_pod, self.b.namespace,
+                    label_selector=f"{Labels.JOBSET_NAME}={self.name}", watch=True, resource_version=rv,
+                    allow_watch_bookmarks=True, timeout_seconds=self.b.watch_timeout_seconds,
+                    timeout=(self.b.request_timeout[0], self.b.watch_timeout_seconds + 30),
+                )
+                failures = 0
+                try:
+                    for line in iter_resp_lines(resp):
+                        if not line.strip():
+                            continue
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        etype = event.get("type")
+                        if etype == "ERROR":
+                            if obj.get("code") == 410:
+                                raise _Expired
+                            raise XrunError(f"watching pods of {self.name}: {one_line(obj.get('message', ''))}", EXIT_FAILED)
+                        rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                        if etype in ("ADDED", "MODIFIED"):
+                            self.consider(obj)
+                        ended = etype == "DELETED" or (etype == "MODIFIED" and container_done(obj))
+                        if ended and self._terminal():
+                            return
+                finally:
+                    self._release(resp)
+            except _Expired:
+                rv = self._relist()
+                continue
+            except ApiException as e:
+                if e.status == 410:
+                    rv = self._relist()
+                    continue
+                raise self.b.api_error(e, "watch", "pods") from None
+            except (HTTPError, OSError, ValueError) as e:
+                if self.stop.is_set():
+                    return
+                failures += 1  # a dropped connection: resume from the last resourceVersion
+                if failures > 5:
+                    raise self.b.unreachable(e) from None
+                time.sleep(min(0.2 * failures, 2.0))
+            if self.stop.is_set() or self._terminal():
+                return
+
+    def _relist(self) -> str:
+        pods, rv = self.b.list_pods(self.name)
+        for pod in pods:
+            self.consider(pod)
+        return rv
+
+    def _pump(self, pod: dict[str, Any]) -> None:
+        """Stream one pod's log; resume after a drop without repeating a line."""
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.watch.watch import iter_resp_lines
+        from urllib3.exceptions import HTTPError
+
+        _, core = self.b._apis()
+        meta = pod["metadata"]
+        pod_name, uid = meta["name"], meta.get("uid") or meta["name"]
+        host, attempt = pod_host(pod)
+        last: tuple[int, int] | None = None  # timestamp of the last line passed on
+        at_last = 0  # lines passed on with exactly that timestamp
+        first, follow, failures = True, self.follow, 0
+        while not self.stop.is_set():
+            kwargs: dict[str, Any] = {"container": CONTAINER, "follow": follow, "timestamps": True}
+            if first:
+                if self.since_seconds is not None:
+                    kwargs["since_seconds"] = self.since_seconds
+                if self.tail_lines is not None:
+                    kwargs["tail_lines"] = self.tail_lines
+            elif last is not None:
+                kwargs["since_seconds"] = max(1, math.ceil(time.time() - last[0]) + LOG_RESUME_SLACK_SECONDS)
+            elif self.since_seconds is not None:
+                kwargs["since_seconds"] = self.since_seconds
+            clean = False
+            try:
+                resp = self._open(core.read_namespaced_pod_log, pod_name, self.b.namespace,
+                                  timeout=(self.b.request_timeout[0], FOLLOW_READ_TIMEOUT if follow
+                                           else self.b.request_timeout[1]), **kwargs)
+                failures, skip = 0, at_last
+                try:
+                    for raw in iter_resp_lines(resp):
+                        stamp, _, text = raw.partition(" ")
+                        ts = parse_time(stamp)
+                        if ts is None:
+                            text = raw
+                        elif last is not None and (ts < last or (ts == last and skip > 0)):
+                            if ts == last:
+                                skip -= 1
+                            continue  # already passed on before the reconnect
+                        self.q.put((host, attempt, text))
+                        if ts is not None:
+                            at_last = at_last + 1 if ts == last else 1
+                            last = ts
+                            skip = 0
+                finally:
+                    self._release(resp)
+                clean = True
+            except ApiException as e:
+                if e.status == 404:
+                    return  # pod gone
+                if e.status == 400 and first:
+                    with self.lock:  # container not started after all: a later event retries
+                        self.started.discard(uid)
+                    return
+                raise self.b.api_error(e, "get", "pods/log", pod_name) from None
+            except (HTTPError, OSError) as e:
+                if self.stop.is_set():
+                    return
+                failures += 1
+                if failures > 10:
+                    raise self.b.unreachable(e) from None
+                time.sleep(min(0.1 * failures, 1.0))
+            first = False
+            if clean and not follow:
+                return
+            if not follow:
+                continue  # the final read was cut: read it again
+            current = self.b.call("get", "pods", core.read_namespaced_pod, pod_name, self.b.namespace,
+                                  name=pod_name, missing_ok=True)
+            if current is None:
+                return
+            if container_done(current):
+                follow = False  # one last read (from the last line on) catches a cut tail
+            elif clean:
+                time.sleep(0.1)
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (410): list again."""

@@ -1,0 +1,194 @@
+"""A JobSet and its pods as the API serves them (plain dicts), read into xrun's terms.
+
+Pure functions: which host and restart attempt a pod is, why it is Pending or Failed, the
+JobSet's state from its conditions (kubernetes-sigs/jobset ``jobset_types.go``) and the
+events that explain a wait. Used by the kube backend and by tests on recorded objects.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Any
+
+from orchestrator.backends.base import HostStatus
+from xrun_contract import DELETED, FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, host_id
+from xrun_contract.k8s import Annotations, Conditions, Labels, PodPhases
+
+CONTAINER = "workload"  # manifests.jobset.CONTAINER: the user's container
+MAX_EVENTS = 6
+
+_TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
+
+
+def parse_time(text: str | None) -> tuple[int, int] | None:
+    """RFC3339(Nano) -> (unix seconds, nanoseconds), exact enough to order log lines."""
+    if not text:
+        return None
+    m = _TS.match(text)
+    if not m:
+        return None
+    zone = "+00:00" if m[3] == "Z" else m[3]
+    base = dt.datetime.fromisoformat(m[1] + zone)
+    return int(base.timestamp()), int((m[2] or "0").ljust(9, "0"))
+
+
+def _epoch(text: str | None) -> float | None:
+    t = parse_time(text)
+    return None if t is None else t[0] + t[1] / 1e9
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+
+
+def pod_host(pod: dict[str, Any]) -> tuple[str, int]:
+    """("<slice>-<host>", restart attempt) of a JobSet pod, from its labels and annotations."""
+    meta = pod.get("metadata") or {}
+    labels, ann = meta.get("labels") or {}, meta.get("annotations") or {}
+    slice_index = labels.get(Labels.JOB_GLOBAL_INDEX, labels.get(Labels.JOB_INDEX, "?"))
+    host_index = ann.get(Annotations.COMPLETION_INDEX, labels.get(Labels.COMPLETION_INDEX, "?"))
+    try:
+        attempt = int(labels.get(Labels.RESTART_ATTEMPT, 0))
+    except ValueError:
+        attempt = 0
+    return host_id(slice_index, host_index), attempt
+
+
+def _container_status(pod: dict[str, Any]) -> dict[str, Any]:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    for cs in statuses:
+        if cs.get("name") == CONTAINER:
+            return cs
+    return statuses[0] if statuses else {}
+
+
+def container_started(pod: dict[str, Any]) -> bool:
+    """True once the workload container has a log to read (running or already exited)."""
+    state = _container_status(pod).get("state") or {}
+    return bool(state.get("running") or state.get("terminated")) or (
+        (pod.get("status") or {}).get("phase") in PodPhases.STARTED
+    )
+
+
+def container_done(pod: dict[str, Any]) -> bool:
+    state = _container_status(pod).get("state") or {}
+    return bool(state.get("terminated")) or (pod.get("status") or {}).get("phase") in PodPhases.DONE
+
+
+def host_status(pod: dict[str, Any]) -> HostStatus:
+    """One pod as the status screen shows it, with why it is Pending or Failed."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    host, attempt = pod_host(pod)
+    phase = status.get("phase") or PENDING
+    cs = _container_status(pod)
+    state = cs.get("state") or {}
+    exit_code, reason = None, ""
+    if state.get("terminated"):
+        exit_code = state["terminated"].get("exitCode")
+        reason = state["terminated"].get("reason", "")
+    if phase == "Pending":
+        waiting = state.get("waiting") or {}
+        scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+        if waiting.get("reason"):
+            reason = waiting["reason"] + (f": {waiting['message']}" if waiting.get("message") else "")
+        elif scheduled.get("status") == "False":
+            reason = scheduled.get("reason", "Unschedulable") + (
+                f": {scheduled['message']}" if scheduled.get("message") else "")
+        elif any(g for g in (pod.get("spec") or {}).get("schedulingGates") or []):
+            reason = "SchedulingGated"
+    elif phase == "Failed" and not reason:
+        reason = status.get("reason", "")
+    shown = "Terminating" if meta.get("deletionTimestamp") and phase in ("Pending", "Running") else phase
+    return HostStatus(host=host, state=shown, attempt=attempt, exit_code=exit_code,
+                      reason=one_line(reason, 160), pod=meta.get("name", ""))
+
+
+def _host_key(host: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else 0 for p in host.split("-"))
+
+
+def latest_hosts(pods: list[dict[str, Any]]) -> list[HostStatus]:
+    """Per host, the pod of the newest restart attempt (older ones may still be terminating)."""
+    best: dict[str, tuple[tuple, HostStatus]] = {}
+    for pod in pods:
+        hs = host_status(pod)
+        key = (hs.attempt, (pod.get("metadata") or {}).get("creationTimestamp") or "")
+        if hs.host not in best or key > best[hs.host][0]:
+            best[hs.host] = (key, hs)
+    return [best[h][1] for h in sorted(best, key=_host_key)]
+
+
+def expected_pods(jobset: dict[str, Any]) -> int:
+    total = 0
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        job = (rj.get("template") or {}).get("spec") or {}
+        total += int(rj.get("replicas", 1)) * int(job.get("parallelism", job.get("completions", 1)))
+    return total
+
+
+def true_conditions(jobset: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    conds = (jobset.get("status") or {}).get("conditions") or []
+    return {c.get("type", ""): c for c in conds if c.get("status") == "True"}
+
+
+def jobset_state(jobset: dict[str, Any], hosts: list[HostStatus] | None) -> tuple[str, str]:
+    """(contract state, message). ``hosts=None`` judges from replicatedJobsStatus alone."""
+    meta, status, spec = jobset.get("metadata") or {}, jobset.get("status") or {}, jobset.get("spec") or {}
+    conds = true_conditions(jobset)
+    restarts = int(status.get("restarts") or 0)
+    if meta.get("deletionTimestamp"):
+        return DELETED, "deleting"
+    if Conditions.COMPLETED in conds:
+        return SUCCEEDED, one_line(conds[Conditions.COMPLETED].get("message", ""))
+    if Conditions.FAILED in conds:
+        failed = conds[Conditions.FAILED]
+        return FAILED, one_line(failed.get("message", "") or failed.get("reason", ""))
+    if Conditions.SUSPENDED in conds or spec.get("suspend"):
+        queue_name = (meta.get("labels") or {}).get(Labels.QUEUE_NAME)
+        why = f"suspended: waiting for Kueue admission in queue {queue_name}" if queue_name else "suspended"
+        return PENDING, why
+    max_restarts = ((spec.get("failurePolicy") or {}).get("maxRestarts"))
+    restart_msg = f"restart {restarts}" + (f"/{max_restarts}" if max_restarts is not None else "")
+    if hosts is None:
+        rjs = status.get("replicatedJobsStatus") or []
+        replicas = {rj.get("name"): int(rj.get("replicas", 1)) for rj in spec.get("replicatedJobs") or []}
+        ready = bool(rjs) and all(
+            int(r.get("ready", 0)) + int(r.get("succeeded", 0)) >= replicas.get(r.get("name"), 1) for r in rjs
+        )
+        if ready:
+            return RUNNING, ""
+        return (RESTARTING, restart_msg) if restarts else (PENDING, "")
+    current = [h for h in hosts if h.attempt == restarts]
+    started = [h for h in current if h.state in PodPhases.STARTED]
+    if len(started) >= max(1, expected_pods(jobset)):
+        return RUNNING, ""
+    if restarts:
+        return RESTARTING, restart_msg
+    return PENDING, ""
+
+
+def summarize_events(events: list[dict[str, Any]], jobset_name: str, pod_names: set[str]) -> list[str]:
+    """The recent events about this JobSet, its pods and its Kueue workload, one line each."""
+    mine = []
+    for ev in events:
+        obj = ev.get("involvedObject") or ev.get("regarding") or {}
+        name = obj.get("name", "")
+        if name == jobset_name or name in pod_names or name.startswith(f"jobset-{jobset_name}-"):
+            when = ev.get("lastTimestamp") or ev.get("eventTime") or (ev.get("metadata") or {}).get("creationTimestamp")
+            mine.append((when or "", obj.get("kind", ""), name, ev.get("reason", ""), one_line(ev.get("message", ""), 200)))
+    mine.sort(key=lambda e: e[0])
+    grouped: dict[tuple[str, str], list[tuple]] = {}
+    for e in mine:
+        grouped.setdefault((e[3], e[4]), []).append(e)
+    lines = []
+    for (reason, message), items in sorted(grouped.items(), key=lambda kv: kv[1][-1][0]):
+        kind, name = items[-1][1], items[-1][2]
+        who = f"{len({i[2] for i in items})} pods" if kind == "Pod" and len({i[2] for i in items}) > 1 else f"{kind.lower()}/{name}"
+        lines.append(f"{reason} ({who}): {message}")
+    return lines[-MAX_EVENTS:]
+
+

@@ -1,0 +1,61 @@
+"""The `xrun` command line (Click), in kubectl's manner: thin, it parses, calls a service
+(``orchestrator.services``) and prints.
+
+Exit codes (``xrun_contract.errors``): 0 ok; 1 the run (or comparison) failed / regressed;
+2 bad input (one line on stderr naming the field, nothing submitted or written); 3 cluster
+or storage unreachable; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import click
+
+from orchestrator.cli import analysis, cluster, runs
+from xrun_contract.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, XrunError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="xrun")
+def cli() -> None:
+    """xrun: run multi-host JAX training on GKE TPU slices (JobSet), or locally.
+
+    \b
+    Examples:
+      xrun submit -f examples/local-tiny.yaml            # 2 local hosts, trains, follows
+      xrun render --name mt-07 --tpu v6e-32 --num-slices 2 --image IMG > jobset.yaml
+      xrun submit -f run.yaml --context gke_proj_zone_cluster -n team
+      xrun logs mt-07 -f
+      xrun status mt-07 -o json
+    """
+
+
+for _command in (*runs.COMMANDS, *analysis.COMMANDS, *cluster.COMMANDS):
+    cli.add_command(_command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: every error is one line on stderr with a meaningful exit code."""
+    try:
+        rv = cli.main(args=argv, prog_name="xrun", standalone_mode=False)
+        return rv if isinstance(rv, int) else EXIT_OK
+    except XrunError as e:
+        click.echo(f"xrun: error: {e}", err=True)
+        return e.exit_code
+    except click.exceptions.NoArgsIsHelpError as e:
+        click.echo(e.ctx.get_help() if e.ctx else str(e), err=True)
+        return EXIT_USAGE
+    except click.UsageError as e:
+        msg = e.format_message().replace("\n", " ")
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx else ""
+        click.echo(f"xrun: error: {msg}{hint}", err=True)
+        return EXIT_USAGE
+    except click.ClickException as e:
+        click.echo(f"xrun: error: {e.format_message()}", err=True)
+        return e.exit_code
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("xrun: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return EXIT_OK

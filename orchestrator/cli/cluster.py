@@ -1,0 +1,53 @@
+"""Cluster commands: ``xrun doctor``."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from orchestrator.services import doctor as checks
+
+
+@click.command()
+@click.option("--context", default=None, help="kubeconfig context. Default: the run file's, else the current one.")
+@click.option("-n", "--namespace", default=None, help="Namespace. Default: the run file's, else 'default'.")
+@click.option("-f", "--file", "run_file", type=click.Path(dir_okay=False),
+              help="Run file: accelerator, num_slices, nodes, queue, namespace, context and storage come from it.")
+@click.option("--accelerator", "--tpu", "accelerator", help="Shape to look for nodes of (e.g. v6e-32).")
+@click.option("--num-slices", type=int, help="TPU slices (nodes needed = hosts per slice x slices).")
+@click.option("--nodes", type=int, help="GPU nodes.")
+@click.option("--queue", help="Kueue LocalQueue that must exist.")
+@click.option("--storage", help="Storage root to write a probe to. Default: $XRUN_STORAGE.")
+@click.option("-o", "--output", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def doctor(context: str | None, namespace: str | None, run_file: str | None, accelerator: str | None,
+           num_slices: int | None, nodes: int | None, queue: str | None, storage: str | None, fmt: str) -> int:
+    """Check that a cluster can run xrun's JobSets: API, JobSet CRD, Kueue queue, nodes, storage.
+
+    Exit code: 0 all checks passed (warnings allowed), 1 a check failed, 2 bad input,
+    3 the API or the storage root cannot be reached.
+
+    \b
+    Examples:
+      xrun doctor --context gke_proj_zone_cluster
+      xrun doctor -f run.yaml
+      xrun doctor --context gke_p_z_c -n team --tpu v6e-32 --num-slices 2 --queue lq --storage gs://b/xrun
+    """
+    v = checks.inputs(run_file, {"context": context, "namespace": namespace, "accelerator": accelerator,
+                                 "num_slices": num_slices, "nodes": nodes, "queue": queue, "storage": storage})
+    results, code = checks.doctor(v)
+    if fmt == "json":
+        click.echo(json.dumps({"checks": [c.as_dict() for c in results], "exit_code": code}, indent=2))
+    else:
+        for c in results:
+            click.echo(f"{c.result:<5} {c.name:<8} {c.detail}")
+    failed = [c for c in results if c.result == checks.FAIL]
+    warned = [c for c in results if c.result == checks.WARN]
+    if failed:
+        click.echo(f"xrun: doctor: {len(failed)} check(s) failed: {', '.join(c.name for c in failed)}", err=True)
+    else:
+        click.echo(f"xrun: doctor: all checks passed{f' ({len(warned)} warning(s))' if warned else ''}", err=True)
+    return code
+
+
+COMMANDS = (doctor,)

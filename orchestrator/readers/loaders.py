@@ -1,0 +1,371 @@
+"""Build a :class:`RunRecord` from what a run left: a storage root, a log file, or JSONL.
+
+Sources, most to least precise: xrun's metrics JSONL (``runs/<name>/metrics/*.jsonl``,
+typed records of :mod:`xrun_contract.records`), ``run.json`` / ``state.json`` (spec,
+versions, submit time, transitions), and training logs in MaxText/XPK form (stored log
+chunks, or any log file, ``.gz`` too). :class:`StoredRun` reads a run incrementally (each
+metrics chunk once) for the live views; :func:`load_run` resolves a user's argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import gzip
+import json
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from orchestrator.readers.logparse import READ_CHARS, LogParser
+from orchestrator.readers.record import RunRecord, _maybe_json, format_params
+from xrun_contract import ATTEMPT_RE, TERMINAL_STATES, Env, Layout, records
+from xrun_contract.errors import XrunError
+from xrun_contract.storage import Storage, open_storage, read_chunks
+
+ALLOWED = "; give a run name, a run path <root>/runs/<name>, or a log or metrics file"
+
+# ---------------------------------------------------------------------------------------
+# JSONL metrics and run.json
+
+
+def apply_metric(rec: RunRecord, r: records.Record) -> None:
+    """Fold one typed metrics record (:mod:`xrun_contract.records`) into the run record."""
+    attempt = r.attempt
+    t = r.time
+    if isinstance(r, records.Step):
+        rec.steps.append(
+            r.step, r.seconds, r.tflops_per_device, r.tokens_per_s_per_device, r.loss,
+            blocked=r.checkpoint_blocked_s, time=t if t is not None else math.nan,
+            attempt=attempt, total_weights=r.total_weights,
+        )
+    elif isinstance(r, records.Header):
+        rec.set_versions(r.versions)
+        if rec.config is None and r.config is not None:
+            rec.config = _maybe_json(r.config)
+        if r.total_steps is not None:
+            rec.total_steps = r.total_steps
+        if rec.start_time is None and t is not None:
+            rec.start_time = t
+    elif isinstance(r, records.Params):
+        rec.params = float(r.params)
+        rec.params_text = format_params(rec.params)
+        rec.params_exact = True
+    elif isinstance(r, records.Flops):
+        rec.flops = {"tflops_per_step": r.tflops_per_step, "learnable_pct": r.learnable_pct,
+                     "attention_pct": r.attention_pct, "tflops_per_device": r.tflops_per_device}
+    elif isinstance(r, records.Memory):
+        rec.set_memory(r.used_gb, r.total_gb, r.pct, r.device)
+    elif isinstance(r, records.Checkpoint):
+        rec.add_checkpoint(r.event, r.step, r.seconds, attempt, t)
+    elif isinstance(r, records.End):
+        if r.exit_code is not None:
+            rec.exit_code = r.exit_code
+        rec.end_reason = r.reason
+        if t is not None:
+            rec.end_time = max(rec.end_time or 0.0, t)
+
+
+def _num(value: Any, default: float = math.nan) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return default
+    return float(value)
+
+
+def read_jsonl_lines(rec: RunRecord, lines: Iterable[str]) -> int:
+    """Apply every JSON line; returns how many were not valid records (skipped)."""
+    bad = 0
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if not (isinstance(obj, dict) and "kind" in obj):
+            bad += 1
+            continue
+        typed = records.parse(obj)
+        if typed is not None:  # a kind this reader does not know yet is skipped, not bad
+            apply_metric(rec, typed)
+    return bad
+
+
+def apply_run_json(rec: RunRecord, run: dict[str, Any]) -> None:
+    """run.json: spec (name, accelerator, branch, commit, image), submit time, workload."""
+    rec.run_info = run
+    spec = run.get("spec") or {}
+    rec.spec = spec
+    rec.name = rec.name or str(run.get("name") or spec.get("name") or "")
+    env = spec.get("env") or {}
+    rec.branch = str(spec.get("branch") or env.get(Env.BRANCH) or rec.branch or "")
+    rec.commit = str(spec.get("commit") or env.get(Env.COMMIT) or rec.commit or "")
+    rec.image = str(spec.get("image") or rec.image or "")
+    rec.accelerator = str(spec.get("accelerator") or rec.accelerator or "")
+    if isinstance(run.get("submitted_at"), int | float):
+        rec.submitted_at = float(run["submitted_at"])
+    wl = run.get("workload") or {}
+    if not isinstance(wl, dict):
+        return
+    rec.set_versions(wl.get("versions") or {})
+    if wl.get("config") is not None:
+        rec.config = wl["config"]
+        steps = wl["config"].get("steps") if isinstance(wl["config"], dict) else None
+        if isinstance(steps, int) and rec.total_steps is None:
+            rec.total_steps = steps
+    if wl.get("accelerator") and not rec.accelerator:
+        rec.accelerator = str(wl["accelerator"])
+    for key in ("start_time", "end_time"):
+        if isinstance(wl.get(key), int | float):
+            setattr(rec, key, float(wl[key]))
+    if isinstance(wl.get("exit_code"), int):
+        rec.exit_code = wl["exit_code"]
+
+
+def apply_state(rec: RunRecord, state: dict[str, Any]) -> None:
+    rec.state_info = state
+    rec.state = str(state.get("state") or "")
+    rec.restarts = int(state.get("restarts") or 0)
+    rec.transitions = list(state.get("transitions") or [])
+    hosts = state.get("hosts") or {}
+    if hosts and rec.process_count is None:
+        rec.process_count = len(hosts)
+    if rec.state in TERMINAL_STATES:
+        ends = [t.get("time") for t in rec.transitions if t.get("state") == rec.state]
+        if ends and isinstance(ends[-1], int | float):
+            rec.end_time = float(ends[-1])
+
+
+# ---------------------------------------------------------------------------------------
+# Sources
+
+
+def iter_file_text(path: Path) -> Iterator[str]:
+    """A file's text in bounded pieces (gzip when it ends in .gz); bad bytes replaced."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
+        while True:
+            piece = f.read(READ_CHARS)
+            if not piece:
+                return
+            yield piece
+
+
+def read_log_file(path: str | Path, record: RunRecord | None = None) -> RunRecord:
+    """Parse one log file (or JSONL metrics file) of any size in bounded memory."""
+    path = Path(path)
+    rec = record or RunRecord()
+    rec.kind = rec.kind or "log"
+    rec.source = rec.source or str(path)
+    rec.name = rec.name or path.name.split(".")[0]
+    if _looks_like_jsonl(path):
+        rec.kind = "metrics"
+        pending = ""
+        bad = 0
+        for piece in iter_file_text(path):
+            lines = (pending + piece).split("\n")
+            pending = lines.pop()
+            bad += read_jsonl_lines(rec, lines)
+        bad += read_jsonl_lines(rec, [pending])
+        if bad:
+            rec.notes.append(f"{bad} lines of {path.name} were not metrics records; skipped")
+        return rec
+    year = None
+    with contextlib.suppress(OSError):
+        year = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.UTC).year
+    parser = LogParser(rec, year=year)
+    for piece in iter_file_text(path):
+        parser.feed(piece)
+    return parser.finish()
+
+
+def _looks_like_jsonl(path: Path) -> bool:
+    if path.name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+        return True
+    try:
+        first = next(iter_file_text(path), "")[:4096].lstrip()
+    except (OSError, EOFError):
+        return False
+    line = first.split("\n", 1)[0]
+    if not line.startswith("{"):
+        return False
+    try:
+        return "kind" in json.loads(line)
+    except json.JSONDecodeError:
+        return False
+
+
+class StoredRun:
+    """A run under a storage root, read incrementally: each metrics chunk is read once.
+
+    ``poll`` re-reads the small run.json and state.json and folds new metrics chunks into
+    one :class:`RunRecord`, so a live view (``xrun submit --follow``, ``logs -f``) and a
+    one-shot read (``status``, ``compare``) build the very same record.
+    """
+
+    def __init__(self, storage: Storage, name: str):
+        self.storage, self.name = storage, name
+        self.rec = RunRecord(name=name, source=storage.url(Layout.run(name)), kind="storage")
+        self._seen: set[str] = set()
+        self.bad_lines = 0
+        self.found = False  # run.json or state.json exists
+
+    def poll(self, metrics: bool = True) -> RunRecord:
+        run = self.storage.read_json(Layout.run_json(self.name))
+        state = self.storage.read_json(Layout.state(self.name))
+        if run:
+            apply_run_json(self.rec, run)
+        if metrics:
+            objects, _ = self.storage.list(Layout.metrics(self.name))
+            for o in objects:
+                if o.key in self._seen:
+                    continue
+                data = self.storage.read_bytes(o.key)
+                if data is None:
+                    continue
+                self._seen.add(o.key)
+                self.bad_lines += read_jsonl_lines(
+                    self.rec, data.decode("utf-8", errors="replace").splitlines())
+        if state:
+            apply_state(self.rec, state)
+        self.found = self.found or run is not None or state is not None
+        return self.rec
+
+
+def read_stored_run(storage: Storage, name: str, metrics: bool = True) -> RunRecord:
+    """A run under a storage root: run.json, state.json, metrics; logs when metrics lack
+    steps. ``metrics=False`` reads only the two small JSON files (``xrun list``)."""
+    reader = StoredRun(storage, name)
+    rec = reader.poll(metrics=metrics)
+    if reader.bad_lines:
+        rec.notes.append(f"{reader.bad_lines} metrics lines were not valid JSON records; skipped")
+    found_logs = False
+    if metrics and rec.steps.count == 0:
+        found_logs = _read_stored_logs(storage, name, rec)
+        if rec.state_info:
+            apply_state(rec, rec.state_info)
+    if not reader.found and rec.steps.count == 0 and not found_logs:
+        raise XrunError(f"run: nothing stored for {name!r} under {storage.root}")
+    if rec.process_id is None and rec.kind == "storage" and rec.versions.get("process_id") is None:
+        rec.process_id = 0  # metrics and the fallback log are process 0's
+    return rec
+
+
+def _read_stored_logs(storage: Storage, name: str, rec: RunRecord) -> bool:
+    """Process 0's log chunks (host 0-0, else the first host), attempt by attempt."""
+    _, host_prefixes = storage.list(Layout.logs(name))
+    hosts = [p.rsplit("/", 1)[-1] for p in host_prefixes]
+    if not hosts:
+        return False
+    host = "0-0" if "0-0" in hosts else hosts[0]
+    rec.hosts_seen = hosts
+    parser = LogParser(rec, attempt=0)
+    _, attempt_prefixes = storage.list(f"{Layout.logs(name)}/{host}")
+    for ap in attempt_prefixes:
+        m = ATTEMPT_RE.search(ap.rsplit("/", 1)[-1])
+        if not m:
+            continue
+        parser.set_attempt(int(m[1]))
+        for _key, data in read_chunks(storage, ap):
+            parser.feed(data.decode("utf-8", errors="replace"))
+    out = parser.finish()
+    if out.steps.count:
+        rec.notes.append(f"no step metrics stored: read from host {host}'s log")
+    return True
+
+
+def split_storage_path(path: str) -> tuple[str, str] | None:
+    """'<root>/runs/<name>' (a folder or gs:// URL) -> (root, name)."""
+    p = path.rstrip("/")
+    marker = f"/{Layout.RUNS}/"
+    idx = p.rfind(marker)
+    if idx < 0:
+        return None
+    root, name = p[:idx], p[idx + len(marker):]
+    if not name or "/" in name:
+        return None
+    return (root or "/"), name
+
+
+def load_run(arg: str, storage_root: str | None = None, what: str = "run") -> RunRecord:
+    """A run name (under ``storage_root``), a storage path ``.../runs/<name>``, or a log file.
+
+    ``what`` names the argument in errors (BASE, CANDIDATE).
+    """
+    if not arg or not arg.strip():
+        raise XrunError(f"{what}: empty; give a run name, a storage path .../runs/<name>, or a log file")
+    try:
+        if arg.startswith("gs://"):
+            parts = split_storage_path(arg)
+            if parts is None:
+                raise XrunError(f"{what}: {arg!r} is not a run path like gs://bucket/prefix/runs/<name>")
+            return _checked(read_stored_run(open_storage(parts[0]), parts[1]), what, arg)
+        path = Path(arg).expanduser()
+        if path.is_file():
+            try:
+                rec = read_log_file(path)
+            except OSError as e:
+                raise XrunError(f"{what}: cannot read {arg}: {e.strerror or e}") from None
+            return _checked(rec, what, arg)
+        if path.is_dir():
+            if not any((path / n).exists() for n in ("run.json", "state.json", "metrics", "logs")):
+                raise XrunError(f"{what}: folder {arg} is not a run (no run.json, state.json, metrics/ or logs/)")
+            root = path.resolve().parent
+            if root.name == Layout.RUNS:
+                root = root.parent
+                return _checked(read_stored_run(open_storage(str(root)), path.resolve().name), what, arg)
+            rec = read_stored_run(_FolderRun(path), path.resolve().name)
+            rec.source = str(path)
+            return _checked(rec, what, arg)
+        if "/" in arg or arg.endswith((".log", ".txt", ".jsonl", ".gz")):
+            raise XrunError(f"{what}: no such file or folder: {arg}{ALLOWED}")
+        if storage_root is None:
+            raise XrunError(f"{what}: {arg!r} is not a file; give --storage to read run names")
+        storage = open_storage(storage_root)
+        if storage.read_json(Layout.run_json(arg)) is None and storage.read_json(Layout.state(arg)) is None:
+            raise XrunError(f"{what}: no run named {arg!r} under {storage.root} (see 'xrun list'), "
+                              "and no such file")
+        return _checked(read_stored_run(storage, arg), what, arg)
+    except XrunError:
+        raise
+    except (OSError, ValueError) as e:
+        raise XrunError(f"{what}: cannot read {arg}: {e}") from None
+
+
+def _checked(rec: RunRecord, what: str, arg: str) -> RunRecord:
+    """A source with nothing recognisable is bad input, not an empty run."""
+    if rec.kind != "storage" and rec.steps.count == 0 and not rec.versions and rec.exit_code is None:
+        raise XrunError(f"{what}: {arg} has no training lines (no 'completed step:', 'xrun header' "
+                          "or metrics records)")
+    return rec
+
+
+class _FolderRun(Storage):
+    """A copied run folder (run.json, metrics/, logs/) outside any runs/ root."""
+
+    def __init__(self, path: Path):
+        from xrun_contract.storage import LocalStorage
+
+        self._inner = LocalStorage(str(path))
+        self.root = self._inner.root
+        self.name = path.resolve().name
+
+    def _k(self, key: str) -> str:
+        return key.split("/", 2)[2] if key.startswith(f"{Layout.RUNS}/") and key.count("/") >= 2 else ""
+
+    def read_bytes(self, key: str) -> bytes | None:
+        return self._inner.read_bytes(self._k(key))
+
+    def list(self, prefix: str, delimiter: str | None = "/"):
+        objects, prefixes = self._inner.list(self._k(prefix), delimiter)
+        from xrun_contract.storage import ObjectInfo
+
+        base = Layout.run(self.name)
+        return ([ObjectInfo(f"{base}/{o.key}", o.size, o.updated) for o in objects],
+                [f"{base}/{p}" for p in prefixes])
+
+    def url(self, key: str = "") -> str:
+        return self._inner.url(self._k(key))

@@ -1,0 +1,285 @@
+"""One run, read back: :class:`RunRecord` and its per-step samples (:class:`StepSeries`).
+
+Every reader of a run (status, list, follow, compare, report, goodput) works on this one
+record, whatever the source: a storage root, a log file or metrics JSONL
+(``orchestrator.readers.loaders`` builds it). Per-step samples live in compact columns
+that halve their resolution past a cap, so memory stays bounded however long the run was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from xrun_contract import SUCCEEDED
+
+# ---------------------------------------------------------------------------------------
+# Per-step samples
+
+
+STEP_CAP = 200_000  # samples kept per run before decimating (about 13 MB of columns)
+
+
+class StepSeries:
+    """Per-step samples as typed columns; keeps every ``stride``-th step past ``cap``.
+
+    Totals (``count``, ``total_seconds``) are exact over every step seen; the columns are an
+    evenly thinned sample once a run has more than ``cap`` steps, which keeps a 1 GB log's
+    memory bounded while medians and tests stay representative.
+    """
+
+    COLUMNS = ("step", "seconds", "tflops", "tokens", "loss", "blocked", "time", "attempt")
+
+    def __init__(self, cap: int = STEP_CAP):
+        self.cap = cap
+        self.stride = 1
+        self.count = 0  # every step seen, kept or not
+        self.total_seconds = 0.0
+        self.step = array("q")
+        self.attempt = array("l")
+        self.seconds = array("d")
+        self.tflops = array("d")
+        self.tokens = array("d")
+        self.loss = array("d")
+        self.blocked = array("d")
+        self.time = array("d")  # unix seconds the step was logged; nan when unknown
+        self.total_weights_first: int | None = None
+        self.total_weights_last: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def append(self, step: int, seconds: float, tflops: float, tokens: float, loss: float,
+               blocked: float = 0.0, time: float = math.nan, attempt: int = 0,
+               total_weights: int | None = None) -> None:
+        index = self.count
+        self.count += 1
+        if math.isfinite(seconds):
+            self.total_seconds += seconds
+        if total_weights is not None:
+            if self.total_weights_first is None:
+                self.total_weights_first = total_weights
+            self.total_weights_last = total_weights
+        if index % self.stride:
+            return
+        self.step.append(step)
+        self.attempt.append(attempt)
+        self.seconds.append(seconds)
+        self.tflops.append(tflops)
+        self.tokens.append(tokens)
+        self.loss.append(loss)
+        self.blocked.append(blocked)
+        self.time.append(time)
+        if len(self.step) > self.cap:
+            self._halve()
+
+    def _halve(self) -> None:
+        for name in self.COLUMNS:
+            col = getattr(self, name)
+            setattr(self, name, col[::2])
+        self.stride *= 2
+
+    def rows(self) -> Iterator[tuple[int, float, float, float, float, float, float, int]]:
+        return zip(self.step, self.seconds, self.tflops, self.tokens, self.loss, self.blocked,
+                   self.time, self.attempt, strict=True)
+
+    @property
+    def last_step(self) -> int | None:
+        return self.step[-1] if self.step else None
+
+
+# ---------------------------------------------------------------------------------------
+# The run record
+
+
+EVENT_CAP = 100_000  # checkpoint events kept individually (totals stay exact)
+
+
+@dataclass
+class RunRecord:
+    """Everything the comparison and the report know about one run."""
+
+    name: str = ""
+    source: str = ""  # path or URL that was read
+    kind: str = ""  # storage | log | metrics
+    branch: str = ""
+    commit: str = ""
+    image: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+    config: Any = None
+    accelerator: str = ""
+    process_id: int | None = None
+    process_count: int | None = None
+    devices: int | None = None  # global device count
+    device_kind: str = ""
+    backend: str = ""
+    params: float | None = None  # parameter count
+    params_text: str = ""  # as logged, e.g. "0.853 billion"
+    params_exact: bool = False  # an exact count (metrics), not a log line's rounded billions
+    flops: dict[str, float] | None = None
+    memory: dict[str, Any] | None = None  # the device reading with the highest %
+    steps: StepSeries = field(default_factory=StepSeries)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_totals: dict[str, float] = field(
+        default_factory=lambda: {"blocked": 0.0, "waited": 0.0, "committed": 0.0, "saves": 0}
+    )
+    # (attempt, step) of saves that blocked or waited: their steps are not steady state.
+    stalled_steps: set[tuple[int, int]] = field(default_factory=set)
+    submitted_at: float | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    exit_code: int | None = None
+    end_reason: str = ""
+    state: str = ""
+    restarts: int = 0
+    transitions: list[dict[str, Any]] = field(default_factory=list)
+    spec: dict[str, Any] = field(default_factory=dict)
+    hosts_seen: list[str] = field(default_factory=list)
+    wrapper_seconds: float | None = None
+    log_first_time: float | None = None  # from absl prefixes (the year is assumed)
+    log_last_time: float | None = None
+    log_first_step_time: float | None = None
+    notes: list[str] = field(default_factory=list)
+    total_steps: int | None = None  # what the run was asked to train (header / config)
+    # Raw run.json and state.json of a stored run (xrun backend, context, hosts, message).
+    run_info: dict[str, Any] = field(default_factory=dict)
+    state_info: dict[str, Any] = field(default_factory=dict)
+
+    # -- identity -------------------------------------------------------------------
+    @property
+    def short_commit(self) -> str:
+        c = self.commit.strip()
+        return c[:7] if re.fullmatch(r"[0-9a-fA-F]{8,40}", c) else c
+
+    @property
+    def label(self) -> str:
+        """'<branch> <short commit>', else what is known, else the run or file name."""
+        parts = [p for p in (self.branch, self.short_commit) if p]
+        if parts and not self.branch:
+            parts.insert(0, self.name)
+        return " ".join(parts) or self.name or self.source
+
+    @property
+    def jax(self) -> str:
+        return self.versions.get("jax", "")
+
+    @property
+    def jaxlib(self) -> str:
+        return self.versions.get("jaxlib", "")
+
+    @property
+    def libtpu(self) -> str:
+        return self.versions.get("libtpu") or self.versions.get("libtpu_version", "")
+
+    @property
+    def finished(self) -> bool:
+        """Did the run end successfully? Unknown (a log cut short) counts as not finished."""
+        if self.state:
+            return self.state == SUCCEEDED
+        return self.exit_code == 0
+
+    @property
+    def outcome(self) -> str:
+        if self.state:
+            return self.state
+        if self.exit_code is None:
+            return "unknown (no exit code)"
+        return "exit code 0" if self.exit_code == 0 else f"exit code {self.exit_code}"
+
+    # -- derived ----------------------------------------------------------------------
+    def steady_mask(self, warmup: int) -> list[bool]:
+        """Which kept step samples are steady state.
+
+        Not steady: the first ``warmup`` steps of every attempt (compilation, restore), steps
+        next to a checkpoint save that blocked or waited (which of the two absorbed the stall
+        depends on where the workload takes its timestamp), steps whose record says they were
+        blocked, and unreadable values.
+        """
+        first_of_attempt: dict[int, int] = {}
+        out: list[bool] = []
+        stalled = self.stalled_steps
+        for step, seconds, _tf, _tok, _loss, blocked, _t, attempt in self.steps.rows():
+            first = first_of_attempt.setdefault(attempt, step)
+            ok = (step >= first + warmup and math.isfinite(seconds) and not blocked
+                  and (attempt, step) not in stalled and (attempt, step - 1) not in stalled)
+            out.append(ok)
+        return out
+
+    def final_mask(self) -> list[bool]:
+        """False for executions that a later attempt redid (the same step ran again)."""
+        last: dict[int, int] = {}
+        for i, step in enumerate(self.steps.step):
+            last[step] = i
+        return [last[step] == i for i, step in enumerate(self.steps.step)]
+
+    # -- building ---------------------------------------------------------------------
+    def add_checkpoint(self, event: str, step: int, seconds: float | None, attempt: int,
+                       time: float | None = None) -> None:
+        if event in ("blocked", "waited", "committed") and seconds is not None:
+            self.checkpoint_totals[event] += seconds
+        if event == "started":
+            self.checkpoint_totals["saves"] += 1
+        if event in ("blocked", "waited"):
+            self.stalled_steps.add((attempt, step))
+        if len(self.checkpoints) < EVENT_CAP:
+            self.checkpoints.append({"event": event, "step": step, "seconds": seconds,
+                                     "attempt": attempt, "time": time})
+        elif len(self.checkpoints) == EVENT_CAP:
+            self.notes.append(f"more than {EVENT_CAP} checkpoint events: later ones only counted")
+
+    def set_memory(self, used: float, total: float, pct: float, device: str) -> None:
+        if self.memory is None or pct > self.memory["pct"]:
+            self.memory = {"used_gb": used, "total_gb": total, "pct": pct, "device": device}
+        m = re.search(r"process=(\d+)", device)
+        if m and self.process_id is None:
+            self.process_id = int(m[1])
+
+    def set_versions(self, versions: dict[str, Any]) -> None:
+        """Header keys: versions, process identity, devices, commit, config."""
+        for key, value in versions.items():
+            if value is None or value == "":
+                continue
+            self.versions[str(key)] = str(value)
+        v = self.versions
+        for key, attr in (("process_id", "process_id"), ("process_count", "process_count"),
+                          ("global_devices", "devices")):
+            if key in v:
+                with contextlib.suppress(ValueError):
+                    setattr(self, attr, int(v[key]))
+        self.device_kind = v.get("device_kind", self.device_kind)
+        self.backend = v.get("backend", self.backend)
+        self.accelerator = self.accelerator or v.get("accelerator", "")
+        self.image = self.image or v.get("image", "")
+        self.commit = self.commit or v.get("commit", "")
+        if self.config is None and v.get("config"):
+            self.config = _maybe_json(v["config"])
+
+
+def _maybe_json(text: Any) -> Any:
+    if not isinstance(text, str):
+        return text
+    with contextlib.suppress(ValueError):
+        return json.loads(text)
+    return text
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def format_params(count: float) -> str:
+    """'0.853 billion' as MaxText logs it; small models in millions or as a plain count."""
+    if count >= 1e8:
+        return f"{count / 1e9:.3f} billion"
+    if count >= 1e5:
+        return f"{count / 1e6:.3f} million"
+    return f"{count:,.0f}"

@@ -1,0 +1,92 @@
+"""What ``xrun status`` (and the live follow of ``submit``/``logs -f``) shows about a run.
+
+Built from the one :class:`RunRecord` a run reads back as (``readers.loaders.StoredRun``),
+the backend's live view when there is one, and the checkpoint listing. The result is a
+plain dict: what ``-o json|yaml`` prints and what the CLI's screen renders.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from orchestrator.backends.base import BackendStatus
+from orchestrator.readers.checkpoints import latest_committed, list_checkpoints
+from orchestrator.readers.record import RunRecord
+from xrun_contract import FAILED, PENDING, SUCCEEDED, Layout, is_terminal
+from xrun_contract.storage import Storage
+
+RECENT_STEPS = 20  # the step time shown is the median of this many latest steps
+
+
+def progress(rec: RunRecord) -> dict[str, Any]:
+    """Step, loss, throughput (all devices) and ETA from the record's latest steps."""
+    out: dict[str, Any] = {"step": None, "total_steps": rec.total_steps, "loss": None,
+                           "tokens_per_s": None, "step_seconds": None, "eta_seconds": None,
+                           "attempt": 0}
+    steps = rec.steps
+    if not len(steps):
+        return out
+    out["step"], out["loss"], out["attempt"] = steps.step[-1], steps.loss[-1], steps.attempt[-1]
+    recent = [s for s in steps.seconds[-RECENT_STEPS:]]
+    out["step_seconds"] = statistics.median(recent)
+    tok = steps.tokens[-1]
+    if tok == tok:  # not NaN
+        out["tokens_per_s"] = tok * (rec.devices or 1)
+    state = rec.state
+    if rec.total_steps and out["step_seconds"] and not is_terminal(state):
+        out["eta_seconds"] = max(0, rec.total_steps - out["step"]) * out["step_seconds"]
+    return out
+
+
+def _state_from_end(rec: RunRecord) -> str | None:
+    if rec.exit_code is None:
+        return None
+    return SUCCEEDED if rec.exit_code == 0 else FAILED
+
+
+def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None) -> dict[str, Any]:
+    """Everything known about a run, as a plain dict."""
+    checkpoints = list_checkpoints(storage, rec.name)
+    latest = latest_committed(checkpoints)
+    state_info = rec.state_info
+    if live is not None:
+        current, restarts, message = live.state, live.restarts, live.message
+        hosts = [h.as_dict() for h in live.hosts]
+        events = list(live.events)
+    else:
+        current = rec.state or _state_from_end(rec) or PENDING
+        restarts, message = rec.restarts, str(state_info.get("message", ""))
+        hosts = [{"host": h, **v} for h, v in sorted((state_info.get("hosts") or {}).items())]
+        events = []
+    rec.state = current  # the ETA and goodput read the state as shown
+    view: dict[str, Any] = {
+        "name": rec.name,
+        "state": current,
+        "restarts": restarts,
+        "message": message,
+        "events": events,
+        "backend": rec.run_info.get("backend", state_info.get("backend", "")),
+        "accelerator": rec.spec.get("accelerator", ""),
+        "submitted_at": rec.submitted_at,
+        "storage": storage.url(Layout.run(rec.name)),
+        "hosts": hosts,
+        **progress(rec),
+        "latest_checkpoint": latest.as_dict() if latest else None,
+        "checkpoints_in_progress": [c.step for c in checkpoints if c.state != "committed"],
+        "transitions": list(state_info.get("transitions", [])),
+        "goodput": _goodput(rec),
+    }
+    return view
+
+
+def _goodput(rec: RunRecord) -> dict[str, Any] | None:
+    """Wall-time breakdown (None while there is nothing to break down)."""
+    from orchestrator.analysis.goodput import goodput
+
+    if not rec.steps.count:
+        return None
+    try:
+        return goodput(rec)
+    except Exception:  # noqa: BLE001 - a partial run must still show its status
+        return None

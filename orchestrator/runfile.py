@@ -1,0 +1,131 @@
+"""Run files, env files and flags in, a validated :class:`~manifests.spec.RunSpec` out.
+
+The I/O half of building a spec (``manifests.spec`` is the pure half): YAML with duplicate
+keys refused, env files, ``--env`` pairs and exit-code ranges, and the storage root
+resolved once (``orchestrator.settings``). Every error is one line, exit 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from manifests.spec import RunSpec, build_spec
+from orchestrator import settings
+from xrun_contract.errors import XrunError
+
+MAX_EXIT_CODE = 255
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, line: int):
+        self.key, self.line = key, line
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML silently keeps the last of duplicate keys; a run file must not."""
+
+
+def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise _DuplicateKey(key, key_node.start_mark.line + 1)
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping
+)
+
+
+def load_yaml_mapping(text: str, what: str, path: str) -> dict[str, Any]:
+    """A YAML document that must be a mapping, with duplicate keys refused (``what`` names
+    the file in errors: "run file", "nightly file")."""
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as e:
+        raise XrunError(f"{what}: duplicate key {e.key!r} (line {e.line})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise XrunError(f"{what}: {path} is not valid YAML{where}") from None
+    except RecursionError:
+        raise XrunError(f"{what}: {path} is nested too deeply") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise XrunError(f"{what}: {path} must be a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def read_text(path: str, what: str) -> str:
+    """A UTF-8 text file, or one line saying why it cannot be read."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise XrunError(f"{what}: {path} is not UTF-8 text") from None
+    except OSError as e:
+        raise XrunError(f"{what}: cannot read {path}: {e.strerror}") from None
+
+
+def read_run_file(path: str) -> dict[str, Any]:
+    return load_yaml_mapping(read_text(path, "run file"), "run file", path)
+
+
+def parse_env_pairs(pairs: list[str], source: str = "--env") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise XrunError(f"{source}: expected KEY=VALUE, got {pair!r}")
+        if key in out:
+            raise XrunError(f"{source}: duplicate env key {key!r}")
+        out[key] = value
+    return out
+
+
+def read_env_file(path: str) -> dict[str, str]:
+    lines = read_text(path, "--env-file").splitlines()
+    pairs = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
+    pairs = [p.removeprefix("export ") for p in pairs]
+    return parse_env_pairs(pairs, source=f"--env-file {path}")
+
+
+def exit_codes(text: str) -> list[int]:
+    """'42,127-255' -> the codes; every code must be 1..255 (checked before expanding)."""
+    codes: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not (lo.isdigit() and (not sep or hi.isdigit())):
+            raise XrunError(f"restartable_exit_codes: {part!r} is not a code or range like 127-255")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if not 1 <= first <= last <= MAX_EXIT_CODE:
+            raise XrunError(f"restartable_exit_codes: {part!r} must be codes or ranges within "
+                            f"1..{MAX_EXIT_CODE}")
+        codes.extend(range(first, last + 1))
+    return codes
+
+
+def spec_from_inputs(run_file: str | None, flags: dict[str, Any], *, env_file: str | None = None,
+                     env_pairs: tuple[str, ...] | list[str] = (),
+                     restartable_exit_codes: str | None = None) -> RunSpec:
+    """Build and validate the RunSpec: file first, flags over it, the storage root resolved."""
+    file_values = read_run_file(run_file) if run_file else {}
+    env = read_env_file(env_file) if env_file else {}
+    flag_env = parse_env_pairs(list(env_pairs))
+    for key in flag_env:
+        if key in env:
+            raise XrunError(f"--env: duplicate env key {key!r} (also in --env-file)")
+    env.update(flag_env)
+    values = {k: v for k, v in flags.items() if v is not None}
+    if restartable_exit_codes is not None:
+        values["restartable_exit_codes"] = exit_codes(restartable_exit_codes)
+    if env:
+        values["env"] = env
+    return build_spec(file_values, values, storage_default=settings.storage_root())

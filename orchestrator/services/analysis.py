@@ -1,0 +1,48 @@
+"""Compare and report: runs in (names, run paths or log files), comparisons out.
+
+Every run is read through the one record (``readers.loaders.load_run``) whatever its
+source; a storage client failure is "unreachable" (exit 3), an argument that is not a run
+is bad input (exit 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.analysis.compare import Comparison
+from orchestrator.analysis.compare import compare as compare_records
+from orchestrator.analysis.report import report_for
+from orchestrator.readers.loaders import load_run
+from orchestrator.readers.record import RunRecord
+from xrun_contract.errors import EXIT_UNREACHABLE, XrunError
+
+
+def load(arg: str, storage_root: str, what: str) -> RunRecord:
+    try:
+        return load_run(arg, storage_root, what)
+    except XrunError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a storage client error: unreachable, not bad input
+        raise XrunError(f"{what}: cannot read {arg} from {storage_root}: {e}", EXIT_UNREACHABLE) from None
+
+
+def compare(base: str, candidate: str, storage_root: str, *, threshold_pct: float, alpha: float,
+            warmup: int) -> Comparison:
+    b = load(base, storage_root, "BASE")
+    c = load(candidate, storage_root, "CANDIDATE")
+    return compare_records(b, c, threshold_pct=threshold_pct, alpha=alpha, warmup=warmup)
+
+
+def comparison_html(result: Comparison) -> str:
+    return report_for(result.base, [result.cand], [result])
+
+
+def report(base: str, candidates: Sequence[str], storage_root: str, *, threshold_pct: float,
+           alpha: float, warmup: int, title: str) -> tuple[str, list[Comparison]]:
+    """The self-contained HTML report of every candidate against the base."""
+    b = load(base, storage_root, "BASE")
+    cands = [load(c, storage_root, f"CANDIDATE {i + 1}" if len(candidates) > 1 else "CANDIDATE")
+             for i, c in enumerate(candidates)]
+    results = [compare_records(b, c, threshold_pct=threshold_pct, alpha=alpha, warmup=warmup)
+               for c in cands]
+    return report_for(b, cands, results, title=title), results

@@ -1,0 +1,287 @@
+"""The run lifecycle as services: render, submit, observe, status, list, checkpoints, delete.
+
+The CLI and ``nightly`` both call these; nothing here prints or parses flags. Every
+failure is an :class:`~xrun_contract.errors.XrunError` carrying its exit code. Whatever
+the backend, its view of a run is recorded into ``state.json`` the same way
+(:func:`observe`), so status, list and reports read a run from storage alone after the
+pods, the processes or the JobSet are gone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from manifests.jobset import jobset
+from manifests.spec import RunSpec
+from orchestrator.backends.base import Backend, BackendStatus
+from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
+from orchestrator.readers.loaders import StoredRun, read_stored_run
+from orchestrator.readers.record import RunRecord
+from orchestrator.readers.view import run_view
+from xrun_contract import DELETED, FAILED, SUCCEEDED, XRUN_VERSION, Layout, is_terminal
+from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
+from xrun_contract.storage import Storage, open_storage
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """Block style, except that lists of plain numbers (exit codes) stay on one line."""
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flow = bool(data) and all(isinstance(v, int) and not isinstance(v, bool) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
+_ManifestDumper.add_representer(list, _represent_list)
+
+
+def dump_yaml(obj: Any) -> str:
+    """Manifests and views as YAML people can review (keys in rendering order)."""
+    return yaml.dump(obj, Dumper=_ManifestDumper, sort_keys=False, default_flow_style=False, width=100)
+
+
+# ---------------------------------------------------------------------------------------
+# Backends
+
+
+def backend_for(kind: str, storage_root: str, context: str = "", namespace: str = "default") -> Backend:
+    """The backend a run was (or is to be) submitted to."""
+    if kind == "kube":
+        from orchestrator.backends.kube.backend import KubeBackend
+
+        return KubeBackend(context or None, namespace or "default")
+    from orchestrator.backends.local import LocalBackend
+
+    return LocalBackend(storage_root)
+
+
+def backend_for_spec(spec: RunSpec) -> Backend:
+    return backend_for(spec.backend_name, spec.storage, spec.context, spec.namespace)
+
+
+def run_info(storage: Storage, name: str) -> dict[str, Any]:
+    """run.json of a stored run; a name with nothing stored is bad input."""
+    run = _read(storage, Layout.run_json(name))
+    if run is None and _read(storage, Layout.state(name)) is None:
+        raise XrunError(f"run: no run named {name!r} under {storage.root} (see 'xrun list')")
+    return run or {}
+
+
+def backend_of(storage: Storage, name: str, context: str | None = None,
+               namespace: str | None = None) -> Backend:
+    """The backend a stored run was submitted to (context/namespace as recorded unless given)."""
+    run = run_info(storage, name)
+    kind = run.get("backend", "local")
+    ctx = context if context is not None else run.get("context", "")
+    ns = namespace or run.get("namespace", "default")
+    return backend_for(kind, storage.root, ctx, ns)
+
+
+def _read(storage: Storage, key: str) -> dict[str, Any] | None:
+    try:
+        return storage.read_json(key)
+    except XrunError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any client error here means storage is unreachable
+        raise XrunError(f"storage: cannot read {storage.url(key)}: {e}", EXIT_UNREACHABLE) from None
+
+
+# ---------------------------------------------------------------------------------------
+# State, recorded the same way for every backend
+
+
+def record_state(storage: Storage, name: str, status: BackendStatus, backend: str) -> None:
+    """Append a transition to state.json when the run's state or restart count changed.
+
+    The local supervisor writes state.json itself, so for it this only ever records what
+    the supervisor cannot: that it is gone. For a cluster run it is how storage learns how
+    the run ended, before the JobSet's TTL deletes it.
+    """
+    current = storage.read_json(Layout.state(name)) or {"backend": backend, "transitions": []}
+    if current.get("state") == status.state and current.get("restarts", 0) == status.restarts:
+        return
+    now = time.time()
+    current.update(state=status.state, restarts=status.restarts, message=status.message, updated=now)
+    if status.hosts and backend != "local":
+        current["hosts"] = {h.host: {k: v for k, v in h.as_dict().items() if k != "host"}
+                            for h in status.hosts}
+    current.setdefault("transitions", []).append({"time": now, "state": status.state,
+                                                  "reason": status.message})
+    storage.write_json(Layout.state(name), current)
+
+
+def observe(storage: Storage, name: str, backend: Backend,
+            warn: Any = None) -> BackendStatus | None:
+    """The backend's live view of a run, recorded into state.json; None when the backend
+    has no such run or cannot be asked (``warn`` hears why; storage then speaks)."""
+    try:
+        status = backend.status(name)
+    except XrunError as e:
+        if warn:
+            warn(f"{backend.name} backend: {e}; showing what storage says")
+        return None
+    if status is not None:
+        record_state(storage, name, status, backend.name)
+    return status
+
+
+# ---------------------------------------------------------------------------------------
+# Render and submit
+
+
+def render(spec: RunSpec) -> dict[str, Any]:
+    """The JobSet for ``spec``, admitted offline as the cluster would admit it."""
+    manifest = jobset(spec)
+    admit(manifest)
+    return manifest
+
+
+def admit(manifest: dict[str, Any]) -> None:
+    """JobSet webhook and API-server rules (``manifests.admission``) before anything is sent."""
+    try:
+        from manifests import admission
+    except ImportError:  # pragma: no cover - the admission module arrives with its issue
+        return
+    try:
+        admission.check(admission.default(manifest))
+    except admission.AdmissionError as e:
+        raise XrunError(f"manifest rejected: {e}", EXIT_USAGE) from None
+
+
+@dataclass
+class Submitted:
+    spec: RunSpec
+    manifest: dict[str, Any]
+    storage: Storage
+    backend: Backend
+
+    @property
+    def url(self) -> str:
+        return self.storage.url(Layout.run(self.spec.name))
+
+
+def submit(spec: RunSpec, *, replace: bool = False) -> Submitted:
+    """Write manifest.yaml and run.json under the run's folder, then hand the manifest to the
+    backend. ``replace`` removes a finished run of the same name first."""
+    manifest = render(spec)
+    storage = _open(spec.storage)
+    backend = backend_for_spec(spec)
+    existing = _read(storage, Layout.state(spec.name)) or _read(storage, Layout.run_json(spec.name))
+    if existing is not None:
+        live = observe(storage, spec.name, backend) if spec.backend_name == "local" else None
+        if live is not None and not is_terminal(live.state):
+            raise XrunError(f"name: run {spec.name!r} is {live.state}; choose another name or "
+                            f"'xrun delete {spec.name}'")
+        if not replace:
+            raise XrunError(f"name: run {spec.name!r} already exists under {storage.root}; "
+                            "use --replace or another name")
+        storage.delete_prefix(Layout.run(spec.name))
+    record = {
+        "name": spec.name, "spec": spec.to_dict(), "submitted_at": time.time(),
+        "backend": spec.backend_name, "context": spec.context, "namespace": spec.namespace,
+        "xrun_version": XRUN_VERSION, "storage": storage.root,
+    }
+    try:  # manifest and run.json first: the run is traceable even if the cluster rejects it
+        storage.write_json(Layout.run_json(spec.name), record)
+        storage.write_text(Layout.manifest(spec.name), dump_yaml(manifest))
+    except Exception as e:  # noqa: BLE001
+        raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
+    backend.submit(manifest, replace=replace)
+    return Submitted(spec, manifest, storage, backend)
+
+
+def _open(root: str) -> Storage:
+    try:
+        return open_storage(root)
+    except ValueError as e:
+        raise XrunError(f"storage: {e}", EXIT_USAGE) from None
+
+
+# ---------------------------------------------------------------------------------------
+# Reading runs
+
+
+def status(storage: Storage, name: str, context: str | None = None,
+           namespace: str | None = None, warn: Any = None) -> dict[str, Any]:
+    """Everything known about a run (the dict ``xrun status -o json`` prints)."""
+    backend = backend_of(storage, name, context, namespace)
+    live = observe(storage, name, backend, warn)
+    rec = read_stored_run(storage, name)
+    return run_view(storage, rec, live)
+
+
+def live_view(reader: StoredRun, backend: Backend, warn: Any = None) -> dict[str, Any]:
+    """One refresh of a followed run: the backend's view, then storage's (incrementally)."""
+    live = observe(reader.storage, reader.name, backend, warn)
+    return run_view(reader.storage, reader.poll(), live)
+
+
+def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str, Any]]:
+    """Every run under the root, newest first; with ``cluster`` its JobSets are merged in."""
+    _, prefixes = storage.list(Layout.RUNS)
+    records: list[RunRecord] = []
+    for p in prefixes:
+        try:
+            records.append(read_stored_run(storage, p.rsplit("/", 1)[-1], metrics=False))
+        except XrunError:
+            continue  # a folder with nothing of a run in it
+    runs = [{
+        "name": r.name,
+        "state": r.state or ("Pending" if r.run_info else "Unknown"),
+        "backend": r.run_info.get("backend", ""),
+        "accelerator": r.spec.get("accelerator", ""),
+        "submitted_at": r.submitted_at,
+        "restarts": r.restarts,
+    } for r in records]
+    if cluster is not None:
+        by_name = {r["name"]: r for r in runs}
+        for item in cluster.list():
+            if item["name"] in by_name:
+                by_name[item["name"]]["state"] = item.get("state") or by_name[item["name"]]["state"]
+                by_name[item["name"]]["in_cluster"] = True
+            else:
+                runs.append({"name": item["name"], "state": item.get("state", ""), "backend": "kube",
+                             "accelerator": "", "submitted_at": item.get("created"),
+                             "restarts": item.get("restarts", 0), "in_cluster": True})
+    runs.sort(key=lambda r: r.get("submitted_at") or 0, reverse=True)
+    return runs
+
+
+def checkpoints(storage: Storage, name: str, sizes: bool = False) -> list[CheckpointInfo]:
+    run_info(storage, name)
+    return list_checkpoints(storage, name, sizes=sizes)
+
+
+# ---------------------------------------------------------------------------------------
+# Stopping
+
+
+@dataclass
+class Deleted:
+    stopped: bool
+    purged: int | None = None
+    url: str = ""
+
+
+def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = True) -> Deleted:
+    """Stop a live run (recording ``Deleted`` unless it had already ended); ``purge`` also
+    removes everything stored under the run's folder."""
+    backend = backend_of(storage, name)
+    stopped = backend.delete(name, wait=wait)
+    recorded = storage.read_json(Layout.state(name)) or {}
+    if stopped and recorded.get("state") not in (SUCCEEDED, FAILED, DELETED):
+        record_state(storage, name, BackendStatus(state=DELETED, restarts=recorded.get("restarts", 0),
+                                                  message="deleted by xrun delete"), backend.name)
+    out = Deleted(stopped, url=storage.url(Layout.run(name)))
+    if purge:
+        out.purged = storage.delete_prefix(Layout.run(name))
+    return out
+
+
+def stop(backend: Backend, name: str) -> bool:
+    """Ctrl-C's 'stop' answer: delete and wait for the hosts to be gone."""
+    return backend.delete(name, wait=True)

@@ -1,0 +1,34 @@
+"""Where things are when the user does not say: resolved once, here, from the environment.
+
+Nothing below the services reads the environment for these: ``manifests`` stays pure and
+the readers take a storage object.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from xrun_contract import Env
+from xrun_contract.errors import EXIT_USAGE, XrunError
+from xrun_contract.storage import Storage, open_storage
+
+
+def default_storage() -> str:
+    """Where runs live without --storage/XRUN_STORAGE: a per-user local folder."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "xrun")
+
+
+def storage_root(explicit: str | None = None) -> str:
+    """The storage root: the flag (or run file) value, else $XRUN_STORAGE, else the default."""
+    return explicit or os.environ.get(Env.STORAGE) or default_storage()
+
+
+def open_root(explicit: str | None = None) -> Storage:
+    """The storage of :func:`storage_root`; a malformed root is bad input (exit 2)."""
+    root = storage_root(explicit)
+    try:
+        return open_storage(root)
+    except ValueError as e:
+        raise XrunError(f"storage: {e}", EXIT_USAGE) from None

@@ -1,0 +1,142 @@
+"""Metrics records: one typed record per kind, written by the workload, read by the readers.
+
+Each record is one JSON line under ``runs/<name>/metrics/`` (process 0 writes them). Every
+record carries ``kind``, ``time`` (unix seconds) and ``attempt`` (the JobSet restart
+attempt). The writer builds these dataclasses and calls :func:`to_json`; readers call
+:func:`parse` and get the same dataclass back (or None for a line that is not a record of
+a known kind), so a field renamed on one side is renamed on the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+@dataclass
+class Record:
+    kind: ClassVar[str] = ""
+    time: float | None = None  # unix seconds
+    attempt: int = 0
+
+
+@dataclass
+class Header(Record):
+    """Versions and identity of the run (every key of HEADER_KEYS that is known)."""
+
+    kind: ClassVar[str] = "header"
+    versions: dict[str, str] = field(default_factory=dict)
+    config: Any = None
+    total_steps: int | None = None
+
+
+@dataclass
+class Params(Record):
+    kind: ClassVar[str] = "params"
+    params: int = 0  # total parameter count
+
+
+@dataclass
+class Flops(Record):
+    kind: ClassVar[str] = "flops"
+    tflops_per_step: float = 0.0
+    learnable_pct: float = 0.0
+    attention_pct: float = 0.0
+    tflops_per_device: float = 0.0
+
+
+@dataclass
+class Memory(Record):
+    kind: ClassVar[str] = "memory"
+    used_gb: float = 0.0
+    total_gb: float = 0.0
+    pct: float = 0.0
+    device: str = ""
+
+
+@dataclass
+class Step(Record):
+    """One training step. ``tflops_per_device`` and ``tokens_per_s_per_device`` are rates."""
+
+    kind: ClassVar[str] = "step"
+    step: int = 0
+    seconds: float = math.nan
+    tflops_per_device: float = math.nan
+    tokens_per_s_per_device: float = math.nan
+    total_weights: int | None = None
+    loss: float = math.nan
+    checkpoint_blocked_s: float = 0.0
+    grad_norm: float | None = None
+    learning_rate: float | None = None
+
+
+@dataclass
+class Checkpoint(Record):
+    """A checkpoint event: started | blocked | waited | deferred | committed | restored."""
+
+    kind: ClassVar[str] = "checkpoint"
+    step: int = 0
+    event: str = ""
+    seconds: float | None = None
+
+
+@dataclass
+class End(Record):
+    kind: ClassVar[str] = "end"
+    exit_code: int | None = None
+    reason: str = ""
+    data_bytes_read: int | None = None
+
+
+KINDS: dict[str, type[Record]] = {
+    cls.kind: cls for cls in (Header, Params, Flops, Memory, Step, Checkpoint, End)
+}
+
+
+def to_dict(rec: Record) -> dict[str, Any]:
+    out = {"kind": rec.kind}
+    out.update({k: v for k, v in dataclasses.asdict(rec).items() if v is not None})
+    return out
+
+
+def to_json(rec: Record) -> str:
+    """One line; NaN/inf become null (JSON has neither)."""
+    data = {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in to_dict(rec).items()}
+    return json.dumps(data, sort_keys=True, default=str)
+
+
+def _coerce(value: Any, kind: Any) -> Any:
+    """A JSON value as the field's type; a value of the wrong type reads as missing."""
+    text = str(kind)
+    if value is None:
+        return None
+    if text.startswith("float"):
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if text.startswith("int"):
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    if text.startswith("str"):
+        return value if isinstance(value, str) else str(value)
+    if text.startswith("dict"):
+        return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else None
+    return value
+
+
+def parse(obj: Any) -> Record | None:
+    """The typed record of one decoded JSON line; None when it is not a known record."""
+    if not isinstance(obj, dict):
+        return None
+    cls = KINDS.get(str(obj.get("kind")))
+    if cls is None:
+        return None
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in obj:
+            continue
+        value = _coerce(obj[f.name], f.type)
+        if value is not None:
+            kwargs[f.name] = value
+    return cls(**kwargs)
