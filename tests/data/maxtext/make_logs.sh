@@ -30,6 +30,7 @@ CG=/sys/fs/cgroup/blkio/maxtext-slow-storage
 # Decoupled mode: no Google Cloud clients (goodput, GCP monitoring, Vertex) are installed.
 export DECOUPLE_GCLOUD=TRUE JAX_PLATFORMS=cpu PYTHONUNBUFFERED=1
 
+case "$OUT" in ""|/|"$HOME"|"$HERE") echo "make_logs.sh: refusing OUT=$OUT (it is emptied first)" >&2; exit 2;; esac
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
