@@ -36,7 +36,7 @@ JOB_GLOBAL_INDEX = "metadata.labels['jobset.sigs.k8s.io/job-global-index']"
 RESTART_ATTEMPT = "metadata.labels['jobset.sigs.k8s.io/restart-attempt']"
 POD_NAME = "metadata.name"
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
-FAIL_ON_USER_ERROR_RULE = "fail-on-user-error"
+FAIL_ON_USER_ERROR_RULE = "FailOnUserError"
 
 
 def coordinator_host(spec: RunSpec) -> str:
