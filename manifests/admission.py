@@ -579,7 +579,7 @@ def depends_on(obj: dict[str, Any]) -> list[Violation]:
                               "ReplicatedJob", "ValidateCreate"))
         for j, dep in enumerate(deps):
             target = _dict(dep).get("name")
-            if target not in seen or target == rj.get("name"):
+            if target not in seen:  # upstream adds this rjob's own name first
                 out.append(_plain(f"{base}.dependsOn[{j}].name", "depends-on-order",
                                   f"replicatedJob: {rj.get('name')} cannot depend on replicatedJob: {target}",
                                   "ValidateCreate"))
