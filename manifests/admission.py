@@ -42,6 +42,10 @@ from manifests.k8s_names import (
 )
 
 APISERVER, WEBHOOK, JOB = "apiserver", "webhook", "job"
+# JobSet's webhook registrations (kubernetes-sigs/jobset config/components/webhook/manifests.yaml),
+# the names kube-apiserver quotes in "admission webhook %q denied the request".
+MUTATING_WEBHOOK = "mjobset.kb.io"
+VALIDATING_WEBHOOK = "vjobset.kb.io"
 # metav1.CauseType values (apimachinery pkg/util/validation/field/errors.go: ErrorType).
 INVALID, REQUIRED, DUPLICATE = "FieldValueInvalid", "FieldValueRequired", "FieldValueDuplicate"
 NOT_SUPPORTED, NOT_FOUND, FORBIDDEN = "FieldValueNotSupported", "FieldValueNotFound", "FieldValueForbidden"
