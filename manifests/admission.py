@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from manifests.k8s_names import (
+    QUANTITY_FMT,
     is_dns1035_label,
     is_dns1123_label,
     is_dns1123_subdomain,
@@ -105,8 +106,14 @@ class Violation:
         return f"{self.upstream_field}: {self.error_body()}"
 
 
+class GoLiteral(str):
+    """A bad value already spelled as Go's %#v spells it (e.g. a map)."""
+
+
 def _go_value(value: Any) -> str:
     """How field.Error prints a bad value (%q for strings, %v for numbers)."""
+    if isinstance(value, GoLiteral):
+        return str(value)
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, bool):
@@ -369,7 +376,8 @@ def replicated_job_names_unique(obj: dict[str, Any]) -> list[Violation]:
                                  APISERVER, REQUIRED))
         elif name in seen:
             out.append(Violation(base, "replicated-job-unique", f"duplicate replicatedJob name {json.dumps(name)}",
-                                 f"{JS_TYPES}:JobSetSpec", APISERVER, DUPLICATE, {"name": name}))
+                                 f"{JS_TYPES}:JobSetSpec", APISERVER, DUPLICATE,
+                                 GoLiteral(f'map[string]interface {{}}{{"name":{json.dumps(name)}}}')))
         seen.add(name)
     return out
 
@@ -380,7 +388,7 @@ def schema_minimums(obj: dict[str, Any]) -> list[Violation]:
     if ttl is not None and ttl < 0:
         return [Violation("spec.ttlSecondsAfterFinished", "ttl-minimum", f"{ttl} must be >= 0",
                           f"{JS_TYPES}:JobSetSpec", APISERVER, INVALID, ttl,
-                          "should be greater than or equal to 0")]
+                          "spec.ttlSecondsAfterFinished in body should be greater than or equal to 0")]
     return []
 
 
@@ -391,8 +399,9 @@ def startup_policy_excludes_depends_on(obj: dict[str, Any]) -> list[Violation]:
     in_order = _dict(spec.get("startupPolicy")).get("startupPolicyOrder") == "InOrder"
     if in_order and any("dependsOn" in rj for _, rj, _ in _rjobs(obj)):
         msg = "StartupPolicy and DependsOn APIs are mutually exclusive"
+        # apiextensions reports a failed CEL rule as Invalid with the schema type as the value.
         return [Violation("spec", "startup-policy-depends-on", msg, f"{JS_TYPES}:JobSetSpec", APISERVER,
-                          INVALID, _NOVALUE, msg)]
+                          INVALID, "object", msg)]
     return []
 
 
@@ -409,8 +418,7 @@ def resource_quantity_format(obj: dict[str, Any]) -> list[Violation]:
                     out.append(Violation(path, "quantity-format", f"{json.dumps(value)} is not a resource quantity",
                                          "kubernetes/apimachinery pkg/api/resource/quantity.go:ParseQuantity",
                                          APISERVER, INVALID, value,
-                                         "quantities must match the regular expression "
-                                         "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"))
+                                         f"{path} in body should match '{QUANTITY_FMT}'"))
     return out
 
 
@@ -995,11 +1003,38 @@ def volume_mounts(obj: dict[str, Any]) -> list[Violation]:
 
 
 _STANDARD_CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+# core helper helpers.go: standardResources (IsStandardResourceName, hugepages-* aside).
+_STANDARD_RESOURCES = _STANDARD_CONTAINER_RESOURCES + tuple(
+    f"{p}.{r}" for p in ("requests", "limits") for r in _STANDARD_CONTAINER_RESOURCES) + (
+    "pods", "services", "replicationcontrollers", "resourcequotas", "secrets", "persistentvolumeclaims",
+    "requests.storage", "configmaps", "services.nodeports", "services.loadbalancers")
 
 
 def _is_native(name: str) -> bool:
     """core helper helpers.go: IsNativeResource (no domain, or a kubernetes.io domain)."""
     return "/" not in name or "kubernetes.io/" in name
+
+
+def _resource_name(name: str, path: str) -> list[Violation]:
+    """validation.go: validateResourceName (a qualified name; unprefixed ones standard) then
+    validateContainerResourceName (unprefixed: cpu, memory, ephemeral-storage, hugepages-*;
+    prefixed non-native: an extended resource name, helpers.go IsExtendedResourceName)."""
+    out = [_job_rule(path, "resource-name", f"{json.dumps(name)} {m}", "validateResourceName", INVALID, name, m)
+           for m in is_qualified_name(name)]
+    hugepages = name.startswith("hugepages-")
+    if not out and "/" not in name and name not in _STANDARD_RESOURCES and not hugepages:
+        out.append(_job_rule(path, "resource-name", f"{json.dumps(name)} is not a standard resource",
+                             "validateResourceName", INVALID, name, "must be a standard resource type or fully qualified"))
+    if "/" not in name:
+        if name not in _STANDARD_CONTAINER_RESOURCES and not hugepages:
+            out.append(_job_rule(path, "container-resource-name", f"{json.dumps(name)} is not a resource containers "
+                                 "request", "validateContainerResourceName", INVALID, name,
+                                 "must be a standard resource for containers"))
+    elif not _is_native(name) and (name.startswith("requests.") or is_qualified_name("requests." + name)):
+        out.append(_job_rule(path, "container-resource-name", f"{json.dumps(name)} is not an extended resource name",
+                             "validateContainerResourceName", INVALID, name,
+                             "doesn't follow extended resource name standard"))
+    return out
 
 
 def resources(obj: dict[str, Any]) -> list[Violation]:
@@ -1015,16 +1050,7 @@ def resources(obj: dict[str, Any]) -> list[Violation]:
         for kind, table in (("limits", limits), ("requests", requests)):
             for name, value in table.items():
                 path = f"{base}.resources.{kind}[{name}]"
-                name = str(name)
-                if "/" not in name:
-                    if name not in _STANDARD_CONTAINER_RESOURCES and not name.startswith("hugepages-"):
-                        out.append(_job_rule(path, "resource-name", f"{json.dumps(name)} is not a standard resource "
-                                             "for containers", "validateContainerResourceName", INVALID, name,
-                                             "must be a standard resource for containers"))
-                elif not _is_native(name) and is_qualified_name(name):
-                    out.append(_job_rule(path, "resource-name", f"{json.dumps(name)} is not a valid extended resource "
-                                         "name", "validateContainerResourceName", INVALID, name,
-                                         "doesn't follow extended resource name standard"))
+                out += _resource_name(str(name), path)
                 q = parse_quantity(value)
                 if q is None:
                     continue  # resource_quantity_format reports it

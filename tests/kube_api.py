@@ -91,10 +91,11 @@ def invalid(kind: str, group: str, name: str, errors: list[admission.Violation])
 
 def webhook_denial(webhook: str, result: dict[str, Any]) -> dict[str, Any]:
     """What kube-apiserver makes of a validating webhook's refusal
-    (k8s.io/apiserver pkg/admission/plugin/webhook/errors/statuserror.go ``ToStatusErr``): the
-    webhook's Status kept (a code below 400 becomes 403) and its message prefixed."""
+    (k8s.io/apiserver v0.33 pkg/admission/plugin/webhook/errors/statuserror.go ``ToStatusErr``,
+    unchanged through v0.36): the webhook's Status kept, a code below 400 raised to 400, the
+    message prefixed. (Unreleased master also prefixes ``<resource> "<name>" is forbidden:``.)"""
     out = dict(result)
-    out["code"] = out.get("code") if (out.get("code") or 0) >= 400 else 403
+    out["code"] = out.get("code") if (out.get("code") or 0) >= 400 else 400
     out["status"] = "Failure"
     out["message"] = f'admission webhook "{webhook}" denied the request: {result.get("message", "")}'
     return out

@@ -191,7 +191,9 @@ CASES: list[tuple[str, Break, str, bool]] = [
     ("volume-mount-path", lambda o: (pod(o)["volumes"].append({"name": "cache", "emptyDir": {}}),
                                      ctr(o)["volumeMounts"].append({"name": "cache", "mountPath": "/dev/shm"})),
      f"{C0}.volumeMounts[1].mountPath", True),
-    ("resource-name", lambda o: ctr(o)["resources"]["limits"].update(gpu="1"), f"{C0}.resources.limits[gpu]", True),
+    ("resource-name", lambda o: ctr(o)["resources"]["limits"].update(gpu="1"), f"{C0}.resources.limits[gpu]", False),
+    ("container-resource-name", lambda o: ctr(o)["resources"]["limits"].update(pods="1"),
+     f"{C0}.resources.limits[pods]", True),
     ("resource-quantity", lambda o: ctr(o)["resources"]["limits"].update(cpu="-1"), f"{C0}.resources.limits[cpu]", True),
     ("resource-integer", lambda o: (ctr(o)["resources"].pop("requests"),
                                     ctr(o)["resources"]["limits"].update({"google.com/tpu": "500m"})),
@@ -270,6 +272,13 @@ def test_the_webhook_refusal_reads_as_upstream_writes_it():
     (v,) = violations(obj)
     assert v.upstream_error() == (f"{C0}.ports[0].hostPort: Invalid value: 9999: must match `containerPort` when "
                                   "`hostNetwork` is true")
+    obj = base()
+    obj["spec"]["replicatedJobs"].append(copy.deepcopy(obj["spec"]["replicatedJobs"][0]))
+    obj["spec"]["ttlSecondsAfterFinished"] = -1
+    assert [v.upstream_error() for v in violations(obj)] == [
+        'spec.replicatedJobs[1]: Duplicate value: map[string]interface {}{"name":"slice"}',
+        "spec.ttlSecondsAfterFinished: Invalid value: -1: spec.ttlSecondsAfterFinished in body should be greater "
+        "than or equal to 0"]
 
 
 def test_names_longer_than_26_break_the_coordinator_label():
