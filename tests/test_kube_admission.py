@@ -118,3 +118,28 @@ def test_an_admitted_jobset_is_stored_defaulted(api, kubeconfig):
     got = client.CustomObjectsApi(config.new_client_from_config(config_file=kubeconfig)).get_namespaced_custom_object(
         "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", "good")
     assert got["spec"] == expected["spec"]
+
+
+def test_a_template_the_job_api_refuses_stalls_the_jobset_as_on_a_cluster(api, kubeconfig):
+    """With job_template_errors="event" the server plays the real sequence: the JobSet is
+    stored, the controller's Job creates fail (JobCreationFailed), no pod ever appears."""
+    api.job_template_errors = "event"
+    api.script([lambda s, n: s.set_pods(n, 0, "Running")])  # would start pods if Jobs existed
+    body = manifest("ev-env")
+    body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"].append(
+        {"name": "1BAD", "value": "x"})
+    backend = KubeBackend(None, "default", kubeconfig, poll_seconds=0.05, watch_timeout_seconds=1)
+    backend.submit(body)
+    assert ("default", "ev-env") in api.jobsets and api.pods_of("ev-env") == []
+    (event,) = api.events
+    index = len(body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]) - 1
+    assert event["reason"] == "JobCreationFailed" and event["involvedObject"]["kind"] == "JobSet"
+    assert event["message"].splitlines()[1] == (
+        'job "ev-env-slice-1" creation failed with error: Job.batch "ev-env-slice-1" is invalid: '
+        f'spec.template.spec.containers[0].env[{index}].name: Invalid value: "1BAD": a valid environment variable '
+        "name must consist of alphabetic characters, digits, '_', '-', or '.', and must not start with a digit "
+        "(e.g. 'my.env-name',  or 'MY_ENV.NAME',  or 'MyEnvName1', regex used for validation is "
+        "'[-._a-zA-Z][-._a-zA-Z0-9]*')")
+    st = backend.status("ev-env")
+    assert st.state == "Pending" and st.hosts == []
+    assert st.events[0].startswith('JobCreationFailed (jobset/ev-env): job "ev-env-slice-0" creation failed')
