@@ -195,6 +195,27 @@ def default(obj: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def default_pod(pod_spec: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a pod template's spec as the apiserver completes it when the Job controller
+    creates each pod (kubernetes pkg/apis/core/v1/defaults.go: SetDefaults_Pod): a container's
+    limits copied into missing requests, and under hostNetwork every port's hostPort set to its
+    containerPort (defaultHostNetworkPorts). A Pod (unlike a template) must then have
+    hostPort == containerPort (validation.go: validatePodHostNetworkDeps, ResourceIsPod)."""
+    out = copy.deepcopy(pod_spec)
+    for ctr in _list(out.get("containers")):
+        res = _dict(_dict(ctr).get("resources"))
+        if isinstance(res.get("limits"), dict):
+            requests = res.setdefault("requests", {})
+            for name, value in res["limits"].items():
+                requests.setdefault(name, value)
+    if out.get("hostNetwork"):
+        for ctr in _containers(out):
+            for port in _list(ctr.get("ports")):
+                if isinstance(port, dict) and not port.get("hostPort"):
+                    port["hostPort"] = port.get("containerPort")
+    return out
+
+
 # --------------------------------------------------------------------------------------
 # Entry points
 

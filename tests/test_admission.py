@@ -330,3 +330,20 @@ def test_default_fills_what_the_webhook_fills():
     # is otherwise admissible.
     assert [v.rule for v in violations(minimal)] == ["job-indexed-completions"]
     assert default(out) == out
+
+
+@pytest.mark.parametrize("shape", ["v6e-16", "v5p-8", "h200-141gb-8", "cpu-2"])
+def test_pods_get_host_ports_equal_to_container_ports_under_host_network(shape):
+    """What the apiserver makes of each pod (SetDefaults_Pod): a Pod under hostNetwork must
+    have hostPort == containerPort, and the defaulting gives it exactly that."""
+    template = pod(render(shape, 2 if not shape.startswith("cpu") else 1))
+    created = admission.default_pod(template)
+    ports = [p for c in created["containers"] for p in c.get("ports", [])]
+    if template.get("hostNetwork"):
+        assert ports and all(p["hostPort"] == p["containerPort"] for p in ports)
+        assert "hostPort" not in template["containers"][0]["ports"][0]  # the input is not mutated
+    else:
+        assert all("hostPort" not in p for p in ports)
+    res = created["containers"][0].get("resources")
+    if res:
+        assert res["requests"] == res["limits"]
