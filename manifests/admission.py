@@ -454,11 +454,70 @@ def _plain(path: str, rule: str, text: str, func: str, message: str | None = Non
                      field="<nil>")
 
 
+_RESTART_JOB_ACTIONS = ("RestartJob", "RestartJobAndIgnoreMaxRestarts")
+
+
+def _failure_rules(obj: dict[str, Any]) -> list[Any]:
+    return _list(_dict(_dict(obj.get("spec")).get("failurePolicy")).get("rules"))
+
+
+def _restart_job_gated(obj: dict[str, Any]) -> bool:
+    """A RestartJob action with the RestartJob gate off (its v0.12 default): validateFailurePolicy
+    reports that alone and returns before checking the rules (pkg/features/features.go)."""
+    return any(_dict(r).get("action") in _RESTART_JOB_ACTIONS for r in _failure_rules(obj))
+
+
+def feature_gates(obj: dict[str, Any]) -> list[Violation]:
+    """jobset_webhook.go: ValidateCreate and validateFailurePolicy refuse alpha features whose
+    gates are off by default in v0.12 (pkg/features/features.go): restartStrategy
+    InPlaceRestart, and the RestartJob / RestartJobAndIgnoreMaxRestarts actions."""
+    out = []
+    fp = _dict(_dict(obj.get("spec")).get("failurePolicy"))
+    if fp.get("restartStrategy") == "InPlaceRestart":
+        out.append(_plain("spec.failurePolicy.restartStrategy", "feature-gate", "InPlaceRestart restart strategy "
+                          "cannot be set when InPlaceRestart feature gate is disabled", "ValidateCreate"))
+    if _restart_job_gated(obj):
+        i = next(i for i, r in enumerate(_failure_rules(obj)) if _dict(r).get("action") in _RESTART_JOB_ACTIONS)
+        out.append(_plain(f"spec.failurePolicy.rules[{i}].action", "feature-gate", "RestartJob and "
+                          "RestartJobAndIgnoreMaxRestarts failure policy actions are not allowed when RestartJob "
+                          "feature gate is disabled", "validateFailurePolicy"))
+    return out
+
+
+def managed_by(obj: dict[str, Any]) -> list[Violation]:
+    """jobset_webhook.go: ValidateCreate: spec.managedBy is a domain-prefixed path
+    (validation.go IsDomainPrefixedPath) of at most 63 characters."""
+    value = _dict(obj.get("spec")).get("managedBy")
+    if value is None:
+        return []
+    value, path, src = str(value), "spec.managedBy", f"{JS_WEBHOOK}:ValidateCreate"
+    host, sep, rest = value.partition("/")
+    out = []
+    if not value:
+        out.append(Violation(path, "managed-by", "required", src, WEBHOOK, REQUIRED))
+    elif not sep or not host or not rest:
+        detail = 'must be a domain-prefixed path (such as "acme.io/foo")'
+        out.append(Violation(path, "managed-by", f"{json.dumps(value)} {detail}", src, WEBHOOK, INVALID, value, detail))
+    else:
+        out += [Violation(path, "managed-by", f"{json.dumps(host)} {m}", src, WEBHOOK, INVALID, host, m)
+                for m in is_dns1123_subdomain(host)]
+        if not re.fullmatch(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+", rest):
+            detail = "Invalid path (regex used for validation is '[A-Za-z0-9/\\-._~%!$&'()*+,;=:]+')"
+            out.append(Violation(path, "managed-by", f"{json.dumps(rest)}: {detail}", src, WEBHOOK, INVALID, rest,
+                                 detail))
+    if len(value) > 63:
+        out.append(Violation(path, "managed-by", f"{len(value)} characters; at most 63", src, WEBHOOK, TOO_LONG,
+                             detail="may not be more than 63 bytes"))
+    return out
+
+
 def failure_policy_rule_names(obj: dict[str, Any]) -> list[Violation]:
     """jobset_webhook.go: validateFailurePolicy: each rule name 1..128 characters matching
     ``^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$``, and names unique."""
+    if _restart_job_gated(obj):
+        return []
     out = []
-    rules = _list(_dict(_dict(obj.get("spec")).get("failurePolicy")).get("rules"))
+    rules = _failure_rules(obj)
     by_name: dict[str, list[int]] = {}
     for i, rule in enumerate(rules):
         name = str(_dict(rule).get("name", ""))
@@ -494,8 +553,10 @@ def _rjob_names(obj: dict[str, Any]) -> set[str]:
 
 def failure_policy_targets(obj: dict[str, Any]) -> list[Violation]:
     """jobset_webhook.go: validateFailurePolicy: a rule's targetReplicatedJobs must exist."""
+    if _restart_job_gated(obj):
+        return []
     names, out = _rjob_names(obj), []
-    for i, rule in enumerate(_list(_dict(_dict(obj.get("spec")).get("failurePolicy")).get("rules"))):
+    for i, rule in enumerate(_failure_rules(obj)):
         for j, target in enumerate(_list(_dict(rule).get("targetReplicatedJobs"))):
             if target not in names:
                 out.append(_plain(f"spec.failurePolicy.rules[{i}].targetReplicatedJobs[{j}]", "failure-rule-target",
@@ -508,8 +569,10 @@ def failure_policy_targets(obj: dict[str, Any]) -> list[Violation]:
 def failure_policy_reasons(obj: dict[str, Any]) -> list[Violation]:
     """jobset_webhook.go: validateFailurePolicy: onJobFailureReasons must be Job failure
     reasons (validOnJobFailureReasons)."""
+    if _restart_job_gated(obj):
+        return []
     out = []
-    for i, rule in enumerate(_list(_dict(_dict(obj.get("spec")).get("failurePolicy")).get("rules"))):
+    for i, rule in enumerate(_failure_rules(obj)):
         for j, reason in enumerate(_list(_dict(rule).get("onJobFailureReasons"))):
             if reason not in VALID_JOB_FAILURE_REASONS:
                 out.append(_plain(f"spec.failurePolicy.rules[{i}].onJobFailureReasons[{j}]", "failure-rule-reason",
@@ -1191,7 +1254,7 @@ RULES: tuple[Callable[[dict[str, Any]], list[Violation]], ...] = (
     jobset_name, labels, annotations, schema_enums, replicated_job_names_unique, schema_minimums,
     startup_policy_excludes_depends_on, resource_quantity_format,
     # JobSet validating webhook
-    network_subdomain, group_names, job_names, pod_names, replicas_times_parallelism, depends_on,
+    feature_gates, managed_by, network_subdomain, group_names, job_names, pod_names, replicas_times_parallelism, depends_on,
     success_policy_targets, failure_policy_rule_names, failure_policy_targets, failure_policy_reasons,
     coordinator, coordinator_label,
     # kube-apiserver on the child Jobs and pods

@@ -151,6 +151,11 @@ CASES: list[tuple[str, Break, str, bool]] = [
      f"{RJ0}.dependsOn", True),
     ("depends-on-order", lambda o: second_rjob(o, dependsOn=[{"name": "ghost", "status": "Ready"}]),
      "spec.replicatedJobs[1].dependsOn[0].name", True),
+    ("feature-gate", lambda o: o["spec"]["failurePolicy"].update(restartStrategy="InPlaceRestart"),
+     "spec.failurePolicy.restartStrategy", True),
+    ("feature-gate", lambda o: (rule0(o).update(action="RestartJob", name="bad-name")),
+     "spec.failurePolicy.rules[0].action", True),  # the gate error alone, as upstream returns early
+    ("managed-by", lambda o: o["spec"].update(managedBy="kueue"), "spec.managedBy", True),
     # kube-apiserver on the Jobs and pods
     ("job-nonnegative", lambda o: job(o).update(backoffLimit=-1), f"{RJ0}.template.spec.backoffLimit", True),
     ("job-completion-mode", lambda o: job(o).update(completionMode="Sequential"), f"{RJ0}.template.spec.completionMode",
