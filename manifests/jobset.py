@@ -183,6 +183,9 @@ def build(spec: RunSpec) -> t.JobSet:
                                        spec=pod_spec(spec)),
         ),
     )
+    # No spec.coordinator: JobSet (>= 0.11, validateCoordinatorLabelValue) puts
+    # "<name>-slice-0-0.<subdomain>" in a label value, which caps run names at 26 characters;
+    # every pod gets the coordinator's address from the contract env instead.
     return t.JobSet(
         api_version=JOBSET_API_VERSION,
         kind=JOBSET_KIND,
@@ -196,7 +199,6 @@ def build(spec: RunSpec) -> t.JobSet:
             ),
             success_policy=t.SuccessPolicy(operator="All", target_replicated_jobs=[REPLICATED_JOB]),
             network=t.Network(enable_dns_hostnames=True, subdomain=spec.name),
-            coordinator=t.Coordinator(replicated_job=REPLICATED_JOB, job_index=0, pod_index=0),
             ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
             replicated_jobs=[t.ReplicatedJob(name=REPLICATED_JOB, replicas=spec.slices, template=job)],
         ),

@@ -7,6 +7,13 @@ LocalQueues. Errors are real ``Status`` objects (or the apiserver's plain "404 p
 found" for an unserved resource). Every request is recorded with its parsed body, so tests
 assert on the HTTP traffic, which is the contract; nothing in the client is patched.
 
+A JobSet create goes through admission as a cluster does it (``admit_jobset``): the
+mutating webhook and CRD defaults (``manifests.admission.default``, and the defaulted object
+is what is stored), then the apiserver's own checks, then JobSet's validating webhook, each
+refusal answered in the form the real server sends. A pod template the Job API would refuse
+is refused at create too (``job_template_errors = "reject"``), or played as a real cluster
+plays it (``"event"``: stored, JobCreationFailed, no pods).
+
 The world changes through methods (``put_pod``, ``set_jobset_status``, ``log``...), each
 mutation getting a resourceVersion and a watch event. ``script(phases, hold)`` plays a
 controller: phase 0 runs when the JobSet is created, and each later phase once the JobSet
@@ -33,6 +40,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import yaml
+
+from manifests import admission
 
 JOBSET_PREFIX = "/apis/jobset.x-k8s.io/"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"
@@ -63,6 +72,35 @@ def status(code: int, reason: str, message: str, details: dict[str, Any] | None 
     if details is not None:
         obj["details"] = details
     return obj
+
+
+def invalid(kind: str, group: str, name: str, errors: list[admission.Violation]) -> dict[str, Any]:
+    """422 Invalid as apimachinery pkg/api/errors/errors.go ``NewInvalid`` builds it: one cause
+    per field error (reason = its type, message = its ErrorBody, field), and the message
+    ``<Kind>.<group> "<name>" is invalid: <aggregate>`` (utilerrors aggregate: one error as
+    is, several as ``[e1, e2]``, duplicates dropped)."""
+    causes = []
+    for v in errors:
+        cause = {"reason": v.cause, "message": v.error_body()}
+        if v.upstream_field:
+            cause["field"] = v.upstream_field
+        causes.append(cause)
+    texts = list(dict.fromkeys(v.upstream_error() for v in errors))
+    agg = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+    return status(422, "Invalid", f'{kind}.{group} "{name}" is invalid: {agg}',
+                  {"name": name, "group": group, "kind": kind, "causes": causes})
+
+
+def webhook_denial(webhook: str, result: dict[str, Any]) -> dict[str, Any]:
+    """What kube-apiserver makes of a validating webhook's refusal
+    (k8s.io/apiserver v0.33 pkg/admission/plugin/webhook/errors/statuserror.go ``ToStatusErr``,
+    unchanged through v0.36): the webhook's Status kept, a code below 400 raised to 400, the
+    message prefixed. (Unreleased master also prefixes ``<resource> "<name>" is forbidden:``.)"""
+    out = dict(result)
+    out["code"] = out.get("code") if (out.get("code") or 0) >= 400 else 400
+    out["status"] = "Failure"
+    out["message"] = f'admission webhook "{webhook}" denied the request: {result.get("message", "")}'
+    return out
 
 
 def not_found(kind: str, name: str, group: str = "") -> dict[str, Any]:
@@ -190,6 +228,14 @@ class KubeAPI:
         self.local_queues: dict[tuple[str, str], dict[str, Any]] = {}
         self.crd_installed = True
         self.jobset_versions = ["v1alpha2"]
+        # The JobSet controller release serving vjobset.kb.io: from v0.12 its refusals are 422
+        # Invalid with causes (jobset #1207), before that 403 Forbidden with the joined errors.
+        self.jobset_webhook_version = (0, 12)
+        # A template the Job API refuses: "reject" answers the create with 422 Invalid (so no
+        # test can pass on a manifest whose Jobs could never exist); "event" is what a real
+        # cluster does: it stores the JobSet, and its controller records JobCreationFailed
+        # and never makes pods.
+        self.job_template_errors = "reject"
         self.kueue_versions: list[str] = []
         self.faults: list[Fault] = []
         self.phases: list[Callable[[KubeAPI, str], None]] = []
@@ -491,6 +537,57 @@ class KubeAPI:
         }
 
     # --- JobSets --------------------------------------------------------------------
+    def admit_jobset(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None,
+                                                          list[admission.Violation]]:
+        """(the object to store, the error Status or None, what the Job API will refuse), in
+        kube-apiserver's order: mutating admission (mjobset.kb.io Default and the CRD's
+        structural defaults), the apiserver's validation (object metadata, CRD schema), then
+        validating admission (vjobset.kb.io ValidateCreate).
+
+        Violations of the ``job`` layer only surface on a real cluster when the controller
+        creates the Jobs: see ``job_template_errors`` for how this server plays them.
+        """
+        obj = admission.default(body)
+        name = str(obj.get("metadata", {}).get("name", ""))
+        found = admission.violations(obj)
+        group = "jobset.x-k8s.io"
+        job_errors = [v for v in found if v.layer == admission.JOB]
+        errors = [v for v in found if v.layer == admission.APISERVER]
+        if errors:
+            return obj, invalid("JobSet", group, name, errors), job_errors
+        errors = [v for v in found if v.layer == admission.WEBHOOK]
+        if not errors:
+            if job_errors and self.job_template_errors == "reject":
+                return obj, invalid("JobSet", group, name, job_errors), job_errors
+            return obj, None, job_errors
+        if self.jobset_webhook_version >= (0, 12):
+            # ValidateCreate returns invalidError(): apierrors.NewInvalid over the errors,
+            # plain fmt errors wrapped as field.InternalError(nil, err).
+            result = invalid("JobSet", group, name, errors)
+        else:
+            # errors.Join(allErrs...): controller-runtime's admission.Denied (403 Forbidden).
+            result = status(403, "Forbidden", "\n".join(
+                v.detail if v.field == "<nil>" else v.upstream_error() for v in errors))
+        return obj, webhook_denial(admission.VALIDATING_WEBHOOK, result), job_errors
+
+    def _job_creation_failed(self, js: dict[str, Any], errors: list[admission.Violation]) -> str:
+        """The JobCreationFailed event text (jobset_controller.go: createJobs joins
+        ``job %q creation failed with error: <err>`` per Job; each err is the Job API's
+        NewInvalid, with paths relative to the Job)."""
+        name = js["metadata"]["name"]
+        lines = []
+        for i, rj in enumerate(js["spec"]["replicatedJobs"]):
+            prefix = f"spec.replicatedJobs[{i}].template."
+            mine = [v for v in errors if v.path.startswith(prefix)]
+            if not mine:
+                continue
+            texts = list(dict.fromkeys(v.upstream_error()[len(prefix):] for v in mine))
+            agg = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+            for j in range(rj.get("replicas", 1)):
+                job = f"{name}-{rj['name']}-{j}"
+                lines.append(f'job "{job}" creation failed with error: Job.batch "{job}" is invalid: {agg}')
+        return "\n".join(lines)
+
     def _jobsets(self, h: _Handler, req: Request) -> None:
         p, m = req.path, req.method
         rest = p[len(JOBSET_PREFIX):].split("/")
@@ -510,17 +607,22 @@ class KubeAPI:
         with self.cond:
             if name is None and m == "POST":
                 body = req.body
+                js, refusal, job_errors = self.admit_jobset(body)
+                if refusal is not None:
+                    return self._send(h, refusal["code"], refusal)
                 key = (ns, body["metadata"]["name"])
                 if key in self.jobsets:
                     return self._send(h, 409, status(409, "AlreadyExists",
                                                      f'jobsets.jobset.x-k8s.io "{key[1]}" already exists',
                                                      {"name": key[1], "group": "jobset.x-k8s.io", "kind": "jobsets"}))
-                js = copy.deepcopy(body)
                 js["metadata"].update(uid=f"uid-{key[1]}", creationTimestamp=now_rfc3339(), generation=1)
                 js["status"] = {"restarts": 0}
                 self.jobsets[key] = js
                 self._record("jobsets", ns, "ADDED", js)
-                if self.phases:
+                if job_errors:  # the controller cannot create the Jobs: no pods, ever
+                    self.add_event("JobSet", key[1], "JobCreationFailed", self._job_creation_failed(js, job_errors),
+                                   namespace=ns)
+                elif self.phases:
                     self._advance(key[1])
                 return self._send(h, 201, js)
             if name is None and m == "GET":
