@@ -61,8 +61,13 @@ class CheckpointWriteFailed(RuntimeError):
 
 
 def first_line(error: BaseException | str) -> str:
-    text = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    return " ".join(text.split())[:400]
+    """One short line for a log: the root cause of an exception chain (Orbax wraps
+    TensorStore's DATA_LOSS / NOT_FOUND in an Exception whose text is a whole spec)."""
+    if not isinstance(error, str):
+        while error.__cause__ is not None:
+            error = error.__cause__
+        error = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return " ".join(error.split())[:300]
 
 
 class _WatchedFuture:
@@ -252,6 +257,8 @@ class Checkpoints:
                                f"{sorted(failed, reverse=True)} under {self.directory})")
         if failed:
             self._set_aside(failed)
+        if result is not None and self.every > 0:  # saves stay on multiples of the interval
+            self.next_due = (result[0] // self.every + 1) * self.every
         self._open_manager()
         return result
 
