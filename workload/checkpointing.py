@@ -183,6 +183,7 @@ class Checkpoints:
         self.next_due = self.every
         self.write_steps = 0  # steps the last save took to commit (0: within one step)
         self.saved_steps: list[int] = []
+        self.sync_s = 0.0  # agreement rounds since the last commit
         self.failure: str | None = None  # why the run stops (set before CheckpointWriteFailed)
         self._errors: list[str] = []  # this process's write failures, from any thread
         self._lock = threading.Lock()
@@ -303,20 +304,25 @@ class Checkpoints:
                    force: bool = False) -> float:
         """At a step boundary: notice commits, save when due (``force``: the last step) and
         every process has finished the previous save, else defer. Returns the seconds the
-        loop was held here. Raises CheckpointWriteFailed."""
+        save held training (the device-to-host copy; 0 without a save): the step record's
+        ``checkpoint_blocked_s``, which readers use to tell stalled steps from steady ones.
+        The agreement rounds (about a millisecond, only while a save is in flight or due)
+        are summed per save into the "committed" event's ``sync_s``.
+        Raises CheckpointWriteFailed."""
         due = force or step >= self.next_due or self.deferred_at is not None
         if self.pending is None and not due:
             return 0.0  # nothing written, nothing due: no round, no RPC
         t = time.perf_counter()
         idle = self._round(step)
+        self.sync_s += time.perf_counter() - t
         if idle and self.pending is not None:
             self._committed(step)
         if due and self.pending is None:
-            self._save(step, state, data())
-        elif due and self.deferred_at is None:
+            return self._save(step, state, data())
+        if due and self.deferred_at is None:
             self.deferred_at = step
             self.metrics.checkpoint("deferred", step, previous=self.pending[0])
-        return time.perf_counter() - t
+        return 0.0
 
     def finish(self, step: int, state: Any, data: Callable[[], dict[str, Any]]) -> float:
         """Last step or SIGTERM: save ``step`` unless saved, and wait until it committed.
@@ -359,7 +365,8 @@ class Checkpoints:
         saved, start = self.pending  # type: ignore[misc]
         self.pending = None
         self.write_steps = step - saved
-        self.metrics.checkpoint("committed", saved, time.time() - start)
+        self.metrics.checkpoint("committed", saved, time.time() - start, sync_s=self.sync_s)
+        self.sync_s = 0.0
 
     # -----------------------------------------------------------------------------------
     # Agreement and failures

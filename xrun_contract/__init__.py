@@ -232,7 +232,8 @@ METRIC_KINDS = {
         "loss", "checkpoint_blocked_s",
     ),
     # event: one of CHECKPOINT_EVENTS; "deferred" adds "previous" (the step still writing),
-    # "restore_failed" and "write_failed" add "error" (and "process" for write_failed).
+    # "restore_failed" and "write_failed" add "error" (and "process" for write_failed),
+    # "committed" adds "sync_s" (seconds of cross-process agreement while it was written).
     "checkpoint": ("step", "event", "seconds"),
     "end": ("exit_code", "reason"),
 }
