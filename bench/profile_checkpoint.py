@@ -4,7 +4,7 @@ write (+ fsync) and a plain read of the same bytes in the same folder, in one ru
 A pytree of random float32 arrays (incompressible, like trained weights and Adam moments)
 is saved by ``CheckpointManager`` with each variant of the handler settings xrun can choose:
 zstd compression on/off, OCDBT on/off, the OCDBT target data file size, the concurrent-GB
-limits. Each variant is saved ``--repeat`` times; the best time counts.
+limits, the OCDBT data file size (more, smaller files: more parallel writers). Each variant is saved ``--repeat`` times; the best time counts.
 
     python bench/profile_checkpoint.py [--mb 170] [--dir DIR] [--repeat 2]
 """
@@ -71,6 +71,8 @@ def orbax_variant(folder: Path, state, handler_kwargs: dict, repeat: int) -> tup
     import jax
     import orbax.checkpoint as ocp
 
+    handler_kwargs = dict(handler_kwargs)
+    target = handler_kwargs.pop("ocdbt_target_data_file_size", None)
     saves, blocks, restores = [], [], []
     for r in range(repeat):
         d = folder / f"ck-{r}"
@@ -78,7 +80,8 @@ def orbax_variant(folder: Path, state, handler_kwargs: dict, repeat: int) -> tup
                                     item_handlers={"state": ocp.PyTreeCheckpointHandler(
                                         **handler_kwargs)})
         t = time.perf_counter()
-        mgr.save(1, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state)))
+        mgr.save(1, args=ocp.args.Composite(state=ocp.args.PyTreeSave(
+            state, ocdbt_target_data_file_size=target)))
         blocks.append(time.perf_counter() - t)
         mgr.wait_until_finished()
         saves.append(time.perf_counter() - t)
@@ -105,6 +108,12 @@ VARIANTS = {
     "no compression, save_concurrent_gb=1": dict(use_ocdbt=True, use_zarr3=True,
                                                   use_compression=False, save_concurrent_gb=1),
     "no compression, no ocdbt": dict(use_ocdbt=False, use_zarr3=True, use_compression=False),
+    "no compression, ocdbt files 16 MiB": dict(use_ocdbt=True, use_zarr3=True,
+                                               use_compression=False,
+                                               ocdbt_target_data_file_size=16 << 20),
+    "no compression, ocdbt files 64 MiB": dict(use_ocdbt=True, use_zarr3=True,
+                                               use_compression=False,
+                                               ocdbt_target_data_file_size=64 << 20),
 }
 
 

@@ -54,6 +54,14 @@ from xrun_contract.storage import Storage
 
 FAILED, WRITING, IDLE = "failed:", "writing", "idle"
 
+# Write settings, from bench/profile_checkpoint.py (bench/RESULTS.md): zstd on the chunks
+# (Orbax's default, level 3) made the write CPU-bound at 0.57x a plain write on 2 cores and
+# buys ~7% on float weights; off, 1.4x. OCDBT data files of 64 MiB instead of the 2 GB
+# default let a restore read several files at once (restore 0.23x -> 0.77x a plain read).
+# A restore reads whatever settings a checkpoint was written with.
+USE_COMPRESSION = False
+OCDBT_TARGET_DATA_FILE_SIZE = 64 << 20
+
 
 class CheckpointWriteFailed(RuntimeError):
     """A checkpoint write failed on some process; every process stops with the restartable
@@ -288,7 +296,8 @@ class Checkpoints:
                 ocp.path.atomicity.CommitFileTemporaryPath if uses_commit_file(self.storage)
                 else ocp.path.atomicity.AtomicRenameTemporaryPath, self._local_error),
         )
-        state_handler = WatchedPyTreeHandler(use_ocdbt=True, use_zarr3=True)
+        state_handler = WatchedPyTreeHandler(use_ocdbt=True, use_zarr3=True,
+                                             use_compression=USE_COMPRESSION)
         data_handler = WatchedJsonHandler()
         state_handler.on_error = data_handler.on_error = self._local_error
         self.manager = ocp.CheckpointManager(
@@ -349,7 +358,8 @@ class Checkpoints:
         start_wall, t = time.time(), time.perf_counter()
         try:
             self.manager.save(step, force=True, args=ocp.args.Composite(
-                state=StateSave(state), data=DataSave(data)))
+                state=StateSave(state, ocdbt_target_data_file_size=OCDBT_TARGET_DATA_FILE_SIZE),
+                data=DataSave(data)))
         except Exception as e:  # noqa: BLE001 - reported to every process by the round
             self._local_error(e)
             self._round(step)  # raises CheckpointWriteFailed
