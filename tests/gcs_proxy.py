@@ -63,6 +63,14 @@ class _Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     request_queue_size = 128
     proxy: GCSProxy
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up (TensorStore drops connections it no longer needs) is not
+        an error worth a traceback; anything else is."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            super().handle_error(request, client_address)
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"

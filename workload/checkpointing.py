@@ -319,7 +319,7 @@ class Checkpoints:
         are summed per save into the "committed" event's ``sync_s``.
         Raises CheckpointWriteFailed."""
         due = force or step >= self.next_due or self.deferred_at is not None
-        if self.pending is None and not due:
+        if self.pending is None and not due and not self._errors:
             return 0.0  # nothing written, nothing due: no round, no RPC
         t = time.perf_counter()
         idle = self._round(step)
@@ -360,10 +360,11 @@ class Checkpoints:
             self.manager.save(step, force=True, args=ocp.args.Composite(
                 state=StateSave(state, ocdbt_target_data_file_size=OCDBT_TARGET_DATA_FILE_SIZE),
                 data=DataSave(data)))
-        except Exception as e:  # noqa: BLE001 - reported to every process by the round
+        except Exception as e:  # noqa: BLE001 - every process hears of it at the next round
+            # No round here: the others returned from save() and hold their next round at
+            # the next step boundary; so does this process (it has an error to report).
             self._local_error(e)
-            self._round(step)  # raises CheckpointWriteFailed
-            raise
+            return time.perf_counter() - t
         blocked = time.perf_counter() - t
         self.metrics.checkpoint("blocked", step, blocked)
         self.pending, self.deferred_at = (step, start_wall), None
