@@ -60,6 +60,30 @@ def test_commit_rule_on_gcs_needs_the_commit_file(gcs_bucket):
     assert committed_steps(st, ck) == [4]
 
 
+def test_new_checkpoint_lines_parse_back():
+    from xrun_contract import (
+        CKPT_DEFERRED_LINE,
+        CKPT_DEFERRED_RE,
+        CKPT_EXIT_WAIT_LINE,
+        CKPT_EXIT_WAIT_RE,
+        CKPT_RESTORE_FAILED_LINE,
+        CKPT_RESTORE_FAILED_RE,
+        CKPT_WRITE_FAILED_LINE,
+        CKPT_WRITE_FAILED_RE,
+    )
+
+    m = CKPT_DEFERRED_RE.search(CKPT_DEFERRED_LINE.format(step=10, previous=5))
+    assert (m["step"], m["previous"]) == ("10", "5")
+    m = CKPT_EXIT_WAIT_RE.search(CKPT_EXIT_WAIT_LINE.format(step=60, seconds=13.4216))
+    assert (m["step"], m["seconds"]) == ("60", "13.422")
+    m = CKPT_RESTORE_FAILED_RE.search(
+        CKPT_RESTORE_FAILED_LINE.format(step=8, error="process 1: ValueError: DATA_LOSS: x"))
+    assert (m["step"], m["error"]) == ("8", "process 1: ValueError: DATA_LOSS: x")
+    m = CKPT_WRITE_FAILED_RE.search(
+        CKPT_WRITE_FAILED_LINE.format(step=4, process=1, error="PERMISSION_DENIED: y"))
+    assert (m["step"], m["process"], m["error"]) == ("4", "1", "PERMISSION_DENIED: y")
+
+
 # ---------------------------------------------------------------------------------------
 # The proxy
 
