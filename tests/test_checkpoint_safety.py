@@ -231,6 +231,12 @@ def test_empty_step_folder_is_ignored_and_saved_over(tmp_path):
     ck.close()
     assert m.steps("committed") == [4]
     assert committed_steps(open_storage(root), Layout.checkpoints("r")) == [2, 4]
+    # A rerun of the finished run restores step 4 and has nothing to save at its end.
+    ck, m = make_checkpoints(root, every=2)
+    assert ck.restore_latest(abstract)[0] == 4
+    ck.finish(4, state, lambda: {"position": 4})
+    ck.close()
+    assert m.steps("started") == [] and m.steps("exit_wait") == [4]
 
 
 # ---------------------------------------------------------------------------------------

@@ -192,6 +192,7 @@ class Checkpoints:
         self.write_steps = 0  # steps the last save took to commit (0: within one step)
         self.saved_steps: list[int] = []
         self.sync_s = 0.0  # agreement rounds since the last commit
+        self.restored_step: int | None = None
         self.failure: str | None = None  # why the run stops (set before CheckpointWriteFailed)
         self._errors: list[str] = []  # this process's write failures, from any thread
         self._lock = threading.Lock()
@@ -253,6 +254,7 @@ class Checkpoints:
             if not errors:
                 self.metrics.checkpoint("restored", step)
                 result = (step, state, data)
+                self.restored_step = step
                 break
             error = "; ".join(f"process {p}: {msg}" for p, msg in errors)
             if self.primary:
@@ -338,7 +340,8 @@ class Checkpoints:
         Returns the seconds waited (recorded as an "exit_wait" event)."""
         t = time.perf_counter()
         blocked = 0.0
-        if step not in self.saved_steps:
+        # Not saved in this attempt, and not the step it restored (a rerun of a finished run).
+        if step not in self.saved_steps and step != self.restored_step:
             self._wait_idle(step)
             blocked = self._save(step, state, data())
         self._wait_idle(step)
