@@ -10,7 +10,9 @@ for TensorStore) and shape what it sees:
   its connection is closed without an answer (``"drop"``, what a client sees as a reset);
 * ``fail(status, count, method=..., match=...)``: the next ``count`` requests whose method and
   decoded URL (path and query: object names are in ``name=``) match get ``status`` (403, 429,
-  500, 503, ...) with a GCS-style JSON error body, never reaching the emulator.
+  500, 503, ...) with the JSON API's error body (``{"error": {"code", "message", "errors"}}``,
+  what google-api-core's ``from_http_response`` and TensorStore's GCS driver read), never
+  reaching the emulator. TensorStore retries 429/5xx with backoff and fails at once on 403.
 
 Bounded: it serves at most ``lifetime_s`` seconds and then stops by itself; ``stop()`` ends it
 earlier. ``stats`` counts requests, bytes and injected faults.
