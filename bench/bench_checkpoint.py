@@ -5,7 +5,8 @@ steps into a folder on the disk under test. For every save it reports the traini
 blocked (waiting for the previous save + the device-to-host copy, from the run's own
 checkpoint records), the total save time (Orbax's init -> commit timestamps in the step's
 metadata) and the bytes written; then it writes the same number of bytes as one plain file
-(write + fsync) in the same folder and compares throughputs.
+(write + fsync) in the same folder and compares throughputs; then it restores the last save
+through Orbax and reads a plain file of the same size, and compares those.
 
     python bench/bench_checkpoint.py [--preset bench-21m] [--steps 40] [--every 10] [--dir DIR]
 """
@@ -68,6 +69,40 @@ def plain_write_seconds(folder: Path, nbytes: int, chunk: int = 64 << 20) -> flo
     return seconds
 
 
+def restore_seconds(step_dir: Path) -> float:
+    """Seconds to restore the ``state`` item of a step (as host numpy arrays, every byte
+    read), the way the workload's restore reads it: through Orbax's PyTree handler."""
+    import jax
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    handler = ocp.PyTreeCheckpointHandler()
+    meta = handler.metadata(step_dir / "state")
+    tree = meta.tree if hasattr(meta, "tree") else meta
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    t = time.perf_counter()
+    out = handler.restore(step_dir / "state", args=ocp.args.PyTreeRestore(
+        restore_args=restore_args))
+    assert jax.tree.leaves(out), "nothing restored"
+    seconds = time.perf_counter() - t
+    handler.close()
+    return seconds
+
+
+def plain_read_seconds(folder: Path, nbytes: int) -> float:
+    """Seconds to read back ``nbytes`` written as one file in ``folder`` (page cache as warm
+    as the checkpoint's, both just written)."""
+    path = folder / "plain-read.bin"
+    path.write_bytes(os.urandom(nbytes))
+    t = time.perf_counter()
+    with open(path, "rb") as f:
+        while f.read(64 << 20):
+            pass
+    seconds = time.perf_counter() - t
+    path.unlink()
+    return seconds
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="bench-21m")
@@ -85,6 +120,9 @@ def main() -> None:
         saves = checkpoint_costs(records, tmp, "ckpt")
         nbytes = max(s["bytes"] for s in saves)
         plain = min(plain_write_seconds(Path(tmp), nbytes) for _ in range(3))
+        last = Path(tmp, "runs/ckpt/checkpoints", str(saves[-1]["step"]))
+        restore_s = min(restore_seconds(last) for _ in range(2))
+        read_s = min(plain_read_seconds(Path(tmp), saves[-1]["bytes"]) for _ in range(2))
     steps = [r for r in records if r["kind"] == "step"]
     step_s = sorted(r["seconds"] for r in steps)[len(steps) // 2]
     print(f"preset {args.preset}: {len(saves)} saves of {nbytes / 1e6:.1f} MB, "
@@ -97,13 +135,21 @@ def main() -> None:
     total_save = sum(s["save_s"] for s in saves)
     orbax_mbps = sum(s["bytes"] for s in saves) / total_save / 1e6
     plain_mbps = nbytes / plain / 1e6
+    restore_mbps = saves[-1]["bytes"] / restore_s / 1e6
+    read_mbps = saves[-1]["bytes"] / read_s / 1e6
     print(f"all saves: blocked {total_blocked:.3f} s of {total_save:.3f} s saving "
-          f"({total_blocked / total_save:.1%}); Orbax {orbax_mbps:.1f} MB/s vs plain file write "
-          f"+ fsync {plain_mbps:.1f} MB/s ({orbax_mbps / plain_mbps:.2f}x)")
+          f"({total_blocked / total_save:.1%}), {total_blocked / len(saves):.3f} s per save")
+    print(f"write: Orbax {orbax_mbps:.1f} MB/s vs plain file write + fsync {plain_mbps:.1f} MB/s "
+          f"(ratio {orbax_mbps / plain_mbps:.2f})")
+    print(f"restore: Orbax {restore_mbps:.1f} MB/s vs plain file read {read_mbps:.1f} MB/s "
+          f"(ratio {restore_mbps / read_mbps:.2f})")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "preset": args.preset, "saves": saves, "blocked_s": total_blocked,
             "save_s": total_save, "orbax_mb_per_s": orbax_mbps, "plain_mb_per_s": plain_mbps,
+            "write_ratio": orbax_mbps / plain_mbps, "restore_mb_per_s": restore_mbps,
+            "plain_read_mb_per_s": read_mbps, "restore_ratio": restore_mbps / read_mbps,
+            "blocked_per_save_s": total_blocked / len(saves),
         }, indent=2))
 
 

@@ -79,3 +79,15 @@ def api():
 def kubeconfig(api, tmp_path) -> str:
     """A kubeconfig whose context 'test-ctx' points at the scripted API server."""
     return str(api.kubeconfig(tmp_path / "kubeconfig"))
+
+
+@pytest.fixture
+def gcs_proxy(gcs_emulator):
+    """A fault proxy (tests/gcs_proxy.py) in front of the emulator: throttle, outages,
+    injected errors. Clients use ``proxy.url`` / ``proxy.env()``; it stops after the test
+    (and by itself after 10 minutes at most)."""
+    from gcs_proxy import GCSProxy
+
+    proxy = GCSProxy(gcs_emulator, lifetime_s=600).start()
+    yield proxy
+    proxy.stop()

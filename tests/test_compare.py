@@ -8,10 +8,11 @@ import random
 
 import pytest
 from cli_helpers import xrun
+from synthetic_runs import RunShape, write_log, write_stored_run
+
 from orchestrator.analysis.compare import compare
 from orchestrator.analysis.stats import mann_whitney_u, mean_diff_test, median_ci
 from orchestrator.readers.loaders import load_run
-from synthetic_runs import RunShape, write_log, write_stored_run
 
 ROW_NAMES = ["Parameters", "Final loss", "TFLOP/s", "Tok/s", "Avg s/step", "Memory %", "JAX",
              "Steady-state s/step (median)", "Step time spread (IQR)", "Checkpoint stall total",

@@ -7,10 +7,11 @@ import json
 
 import pytest
 from cli_helpers import xrun
+from synthetic_runs import RunShape, write_log, write_stored_run
+
 from orchestrator.analysis.goodput import CATEGORIES, format_goodput, goodput
 from orchestrator.readers.loaders import load_run, read_stored_run
 from xrun_contract.storage import open_storage
-from synthetic_runs import RunShape, write_log, write_stored_run
 
 SHAPE = RunShape(steps=40, ckpt_every=10, stall_s=1.5, compile_s=4.0, seed=11)
 

@@ -11,9 +11,9 @@ import time
 
 import pytest
 from kube_api import KubeAPI, make_pod, status
-from manifests.spec import build_spec
 
 from manifests.jobset import jobset
+from manifests.spec import build_spec
 from orchestrator.backends.kube.backend import KubeBackend
 from xrun_contract.errors import XrunError as BackendError
 
@@ -100,11 +100,11 @@ def test_submit_sends_the_rendered_body_and_status_walks_the_states(api, kubecon
 
 def test_the_status_screen_is_the_local_one(api, kubeconfig, tmp_path):
     """The live view of a cluster run renders through orchestrator.screen like a local run."""
+    from rich.console import Console
+
     from orchestrator.cli.screen import render_table
     from orchestrator.readers.loaders import read_stored_run
     from orchestrator.readers.view import run_view
-    from rich.console import Console
-
     from xrun_contract import Layout
     from xrun_contract.storage import open_storage
 
@@ -347,7 +347,6 @@ def test_logs_without_follow_read_each_pod_once(api, kubeconfig):
 
 def test_cluster_logs_take_attempts_without_pods_from_storage(api, kubeconfig, tmp_path):
     from orchestrator.services.logs import log_lines as kube_log_lines
-
     from xrun_contract import Layout
     from xrun_contract.storage import open_storage
 
@@ -377,7 +376,6 @@ def test_cluster_logs_take_attempts_without_pods_from_storage(api, kubeconfig, t
 
 def test_kube_logs_prints_prefixed_lines_and_one_line_errors(api, kubeconfig, tmp_path, capsys, monkeypatch):
     from orchestrator.cli import main
-
     from xrun_contract import Layout
     from xrun_contract.storage import open_storage
 

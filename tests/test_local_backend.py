@@ -13,8 +13,8 @@ import time
 import pytest
 import yaml
 from cli_helpers import pid_alive, xrun, xrun_popen
-from manifests.spec import build_spec
 
+from manifests.spec import build_spec
 from orchestrator.backends.local.supervisor import plan_pods
 from xrun_contract.errors import XrunError as BackendError
 

@@ -10,10 +10,10 @@ import sys
 import pytest
 import yaml
 from manifest_schemas import validate_jobset
-from manifests.spec import RunSpec, build_spec, max_name_length
 
 from manifests import catalogue
 from manifests.jobset import check_no_empty, jobset
+from manifests.spec import RunSpec, build_spec, max_name_length
 from orchestrator.cli import main
 
 SHAPES = sorted(catalogue.shapes()) + ["cpu-1", "cpu-2", "cpu-4"]
@@ -219,9 +219,8 @@ HARMFUL = "echo 'single' \"double\" $HOME ${X} $(echo sub) `echo tick`; echo a\\
 def test_command_reaches_child_unchanged(tmp_path):
     """The wrapper receives the command as one argv element; after Kubernetes' $-expansion
     (which the local backend reproduces) sh sees exactly the user's text."""
-    from orchestrator.backends.local.k8s_env import expand
-
     from manifests.jobset import wrapper_argv
+    from orchestrator.backends.local.k8s_env import expand
 
     argv = [expand(a, {}) for a in wrapper_argv(HARMFUL)]
     assert argv[-1] == HARMFUL

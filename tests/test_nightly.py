@@ -10,11 +10,11 @@ import pytest
 import yaml
 from cli_helpers import xrun
 from manifest_schemas import validate_k8s
-from orchestrator.nightly_file import load_nightly, plan_runs
-from xrun_contract.errors import XrunError as NightlyError
-from manifests.spec import DNS1035
 
 from manifests.nightly import RBAC_RULES
+from manifests.spec import DNS1035
+from orchestrator.nightly_file import load_nightly, plan_runs
+from xrun_contract.errors import XrunError as NightlyError
 
 KUBE = {
     "prefix": "nightly",

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_helpers import xrun
+
 from orchestrator.readers.loaders import load_run
 
 STEPS = 24

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import xrun
+from synthetic_runs import RunShape, write_log, write_stored_run
+
 from orchestrator.analysis.compare import compare
 from orchestrator.analysis.report import COLORS, GOODPUT_COLORS, Section, render_report
 from orchestrator.readers.loaders import load_run
-from synthetic_runs import RunShape, write_log, write_stored_run
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

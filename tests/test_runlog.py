@@ -11,11 +11,11 @@ import time
 import tracemalloc
 
 import pytest
+from synthetic_runs import RunShape, glue, log_lines, write_log, write_stored_run
+
 from orchestrator.readers.loaders import load_run, read_log_file
 from orchestrator.readers.logparse import MAX_PENDING, LogParser
 from orchestrator.readers.record import StepSeries
-from synthetic_runs import RunShape, glue, log_lines, write_log, write_stored_run
-
 from xrun_contract import STEP_LINE, Layout
 from xrun_contract.errors import XrunError as RunLogError
 

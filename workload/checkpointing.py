@@ -1,102 +1,463 @@
-"""Async Orbax checkpoints (OCDBT + Zarr3) of the train state and the data position.
+"""Async Orbax checkpoints (OCDBT + Zarr3) that never stall training and never lose a
+committed step.
 
 A step folder holds two items: ``state`` (params, optimizer state, step; written by every
 process for its own shards) and ``data`` (JSON: the data position and what it indexes).
-Orbax commits a step atomically (rename on a file system, ``commit_success.txt`` on GCS), and
-``latest_step`` only ever sees committed steps, so a half-written step is never restored.
 
-Every save reports, through :class:`workload.metrics.Metrics`: when it started, how long
-training waited for the previous save, how long it was blocked by this one (the device to
-host copy), and when it committed. Commits are noticed at step boundaries (``poll``).
+Rules, each decided identically on every process (:class:`workload.peers.Peers` rounds):
+
+* **No wait for a previous save.** ``CheckpointManager.save`` starts by waiting for the
+  previous save (orbax ``checkpoint_manager.py``: ``save`` -> ``wait_until_finished``, the
+  "Waiting for previous save to complete" warning). So a save is started only when every
+  process reports the previous one finished; otherwise it is *deferred* to the first step
+  after the previous one commits (a "deferred" event). Training is held up only by
+  ``save``'s own blocking part: the device-to-host copy.
+* **Cadence follows the storage.** The write time of each save is measured in steps (save
+  start -> the step boundary at which every process saw it committed); the next save is due
+  ``max(checkpoint_every, that many)`` steps after the last one. When storage keeps up, saves
+  land exactly every ``checkpoint_every`` steps; when it does not, as often as it allows.
+* **Exit waits.** The last step's save and a SIGTERM save must commit before the process
+  exits; that wait is an "exit_wait" event, never a "waited" one.
+* **Committed means Orbax's rule** (:mod:`xrun_contract.checkpoints`); an empty step folder
+  is removed before the manager lists the directory (it would collide with a later save).
+* **Restore falls back.** If the newest committed step does not restore on every process,
+  each failure is logged (step and error) and the previous committed step is tried.
+* **A failed write stops the run.** A write error on any process (a TensorStore write of its
+  shards, the primary's finalize, or ``save`` itself) is published to all processes; at the
+  next step boundary every process stops with the restartable exit code, and a process stuck
+  where no boundary comes (an Orbax barrier the failed peer never joins) exits by itself
+  after a grace period. Without this, Orbax's peers wait out a 300 s barrier or 1200 s
+  async-save deadline.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from workload.config import Config
-from workload.metrics import Metrics
+from workload.metrics import Metrics, say
+from workload.peers import Peers
+from xrun_contract import CKPT_WRITE_FAILED_LINE, RESTARTABLE_EXIT_CODE
+from xrun_contract.checkpoints import COMMITTED, EMPTY, step_folders, step_state, uses_commit_file
+from xrun_contract.storage import Storage
+
+FAILED, WRITING, IDLE = "failed:", "writing", "idle"
+
+# Write settings, from bench/profile_checkpoint.py (bench/RESULTS.md): zstd on the chunks
+# (Orbax's default, level 3) made the write CPU-bound at 0.57x a plain write on 2 cores and
+# buys ~7% on float weights; off, 1.4x. OCDBT data files of 64 MiB instead of the 2 GB
+# default let a restore read several files at once (restore 0.23x -> 0.77x a plain read).
+# A restore reads whatever settings a checkpoint was written with.
+USE_COMPRESSION = False
+OCDBT_TARGET_DATA_FILE_SIZE = 64 << 20
+
+
+class CheckpointWriteFailed(RuntimeError):
+    """A checkpoint write failed on some process; every process stops with the restartable
+    exit code, so that the JobSet restart resumes from the last committed step."""
+
+
+def first_line(error: BaseException | str) -> str:
+    """One short line for a log: the root cause of an exception chain (Orbax wraps
+    TensorStore's DATA_LOSS / NOT_FOUND in an Exception whose text is a whole spec)."""
+    if not isinstance(error, str):
+        while error.__cause__ is not None:
+            error = error.__cause__
+        error = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    return " ".join(error.split())[:300]
+
+
+class _WatchedFuture:
+    """An Orbax commit future that reports its exception before the async thread sees it
+    (orbax ``async_checkpointer._AsyncManager._thread_func`` only logs it and keeps it for a
+    later ``check_for_errors``, which the manager's finalize thread consumes first)."""
+
+    def __init__(self, inner: Any, on_error: Callable[[BaseException], None]):
+        self._inner, self._on_error = inner, on_error
+
+    def result(self, timeout: float | None = None) -> Any:
+        try:
+            return self._inner.result(timeout=timeout)
+        except TimeoutError:
+            raise
+        except BaseException as e:
+            self._on_error(e)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _ReportsWriteErrors:
+    """Mixin for an Orbax CheckpointHandler: its writes (commit futures) and its finalize
+    (the primary's OCDBT manifest merge) report failures to ``on_error`` (set per instance)."""
+
+    on_error: Callable[[BaseException], None] = staticmethod(lambda e: None)
+
+    async def async_save(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            futures = await super().async_save(*args, **kwargs)  # type: ignore[misc]
+        except BaseException as e:
+            self.on_error(e)
+            raise
+        return [_WatchedFuture(f, self.on_error) for f in futures] if futures else futures
+
+    def finalize(self, directory: Any) -> None:
+        try:
+            super().finalize(directory)  # type: ignore[misc]
+        except BaseException as e:
+            self.on_error(e)
+            raise
+
+
+class WatchedPyTreeHandler(_ReportsWriteErrors, ocp.PyTreeCheckpointHandler):
+    pass
+
+
+class WatchedJsonHandler(_ReportsWriteErrors, ocp.JsonCheckpointHandler):
+    pass
+
+
+# CompositeCheckpointHandler finds an item's handler by its args' registered class
+# (orbax checkpoint_args.py get_registered_args_cls: exact class, save and restore args both
+# registered): args of their own for the watched ones.
+@ocp.checkpoint_args.register_with_handler(WatchedPyTreeHandler, for_save=True)
+class StateSave(ocp.args.PyTreeSave):
+    pass
+
+
+@ocp.checkpoint_args.register_with_handler(WatchedJsonHandler, for_save=True)
+class DataSave(ocp.args.JsonSave):
+    pass
+
+
+@ocp.checkpoint_args.register_with_handler(WatchedPyTreeHandler, for_restore=True)
+class StateRestore(ocp.args.PyTreeRestore):
+    pass
+
+
+@ocp.checkpoint_args.register_with_handler(WatchedJsonHandler, for_restore=True)
+class DataRestore(ocp.args.JsonRestore):
+    pass
+
+
+def _watched_temporary_path(base: type, on_error: Callable[[BaseException], None]) -> type:
+    """Orbax's TemporaryPath class for this storage whose ``finalize`` (commit file or
+    rename, on the primary) reports failures; ``CheckpointManagerOptions.temporary_path_class``."""
+
+    class Watched(base):  # type: ignore[misc, valid-type]
+        async def finalize(self, *args: Any, **kwargs: Any) -> None:
+            try:
+                await super().finalize(*args, **kwargs)
+            except BaseException as e:
+                on_error(e)
+                raise
+
+    Watched.__name__ = Watched.__qualname__ = f"Watched{base.__name__}"
+    return Watched
 
 
 class Checkpoints:
-    def __init__(self, directory: str, cfg: Config, metrics: Metrics):
-        self.metrics = metrics
+    """Save/restore for the training loop. Every process makes the same calls in the same
+    order: ``restore_latest`` once, ``after_step`` at every step boundary, ``finish`` at the
+    end (last step or SIGTERM), then ``close``."""
+
+    def __init__(self, storage: Storage, key: str, cfg: Config, metrics: Metrics, *,
+                 exit_code: int = RESTARTABLE_EXIT_CODE, peers: Peers | None = None,
+                 grace_s: float = 5.0, poll_s: float = 0.05):
+        self.storage, self.key, self.directory = storage, key, storage.url(key)
+        self.cfg, self.metrics, self.exit_code = cfg, metrics, exit_code
+        self.every = cfg.checkpoint_every
+        self.peers = peers or Peers()
+        self.primary = self.peers.process_id == 0
+        self.grace_s, self.poll_s = grace_s, poll_s
         if os.environ.get("STORAGE_EMULATOR_HOST"):
             # gcsfs warns on every call that the emulator gave it no credentials.
             logging.getLogger("gcsfs").setLevel(logging.ERROR)
+        self.manager: ocp.CheckpointManager | None = None
+        self.pending: tuple[int, float] | None = None  # (step, save start) not yet committed
+        self.deferred_at: int | None = None  # step at which a due save was deferred
+        self.next_due = self.every
+        self.write_steps = 0  # steps the last save took to commit (0: within one step)
+        self.saved_steps: list[int] = []
+        self.sync_s = 0.0  # agreement rounds since the last commit
+        self.restored_step: int | None = None
+        self.failure: str | None = None  # why the run stops (set before CheckpointWriteFailed)
+        self._errors: list[str] = []  # this process's write failures, from any thread
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._remove_empty_steps()
+        self._watch = self.peers.watch(self._peer_failed, self._stop)
+
+    # -----------------------------------------------------------------------------------
+    # Restore
+
+    def _remove_empty_steps(self) -> None:
+        """An empty ``<step>/`` is not committed (xrun_contract.checkpoints) but Orbax's
+        manager would list it as a step and refuse to save that step again: remove it."""
+        if self.primary:
+            for folder in step_folders(self.storage, self.key):
+                if folder.state == EMPTY:
+                    say(f"checkpoint step {folder.step}: empty folder {folder.key} removed "
+                        f"(not a committed checkpoint)")
+                    self.storage.delete_prefix(folder.key)
+                    path = self.storage.url(folder.key)
+                    if os.path.isdir(path):
+                        os.rmdir(path)
+        self.peers.gather("cleaned")  # nobody lists the folder before the primary is done
+
+    def _restore_step(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+        """Through the item handlers, without ``CheckpointManager.restore``: its trailing
+        barrier (orbax ``Checkpointer.restore`` -> ``sync_global_processes``) is a device
+        collective that a process whose restore raised never joins."""
+        path = epath.Path(self.directory) / str(step)
+        state_handler = ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True)
+        try:
+            state = state_handler.restore(path / "state", args=ocp.args.PyTreeRestore(
+                item=abstract_state,
+                restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state)))
+            state = jax.block_until_ready(state)
+        finally:
+            state_handler.close()
+        data = ocp.JsonCheckpointHandler().restore(path / "data", args=ocp.args.JsonRestore())
+        return state, dict(data)
+
+    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
+        """(step, state, data item) of the newest committed step that restores on every
+        process, falling back step by step; None when nothing is committed."""
+        listing = json.dumps([f.step for f in step_folders(self.storage, self.key)
+                              if f.state == COMMITTED]) if self.primary else ""
+        candidates: list[int] = json.loads(self.peers.gather(listing)[0])
+        failed: list[int] = []
+        result = None
+        for step in reversed(candidates):
+            try:
+                state, data = self._restore_step(step, abstract_state)
+                mine = "ok"
+            except Exception as e:  # noqa: BLE001 - every failure falls back, loudly
+                state, data, mine = None, {}, FAILED + first_line(e)
+                print(f"checkpoint restore of step {step} failed on process "
+                      f"{self.peers.process_id}: {e!r}", file=sys.stderr, flush=True)
+            everyone = self.peers.gather(mine)
+            errors = [(p, v[len(FAILED):]) for p, v in enumerate(everyone) if v != "ok"]
+            if not errors:
+                self.metrics.checkpoint("restored", step)
+                result = (step, state, data)
+                self.restored_step = step
+                break
+            error = "; ".join(f"process {p}: {msg}" for p, msg in errors)
+            if self.primary:
+                self.metrics.checkpoint("restore_failed", step, error=error)
+            elif mine != "ok":
+                say(f"checkpoint restore failed: step {step}, error: process "
+                    f"{self.peers.process_id}: {mine[len(FAILED):]}")
+            failed.append(step)
+        if candidates and result is None:
+            raise RuntimeError(f"no committed checkpoint restores (tried steps "
+                               f"{sorted(failed, reverse=True)} under {self.directory})")
+        if failed:
+            self._set_aside(failed)
+        if result is not None and self.every > 0:  # saves stay on multiples of the interval
+            self.next_due = (result[0] // self.every + 1) * self.every
+        self._open_manager()
+        return result
+
+    def _set_aside(self, steps: list[int]) -> None:
+        """Unrestorable steps newer than the restored one would collide with the saves of the
+        same steps to come: renamed out of Orbax's sight (local) or deleted (gs://)."""
+        if self.primary:
+            for step in steps:
+                key = f"{self.key}/{step}"
+                if uses_commit_file(self.storage):
+                    self.storage.delete_prefix(key)
+                    say(f"checkpoint step {step}: unrestorable, deleted")
+                else:
+                    aside = f"{self.storage.url(key)}.xrun-unrestorable-{int(time.time())}"
+                    os.rename(self.storage.url(key), aside)
+                    say(f"checkpoint step {step}: unrestorable, moved to {aside}")
+        self.peers.gather("set-aside")
+
+    def _open_manager(self) -> None:
         options = ocp.CheckpointManagerOptions(
-            max_to_keep=cfg.max_to_keep,
-            enable_async_checkpointing=cfg.async_checkpoint,
+            max_to_keep=self.cfg.max_to_keep,
+            enable_async_checkpointing=self.cfg.async_checkpoint,
             create=True,
             cleanup_tmp_directories=True,  # leftovers of a killed save are removed, not read
+            temporary_path_class=_watched_temporary_path(
+                ocp.path.atomicity.CommitFileTemporaryPath if uses_commit_file(self.storage)
+                else ocp.path.atomicity.AtomicRenameTemporaryPath, self._local_error),
         )
+        state_handler = WatchedPyTreeHandler(use_ocdbt=True, use_zarr3=True,
+                                             use_compression=USE_COMPRESSION)
+        data_handler = WatchedJsonHandler()
+        state_handler.on_error = data_handler.on_error = self._local_error
         self.manager = ocp.CheckpointManager(
-            directory,
+            self.directory,
             options=options,
-            item_handlers={
-                "state": ocp.PyTreeCheckpointHandler(use_ocdbt=True, use_zarr3=True),
-                "data": ocp.JsonCheckpointHandler(),
-            },
+            item_handlers={"state": state_handler, "data": data_handler},
         )
-        self.pending: tuple[int, float] | None = None  # (step, save start) not yet committed
-        self.saved_steps: list[int] = []
 
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
+    # -----------------------------------------------------------------------------------
+    # Save
 
-    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
-        """State with the shardings of ``abstract_state`` (ShapeDtypeStructs), and the data item."""
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.PyTreeRestore(
-                item=abstract_state,
-                restore_args=ocp.checkpoint_utils.construct_restore_args(abstract_state),
-            ),
-            data=ocp.args.JsonRestore(),
-        ))
-        self.metrics.checkpoint("restored", step)
-        return restored["state"], dict(restored["data"])
+    def after_step(self, step: int, state: Any, data: Callable[[], dict[str, Any]],
+                   force: bool = False) -> float:
+        """At a step boundary: notice commits, save when due (``force``: the last step) and
+        every process has finished the previous save, else defer. Returns the seconds the
+        save held training (the device-to-host copy; 0 without a save): the step record's
+        ``checkpoint_blocked_s``, which readers use to tell stalled steps from steady ones.
+        The agreement rounds (about a millisecond, only while a save is in flight or due)
+        are summed per save into the "committed" event's ``sync_s``.
+        Raises CheckpointWriteFailed."""
+        due = force or step >= self.next_due or self.deferred_at is not None
+        if self.pending is None and not due and not self._errors:
+            return 0.0  # nothing written, nothing due: no round, no RPC
+        t = time.perf_counter()
+        idle = self._round(step)
+        self.sync_s += time.perf_counter() - t
+        if idle and self.pending is not None:
+            self._committed(step)
+        if due and self.pending is None:
+            return self._save(step, state, data())
+        if due and self.deferred_at is None:
+            self.deferred_at = step
+            self.metrics.checkpoint("deferred", step, previous=self.pending[0])
+        return 0.0
 
-    def save(self, step: int, state: Any, data: dict[str, Any]) -> float:
-        """Start saving ``step``; returns the seconds the training loop was held up."""
-        waited = 0.0
-        if self.pending:  # the previous save has not committed yet
-            t = time.perf_counter()
-            self.manager.wait_until_finished()
-            waited = time.perf_counter() - t
-            self.poll()
-            self.metrics.checkpoint("waited", step, waited)
+    def finish(self, step: int, state: Any, data: Callable[[], dict[str, Any]]) -> float:
+        """Last step or SIGTERM: save ``step`` unless saved, and wait until it committed.
+        Returns the seconds waited (recorded as an "exit_wait" event)."""
+        t = time.perf_counter()
+        blocked = 0.0
+        # Not saved in this attempt, and not the step it restored (a rerun of a finished run).
+        if step not in self.saved_steps and step != self.restored_step:
+            self._wait_idle(step)
+            blocked = self._save(step, state, data())
+        self._wait_idle(step)
+        waited = time.perf_counter() - t - blocked
+        self.metrics.checkpoint("exit_wait", step, waited)
+        return waited
+
+    def _wait_idle(self, step: int) -> None:
+        while not self._round(step):
+            time.sleep(self.poll_s)
+        if self.pending is not None:
+            self._committed(step)
+
+    def _save(self, step: int, state: Any, data: dict[str, Any]) -> float:
+        assert self.manager is not None, "restore_latest() opens the manager"
         self.metrics.checkpoint("started", step)
         start_wall, t = time.time(), time.perf_counter()
-        self.manager.save(step, force=True, args=ocp.args.Composite(
-            state=ocp.args.PyTreeSave(state), data=ocp.args.JsonSave(data)))
+        try:
+            self.manager.save(step, force=True, args=ocp.args.Composite(
+                state=StateSave(state, ocdbt_target_data_file_size=OCDBT_TARGET_DATA_FILE_SIZE),
+                data=DataSave(data)))
+        except Exception as e:  # noqa: BLE001 - every process hears of it at the next round
+            # No round here: the others returned from save() and hold their next round at
+            # the next step boundary; so does this process (it has an error to report).
+            self._local_error(e)
+            return time.perf_counter() - t
         blocked = time.perf_counter() - t
         self.metrics.checkpoint("blocked", step, blocked)
-        self.pending = (step, start_wall)
+        self.pending, self.deferred_at = (step, start_wall), None
         self.saved_steps.append(step)
-        self.poll()
-        return waited + blocked
+        self.next_due = step + max(self.every, self.write_steps)
+        return blocked
 
-    def poll(self) -> None:
-        """Report a commit that happened since the last call (raises a failed async save)."""
-        if self.pending and not self.manager.is_saving_in_progress():
+    def _committed(self, step: int) -> None:
+        saved, start = self.pending  # type: ignore[misc]
+        self.pending = None
+        self.write_steps = step - saved
+        self.metrics.checkpoint("committed", saved, time.time() - start, sync_s=self.sync_s)
+        self.sync_s = 0.0
+
+    # -----------------------------------------------------------------------------------
+    # Agreement and failures
+
+    def _local_status(self) -> str:
+        with self._lock:
+            if self._errors:
+                return FAILED + self._errors[0]
+        if self.manager is None or self.pending is None:
+            return IDLE
+        if self.manager.is_saving_in_progress():
+            return WRITING
+        try:
             self.manager.check_for_errors()
-            step, start = self.pending
-            self.pending = None
-            self.metrics.checkpoint("committed", step, time.time() - start)
+        except Exception as e:  # noqa: BLE001
+            self._local_error(e)
+            return FAILED + first_line(e)
+        step = self.pending[0]
+        if step_state(self.storage, f"{self.key}/{step}") != COMMITTED:
+            message = f"step {step} finished writing but is not committed"
+            self._local_error(message)
+            return FAILED + message
+        return IDLE
 
-    def wait(self) -> None:
-        """Block until the last save has committed (end of training, SIGTERM)."""
-        self.manager.wait_until_finished()
-        self.poll()
+    def _round(self, step: int) -> bool:
+        """One agreement round: True when every process is idle (no save in flight).
+        Raises CheckpointWriteFailed if any process reports a failed write."""
+        values = self.peers.gather(self._local_status())
+        failed = [(p, v[len(FAILED):]) for p, v in enumerate(values) if v.startswith(FAILED)]
+        if failed:
+            self._stop_run(step, failed)
+        return all(v == IDLE for v in values)
+
+    def _stop_run(self, step: int, failed: list[tuple[int, str]]) -> None:
+        at = self.pending[0] if self.pending else step
+        for process, error in failed:
+            if self.primary:
+                self.metrics.checkpoint("write_failed", at, error=error, process=process)
+        self.failure = (f"checkpoint write failed (step {at}, process "
+                        f"{', '.join(str(p) for p, _ in failed)}): {failed[0][1]}")
+        raise CheckpointWriteFailed(self.failure)
+
+    def _local_error(self, error: BaseException | str) -> None:
+        """A write of this process failed (any thread): remember it, tell every process."""
+        message = first_line(error)
+        with self._lock:
+            first = not self._errors
+            self._errors.append(message)
+        if first:
+            step = self.pending[0] if self.pending else -1
+            if not self.primary:  # the primary logs it with the round's result
+                say(CKPT_WRITE_FAILED_LINE.format(step=step, process=self.peers.process_id,
+                                                  error=message))
+            self.peers.publish_failure(f"process {self.peers.process_id}: {message}")
+
+    def _peer_failed(self, message: str) -> None:
+        """Watch thread: some process's write failed. The main thread normally stops at the
+        next step boundary; if it is stuck (an Orbax barrier a dead peer never joins), exit
+        here after the grace period with the restartable code."""
+        if self._stop.wait(self.grace_s):
+            return
+        reason = f"checkpoint write failed elsewhere, stuck for {self.grace_s:.0f}s: {message}"
+        print(f"xrun: {reason}; exiting {self.exit_code}", file=sys.stderr, flush=True)
+        try:
+            self.metrics.end(self.exit_code, reason)
+            self.metrics.close()
+        finally:
+            sys.stdout.flush()
+            os._exit(self.exit_code)
 
     def close(self) -> None:
-        self.manager.close()
+        """After ``finish``: every save committed, nothing left to wait for."""
+        self._stop.set()
+        if self.manager is not None:
+            self.manager.close()
+        if self._watch is not None:
+            self._watch.join(timeout=2)
 
 
 def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:

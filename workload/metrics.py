@@ -14,9 +14,13 @@ from typing import Any
 from xrun_contract import (
     CKPT_BLOCKED_LINE,
     CKPT_COMMIT_LINE,
+    CKPT_DEFERRED_LINE,
+    CKPT_EXIT_WAIT_LINE,
+    CKPT_RESTORE_FAILED_LINE,
     CKPT_RESTORED_LINE,
     CKPT_START_LINE,
     CKPT_WAIT_PREVIOUS_LINE,
+    CKPT_WRITE_FAILED_LINE,
     FLOPS_LINE,
     HEADER_LINE,
     MEMORY_LINE,
@@ -33,6 +37,10 @@ CHECKPOINT_LINES = {
     "waited": CKPT_WAIT_PREVIOUS_LINE,
     "committed": CKPT_COMMIT_LINE,
     "restored": CKPT_RESTORED_LINE,
+    "deferred": CKPT_DEFERRED_LINE,
+    "exit_wait": CKPT_EXIT_WAIT_LINE,
+    "restore_failed": CKPT_RESTORE_FAILED_LINE,
+    "write_failed": CKPT_WRITE_FAILED_LINE,
 }
 
 
@@ -104,10 +112,13 @@ class Metrics:
                 loss=loss, checkpoint_blocked_s=checkpoint_blocked_s, grad_norm=grad_norm,
                 learning_rate=learning_rate))
 
-    def checkpoint(self, event: str, step: int, seconds: float | None = None) -> None:
+    def checkpoint(self, event: str, step: int, seconds: float | None = None,
+                   **fields: Any) -> None:
+        """One checkpoint event (xrun_contract.CHECKPOINT_EVENTS); ``fields`` fill the event's
+        line and go into the record (deferred: previous; *_failed: error, process)."""
         if self.primary:
-            say(CHECKPOINT_LINES[event].format(step=step, seconds=seconds or 0.0))
-            self.record(records.Checkpoint(step=step, event=event, seconds=seconds))
+            say(CHECKPOINT_LINES[event].format(step=step, seconds=seconds or 0.0, **fields))
+            self.record(records.Checkpoint(step=step, event=event, seconds=seconds, **fields))
 
     def end(self, exit_code: int, reason: str, data_bytes_read: int | None = None) -> None:
         if self.primary:

@@ -261,14 +261,15 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
 
     ckpt = None
     if storage is not None and run and cfg.checkpoint_every > 0:
-        from workload.checkpointing import Checkpoints
+        from workload.checkpointing import Checkpoints, CheckpointWriteFailed
 
-        ckpt = Checkpoints(storage.url(Layout.checkpoints(run)), cfg, metrics)
+        ckpt = Checkpoints(storage, Layout.checkpoints(run), cfg, metrics,
+                           exit_code=cluster.restartable_exit_code)
     source = data.make_source(cfg.data, cfg.data_dtype, cfg.seed, cfg.seq_len, cfg.vocab_size)
-    latest = ckpt.latest_step() if ckpt else None
-    if latest is not None:
-        state, position = ckpt.restore(latest, program.abstract_state)
-        start, position = latest, int(position["position"])
+    # The newest committed step that restores on every process (older ones if it does not).
+    restored = ckpt.restore_latest(program.abstract_state) if ckpt else None
+    if restored is not None:
+        start, state, position = restored[0], restored[1], int(restored[2]["position"])
     else:
         state, start, position = program.init(), 0, 0
 
@@ -282,10 +283,9 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
             run_info["data_bytes_read"] = source.bytes_read
         return batch
 
-    def save(step: int) -> float:
-        position_data = {"position": position, "step": step, "global_batch": global_batch,
-                         "source": cfg.data, "seed": cfg.seed}
-        return ckpt.save(step, state, position_data) if ckpt else 0.0
+    def position_data(step: int):
+        return lambda: {"position": position, "step": step, "global_batch": global_batch,
+                        "source": cfg.data, "seed": cfg.seed}
 
     batch = make_batch(position)
     for step in range(start + 1, cfg.steps + 1):
@@ -298,27 +298,33 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         if delay:  # after the step finished, so it cannot hide behind async dispatch
             time.sleep(delay)
         seconds = time.perf_counter() - t0
-        due = ckpt is not None and (step % cfg.checkpoint_every == 0 or step == cfg.steps)
-        blocked = save(step) if due else 0.0
+        # Saves when due and the previous save committed, else defers; never waits for it.
+        try:
+            blocked = ckpt.after_step(step, state, position_data(step),
+                                      force=step == cfg.steps) if ckpt else 0.0
+        except CheckpointWriteFailed as e:
+            return cluster.restartable_exit_code, str(e), False
         metrics.step(step, seconds, flops["tflops_per_device"] / seconds,
                      tokens_per_step / seconds / devices, tokens_per_step, float(out["loss"]),
                      blocked, grad_norm=float(out["grad_norm"]),
                      learning_rate=float(out["learning_rate"]))
         if step == start + 1:
             report_memory(metrics)
-        if ckpt:
-            ckpt.poll()
         if fail and fail[0] == step:
             return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})", False
         if step < cfg.steps and preemption.reached(step):
-            if ckpt and step not in ckpt.saved_steps:
-                save(step)
-            if ckpt:
-                ckpt.wait()
+            if ckpt:  # this step's save commits before we exit (an "exit_wait")
+                try:
+                    ckpt.finish(step, state, position_data(step))
+                except CheckpointWriteFailed as e:
+                    return cluster.restartable_exit_code, str(e), False
                 ckpt.close()
             return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}", True
-    if ckpt:
-        ckpt.wait()
+    if ckpt:  # the last step's save commits before we exit
+        try:
+            ckpt.finish(cfg.steps, state, position_data(cfg.steps))
+        except CheckpointWriteFailed as e:
+            return cluster.restartable_exit_code, str(e), False
         ckpt.close()
     return 0, "completed", True
 

@@ -183,6 +183,32 @@ CKPT_COMMIT_RE = re.compile(
 )
 CKPT_RESTORED_LINE = "checkpoint restored: step {step}"
 CKPT_RESTORED_RE = re.compile(r"checkpoint restored: step (?P<step>\d+)")
+# A save came due while the previous one was still being written: it is not waited for,
+# the save happens at the first step after the previous one committed (workload/checkpointing.py).
+CKPT_DEFERRED_LINE = (
+    "checkpoint save deferred: step {step}, previous save of step {previous} still writing"
+)
+CKPT_DEFERRED_RE = re.compile(
+    r"checkpoint save deferred: step (?P<step>\d+), previous save of step (?P<previous>\d+) "
+    r"still writing"
+)
+# The last step's and a SIGTERM save must commit before the process exits: that wait.
+CKPT_EXIT_WAIT_LINE = "checkpoint waiting to commit before exit: step {step}, seconds: {seconds:.3f}"
+CKPT_EXIT_WAIT_RE = re.compile(
+    r"checkpoint waiting to commit before exit: step (?P<step>\d+), seconds: (?P<seconds>[\d.]+)"
+)
+# A committed step that does not restore (corrupt or missing data): the run falls back to
+# the previous committed step. One line per failed step, with the error's first line.
+CKPT_RESTORE_FAILED_LINE = "checkpoint restore failed: step {step}, error: {error}"
+CKPT_RESTORE_FAILED_RE = re.compile(
+    r"checkpoint restore failed: step (?P<step>\d+), error: (?P<error>.*?)\s*$"
+)
+# A checkpoint write failed on some process: every process exits with the restartable code.
+CKPT_WRITE_FAILED_LINE = "checkpoint write failed: step {step}, process {process}, error: {error}"
+CKPT_WRITE_FAILED_RE = re.compile(
+    r"checkpoint write failed: step (?P<step>\d+), process (?P<process>\d+), "
+    r"error: (?P<error>.*?)\s*$"
+)
 
 # Lines of the pod wrapper that runs the user's command.
 WRAPPER_START_LINE = "xrun-wrapper: start host={host} attempt={attempt} argv={argv}"  # argv as JSON: one line
@@ -209,6 +235,15 @@ HOST_PREFIX_RE = re.compile(r"\[(?P<host>\d+-\d+)(?: #(?P<attempt>\d+))?\] ")
 
 def host_prefix(host: str, attempt: int) -> str:
     return f"[{host}]" if attempt == 0 else f"[{host} #{attempt}]"
+
+
+# Checkpoint events, in the order a save goes through them. "waited" (training waited for
+# the previous save) is no longer written by xrun's workload, which defers instead; readers
+# keep it for older runs. "exit_wait": the last step's / SIGTERM save committing before exit.
+CHECKPOINT_EVENTS = (
+    "started", "blocked", "waited", "deferred", "committed", "exit_wait", "restored",
+    "restore_failed", "write_failed",
+)
 
 
 # ---------------------------------------------------------------------------------------

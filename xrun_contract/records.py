@@ -75,12 +75,16 @@ class Step(Record):
 
 @dataclass
 class Checkpoint(Record):
-    """A checkpoint event: started | blocked | waited | deferred | committed | restored."""
+    """A checkpoint event, one of ``xrun_contract.CHECKPOINT_EVENTS``."""
 
     kind: ClassVar[str] = "checkpoint"
     step: int = 0
     event: str = ""
     seconds: float | None = None
+    previous: int | None = None  # deferred: the step still being written
+    error: str | None = None  # restore_failed, write_failed
+    process: int | None = None  # write_failed: which process
+    sync_s: float | None = None  # committed: seconds of cross-process agreement
 
 
 @dataclass

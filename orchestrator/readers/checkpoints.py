@@ -6,18 +6,24 @@ small ``_CHECKPOINT_METADATA`` object, so a run with thousands of steps stays ch
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from xrun_contract import Layout
+from xrun_contract.checkpoints import (
+    COMMIT_SUCCESS_FILE,
+    COMMITTED,
+    EMPTY,
+    IN_PROGRESS,
+    STEP_NAME_RE,
+    TMP_STEP_NAME_RE,
+    state_of,
+    uses_commit_file,
+)
 from xrun_contract.storage import ObjectInfo, Storage
 
-STEP_DIR = re.compile(r"^(\d+)$")
-TMP_DIR = re.compile(r"^(\d+)\.orbax-checkpoint-tmp-\d+$")
 CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
-COMMIT_SUCCESS = "commit_success.txt"
 
 
 @dataclass
@@ -44,28 +50,30 @@ def list_checkpoints(storage: Storage, name: str, sizes: bool = False) -> list[C
     base = Layout.checkpoints(name)
     _, prefixes = storage.list(base)
     out: list[CheckpointInfo] = []
+    gcs = uses_commit_file(storage)
     for prefix in prefixes:
         leaf = prefix.rsplit("/", 1)[-1]
-        tmp = TMP_DIR.match(leaf)
+        tmp = TMP_STEP_NAME_RE.match(leaf)
         if tmp:
-            out.append(CheckpointInfo(int(tmp[1]), "in progress", key=prefix))
+            out.append(CheckpointInfo(int(tmp[1]), IN_PROGRESS, key=prefix))
             continue
-        m = STEP_DIR.match(leaf)
+        m = STEP_NAME_RE.match(leaf)
         if not m:
             continue
-        objects, _ = storage.list(prefix)
+        objects, subfolders = storage.list(prefix)
         names = {o.key.rsplit("/", 1)[-1]: o for o in objects}
-        info = CheckpointInfo(int(m[1]), "in progress", key=prefix)
-        # Orbax commits a step by atomic rename on file systems (a digits-only folder is
-        # final) and by writing commit_success.txt last on GCS, which cannot rename.
-        if not storage.root.startswith("gs://") or COMMIT_SUCCESS in names:
-            info.state = "committed"
+        # Orbax's own rule (xrun_contract.checkpoints): rename on file systems, the commit
+        # file on GCS; an empty step folder is not a checkpoint.
+        state = state_of(leaf, set(names), bool(subfolders), gcs)
+        if state == EMPTY:
+            continue
+        info = CheckpointInfo(int(m[1]), state, key=prefix)
         meta_obj: ObjectInfo | None = names.get(CHECKPOINT_METADATA)
         meta = (storage.read_json(meta_obj.key) or {}) if meta_obj is not None else {}
         init, commit = meta.get("init_timestamp_nsecs"), meta.get("commit_timestamp_nsecs")
-        if info.state == "committed":
-            info.written_at = commit / 1e9 if commit else (names[COMMIT_SUCCESS].updated
-                                                          if COMMIT_SUCCESS in names else None)
+        if info.state == COMMITTED:
+            info.written_at = commit / 1e9 if commit else (names[COMMIT_SUCCESS_FILE].updated
+                                                          if COMMIT_SUCCESS_FILE in names else None)
             if init and commit:
                 info.write_seconds = (commit - init) / 1e9
         if sizes:
@@ -77,7 +85,7 @@ def list_checkpoints(storage: Storage, name: str, sizes: bool = False) -> list[C
 
 
 def latest_committed(checkpoints: list[CheckpointInfo]) -> CheckpointInfo | None:
-    done = [c for c in checkpoints if c.state == "committed"]
+    done = [c for c in checkpoints if c.state == COMMITTED]
     return done[-1] if done else None
 
 

@@ -1,0 +1,99 @@
+"""Agreement among the job's processes, through JAX's coordination service (no device work).
+
+Checkpoint decisions (save now or defer, restore this step or fall back, stop on a failed
+write) must be taken identically by every process: Orbax's saves and restores are collective
+(``CheckpointManager.save`` starts with a barrier), so a process that decides differently
+deadlocks the others. ``Peers.gather`` is a round in which every process publishes a short
+string and gets everyone's: key-value set, a barrier, a directory get. It is the coordination
+service ``jax.distributed.initialize`` started (the same client ``jax.experimental.
+multihost_utils.reached_preemption_sync_point`` and Orbax's ``multihost`` barriers use), so it
+neither touches the devices nor waits behind a step's collectives.
+
+A failure flag (``publish_failure``) is a key every process can long-poll (``watch``): a
+process stuck where no round can reach it (inside an Orbax barrier that a failed peer will
+never join) still learns of the failure within a second.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+FAILURE_KEY = "xrun/ckpt/failed"
+
+
+class Peers:
+    """Rounds of agreement; a single process agrees with itself without any RPC."""
+
+    def __init__(self, prefix: str = "xrun/ckpt/round", timeout_s: float = 600.0):
+        import jax
+
+        self.count = jax.process_count()
+        self.process_id = jax.process_index()
+        self.prefix = prefix
+        self.timeout_ms = int(timeout_s * 1000)
+        self.client = None
+        if self.count > 1:
+            from jax._src import distributed
+
+            self.client = distributed.global_state.client
+            if self.client is None:
+                raise RuntimeError("several JAX processes but no distributed client")
+        self.rounds = 0
+
+    def gather(self, value: str) -> list[str]:
+        """Every process's ``value`` for this round, by process id. All processes must call it
+        the same number of times (the round number is the rendezvous)."""
+        if self.client is None:
+            return [value]
+        self.rounds += 1
+        base = f"{self.prefix}/{self.rounds}"
+        self.client.key_value_set(f"{base}/{self.process_id}", value)
+        self.client.wait_at_barrier(f"{base}/barrier", self.timeout_ms)
+        values: dict[int, str] = {}
+        for key, v in self.client.key_value_dir_get(f"{base}/"):
+            last = key.rstrip("/").rsplit("/", 1)[-1]
+            if last.isdigit():
+                values[int(last)] = v
+        if self.rounds > 1:  # everyone read the previous round before this barrier
+            self.client.key_value_delete(f"{self.prefix}/{self.rounds - 1}/{self.process_id}")
+        missing = [p for p in range(self.count) if p not in values]
+        if missing:
+            raise RuntimeError(f"agreement round {self.rounds}: no value from processes {missing}")
+        return [values[p] for p in range(self.count)]
+
+    def publish_failure(self, message: str) -> None:
+        """Tell every process (their ``watch``) that a checkpoint write failed; idempotent."""
+        if self.client is None:
+            return
+        # Already set by another process: the first failure is the one reported.
+        with contextlib.suppress(Exception):
+            self.client.key_value_set(FAILURE_KEY, message, allow_overwrite=False)
+
+    def failure(self) -> str | None:
+        if self.client is None:
+            return None
+        try:
+            return self.client.key_value_try_get(FAILURE_KEY)
+        except Exception:  # noqa: BLE001 - NOT_FOUND
+            return None
+
+    def watch(self, on_failure: Callable[[str], None], stop: threading.Event) -> threading.Thread | None:
+        """A daemon thread long-polling the failure flag; calls ``on_failure(message)`` once."""
+        if self.client is None:
+            return None
+
+        def loop() -> None:
+            while not stop.is_set():
+                try:
+                    message = self.client.blocking_key_value_get(FAILURE_KEY, 1000)
+                except Exception:  # noqa: BLE001 - DEADLINE_EXCEEDED: not set yet
+                    continue
+                if not stop.is_set():
+                    on_failure(message)
+                return
+
+        thread = threading.Thread(target=loop, name="xrun-ckpt-watch", daemon=True)
+        thread.start()
+        return thread
