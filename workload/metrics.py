@@ -1,8 +1,11 @@
 """What the run tells the outside world: contract log lines on stdout and JSONL records in
 storage (``runs/<name>/metrics/``), plus the ``workload`` section of ``run.json``.
 
-Only process 0 writes records and step lines (every host prints the header). Lines use the
-format strings of :mod:`xrun_contract`, so the orchestrator's parsers read them as-is.
+Only process 0 writes records, TensorBoard events (``runs/<name>/tensorboard/``) and lines:
+the header once per run (versions on one line, the config folded to the keys that differ
+from its preset; the full config is in the "header" record and run.json), startup phases,
+steps, checkpoints. Lines use the formats of :mod:`xrun_contract`, so the orchestrator's
+parsers read them as-is.
 """
 
 from __future__ import annotations
@@ -19,10 +22,14 @@ from xrun_contract import (
     CKPT_WAIT_PREVIOUS_LINE,
     FLOPS_LINE,
     HEADER_LINE,
+    HEADER_VERSIONS_KEY,
     MEMORY_LINE,
     PARAMS_LINE,
-    STEP_LINE,
+    PHASE_ACTIVITY,
+    PHASE_LINE,
     Layout,
+    format_header_fields,
+    format_step_line,
 )
 from xrun_contract.storage import ChunkWriter, Storage
 
@@ -39,6 +46,23 @@ def say(line: str) -> None:
     print(line, flush=True)  # logs are shipped live
 
 
+def process_start_time() -> float:
+    """When this process started (unix seconds), interpreter start-up included: its age is
+    /proc/uptime minus /proc/self/stat's starttime (clock ticks after boot, field 22), both
+    with 10 ms resolution. Elsewhere: now."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # [0] is field 3
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        now = time.time()
+        return now - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
 def next_chunk_seq(storage: Storage, run: str, attempt: int) -> int:
     """First free chunk number for this attempt, so a rerun with the same attempt appends."""
     objects, _ = storage.list(Layout.metrics(run))
@@ -47,15 +71,30 @@ def next_chunk_seq(storage: Storage, run: str, attempt: int) -> int:
     return max(seqs) + 1 if seqs else 0
 
 
+def folded_config(config: dict[str, Any]) -> str:
+    """"preset=tiny steps=10 checkpoint_every=4": the preset and what differs from it."""
+    from workload.config import PRESETS, Config
+
+    base = {**Config().to_dict(), **PRESETS.get(config.get("preset", ""), {})}
+    diff = {k: v for k, v in config.items() if k != "preset" and base.get(k) != v}
+    return format_header_fields({"preset": config.get("preset", ""), **diff})
+
+
 class Metrics:
     def __init__(self, storage: Storage | None, run: str | None, attempt: int, primary: bool,
-                 interval: float = 2.0):
+                 interval: float = 2.0, process_start: float | None = None,
+                 tensorboard_interval: float = 10.0):
         self.attempt, self.primary = attempt, primary
+        self.process_start = time.time() if process_start is None else process_start
         self.writer: ChunkWriter | None = None
+        self.events = None
         if primary and storage is not None and run:
+            from workload.tensorboard import EventWriter
+
             start = next_chunk_seq(storage, run, attempt)
             self.writer = ChunkWriter(
                 storage, lambda seq: Layout.metrics_chunk(run, attempt, seq), interval, start)
+            self.events = EventWriter(storage, run, attempt, tensorboard_interval)
 
     def record(self, kind: str, **fields: Any) -> None:
         if self.writer is not None:
@@ -65,11 +104,27 @@ class Metrics:
             self.writer.write(json.dumps(rec, sort_keys=True, default=str) + "\n")
 
     def header(self, versions: dict[str, str], config: dict[str, Any]) -> None:
-        for key, value in versions.items():
-            say(HEADER_LINE.format(key=key, value=value))
+        """Two lines on process 0: versions/devices/mesh, and the folded config."""
         if self.primary:
+            line = {k: v for k, v in versions.items() if k != "config"}
+            say(HEADER_LINE.format(key=HEADER_VERSIONS_KEY, value=format_header_fields(line)))
+            say(HEADER_LINE.format(key="config", value=folded_config(config)))
             self.record("header", versions=versions, config=config,
                         total_steps=config.get("steps"))
+
+    def phase(self, phase: str, step: int | None = None, at: float | None = None,
+              quiet: bool = False) -> None:
+        """A startup milestone (xrun_contract.PHASES) reached now (or at ``at``, unix time);
+        ``quiet``: the record only (its line was printed before this object existed)."""
+        if self.primary:
+            seconds = (time.time() if at is None else at) - self.process_start
+            activity = PHASE_ACTIVITY[phase]
+            if phase == "checkpoint_manager":
+                activity = "initializing state" if step is None else activity.format(step=step)
+            if not quiet:
+                say(PHASE_LINE.format(activity=activity, seconds=seconds))
+            extra = {"step": step} if step is not None else {}
+            self.record("phase", phase=phase, seconds=seconds, activity=activity, **extra)
 
     def params(self, count: int) -> None:
         if self.primary:
@@ -94,13 +149,17 @@ class Metrics:
              total_weights: int, loss: float, checkpoint_blocked_s: float, **extra: Any) -> None:
         """``tflops_per_device`` is the rate, TFLOP/s per device, as in the step line."""
         if self.primary:
-            say(STEP_LINE.format(step=step, seconds=seconds, tflops=tflops_per_device,
-                                 tokens=tokens_per_s_per_device, total_weights=total_weights,
-                                 loss=loss))
-            self.record("step", step=step, seconds=seconds, tflops_per_device=tflops_per_device,
-                        tokens_per_s_per_device=tokens_per_s_per_device,
-                        total_weights=total_weights, loss=loss,
-                        checkpoint_blocked_s=checkpoint_blocked_s, **extra)
+            say(format_step_line(step, seconds, tflops_per_device, tokens_per_s_per_device,
+                                 total_weights, loss))
+            fields = dict(step=step, seconds=seconds, tflops_per_device=tflops_per_device,
+                          tokens_per_s_per_device=tokens_per_s_per_device,
+                          total_weights=total_weights, loss=loss,
+                          checkpoint_blocked_s=checkpoint_blocked_s, **extra)
+            self.record("step", **fields)
+            if self.events is not None:
+                from workload.tensorboard import step_scalars
+
+                self.events.scalars(step, step_scalars(fields))
 
     def checkpoint(self, event: str, step: int, seconds: float | None = None) -> None:
         if self.primary:
@@ -112,6 +171,12 @@ class Metrics:
             self.record("end", exit_code=exit_code, reason=reason, **extra)
 
     def close(self) -> None:
+        if self.events is not None:
+            try:
+                self.events.close()
+            except Exception as e:  # noqa: BLE001 - plots are not worth the exit code
+                say(f"xrun: tensorboard events not written: {type(e).__name__}: {e}")
+            self.events = None
         if self.writer is not None:
             self.writer.close()
             self.writer = None
