@@ -312,3 +312,36 @@ def test_header_fields_and_phase_lines_read_back():
     assert (m["activity"], m["step"], m["seconds"]) == ("restoring", "40", "5.100")
     m = PHASE_RE.search(PHASE_LINE.format(activity="initializing distributed", seconds=1.25))
     assert (m["activity"], m["step"]) == ("initializing distributed", None)
+
+
+def test_tensorboard_files_per_flush_and_restarts_replace_redone_steps(tmp_path):
+    """Complete event files per flush (no appends); TensorBoard's reader sees every file of
+    the folder; a restarted attempt's SessionLog.START drops the steps it redoes."""
+    from tensorboard.compat.proto import event_pb2
+    from workload_helpers import tensorboard_scalars
+
+    from workload.tensorboard import EventWriter
+    from xrun_contract import Layout
+    from xrun_contract.storage import open_storage
+
+    store = open_storage(str(tmp_path))
+    first = EventWriter(store, "tb", attempt=0, interval=3600)
+    for step in range(1, 7):
+        first.scalars(step, {"learning/loss": 10.0 - step})
+        if step == 3:
+            first.flush()
+    first.close()
+    time.sleep(1.0)  # the next attempt's files sort after (seconds in the name)
+    second = EventWriter(store, "tb", attempt=1, interval=3600)
+    for step in range(5, 9):
+        second.scalars(step, {"learning/loss": 100.0 + step})
+    second.close()
+    folder = tmp_path / Layout.tensorboard("tb")
+    files = sorted(p.name for p in folder.iterdir())
+    assert len(files) == 3 and all(".tfevents." in f for f in files)
+    data = (folder / files[0]).read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    head = event_pb2.Event.FromString(data[12:12 + length])
+    assert head.file_version == "brain.Event:2"
+    loss = tensorboard_scalars(str(folder))["learning/loss"]
+    assert loss == {1: 9.0, 2: 8.0, 3: 7.0, 4: 6.0, 5: 105.0, 6: 106.0, 7: 107.0, 8: 108.0}

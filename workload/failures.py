@@ -35,6 +35,15 @@ runtime only has a message. The texts are the upstream ones:
   503"`` in the text (``tensorstore/internal/http/http_response.cc``); ``ConnectionError``
   and ``TimeoutError`` from any client.
 
+Native deaths never reach ``classify``: a process killed by a signal exits 128 + N
+(``xrun_contract.exit_code_for_signal``), and SIGABRT (134) and SIGSEGV (139) stay in the
+default restartable set on purpose. In a JAX job they are the runtime's far more often than
+the user's: XLA's and the coordination service's fatal paths end in ``LOG(FATAL)`` →
+``abort()``, and a lost accelerator or driver fault kills with SIGSEGV/SIGBUS, while a
+user's Python bug raises an exception (exit 1). A deterministic native crash costs at most
+``max_restarts`` restarts, each from the last checkpoint; failing for good on a transient
+runtime abort would lose the run.
+
 Anything else is the user's: a ``ValueError`` in config, a shape error in the model, a
 missing data file (``FileNotFoundError`` is an ``OSError`` but not a connection problem).
 """

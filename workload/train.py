@@ -386,8 +386,17 @@ def main(argv: list[str] | None = None) -> int:
     early.append(("imports", time.time()))
     if cluster.process_id == 0:
         say(PHASE_LINE.format(activity=PHASE_ACTIVITY["imports"], seconds=early[-1][1] - PROCESS_START))
-    if initialize(cluster):
-        preemption.handed_to_jax()
+    try:
+        if initialize(cluster):
+            preemption.handed_to_jax()
+    except Exception as e:  # noqa: BLE001 - e.g. the coordinator never answered
+        from workload.failures import classify
+
+        traceback.print_exc()
+        verdict = classify(e)
+        code = cluster.restartable_exit_code if verdict.restartable else USER_ERROR_EXIT_CODE
+        say(FAILURE_LINE.format(kind=verdict.kind, why=verdict.why, code=code))
+        os._exit(code)  # no peers to wait for; nothing written yet
     early.append(("distributed", time.time()))
     import jax
 
