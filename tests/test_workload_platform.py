@@ -255,9 +255,11 @@ def test_gpu_manifest_on_cpu_only_jax_refuses_to_train(tmp_path):
 
 
 def test_dead_peer_makes_the_survivor_exit_restartable(tmp_path):
+    # The reference run's program (tiny, steps=10: same schedule, so the session's
+    # compilation cache serves it); slowed steps leave seconds to kill mid-run.
     hosts = launch("peer", tmp_path, tmp_path / "logs",
-                   args=("--preset", "tiny", "steps=200", "checkpoint_every=0"),
-                   XRUN_TEST_STEP_DELAY="0.05")
+                   args=("--preset", "tiny", "steps=10", "checkpoint_every=0"),
+                   XRUN_TEST_STEP_DELAY="0.4")
     try:
         wait_for_line(hosts[0], "completed step: 2,")
         hosts[1].signal(signal.SIGKILL)
