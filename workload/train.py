@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict = classify(e)
         code = cluster.restartable_exit_code if verdict.restartable else USER_ERROR_EXIT_CODE
         say(FAILURE_LINE.format(kind=verdict.kind, why=verdict.why, code=code))
-        code, reason, clean = code, f"exception: {type(e).__name__}: {e}", False
+        reason, clean = f"exception: {type(e).__name__}: {e}", False
         failure = {"failure": verdict.kind}
     run_info.update(failure)
     metrics.end(code, reason, **failure,

@@ -218,7 +218,7 @@ MEMORY_RE = re.compile(
     r"Using \(GB\) (?P<used>[\d.]+) / (?P<total>[\d.]+) \((?P<pct>[\d.]+)%\) on (?P<device>\S+)"
 )
 # Header lines "xrun header <key>: <value>". The workload prints two, on process 0 only:
-#   xrun header versions: xrun=0.1.0 jax=0.10.2 jaxlib=0.10.2 backend=cpu ... mesh=data:1,fsdp:4
+#   xrun header versions: xrun=0.1.0 jax=0.10.2 jaxlib=0.10.2 backend=cpu ... mesh={"data":1,"fsdp":4}
 #   xrun header config: preset=tiny steps=10 checkpoint_every=4   (only keys that differ
 #                                                                 from the preset)
 # The full config is in the metrics "header" record and run.json. ``header_fields`` turns a
@@ -235,7 +235,7 @@ HEADER_FIELD_RE = re.compile(r"(?P<key>[a-z_]+)=(?P<value>\S*)")
 
 
 def format_header_fields(fields: dict[str, str]) -> str:
-    """``{"jax": "0.10.2", "mesh": "data:1,fsdp:4"}`` -> "jax=0.10.2 mesh=data:1,fsdp:4";
+    """``{"jax": "0.10.2", "mesh": '{"data":1}'}`` -> 'jax=0.10.2 mesh={"data":1}';
     whitespace inside a value becomes "_" (device kinds such as "TPU v6 lite")."""
     return " ".join(f"{k}={'_'.join(str(v).split())}" for k, v in fields.items() if v != "")
 
