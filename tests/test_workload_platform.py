@@ -347,3 +347,40 @@ def test_tensorboard_files_per_flush_and_restarts_replace_redone_steps(tmp_path)
     assert head.file_version == "brain.Event:2"
     loss = tensorboard_scalars(str(folder))["learning/loss"]
     assert loss == {1: 9.0, 2: 8.0, 3: 7.0, 4: 6.0, 5: 105.0, 6: 106.0, 7: 107.0, 8: 108.0}
+
+
+_SPLASH_TRAINING = """
+import json, numpy as np, jax
+from workload.config import load_config
+from workload.distributed import make_mesh
+from workload.train import Program
+from workload import data
+
+mesh = make_mesh(1)
+out = {}
+for kind in ("einsum", "splash"):
+    cfg = load_config("tiny", ["seq_len=128", f"attention={kind}"])
+    program = Program(cfg, mesh, 8)
+    source = data.make_source("synthetic", "uint16", 0, cfg.seq_len, cfg.vocab_size)
+    state, losses = program.init(), []
+    for step in range(3):
+        batch = data.make_batch(source, step * 8, 8, cfg.seq_len, program.batch_sharding)
+        state, o = program.train_step(state, batch)
+        losses.append(float(o["loss"]))
+    out[kind] = losses
+print(json.dumps(out))
+"""
+
+
+def test_splash_inside_fsdp_training_matches_einsum():
+    """The splash kernel (Pallas interpreter on CPU) in the real train step: shard_map over
+    the batch on a 4-device FSDP mesh, under scan and grad; same losses as einsum."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
+    env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    r = subprocess.run([sys.executable, "-c", _SPLASH_TRAINING], env=env, capture_output=True,
+                       text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    losses = json.loads(r.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(losses["splash"], losses["einsum"], rtol=1e-5)
+    assert losses["einsum"][2] < losses["einsum"][0]
