@@ -166,9 +166,9 @@ def test_infrastructure_failures_are_restartable():
         gexc.InternalServerError("internal error"),
         gcsfs.retry.HttpError({"code": 503, "message": "Service Unavailable"}),
         gcsfs.retry.HttpError({"code": 429, "message": "Too Many Requests"}),
-        # TensorStore's GCS driver (Orbax writes through it): status text, ValueError type.
-        ValueError('UNAVAILABLE: Error writing "state/d/0.0" in OCDBT database at gs://b/ckpt/'
-                   '8: HTTP response code: 503 with body: backend error'),
+        # TensorStore's GCS driver after its retries (as measured, see the test below).
+        ValueError("ABORTED: All 32 retry attempts failed: backend error "
+                   "[http_response_code='503'] [http_response_body='{}']"),
         ConnectionResetError(104, "Connection reset by peer"),
         TimeoutError("timed out"),
     ]
@@ -184,6 +184,52 @@ def test_infrastructure_failures_are_restartable():
 
     assert classify(_raised(wrapped)).restartable
     assert classify(ExceptionGroup("async save", [ValueError("x"), TimeoutError()])).restartable
+
+
+def _tensorstore_gcs_error(status: int, monkeypatch) -> BaseException:
+    """The exception TensorStore's GCS driver (what Orbax writes through) raises when the
+    server answers ``status`` to everything: a real one, from a server on 127.0.0.1."""
+    import http.server
+    import threading
+
+    import tensorstore as ts
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def answer(self):
+            body = json.dumps({"error": {"code": status, "message": "backend error"}}).encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_PUT = do_POST = do_DELETE = answer
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("TENSORSTORE_GCS_HTTP_URL", f"http://127.0.0.1:{server.server_address[1]}")
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:1")  # no credentials lookup outside
+    context = ts.Context({"gcs_request_retries": {"max_retries": 1, "initial_delay": "10ms",
+                                                  "max_delay": "20ms"}})
+    try:
+        store = ts.KvStore.open({"driver": "gcs", "bucket": "xrun-bucket"}, context=context).result()
+        store.write("ckpt/8/manifest.ocdbt", b"x").result()
+    except Exception as e:  # noqa: BLE001
+        return e
+    finally:
+        server.shutdown()
+    raise AssertionError("TensorStore wrote to a server that answers only errors")
+
+
+def test_tensorstore_gcs_errors_after_retries(monkeypatch):
+    from workload.failures import classify
+
+    for status, kind in ((503, "infrastructure"), (429, "infrastructure"), (403, "user")):
+        exc = _tensorstore_gcs_error(status, monkeypatch)
+        assert f"http_response_code='{status}'" in str(exc)
+        assert classify(exc).kind == kind, (status, str(exc))
 
 
 def test_user_failures_are_not_restartable():

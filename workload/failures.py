@@ -31,8 +31,9 @@ runtime only has a message. The texts are the upstream ones:
 * Storage after retries: ``google.api_core.exceptions`` ``ServerError`` (5xx) and
   ``TooManyRequests`` (429) from google-cloud-storage; gcsfs's ``HttpError`` with ``code``
   ≥ 500 or 429 (``gcsfs/retry.py`` retries exactly those, then raises); TensorStore's GCS
-  driver maps 429/5xx to ``UNAVAILABLE``/``RESOURCE_EXHAUSTED`` with ``"HTTP response code:
-  503"`` in the text (``tensorstore/internal/http/http_response.cc``); ``ConnectionError``
+  driver (``tensorstore/kvstore/gcs_http``) raises ``ValueError("ABORTED: All N retry
+  attempts failed: ... [http_response_code='503']")`` after its retries, and
+  ``PERMISSION_DENIED: ... [http_response_code='403']`` for a 403 (the user's); ``ConnectionError``
   and ``TimeoutError`` from any client.
 
 Native deaths never reach ``classify``: a process killed by a signal exits 128 + N
@@ -80,7 +81,13 @@ _COLLECTIVE_TEXTS = (
     "remote process exited",
     "unhandled system error",
 )
-_HTTP_CODE_RE = re.compile(r"HTTP (?:response )?(?:code|status)[: ]+(?P<code>\d{3})", re.I)
+# "HTTP response code: 503" (generic) and TensorStore's "[http_response_code='503']", as its
+# GCS driver raises after its retries, measured here against a local server answering 503:
+# "ABORTED: All 1 retry attempts failed: backend error [http_response_code='503'] ...".
+_HTTP_CODE_RE = re.compile(
+    r"(?:HTTP (?:response )?(?:code|status)[: ]+|http_response_code=')(?P<code>\d{3})", re.I)
+# Transient by HTTP semantics: request timeout, too many requests, any server error.
+_TRANSIENT_HTTP = re.compile(r"408|429|5\d\d")
 
 
 @dataclass(frozen=True)
@@ -141,8 +148,8 @@ def classify_text(text: str) -> str | None:
         if needle in text:
             return f"collective: {needle!r}"
     m = _HTTP_CODE_RE.search(text)
-    if m and (m["code"] == "429" or m["code"].startswith("5")):
-        return f"storage: HTTP {m['code']}"
+    if m:  # the storage answered: its code decides (403 wrong permissions is the user's)
+        return f"storage: HTTP {m['code']}" if _TRANSIENT_HTTP.fullmatch(m["code"]) else None
     m = _STATUS_RE.search(text)
     if m:
         return f"runtime status {m['code']}"
