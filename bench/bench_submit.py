@@ -46,10 +46,15 @@ def one_run(storage: str, name: str, run_file: str, steps: int, cache: bool) -> 
     reader.poll()
     steps_rec = [r for r in reader.records if r.get("kind") == "step"]
     submitted = run.get("submitted_at", t0)
+    # Process 0's startup timeline (workload "phase" records): seconds since its process
+    # started at each milestone; absent from workloads that predate the records.
+    phases = {r["phase"]: round(r["seconds"], 3) for r in reader.records
+              if r.get("kind") == "phase" and r.get("attempt", 0) == 0}
     return {
         "first_step_s": steps_rec[0]["time"] - submitted,
         "end_s": t_end - t0,
         "median_step_s": sorted(r["seconds"] for r in steps_rec)[len(steps_rec) // 2],
+        "phases": phases,
     }
 
 
@@ -69,6 +74,12 @@ def main() -> None:
     print(f"{'variant':<18} {'submit->step 1 (s)':>19} {'submit->end (s)':>16} {'median s/step':>14}")
     for k, r in results.items():
         print(f"{k:<18} {r['first_step_s']:>19.2f} {r['end_s']:>16.2f} {r['median_step_s']:>14.4f}")
+    if any(r["phases"] for r in results.values()):
+        names = list(next(r["phases"] for r in results.values() if r["phases"]))
+        print("\nprocess 0 startup, seconds since its process started, at the end of each phase:")
+        print(f"{'variant':<18} " + " ".join(f"{n:>18}" for n in names))
+        for k, r in results.items():
+            print(f"{k:<18} " + " ".join(f"{r['phases'].get(n, float('nan')):>18.2f}" for n in names))
     cold, warm = results["cold (cache off)"], results["cache on, warm"]
     ratios = {
         "first_step_warm_over_cold": warm["first_step_s"] / cold["first_step_s"],

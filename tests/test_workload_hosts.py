@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from workload_helpers import (
+    assert_tensorboard_matches,
     emulator_sends_generations,
     events,
     launch,
@@ -24,7 +25,7 @@ from workload_helpers import (
     wait_for_line,
 )
 
-from xrun_contract import HEADER_RE, STEP_RE, Layout
+from xrun_contract import HEADER_RE, PHASE_RE, PHASES, STEP_RE, Layout, header_fields
 from xrun_contract.storage import open_storage
 
 ARGS = ("--preset", "tiny", "steps=10", "checkpoint_every=4")
@@ -43,12 +44,29 @@ def test_two_hosts_train_and_report(reference):
     ref = losses(records)
     assert sorted(ref) == list(range(1, 11))
     assert ref[10] < ref[1] - 1.0  # it learns
-    # Every host prints the header; only process 0 prints step lines.
-    for h in hosts:
-        header = dict(m.groups() for line in h.output().splitlines() if (m := HEADER_RE.match(line)))
-        assert header["process_id"] == str(h.process_id)
-        assert header["process_count"] == "2" and header["local_devices"] == "2"
-        assert header["global_devices"] == "4" and json.loads(header["mesh"]) == {"data": 1, "fsdp": 4}
+    # Process 0 prints the header once: versions on one line, the config folded to what
+    # differs from the preset; the other host prints none of it.
+    lines = [m for line in hosts[0].output().splitlines() if (m := HEADER_RE.match(line))]
+    assert [m["key"] for m in lines] == ["versions", "config"]
+    header = header_fields("versions", lines[0]["value"])
+    assert header["process_id"] == "0" and header["jax"] and header["backend"] == "cpu"
+    assert header["process_count"] == "2" and header["local_devices"] == "2"
+    assert header["global_devices"] == "4" and json.loads(header["mesh"]) == {"data": 1, "fsdp": 4}
+    assert lines[1]["value"] == "preset=tiny steps=10 checkpoint_every=4"
+    assert not HEADER_RE.search(hosts[1].output())
+    # Startup phases: a line on process 0 and a record each, in order, times increasing.
+    phases = [r for r in records if r["kind"] == "phase"]
+    assert [p["phase"] for p in phases] == [
+        "process_start", "imports", "distributed", "checkpoint_manager", "initialized",
+        "compiled", "first_step"]
+    assert all(p["phase"] in PHASES for p in phases)
+    assert [p["seconds"] for p in phases] == sorted(p["seconds"] for p in phases)
+    assert phases[0]["seconds"] == 0 and phases[-1]["step"] == 1
+    activities = [m["activity"] for line in hosts[0].output().splitlines()
+                  if (m := PHASE_RE.search(line))]
+    assert activities == ["initializing distributed", "opening checkpoints",
+                          "initializing state", "compiling", "training", "first step done"]
+    assert not PHASE_RE.search(hosts[1].output())
     steps_logged = [int(m["step"]) for line in hosts[0].output().splitlines()
                     if (m := STEP_RE.search(line))]
     assert steps_logged == list(range(1, 11))
@@ -72,6 +90,8 @@ def test_two_hosts_train_and_report(reference):
     ck = root / "runs/ref/checkpoints"
     assert sorted(int(p.name) for p in ck.iterdir()) == [4, 8, 10]
     assert {p.name for p in (ck / "10").iterdir()} >= {"state", "data"}
+    # TensorBoard reads the same numbers as the metrics JSONL.
+    assert_tensorboard_matches(str(root / Layout.tensorboard("ref")), records)
 
 
 def test_one_host_four_devices_matches_two_hosts(reference, tmp_path):
@@ -89,7 +109,7 @@ def test_two_slices_put_data_parallelism_across_slices(reference, tmp_path):
     _, _, records = reference
     codes, hosts = run_hosts("slices", tmp_path, tmp_path / "logs", slices=2, args=ARGS)
     assert codes == [0, 0], hosts[0].output()[-3000:]
-    assert 'xrun header mesh: {"data": 2, "fsdp": 2}' in hosts[1].output()
+    assert 'mesh={"data":2,"fsdp":2}' in hosts[0].output()
     ref, two = losses(records), losses(metrics(tmp_path, "slices"))
     np.testing.assert_allclose([two[s] for s in range(1, 11)], [ref[s] for s in range(1, 11)],
                                rtol=0, atol=1e-5)
@@ -183,4 +203,10 @@ def test_gcs_save_restore_with_token_file(gcs_bucket, tmp_path):
     assert sorted(int(p.rsplit("/", 1)[1]) for p in steps) == [4, 8, 10]
     assert store.exists(f"{ck}/8/commit_success.txt") or store.exists(f"{ck}/8/state/commit_success.txt")
     assert store.read_json(Layout.run_json("gcs"))["workload"]["exit_code"] == 0
+    # TensorBoard on gs:// (its fsspec filesystem, gcsfs on the emulator): both attempts'
+    # files; steps 5-6 of attempt 0 dropped in favour of attempt 1's (SessionLog.START).
+    assert_tensorboard_matches(f"{root}/{Layout.tensorboard('gcs')}", records)
+    phases = [r for r in records if r["kind"] == "phase" and r["attempt"] == 1]
+    assert [p["phase"] for p in phases][3:5] == ["checkpoint_manager", "restored"]
+    assert phases[3]["activity"] == "restoring step 4" and phases[4]["step"] == 4
     assert not Path("runs").exists()

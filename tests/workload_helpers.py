@@ -183,3 +183,28 @@ def emulator_sends_generations() -> None:
         for method, fn in list(handlers.items()):
             if fn in (objects.get, objects.download) or getattr(fn, "sends_generation", False):
                 handlers[method] = with_generation(fn)
+
+
+def tensorboard_scalars(logdir: str) -> dict[str, dict[int, float]]:
+    """tag -> {step: value} as TensorBoard itself reads a folder (local or gs:// through its
+    fsspec filesystem), restarts purged (``purge_orphaned_data``, TensorBoard's default)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in acc.Tags()["scalars"]}
+
+
+def assert_tensorboard_matches(logdir: str, records: list[dict]) -> None:
+    """Every TensorBoard scalar equals its step record's value (float32), for every step."""
+    import numpy as np
+
+    from xrun_contract import TENSORBOARD_SCALARS
+
+    scalars = tensorboard_scalars(logdir)
+    latest = {r["step"]: r for r in records if r["kind"] == "step"}  # a redone step: the last
+    assert set(scalars) == set(TENSORBOARD_SCALARS.values()), sorted(scalars)
+    for key, tag in TENSORBOARD_SCALARS.items():
+        assert sorted(scalars[tag]) == sorted(latest), (tag, sorted(scalars[tag]))
+        for step, rec in latest.items():
+            assert scalars[tag][step] == np.float32(rec[key]), (tag, step)

@@ -16,8 +16,10 @@ from typing import Any
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16")
 TOKEN_DTYPES = ("uint16", "uint32")
+# auto: splash on TPU, cudnn on GPU (bf16), einsum on CPU (workload.attention.resolve).
+ATTENTION_KERNELS = ("auto", "einsum", "xla", "cudnn", "splash")
 CHOICES = {"param_dtype": DTYPES, "compute_dtype": DTYPES, "remat": REMAT_POLICIES,
-           "data_dtype": TOKEN_DTYPES}
+           "data_dtype": TOKEN_DTYPES, "attention": ATTENTION_KERNELS}
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class Config:
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
     remat: str = "none"  # one of REMAT_POLICIES, applied to every scanned layer
+    attention: str = "auto"  # one of ATTENTION_KERNELS
     # Batch: global_batch > 0 fixes it; 0 means batch_per_device x devices.
     global_batch: int = 8
     batch_per_device: int = 1
@@ -189,6 +192,14 @@ def validate(cfg: Config) -> Config:
         if getattr(cfg, key) not in allowed:
             raise ValueError(f"workload config {key}: unknown {getattr(cfg, key)!r}; "
                              f"allowed: {', '.join(allowed)}")
+    if cfg.attention == "splash" and cfg.seq_len % 128:
+        raise ValueError("workload config attention: splash needs seq_len a multiple of 128 "
+                         f"(its block size), got seq_len={cfg.seq_len}")
+    if cfg.attention == "cudnn" and (cfg.compute_dtype != "bfloat16" or cfg.head_dim % 8
+                                     or cfg.head_dim > 128):
+        raise ValueError("workload config attention: cudnn needs compute_dtype=bfloat16 and "
+                         f"head_dim a multiple of 8 up to 128, got {cfg.compute_dtype}, "
+                         f"head_dim={cfg.head_dim}")
     if cfg.learning_rate <= 0:
         raise ValueError(f"workload config learning_rate: must be > 0, got {cfg.learning_rate}")
     if not 0 <= cfg.min_lr_ratio <= 1:

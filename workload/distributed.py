@@ -138,3 +138,35 @@ def make_mesh(num_slices: int | None = None):
         grid = np.array(sorted(devices, key=lambda d: (d.process_index, d.id))).reshape(
             num_slices, per_slice)
     return Mesh(grid, ("data", "fsdp"), axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+class PlatformMismatch(RuntimeError):
+    """The manifest asked for an accelerator that JAX did not find (not restartable)."""
+
+
+def check_platform(cluster: Cluster) -> None:
+    """Refuse to train on CPU when the manifest asked for TPU or GPU.
+
+    Without this, a node without its driver, a CPU-only jaxlib or a stray JAX_PLATFORMS=cpu
+    gives a "successful" run on the host's CPU: hours of wasted accelerator reservation and
+    numbers that look like a regression. JAX falls back to CPU silently when no other
+    backend initialises (``jax._src.xla_bridge.backends``: a failed optional platform is
+    only logged), so the check must be ours. Raises :class:`PlatformMismatch`.
+    """
+    import jax
+
+    wanted = cluster.platform
+    if wanted not in ("tpu", "gpu"):
+        return
+    devices = jax.devices()
+    found = {d.platform for d in devices}
+    # GPU devices report platform "gpu" (CUDA and ROCm alike); TPU devices "tpu".
+    if wanted in found:
+        return
+    kinds = sorted({f"{d.platform}:{d.device_kind}" for d in devices})
+    hint = os.environ.get("JAX_PLATFORMS", "")
+    raise PlatformMismatch(
+        f"asked for {wanted} ({Env.ACCELERATOR}={os.environ.get(Env.ACCELERATOR, '')}) but JAX "
+        f"found only {', '.join(sorted(found))} devices: {len(devices)} x {', '.join(kinds)}"
+        f"{f' (JAX_PLATFORMS={hint})' if hint else ''}; jax {jax.__version__}, "
+        f"backend {jax.default_backend()}")

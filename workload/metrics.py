@@ -1,8 +1,11 @@
 """What the run tells the outside world: contract log lines on stdout and JSONL records in
 storage (``runs/<name>/metrics/``), plus the ``workload`` section of ``run.json``.
 
-Only process 0 writes records and step lines (every host prints the header). Lines use the
-format strings of :mod:`xrun_contract`, so the orchestrator's parsers read them as-is.
+Only process 0 writes records, TensorBoard events (``runs/<name>/tensorboard/``) and lines:
+the header once per run (versions on one line, the config folded to the keys that differ
+from its preset; the full config is in the "header" record and run.json), startup phases,
+steps, checkpoints. Lines use the formats of :mod:`xrun_contract`, so the orchestrator's
+parsers read them as-is.
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ from xrun_contract import (
     CKPT_WRITE_FAILED_LINE,
     FLOPS_LINE,
     HEADER_LINE,
+    HEADER_VERSIONS_KEY,
     MEMORY_LINE,
     PARAMS_LINE,
-    STEP_LINE,
+    PHASE_ACTIVITY,
+    PHASE_LINE,
     Layout,
+    format_header_fields,
+    format_step_line,
     records,
 )
 from xrun_contract.storage import ChunkWriter, Storage
@@ -48,6 +55,23 @@ def say(line: str) -> None:
     print(line, flush=True)  # logs are shipped live
 
 
+def process_start_time() -> float:
+    """When this process started (unix seconds), interpreter start-up included: its age is
+    /proc/uptime minus /proc/self/stat's starttime (clock ticks after boot, field 22), both
+    with 10 ms resolution. Elsewhere: now."""
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # [0] is field 3
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        now = time.time()
+        return now - max(0.0, uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return time.time()
+
+
 def next_chunk_seq(storage: Storage, run: str, attempt: int) -> int:
     """First free chunk number for this attempt, so a rerun with the same attempt appends."""
     objects, _ = storage.list(Layout.metrics(run))
@@ -56,15 +80,30 @@ def next_chunk_seq(storage: Storage, run: str, attempt: int) -> int:
     return max(seqs) + 1 if seqs else 0
 
 
+def folded_config(config: dict[str, Any]) -> str:
+    """"preset=tiny steps=10 checkpoint_every=4": the preset and what differs from it."""
+    from workload.config import PRESETS, Config
+
+    base = {**Config().to_dict(), **PRESETS.get(config.get("preset", ""), {})}
+    diff = {k: v for k, v in config.items() if k != "preset" and base.get(k) != v}
+    return format_header_fields({"preset": config.get("preset", ""), **diff})
+
+
 class Metrics:
     def __init__(self, storage: Storage | None, run: str | None, attempt: int, primary: bool,
-                 interval: float = 2.0):
+                 interval: float = 2.0, process_start: float | None = None,
+                 tensorboard_interval: float = 10.0):
         self.attempt, self.primary = attempt, primary
+        self.process_start = time.time() if process_start is None else process_start
         self.writer: ChunkWriter | None = None
+        self.events = None
         if primary and storage is not None and run:
+            from workload.tensorboard import EventWriter
+
             start = next_chunk_seq(storage, run, attempt)
             self.writer = ChunkWriter(
                 storage, lambda seq: Layout.metrics_chunk(run, attempt, seq), interval, start)
+            self.events = EventWriter(storage, run, attempt, tensorboard_interval)
 
     def record(self, rec: records.Record) -> None:
         if self.writer is not None:
@@ -72,11 +111,26 @@ class Metrics:
             self.writer.write(records.to_json(rec) + "\n")
 
     def header(self, versions: dict[str, str], config: dict[str, Any]) -> None:
-        for key, value in versions.items():
-            say(HEADER_LINE.format(key=key, value=value))
+        """Two lines on process 0: versions/devices/mesh, and the folded config."""
         if self.primary:
+            line = {k: v for k, v in versions.items() if k != "config"}
+            say(HEADER_LINE.format(key=HEADER_VERSIONS_KEY, value=format_header_fields(line)))
+            say(HEADER_LINE.format(key="config", value=folded_config(config)))
             self.record(records.Header(versions=versions, config=config,
                                        total_steps=config.get("steps")))
+
+    def phase(self, phase: str, step: int | None = None, at: float | None = None,
+              quiet: bool = False) -> None:
+        """A startup milestone (xrun_contract.PHASES) reached now (or at ``at``, unix time);
+        ``quiet``: the record only (its line was printed before this object existed)."""
+        if self.primary:
+            seconds = (time.time() if at is None else at) - self.process_start
+            activity = PHASE_ACTIVITY[phase]
+            if phase == "checkpoint_manager":
+                activity = "initializing state" if step is None else activity.format(step=step)
+            if not quiet:
+                say(PHASE_LINE.format(activity=activity, seconds=seconds))
+            self.record(records.Phase(phase=phase, seconds=seconds, activity=activity, step=step))
 
     def params(self, count: int) -> None:
         if self.primary:
@@ -100,17 +154,23 @@ class Metrics:
 
     def step(self, step: int, seconds: float, tflops_per_device: float, tokens_per_s_per_device: float,
              total_weights: int, loss: float, checkpoint_blocked_s: float,
-             grad_norm: float | None = None, learning_rate: float | None = None) -> None:
-        """``tflops_per_device`` is the rate, TFLOP/s per device, as in the step line."""
+             grad_norm: float | None = None, learning_rate: float | None = None,
+             tokens_per_s: float | None = None) -> None:
+        """``tflops_per_device`` is the rate, TFLOP/s per device, as in the step line;
+        ``tokens_per_s`` is over all devices."""
         if self.primary:
-            say(STEP_LINE.format(step=step, seconds=seconds, tflops=tflops_per_device,
-                                 tokens=tokens_per_s_per_device, total_weights=total_weights,
-                                 loss=loss))
-            self.record(records.Step(
+            say(format_step_line(step, seconds, tflops_per_device, tokens_per_s_per_device,
+                                 total_weights, loss))
+            rec = records.Step(
                 step=step, seconds=seconds, tflops_per_device=tflops_per_device,
                 tokens_per_s_per_device=tokens_per_s_per_device, total_weights=total_weights,
                 loss=loss, checkpoint_blocked_s=checkpoint_blocked_s, grad_norm=grad_norm,
-                learning_rate=learning_rate))
+                learning_rate=learning_rate, tokens_per_s=tokens_per_s)
+            self.record(rec)
+            if self.events is not None:
+                from workload.tensorboard import step_scalars
+
+                self.events.scalars(step, step_scalars(records.to_dict(rec)))
 
     def checkpoint(self, event: str, step: int, seconds: float | None = None,
                    **fields: Any) -> None:
@@ -120,12 +180,19 @@ class Metrics:
             say(CHECKPOINT_LINES[event].format(step=step, seconds=seconds or 0.0, **fields))
             self.record(records.Checkpoint(step=step, event=event, seconds=seconds, **fields))
 
-    def end(self, exit_code: int, reason: str, data_bytes_read: int | None = None) -> None:
+    def end(self, exit_code: int, reason: str, data_bytes_read: int | None = None,
+            failure: str | None = None) -> None:
         if self.primary:
             self.record(records.End(exit_code=exit_code, reason=reason,
-                                    data_bytes_read=data_bytes_read))
+                                    data_bytes_read=data_bytes_read, failure=failure))
 
     def close(self) -> None:
+        if self.events is not None:
+            try:
+                self.events.close()
+            except Exception as e:  # noqa: BLE001 - plots are not worth the exit code
+                say(f"xrun: tensorboard events not written: {type(e).__name__}: {e}")
+            self.events = None
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -6,6 +6,7 @@ Parameters carry *logical* axis names (``out_sharding`` metadata, eager sharding
 training code maps them onto the mesh (``logical_to_mesh``), so the model itself knows
 nothing about devices. Parameters are stored in ``param_dtype`` and cast to
 ``compute_dtype`` where they are used; norms, softmax and the logits stay in float32.
+The attention kernel (``attention=`` in the config) is chosen in ``workload.attention``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from workload import attention
 from workload.config import Config
 
 # Logical axis -> mesh axis. FSDP: every weight is split over its model dimension.
@@ -73,9 +75,13 @@ def rotary(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 class Attention(nnx.Module):
     """Causal self-attention; query heads share KV heads in groups of n_heads // n_kv_heads."""
 
-    def __init__(self, cfg: Config, rngs: nnx.Rngs):
+    def __init__(self, cfg: Config, rngs: nnx.Rngs, act_sharding: NamedSharding | None = None):
         d, n, k, h, dt = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.param_dtype
         self.cfg = cfg
+        # The kernel (workload.attention) for this platform; static, part of the graph.
+        self.kernel = attention.resolve(cfg.attention, jax.default_backend(), cfg.compute_dtype,
+                                        cfg.seq_len)
+        self.act_sharding = act_sharding  # splash runs in a shard_map over the batch axes
         self.wq = _param(rngs, _dense_init((0,)), (d, n, h), ("embed", "heads", "head_dim"), dt)
         self.wk = _param(rngs, _dense_init((0,)), (d, k, h), ("embed", "kv_heads", "head_dim"), dt)
         self.wv = _param(rngs, _dense_init((0,)), (d, k, h), ("embed", "kv_heads", "head_dim"), dt)
@@ -87,13 +93,10 @@ class Attention(nnx.Module):
         k = jnp.einsum("bsd,dkh->bskh", x, self.wk[...].astype(dt))
         v = jnp.einsum("bsd,dkh->bskh", x, self.wv[...].astype(dt))
         q, k = rotary(q, positions, cfg.rope_theta), rotary(k, positions, cfg.rope_theta)
-        b, s, _, h = q.shape
-        q = q.reshape(b, s, cfg.n_kv_heads, cfg.n_heads // cfg.n_kv_heads, h)
-        scores = jnp.einsum("bskgh,btkh->bkgst", q, k).astype(jnp.float32) * h**-0.5
-        causal = positions[:, None] >= positions[None, :]
-        scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgst,btkh->bskgh", probs, v).reshape(b, s, cfg.n_heads, h)
+        sharding = self.act_sharding
+        out = attention.attend(self.kernel, q, k, v,
+                               mesh=sharding.mesh if sharding is not None else None,
+                               batch_axes=sharding.spec[0] if sharding is not None else None)
         return jnp.einsum("bsnh,nhd->bsd", out, self.wo[...].astype(dt))
 
 
@@ -114,9 +117,9 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: Config, rngs: nnx.Rngs):
+    def __init__(self, cfg: Config, rngs: nnx.Rngs, act_sharding: NamedSharding | None = None):
         self.attn_norm = RMSNorm(cfg.d_model, cfg, rngs)
-        self.attn = Attention(cfg, rngs)
+        self.attn = Attention(cfg, rngs, act_sharding)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg, rngs)
         self.mlp = MLP(cfg, rngs)
 
@@ -137,7 +140,7 @@ class Transformer(nnx.Module):
         @nnx.split_rngs(splits=cfg.n_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
         def make_blocks(rngs: nnx.Rngs) -> Block:
-            return Block(cfg, rngs)
+            return Block(cfg, rngs, act_sharding)
 
         self.blocks = make_blocks(rngs)
         self.final_norm = RMSNorm(cfg.d_model, cfg, rngs)

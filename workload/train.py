@@ -17,7 +17,14 @@ Written under ``<storage>/runs/<run>/``: ``metrics/attempt-AAA-SSSSSSSS.jsonl`` 
 ``run.json`` (its ``workload`` section, process 0), ``checkpoints/<step>/`` (Orbax, all).
 
 Exit codes: 0 done; ``XRUN_RESTARTABLE_EXIT_CODE`` (default 42) after a SIGTERM save
-committed; the code of ``XRUN_TEST_FAIL_AT_STEP``; 1 on an exception (traceback on stderr).
+committed, and after an infrastructure failure (a peer or the coordinator died, storage
+kept failing: ``workload.failures``); ``PLATFORM_MISMATCH_EXIT_CODE`` (4) when the manifest
+asked for TPU/GPU and JAX found only CPU; the code of ``XRUN_TEST_FAIL_AT_STEP``; 1 on an
+exception in user code (traceback on stderr).
+
+Startup is recorded as phases (``xrun_contract.PHASES``: a "phase" record and an
+"xrun phase: ..." line each); the train step compiles in a thread while the checkpoint
+manager opens and the latest step restores.
 """
 
 from __future__ import annotations
@@ -35,9 +42,26 @@ from pathlib import Path
 from typing import Any
 
 from workload.config import Config, describe, load_config, step_flops
-from workload.distributed import Cluster, configure_platform, initialize, make_mesh
-from workload.metrics import Metrics, update_run_json
-from xrun_contract import XRUN_VERSION, Env, Layout
+from workload.distributed import (
+    Cluster,
+    PlatformMismatch,
+    check_platform,
+    configure_platform,
+    initialize,
+    make_mesh,
+)
+from workload.metrics import Metrics, process_start_time, say, update_run_json
+from xrun_contract import (
+    FAILURE_LINE,
+    PHASE_ACTIVITY,
+    PHASE_LINE,
+    PLATFORM_MISMATCH_EXIT_CODE,
+    USER_ERROR_EXIT_CODE,
+    XRUN_VERSION,
+    Env,
+    Layout,
+)
+from xrun_contract.checkpoints import latest_committed_step
 from xrun_contract.storage import Storage, open_storage
 
 # ---------------------------------------------------------------------------------------
@@ -82,7 +106,7 @@ def cross_entropy(logits, targets, z_loss: float):
 class Program:
     """The jitted functions and shardings of one (config, mesh): built once, used by train()."""
 
-    def __init__(self, cfg: Config, mesh, global_batch: int):
+    def __init__(self, cfg: Config, mesh, global_batch: int, compile_now: bool = True):
         import jax
         import jax.numpy as jnp
         import optax
@@ -134,17 +158,27 @@ class Program:
                    "learning_rate": schedule(state["step"]), **aux}
             return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, out
 
-        abstract_batch = jax.ShapeDtypeStruct((global_batch, cfg.seq_len + 1), jnp.int32,
-                                              sharding=self.batch_sharding)
-        # Compiled ahead of time, so that step 1's time is a step, not a compilation.
-        self.train_step = jax.jit(
+        self._abstract_batch = jax.ShapeDtypeStruct((global_batch, cfg.seq_len + 1), jnp.int32,
+                                                    sharding=self.batch_sharding)
+        self._jitted_step = jax.jit(
             train_step, in_shardings=(self.state_shardings, self.batch_sharding),
             out_shardings=(self.state_shardings, replicated), donate_argnums=0,
-        ).lower(self.abstract_state, abstract_batch).compile()
+        )
+        self.train_step = self.compile() if compile_now else None
+
+    def compile(self):
+        """Compile the train step ahead of time, so that step 1's time is a step, not a
+        compilation. Thread-safe: train() runs it while the checkpoint restores."""
+        self.train_step = self._jitted_step.lower(self.abstract_state,
+                                                  self._abstract_batch).compile()
+        return self.train_step
 
 
 # ---------------------------------------------------------------------------------------
 # The process: arguments, env, header, the loop, checkpoints, signals, exit.
+
+
+PROCESS_START = process_start_time()  # the startup timeline's zero
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -209,7 +243,7 @@ def versions(cfg: Config, mesh) -> dict[str, str]:
         "local_devices": str(jax.local_device_count()),
         "global_devices": str(len(devices)),
         "device_kind": devices[0].device_kind,
-        "mesh": json.dumps(dict(mesh.shape)),
+        "mesh": json.dumps(dict(mesh.shape), separators=(",", ":")),
         "accelerator": os.environ.get(Env.ACCELERATOR, ""),
         "image": os.environ.get(Env.IMAGE, ""),
         "commit": os.environ.get(Env.COMMIT, ""),
@@ -254,7 +288,14 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     if storage is not None and run and metrics.primary:
         update_run_json(storage, run, **run_info)
 
-    program = Program(cfg, mesh, global_batch)
+    program = Program(cfg, mesh, global_batch, compile_now=False)
+    # Compile in a thread while the checkpoint manager opens and the state restores: XLA
+    # compilation releases the GIL, and both take seconds to minutes at scale.
+    from concurrent.futures import ThreadPoolExecutor
+
+    compiler = ThreadPoolExecutor(1, thread_name_prefix="xrun-compile")
+    compiled = compiler.submit(program.compile)
+    compiler.shutdown(wait=False)
     flops = step_flops(cfg, global_batch, devices)
     metrics.params(program.num_params)
     metrics.flops(**flops)
@@ -267,11 +308,17 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                            exit_code=cluster.restartable_exit_code)
     source = data.make_source(cfg.data, cfg.data_dtype, cfg.seed, cfg.seq_len, cfg.vocab_size)
     # The newest committed step that restores on every process (older ones if it does not).
+    latest = latest_committed_step(storage, Layout.checkpoints(run)) if ckpt and storage and run else None
+    metrics.phase("checkpoint_manager", step=latest)
     restored = ckpt.restore_latest(program.abstract_state) if ckpt else None
     if restored is not None:
         start, state, position = restored[0], restored[1], int(restored[2]["position"])
     else:
         state, start, position = program.init(), 0, 0
+    metrics.phase("restored" if restored is not None else "initialized",
+                  step=start if restored is not None else None)
+    compiled.result()  # raises what the compilation raised
+    metrics.phase("compiled")
 
     fail = fail_at_step(cluster)
     delay = float(os.environ.get(Env.TEST_STEP_DELAY, "0") or 0)
@@ -307,8 +354,10 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         metrics.step(step, seconds, flops["tflops_per_device"] / seconds,
                      tokens_per_step / seconds / devices, tokens_per_step, float(out["loss"]),
                      blocked, grad_norm=float(out["grad_norm"]),
-                     learning_rate=float(out["learning_rate"]))
+                     learning_rate=float(out["learning_rate"]),
+                     tokens_per_s=tokens_per_step / seconds)
         if step == start + 1:
+            metrics.phase("first_step", step=step)
             report_memory(metrics)
         if fail and fail[0] == step:
             return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})", False
@@ -340,24 +389,55 @@ def main(argv: list[str] | None = None) -> int:
     run = args.run_name or os.environ.get(Env.RUN_NAME) or ("standalone" if root else None)
     storage = open_storage(root) if root else None
 
-    configure_platform(cluster)
-    if initialize(cluster):
-        preemption.handed_to_jax()
+    # Until jax.distributed runs, the env's process id says who speaks (process 0).
+    early: list[tuple[str, float]] = [("process_start", PROCESS_START)]
+    configure_platform(cluster)  # imports jax
+    early.append(("imports", time.time()))
+    if cluster.process_id == 0:
+        say(PHASE_LINE.format(activity=PHASE_ACTIVITY["imports"], seconds=early[-1][1] - PROCESS_START))
+    try:
+        if initialize(cluster):
+            preemption.handed_to_jax()
+    except Exception as e:  # noqa: BLE001 - e.g. the coordinator never answered
+        from workload.failures import classify
+
+        traceback.print_exc()
+        verdict = classify(e)
+        code = cluster.restartable_exit_code if verdict.restartable else USER_ERROR_EXIT_CODE
+        say(FAILURE_LINE.format(kind=verdict.kind, why=verdict.why, code=code))
+        os._exit(code)  # no peers to wait for; nothing written yet
+    early.append(("distributed", time.time()))
     import jax
 
     primary = jax.process_index() == 0
-    metrics = Metrics(storage, run, cluster.attempt, primary)
+    metrics = Metrics(storage, run, cluster.attempt, primary, process_start=PROCESS_START)
+    for phase, at in early:
+        metrics.phase(phase, at=at, quiet=phase != "distributed")
     run_info: dict[str, Any] = {"attempt": cluster.attempt, "start_time": time.time(),
                                 "end_time": None, "exit_code": None}
+    failure: dict[str, str] = {}
     try:
+        check_platform(cluster)
         code, reason, clean = train(cfg, cluster, preemption, metrics, storage, run, run_info)
     except KeyboardInterrupt:
         code, reason, clean = 130, "interrupted (SIGINT)", False
-    except Exception as e:  # noqa: BLE001 - reported, then exit 1
+    except PlatformMismatch as e:
+        print(f"xrun: {e}", file=sys.stderr, flush=True)
+        code, reason, clean = PLATFORM_MISMATCH_EXIT_CODE, f"platform: {e}", False
+        failure = {"failure": "platform"}
+    except Exception as e:  # noqa: BLE001 - classified, reported, then exit
+        from workload.failures import classify
+
         traceback.print_exc()
         sys.stderr.flush()
-        code, reason, clean = 1, f"exception: {type(e).__name__}: {e}", False
-    metrics.end(code, reason, **{k: run_info[k] for k in ("data_bytes_read",) if k in run_info})
+        verdict = classify(e)
+        code = cluster.restartable_exit_code if verdict.restartable else USER_ERROR_EXIT_CODE
+        say(FAILURE_LINE.format(kind=verdict.kind, why=verdict.why, code=code))
+        reason, clean = f"exception: {type(e).__name__}: {e}", False
+        failure = {"failure": verdict.kind}
+    run_info.update(failure)
+    metrics.end(code, reason, **failure,
+                **{k: run_info[k] for k in ("data_bytes_read",) if k in run_info})
     metrics.close()
     if storage is not None and run and primary:
         run_info.update(end_time=time.time(), exit_code=code, reason=reason)

@@ -6,10 +6,17 @@ and SIGINT to the whole group, so a shell pipeline's python gets it too), tees t
 stdout/stderr to its own stdout and to append-only log chunks under the storage root, then
 prints an end line and ``EXIT_CODE=<n>`` and exits with the child's code (128+N for a
 signal). It imports neither jax nor kubernetes: it must start in milliseconds.
+
+One exit code is corrected: a child that exits 1 right after JAX's "Terminating process
+because the JAX distributed service detected fatal errors" (absl ``LOG(QFATAL)`` in
+``xla/pjrt/distributed/client.h``, which exits 1 from native code when a peer or the
+coordinator died) exits with ``XRUN_RESTARTABLE_EXIT_CODE`` instead: an infrastructure
+failure, not the user's bug (``workload.failures.classify_output``).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import ctypes
 import json
@@ -21,6 +28,8 @@ import time
 
 from xrun_contract import (
     EXIT_CODE_LINE,
+    FAILURE_LINE,
+    RESTARTABLE_EXIT_CODE,
     WRAPPER_END_LINE,
     WRAPPER_START_LINE,
     Env,
@@ -91,13 +100,22 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         assert child.stdout is not None
+        tail: collections.deque[bytes] = collections.deque(maxlen=50)
         for raw in iter(child.stdout.readline, b""):
+            tail.append(raw)
             out.write(raw)
             out.flush()
             if writer:
                 writer.write(raw.decode("utf-8", errors="replace"))
         rc = child.wait()
         code = rc if rc >= 0 else 128 - rc
+        if code == 1:
+            from workload.failures import classify_output
+
+            verdict = classify_output(b"".join(tail).decode("utf-8", errors="replace"))
+            if verdict:
+                code = int(os.environ.get(Env.RESTARTABLE_EXIT_CODE) or RESTARTABLE_EXIT_CODE)
+                emit(FAILURE_LINE.format(kind=verdict.kind, why=verdict.why, code=code))
     emit(WRAPPER_END_LINE.format(host=host, code=code, seconds=time.monotonic() - start))
     emit(EXIT_CODE_LINE.format(code=code))
     if writer:

@@ -14,6 +14,32 @@ XRUN_VERSION = "0.1.0"
 
 # The exit code a pod uses to say "restart me" (preemption-like); matches xpk's default.
 RESTARTABLE_EXIT_CODE = 42
+# The default restartable set of a run (RunSpec restartable_exit_codes): 42 and 127-255.
+DEFAULT_RESTARTABLE_EXIT_CODES = (RESTARTABLE_EXIT_CODE, *range(127, 256))
+# The workload refuses to train: the manifest asked for an accelerator (XRUN_PLATFORM tpu or
+# gpu) but JAX came up without one (no driver, a CPU-only jaxlib, JAX_PLATFORMS=cpu). A
+# restart lands on the same image and node type, so this code is outside the default
+# restartable set: the Job fails for good (podFailurePolicy FailJob) instead of looping.
+PLATFORM_MISMATCH_EXIT_CODE = 4
+# A Python exception in user code (a bug): never restartable.
+USER_ERROR_EXIT_CODE = 1
+
+
+def exit_code_for_signal(signum: int) -> int:
+    """The container exit code of a process killed by ``signum``: 128 + N, as the kubelet and
+    every POSIX shell report it (SIGKILL 137, SIGTERM 143, SIGABRT 134, SIGSEGV 139).
+
+    SIGABRT and SIGSEGV stay in the default restartable set (127-255) on purpose: in a JAX
+    job they are almost always the runtime, not the user's Python. XLA's and the
+    coordination service's fatal paths end in ``LOG(FATAL)`` / ``abort()`` (a peer's
+    heartbeat timeout, "Terminating process because the JAX distributed service detected
+    fatal errors", a failed collective), and a lost accelerator or driver fault kills the
+    process with SIGSEGV/SIGBUS. A user bug in Python raises an exception instead and exits
+    1. A deterministic native crash costs at most ``max_restarts`` restarts, and each
+    restart resumes from the last checkpoint; failing for good on a transient runtime abort
+    would lose the whole run.
+    """
+    return 128 + int(signum)
 
 
 class Env:
@@ -121,6 +147,11 @@ class Layout:
         return f"runs/{name}/checkpoints"
 
     @staticmethod
+    def tensorboard(name: str) -> str:
+        """TensorBoard event files (process 0); ``tensorboard --logdir <root>/runs``."""
+        return f"runs/{name}/tensorboard"
+
+    @staticmethod
     def compilation_cache() -> str:
         return "cache/jax-compilation"
 
@@ -135,9 +166,12 @@ ATTEMPT_RE = re.compile(r"attempt-(\d+)")
 # ---------------------------------------------------------------------------------------
 # Log lines (MaxText-compatible where MaxText has a line for it).
 
+# Numbers in the step line are written by ``format_step_line`` with significant digits in
+# plain notation (0.00123, not 0.001 or 1.23e-03), so small CPU rates stay readable; the
+# format itself takes any rendering of a number, and STEP_RE reads both.
 STEP_LINE = (
-    "completed step: {step}, seconds: {seconds:.3f}, TFLOP/s/device: {tflops:.3f}, "
-    "Tokens/s/device: {tokens:.3f}, total_weights: {total_weights}, loss: {loss:.4f}"
+    "completed step: {step}, seconds: {seconds}, TFLOP/s/device: {tflops}, "
+    "Tokens/s/device: {tokens}, total_weights: {total_weights}, loss: {loss}"
 )
 STEP_RE = re.compile(
     r"completed step: (?P<step>\d+), seconds: (?P<seconds>[\d.eE+-]+), "
@@ -145,6 +179,29 @@ STEP_RE = re.compile(
     r"Tokens/s/device: (?P<tokens>[\d.eE+-]+|nan|inf), total_weights: (?P<total_weights>\d+), "
     r"loss: (?P<loss>[\d.eE+-]+|nan|inf)"
 )
+
+
+def significant(x: float, digits: int = 4) -> str:
+    """``x`` in plain (never scientific) notation with at least ``digits`` significant digits:
+    0.0012345 -> "0.001234", 12.3456 -> "12.35", 123456.7 -> "123457"; nan/inf as "nan"/"inf"."""
+    import math
+
+    if not math.isfinite(x):
+        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+    if x == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(x))))
+    return f"{x:.{decimals}f}"
+
+
+def format_step_line(step: int, seconds: float, tflops: float, tokens: float,
+                     total_weights: int, loss: float) -> str:
+    """MaxText's step line with significant digits (loss with 5, the rest with 4)."""
+    return STEP_LINE.format(step=step, seconds=significant(seconds), tflops=significant(tflops),
+                            tokens=significant(tokens), total_weights=total_weights,
+                            loss=significant(loss, 5))
+
+
 PARAMS_LINE = "number parameters: {billions:.3f} billion"
 PARAMS_RE = re.compile(r"number parameters: (?P<billions>[\d.]+) billion")
 FLOPS_LINE = (
@@ -159,13 +216,34 @@ MEMORY_LINE = "Using (GB) {used:.2f} / {total:.2f} ({pct:.6f}%) on {device}"
 MEMORY_RE = re.compile(
     r"Using \(GB\) (?P<used>[\d.]+) / (?P<total>[\d.]+) \((?P<pct>[\d.]+)%\) on (?P<device>\S+)"
 )
-# One header line per key, printed by every host at start: "xrun header jax: 0.10.2".
+# Header lines "xrun header <key>: <value>". The workload prints two, on process 0 only:
+#   xrun header versions: xrun=0.1.0 jax=0.10.2 jaxlib=0.10.2 backend=cpu ... mesh={"data":1,"fsdp":4}
+#   xrun header config: preset=tiny steps=10 checkpoint_every=4   (only keys that differ
+#                                                                 from the preset)
+# The full config is in the metrics "header" record and run.json. ``header_fields`` turns a
+# versions line back into the HEADER_KEYS dict; any other key is one field (older logs and
+# other tools print one line per key: "xrun header jax: 0.10.2").
 HEADER_LINE = "xrun header {key}: {value}"
 HEADER_RE = re.compile(r"xrun header (?P<key>[a-z_]+): (?P<value>.*?)\s*$")
 HEADER_KEYS = (
     "xrun", "jax", "jaxlib", "backend", "process_id", "process_count", "local_devices",
     "global_devices", "device_kind", "mesh", "accelerator", "image", "commit", "config",
 )
+HEADER_VERSIONS_KEY = "versions"
+HEADER_FIELD_RE = re.compile(r"(?P<key>[a-z_]+)=(?P<value>\S*)")
+
+
+def format_header_fields(fields: dict[str, str]) -> str:
+    """``{"jax": "0.10.2", "mesh": '{"data":1}'}`` -> 'jax=0.10.2 mesh={"data":1}';
+    whitespace inside a value becomes "_" (device kinds such as "TPU v6 lite")."""
+    return " ".join(f"{k}={'_'.join(str(v).split())}" for k, v in fields.items() if v != "")
+
+
+def header_fields(key: str, value: str) -> dict[str, str]:
+    """The header keys one "xrun header <key>: <value>" line carries."""
+    if key == HEADER_VERSIONS_KEY:
+        return {m["key"]: m["value"] for m in HEADER_FIELD_RE.finditer(value)}
+    return {key: value}
 # Checkpoint events.
 CKPT_START_LINE = "checkpoint save started: step {step}"
 CKPT_START_RE = re.compile(r"checkpoint save started: step (?P<step>\d+)")
@@ -210,6 +288,31 @@ CKPT_WRITE_FAILED_RE = re.compile(
     r"error: (?P<error>.*?)\s*$"
 )
 
+# Startup phases (#15, #16). Process 0 prints one line when a phase ends, naming what the
+# process does from then on, and writes a "phase" record (below) with the same fields:
+#   xrun phase: initializing distributed, seconds: 1.234      (seconds since process start)
+#   xrun phase: restoring step 40, seconds: 5.100
+#   xrun phase: training, seconds: 9.870
+#   xrun phase: first step done, seconds: 10.120
+# PHASES are the milestones in order (the record's "phase"); "restored" and "initialized"
+# are alternatives. PHASE_ACTIVITY is what follows each milestone.
+PHASES = ("process_start", "imports", "distributed", "checkpoint_manager", "restored",
+          "initialized", "compiled", "first_step")
+PHASE_ACTIVITY = {
+    "process_start": "importing",
+    "imports": "initializing distributed",
+    "distributed": "opening checkpoints",
+    "checkpoint_manager": "restoring step {step}",  # or "initializing state" (no checkpoint)
+    "restored": "compiling",
+    "initialized": "compiling",
+    "compiled": "training",
+    "first_step": "first step done",
+}
+PHASE_LINE = "xrun phase: {activity}, seconds: {seconds:.3f}"
+PHASE_RE = re.compile(
+    r"xrun phase: (?P<activity>[a-z ]+?)(?: step (?P<step>\d+))?, seconds: (?P<seconds>[\d.]+)"
+)
+
 # Lines of the pod wrapper that runs the user's command.
 WRAPPER_START_LINE = "xrun-wrapper: start host={host} attempt={attempt} argv={argv}"  # argv as JSON: one line
 WRAPPER_END_LINE = "xrun-wrapper: end host={host} exit_code={code} seconds={seconds:.3f}"
@@ -231,6 +334,26 @@ METRIC_KINDS = tuple(records.KINDS)
 
 # How `xrun logs` prefixes a host's line: "[0-1] ..." (attempt 0) or "[0-1 #2] ...".
 HOST_PREFIX_RE = re.compile(r"\[(?P<host>\d+-\d+)(?: #(?P<attempt>\d+))?\] ")
+
+# TensorBoard scalars the workload writes per step: step-record key -> tag (MaxText's tag
+# names where it has one: learning/loss, perf/step_time_seconds, ...).
+TENSORBOARD_SCALARS = {
+    "loss": "learning/loss",
+    "grad_norm": "learning/grad_norm",
+    "learning_rate": "learning/current_learning_rate",
+    "seconds": "perf/step_time_seconds",
+    "tokens_per_s": "perf/tokens_per_sec",  # total over all devices
+    "tflops_per_device": "perf/per_device_tflops_per_sec",
+    "checkpoint_blocked_s": "checkpoint/blocked_seconds",
+}
+
+# How the workload classified the exception that ended a run (the "end" record's
+# "failure" and the run.json workload "failure"): "infrastructure" exits restartable
+# (XRUN_RESTARTABLE_EXIT_CODE), "user" exits USER_ERROR_EXIT_CODE, "platform" exits
+# PLATFORM_MISMATCH_EXIT_CODE.
+FAILURE_KINDS = ("infrastructure", "user", "platform")
+FAILURE_LINE = "xrun failure: {kind}: {why}; exit code {code}"
+FAILURE_RE = re.compile(r"xrun failure: (?P<kind>[a-z]+): (?P<why>.*); exit code (?P<code>\d+)")
 
 
 def host_prefix(host: str, attempt: int) -> str:

@@ -71,6 +71,7 @@ class Step(Record):
     checkpoint_blocked_s: float = 0.0
     grad_norm: float | None = None
     learning_rate: float | None = None
+    tokens_per_s: float | None = None  # over all devices
 
 
 @dataclass
@@ -93,10 +94,23 @@ class End(Record):
     exit_code: int | None = None
     reason: str = ""
     data_bytes_read: int | None = None
+    failure: str | None = None  # FAILURE_KINDS: infrastructure | user | platform
+
+
+@dataclass
+class Phase(Record):
+    """A startup milestone (``PHASES``) reached ``seconds`` after process start; ``activity``
+    is what the process does from then on (``PHASE_ACTIVITY``)."""
+
+    kind: ClassVar[str] = "phase"
+    phase: str = ""
+    seconds: float = 0.0
+    activity: str = ""
+    step: int | None = None
 
 
 KINDS: dict[str, type[Record]] = {
-    cls.kind: cls for cls in (Header, Params, Flops, Memory, Step, Checkpoint, End)
+    cls.kind: cls for cls in (Header, Params, Flops, Memory, Step, Checkpoint, End, Phase)
 }
 
 
