@@ -11,7 +11,7 @@ from pathlib import Path
 
 from xrun_contract import Env
 from xrun_contract.errors import EXIT_USAGE, XrunError
-from xrun_contract.storage import Storage, open_storage
+from xrun_contract.storage import STORAGE_TIMEOUT_ENV, Storage, open_storage, storage_timeout
 
 
 def default_storage() -> str:
@@ -32,3 +32,12 @@ def open_root(explicit: str | None = None) -> Storage:
         return open_storage(root)
     except ValueError as e:
         raise XrunError(f"storage: {e}", EXIT_USAGE) from None
+
+
+def set_storage_timeout(seconds: str | float | None) -> None:
+    """``--storage-timeout``: validated (exit 2 when bad), then exported as
+    $XRUN_STORAGE_TIMEOUT, the one place every ``open_storage`` of this process reads."""
+    if seconds is None:
+        storage_timeout()  # a bad $XRUN_STORAGE_TIMEOUT is bad input too
+        return
+    os.environ[STORAGE_TIMEOUT_ENV] = repr(storage_timeout(seconds))

@@ -35,6 +35,7 @@ from xrun_contract import (
     format_header_fields,
     format_step_line,
     records,
+    writer_id,
 )
 from xrun_contract.storage import ChunkWriter, Storage
 
@@ -75,7 +76,7 @@ def process_start_time() -> float:
 def next_chunk_seq(storage: Storage, run: str, attempt: int) -> int:
     """First free chunk number for this attempt, so a rerun with the same attempt appends."""
     objects, _ = storage.list(Layout.metrics(run))
-    pattern = re.compile(rf"attempt-{attempt:03d}-(\d+)\.jsonl$")
+    pattern = re.compile(rf"attempt-{attempt:03d}-(\d+)(?:-[0-9a-f]+)?\.jsonl$")
     seqs = [int(m.group(1)) for o in objects if (m := pattern.search(o.key))]
     return max(seqs) + 1 if seqs else 0
 
@@ -101,8 +102,9 @@ class Metrics:
             from workload.tensorboard import EventWriter
 
             start = next_chunk_seq(storage, run, attempt)
+            tag = writer_id()
             self.writer = ChunkWriter(
-                storage, lambda seq: Layout.metrics_chunk(run, attempt, seq), interval, start)
+                storage, lambda seq: Layout.metrics_chunk(run, attempt, seq, tag), interval, start)
             self.events = EventWriter(storage, run, attempt, tensorboard_interval)
 
     def record(self, rec: records.Record) -> None:

@@ -27,17 +27,26 @@ import sys
 import time
 
 from xrun_contract import (
+    CHUNK_SEQ_RE,
+    COMMAND_NOT_FOUND_EXIT_CODE,
     EXIT_CODE_LINE,
     FAILURE_LINE,
     RESTARTABLE_EXIT_CODE,
+    SHELL_NOT_FOUND_CODES,
     WRAPPER_END_LINE,
     WRAPPER_START_LINE,
     Env,
     Layout,
     host_id,
+    writer_id,
 )
 
 PR_SET_PDEATHSIG = 1
+# The local supervisor starts each wrapper with this as its parent-death signal: when the
+# supervisor dies (even by SIGKILL) the wrapper kills its child's whole process group, so a
+# pipeline's grandchildren die too, ships the rest of the log and exits.
+PARENT_DEATH_SIGNAL = signal.SIGHUP
+SHELLS = ("/bin/sh", "sh", "/bin/bash", "bash")
 
 
 def _die_with_parent() -> None:
@@ -57,7 +66,13 @@ def _log_writer():
     attempt = int(os.environ.get(Env.RESTART_ATTEMPT, "0") or 0)
     interval = float(os.environ.get(Env.LOG_FLUSH_SECONDS, "2"))
     storage = open_storage(root)
-    return ChunkWriter(storage, lambda seq: Layout.log_chunk(run, host, attempt, seq), interval)
+    # Continue after any chunk an earlier incarnation of this host and attempt wrote (a
+    # replacement pod), and tag ours: no chunk name is ever written twice.
+    objects, _ = storage.list(Layout.host_logs(run, host, attempt))
+    seqs = [int(m[1]) for o in objects if (m := CHUNK_SEQ_RE.search(o.key))]
+    tag = writer_id()
+    return ChunkWriter(storage, lambda seq: Layout.log_chunk(run, host, attempt, seq, tag),
+                       interval, start_seq=max(seqs) + 1 if seqs else 0)
 
 
 def main(argv: list[str]) -> int:
@@ -91,14 +106,19 @@ def main(argv: list[str]) -> int:
         )
     except OSError as e:
         emit(f"xrun-wrapper: cannot start {argv[0]}: {e.strerror}")
-        code = 127
+        code = COMMAND_NOT_FOUND_EXIT_CODE
     else:
         def forward(signum, _frame):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signum)
 
+        def parent_gone(_signum, _frame):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
+        signal.signal(PARENT_DEATH_SIGNAL, parent_gone)
         assert child.stdout is not None
         tail: collections.deque[bytes] = collections.deque(maxlen=50)
         for raw in iter(child.stdout.readline, b""):
@@ -109,6 +129,12 @@ def main(argv: list[str]) -> int:
                 writer.write(raw.decode("utf-8", errors="replace"))
         rc = child.wait()
         code = rc if rc >= 0 else 128 - rc
+        if code in SHELL_NOT_FOUND_CODES and argv[0] in SHELLS:
+            # The shell could not find or execute the program: a typo, not preemption; 127
+            # is in the default restartable set, so say it with a code outside it.
+            emit(f"xrun-wrapper: the command's program was not found or is not executable "
+                 f"(shell exit {code}); exiting {COMMAND_NOT_FOUND_EXIT_CODE} (not restartable)")
+            code = COMMAND_NOT_FOUND_EXIT_CODE
         if code == 1:
             from workload.failures import classify_output
 

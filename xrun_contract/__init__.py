@@ -23,6 +23,30 @@ DEFAULT_RESTARTABLE_EXIT_CODES = (RESTARTABLE_EXIT_CODE, *range(127, 256))
 PLATFORM_MISMATCH_EXIT_CODE = 4
 # A Python exception in user code (a bug): never restartable.
 USER_ERROR_EXIT_CODE = 1
+# The pod's program does not exist or cannot be executed. POSIX shells say 127 (not found)
+# and 126 (not executable), and 127 sits in the default restartable set (127-255), so a
+# typo'd program would crash-loop through every restart. The pod wrapper reports both as
+# this code, outside the default set: the Job fails for good (podFailurePolicy FailJob).
+COMMAND_NOT_FOUND_EXIT_CODE = 126
+# The shell's own codes the wrapper maps to COMMAND_NOT_FOUND_EXIT_CODE.
+SHELL_NOT_FOUND_CODES = (126, 127)
+
+# Run names: a DNS-1035 label (the JobSet name), so never a path. Everything of a run lives
+# under ``runs/<name>/``; a name is checked wherever one is read (status, logs, checkpoints,
+# delete, compare) before any key is built from it.
+RUN_NAME_RE = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+RUN_NAME_MAX = 63
+
+
+def check_run_name(name: str, what: str = "name") -> str:
+    """``name`` if it is a DNS-1035 label of at most 63 characters; else bad input (exit 2)."""
+    from xrun_contract.errors import XrunError
+
+    if not isinstance(name, str) or len(name) > RUN_NAME_MAX or not RUN_NAME_RE.fullmatch(name):
+        shown = name if isinstance(name, str) and len(name) <= 80 else f"{str(name)[:80]}..."
+        raise XrunError(f"{what}: {shown!r} is not a run name (a DNS-1035 label: lowercase "
+                        f"letters, digits and '-', starting with a letter, at most {RUN_NAME_MAX})")
+    return name
 
 
 def exit_code_for_signal(signum: int) -> int:
@@ -122,6 +146,11 @@ class Layout:
         return f"runs/{name}/state.json"
 
     @staticmethod
+    def supervisor_log(name: str) -> str:
+        """The local supervisor's own output (never under $HOME: the run's folder)."""
+        return f"runs/{name}/supervisor.log"
+
+    @staticmethod
     def logs(name: str) -> str:
         return f"runs/{name}/logs"
 
@@ -131,16 +160,20 @@ class Layout:
         return f"runs/{name}/logs/{host}/attempt-{attempt:03d}"
 
     @staticmethod
-    def log_chunk(name: str, host: str, attempt: int, seq: int) -> str:
-        return f"{Layout.host_logs(name, host, attempt)}/{seq:08d}.log"
+    def log_chunk(name: str, host: str, attempt: int, seq: int, writer: str = "") -> str:
+        """``writer`` (see :func:`writer_id`) keeps two incarnations of one host's writer in
+        the same attempt (a replacement pod, a stray process) from overwriting each other."""
+        tag = f"-{writer}" if writer else ""
+        return f"{Layout.host_logs(name, host, attempt)}/{seq:08d}{tag}.log"
 
     @staticmethod
     def metrics(name: str) -> str:
         return f"runs/{name}/metrics"
 
     @staticmethod
-    def metrics_chunk(name: str, attempt: int, seq: int) -> str:
-        return f"runs/{name}/metrics/attempt-{attempt:03d}-{seq:08d}.jsonl"
+    def metrics_chunk(name: str, attempt: int, seq: int, writer: str = "") -> str:
+        tag = f"-{writer}" if writer else ""
+        return f"runs/{name}/metrics/attempt-{attempt:03d}-{seq:08d}{tag}.jsonl"
 
     @staticmethod
     def checkpoints(name: str) -> str:
@@ -161,6 +194,16 @@ class Layout:
 
 
 ATTEMPT_RE = re.compile(r"attempt-(\d+)")
+# The sequence number of a chunk object's name (log ``00000003-1a2b3c4d.log``, metrics
+# ``attempt-000-00000003-1a2b3c4d.jsonl``; the writer tag is absent in older runs).
+CHUNK_SEQ_RE = re.compile(r"(\d{8})(?:-[0-9a-f]+)?\.(?:log|jsonl)$")
+
+
+def writer_id() -> str:
+    """A fresh tag per chunk-writer incarnation: chunk names are never reused."""
+    import secrets
+
+    return secrets.token_hex(4)
 
 
 # ---------------------------------------------------------------------------------------

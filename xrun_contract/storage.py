@@ -18,6 +18,42 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
+
+# The total time one storage call may take, retries included, before the command gives up
+# with exit 3: ``--storage-timeout`` or this env var (seconds), default 30.
+STORAGE_TIMEOUT_ENV = "XRUN_STORAGE_TIMEOUT"
+DEFAULT_STORAGE_TIMEOUT = 30.0
+MAX_STORAGE_TIMEOUT = 3600.0
+
+
+def storage_timeout(value: str | float | None = None) -> float:
+    """The per-call deadline: ``value``, else $XRUN_STORAGE_TIMEOUT, else 30 s (bad = exit 2)."""
+    raw = value if value is not None else os.environ.get(STORAGE_TIMEOUT_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_STORAGE_TIMEOUT
+    try:
+        seconds = float(raw)
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if not 0 < seconds <= MAX_STORAGE_TIMEOUT:
+        raise XrunError(f"storage timeout: {raw!r} must be seconds in (0, {MAX_STORAGE_TIMEOUT:g}] "
+                        f"(--storage-timeout or {STORAGE_TIMEOUT_ENV})", EXIT_USAGE)
+    return seconds
+
+
+def check_key(key: str) -> str:
+    """A key must stay under the root: no '..' or '.' segments, no NUL, no backslash."""
+    parts = [p for p in key.split("/") if p]
+    if any(p in (".", "..") for p in parts) or "\\" in key or "\0" in key:
+        raise XrunError(f"storage: key {key!r} would leave the storage root", EXIT_USAGE)
+    return key
+
+
+def _one_line(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= 300 else text[:300] + "..."
+
 
 @dataclass(frozen=True)
 class ObjectInfo:
@@ -46,6 +82,11 @@ class Storage:
         raise NotImplementedError
 
     def delete_prefix(self, prefix: str) -> int:
+        raise NotImplementedError
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if no object of that name exists; False when one did (atomic:
+        of racing creators exactly one gets True)."""
         raise NotImplementedError
 
     def url(self, key: str = "") -> str:
@@ -81,7 +122,12 @@ class LocalStorage(Storage):
         self.root = str(Path(root).expanduser().absolute())
 
     def _path(self, key: str) -> Path:
-        return Path(self.root, *[p for p in key.split("/") if p])
+        return Path(self.root, *[p for p in check_key(key).split("/") if p])
+
+    def _check_root(self) -> None:
+        if os.path.exists(self.root) and not os.path.isdir(self.root):
+            raise XrunError(f"storage: {self.root} is not a folder (a storage root is a folder "
+                            "or gs://bucket/prefix)", EXIT_USAGE)
 
     def read_bytes(self, key: str) -> bytes | None:
         try:
@@ -97,6 +143,7 @@ class LocalStorage(Storage):
         os.replace(tmp, path)  # readers never see a half-written file
 
     def list(self, prefix: str, delimiter: str | None = "/") -> tuple[list[ObjectInfo], list[str]]:
+        self._check_root()
         base = self._path(prefix)
         prefix = prefix.strip("/")
         if not base.is_dir():
@@ -128,11 +175,27 @@ class LocalStorage(Storage):
 
     def delete_prefix(self, prefix: str) -> int:
         path = self._path(prefix)
+        root = Path(self.root).resolve()
+        resolved = path.resolve()
+        if resolved == root or root not in resolved.parents:  # a symlink out, or the root
+            raise XrunError(f"storage: refusing to delete {path}: not below {self.root}", EXIT_USAGE)
         if not path.exists():
             return 0
         count = sum(len(files) for _, _, files in os.walk(path))
         shutil.rmtree(path)
         return count
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """O_CREAT|O_EXCL: the kernel lets exactly one racing creator make the file."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
 
     def url(self, key: str = "") -> str:
         return str(self._path(key)) if key else self.root
@@ -150,17 +213,49 @@ def gcs_client():
 
 
 class GCSStorage(Storage):
-    def __init__(self, root: str):
+    """GCS through google-cloud-storage, with the library's own retry (exponential backoff on
+    429/5xx and connection errors: ``google.cloud.storage.retry.DEFAULT_RETRY``) bounded by a
+    total deadline per call; past it, one line naming the root and the error, exit 3."""
+
+    def __init__(self, root: str, timeout: float | None = None):
         assert root.startswith("gs://")
         bucket, _, prefix = root[len("gs://"):].partition("/")
         self.root = root.rstrip("/")
+        if not bucket:
+            raise XrunError(f"storage: {root!r} names no bucket (gs://bucket/prefix)", EXIT_USAGE)
         self.bucket_name = bucket
         self.prefix = prefix.strip("/")
+        check_key(self.prefix)
+        self.timeout = storage_timeout(timeout)
+        from google.cloud.storage.retry import DEFAULT_RETRY
+
+        # Retry.with_timeout (google-api-core >= 2.17) / with_deadline: the total time over
+        # every attempt and backoff sleep; the per-request transport timeout is capped too.
+        retry = DEFAULT_RETRY.with_delay(initial=0.25, multiplier=2.0, maximum=4.0)
+        self._retry = (retry.with_timeout(self.timeout) if hasattr(retry, "with_timeout")
+                       else retry.with_deadline(self.timeout))
+        self._rpc_timeout = (min(10.0, self.timeout), min(60.0, self.timeout))
         self._client = gcs_client()
         self._bucket = self._client.bucket(bucket)
 
+    def _call(self, what: str, key: str, fn):
+        """Run one client call; anything but NotFound ends as exit 3 within the deadline."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        started = time.monotonic()
+        try:
+            return fn()
+        except (NotFound, PreconditionFailed):
+            raise
+        except XrunError:
+            raise
+        except Exception as e:  # noqa: BLE001 - api errors, RetryError, transport errors
+            took = time.monotonic() - started
+            raise XrunError(f"storage: {self.url(key)}: cannot {what} after {took:.0f}s "
+                            f"(root {self.root}): {_one_line(e)}", EXIT_UNREACHABLE) from None
+
     def _name(self, key: str) -> str:
-        key = key.strip("/")
+        key = check_key(key).strip("/")
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _key(self, name: str) -> str:
@@ -169,40 +264,69 @@ class GCSStorage(Storage):
     def read_bytes(self, key: str) -> bytes | None:
         from google.api_core.exceptions import NotFound
 
+        blob = self._bucket.blob(self._name(key))
         try:
-            return self._bucket.blob(self._name(key)).download_as_bytes()
+            return self._call("read", key, lambda: blob.download_as_bytes(
+                retry=self._retry, timeout=self._rpc_timeout))
         except NotFound:
             return None
 
     def write_bytes(self, key: str, data: bytes) -> None:
-        self._bucket.blob(self._name(key)).upload_from_string(data)
+        blob = self._bucket.blob(self._name(key))
+        self._call("write", key, lambda: blob.upload_from_string(
+            data, retry=self._retry, timeout=self._rpc_timeout))
+
+    def create_exclusive(self, key: str, data: bytes) -> bool:
+        """ifGenerationMatch=0: GCS creates the object only if none exists (412 otherwise)."""
+        from google.api_core.exceptions import PreconditionFailed
+
+        blob = self._bucket.blob(self._name(key))
+        try:
+            self._call("create", key, lambda: blob.upload_from_string(
+                data, if_generation_match=0, retry=self._retry, timeout=self._rpc_timeout))
+        except PreconditionFailed:
+            # A retried attempt gets 412 when our own first attempt landed but its answer was
+            # lost: the object then holds exactly our (unique) bytes.
+            return self.read_bytes(key) == data
+        return True
 
     def list(self, prefix: str, delimiter: str | None = "/") -> tuple[list[ObjectInfo], list[str]]:
         name = self._name(prefix)
         name = f"{name}/" if name else ""
-        it = self._client.list_blobs(self._bucket, prefix=name, delimiter=delimiter)
+
+        def run() -> tuple[list, list[str]]:
+            it = self._client.list_blobs(self._bucket, prefix=name, delimiter=delimiter,
+                                         retry=self._retry, timeout=self._rpc_timeout)
+            blobs = list(it)  # pages are fetched here: inside the deadline
+            return blobs, list(it.prefixes) if delimiter else []
+
+        blobs, raw_prefixes = self._call("list", prefix, run)
         objects = [
             ObjectInfo(self._key(b.name), b.size or 0, b.updated.timestamp() if b.updated else 0.0)
-            for b in it
+            for b in blobs
             if not b.name.endswith("/")
         ]
-        prefixes = sorted(self._key(p.rstrip("/")) for p in it.prefixes) if delimiter else []
+        prefixes = sorted(self._key(p.rstrip("/")) for p in raw_prefixes)
         objects.sort(key=lambda o: o.key)
         return objects, prefixes
 
     def delete_prefix(self, prefix: str) -> int:
+        if not check_key(prefix).strip("/"):
+            raise XrunError(f"storage: refusing to delete the whole root {self.root}", EXIT_USAGE)
         objects, _ = self.list(prefix, delimiter=None)
         for o in objects:
-            self._bucket.blob(self._name(o.key)).delete()
+            blob = self._bucket.blob(self._name(o.key))
+            self._call("delete", o.key, lambda b=blob: b.delete(retry=self._retry,
+                                                               timeout=self._rpc_timeout))
         return len(objects)
 
     def url(self, key: str = "") -> str:
         return f"{self.root}/{key.strip('/')}" if key else self.root
 
 
-def open_storage(root: str) -> Storage:
+def open_storage(root: str, timeout: float | None = None) -> Storage:
     if root.startswith("gs://"):
-        return GCSStorage(root)
+        return GCSStorage(root, timeout)
     if "://" in root:
         raise ValueError(f"storage: unsupported scheme in {root!r}; use a folder or gs://bucket/prefix")
     return LocalStorage(root)

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from orchestrator import settings
+from orchestrator.cli.common import storage_timeout_option
 from orchestrator.services import analysis
 from xrun_contract.errors import EXIT_FAILED, EXIT_OK, XrunError
 
@@ -66,7 +67,7 @@ def _common(fn):
                      help="Steps of each attempt left out of steady state (compilation, restore)."),
     ]):
         fn = deco(fn)
-    return fn
+    return storage_timeout_option(fn)
 
 
 @click.command()

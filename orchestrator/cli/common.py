@@ -38,7 +38,20 @@ def info(message: str) -> None:
     click.echo(f"xrun: {message}", err=True)
 
 
+def _set_timeout(_ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    settings.set_storage_timeout(value)
+
+
+def storage_timeout_option(fn: F) -> F:
+    """``--storage-timeout``: the deadline of each storage call, retries included (exit 3 past it)."""
+    return click.option("--storage-timeout", metavar="SECONDS", expose_value=False,
+                        callback=_set_timeout, is_eager=True,
+                        help="Give up on unreachable storage after this long (exit 3). "
+                        "Default: $XRUN_STORAGE_TIMEOUT or 30.")(fn)
+
+
 def storage_option(fn: F) -> F:
+    fn = storage_timeout_option(fn)
     return click.option("--storage", help="Storage root (folder or gs://bucket/prefix). "
                         "Default: $XRUN_STORAGE or ~/.local/share/xrun.")(fn)
 

@@ -21,6 +21,7 @@ from orchestrator.cli.common import (
     open_storage,
     plain_table,
     storage_option,
+    storage_timeout_option,
     warn,
 )
 from orchestrator.cli.screen import _duration, render_table, summary_lines
@@ -113,6 +114,7 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--follow", "follow_logs", is_flag=True, help="Stream every host's log while following.")
 @click.option("--dry-run", is_flag=True, help="Print the manifest that would be submitted; submit and write nothing.")
 @click.option("--replace", is_flag=True, help="Replace a finished run of the same name (its stored data is removed).")
+@storage_timeout_option
 def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, **opts: Any) -> int:
     """Submit a run and follow it until it ends.
 

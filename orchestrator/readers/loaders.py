@@ -20,7 +20,7 @@ from typing import Any
 
 from orchestrator.readers.logparse import READ_CHARS, LogParser
 from orchestrator.readers.record import RunRecord, _maybe_json, format_params
-from xrun_contract import ATTEMPT_RE, TERMINAL_STATES, Env, Layout, records
+from xrun_contract import ATTEMPT_RE, TERMINAL_STATES, Env, Layout, check_run_name, records
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import Storage, open_storage, read_chunks
 
@@ -302,6 +302,7 @@ def load_run(arg: str, storage_root: str | None = None, what: str = "run") -> Ru
             parts = split_storage_path(arg)
             if parts is None:
                 raise XrunError(f"{what}: {arg!r} is not a run path like gs://bucket/prefix/runs/<name>")
+            check_run_name(parts[1], what)
             return _checked(read_stored_run(open_storage(parts[0]), parts[1]), what, arg)
         path = Path(arg).expanduser()
         if path.is_file():
@@ -324,6 +325,7 @@ def load_run(arg: str, storage_root: str | None = None, what: str = "run") -> Ru
             raise XrunError(f"{what}: no such file or folder: {arg}{ALLOWED}")
         if storage_root is None:
             raise XrunError(f"{what}: {arg!r} is not a file; give --storage to read run names")
+        check_run_name(arg, what)
         storage = open_storage(storage_root)
         if storage.read_json(Layout.run_json(arg)) is None and storage.read_json(Layout.state(arg)) is None:
             raise XrunError(f"{what}: no run named {arg!r} under {storage.root} (see 'xrun list'), "

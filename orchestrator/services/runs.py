@@ -9,6 +9,7 @@ pods, the processes or the JobSet are gone.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,17 @@ from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.loaders import StoredRun, read_stored_run
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
-from xrun_contract import DELETED, FAILED, SUCCEEDED, XRUN_VERSION, Layout, is_terminal
+from xrun_contract import (
+    DELETED,
+    FAILED,
+    RUN_NAME_RE,
+    SUCCEEDED,
+    XRUN_VERSION,
+    Layout,
+    check_run_name,
+    is_terminal,
+    writer_id,
+)
 from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
 from xrun_contract.storage import Storage, open_storage
 
@@ -64,7 +75,9 @@ def backend_for_spec(spec: RunSpec) -> Backend:
 
 
 def run_info(storage: Storage, name: str) -> dict[str, Any]:
-    """run.json of a stored run; a name with nothing stored is bad input."""
+    """run.json of a stored run; a name with nothing stored is bad input, and a name that is
+    not a run name (a path, '..') is refused before any key is built from it."""
+    check_run_name(name)
     run = _read(storage, Layout.run_json(name))
     if run is None and _read(storage, Layout.state(name)) is None:
         raise XrunError(f"run: no run named {name!r} under {storage.root} (see 'xrun list')")
@@ -166,32 +179,58 @@ class Submitted:
 
 def submit(spec: RunSpec, *, replace: bool = False) -> Submitted:
     """Write manifest.yaml and run.json under the run's folder, then hand the manifest to the
-    backend. ``replace`` removes a finished run of the same name first."""
+    backend. ``replace`` removes a finished run of the same name first.
+
+    Exclusive per name: run.json is created atomically (``Storage.create_exclusive``: O_EXCL
+    locally, ifGenerationMatch=0 on GCS), so of racing submits exactly one starts."""
     manifest = render(spec)
     storage = _open(spec.storage)
     backend = backend_for_spec(spec)
-    existing = _read(storage, Layout.state(spec.name)) or _read(storage, Layout.run_json(spec.name))
-    if existing is not None:
-        live = observe(storage, spec.name, backend) if spec.backend_name == "local" else None
-        if live is not None and not is_terminal(live.state):
-            raise XrunError(f"name: run {spec.name!r} is {live.state}; choose another name or "
-                            f"'xrun delete {spec.name}'")
-        if not replace:
-            raise XrunError(f"name: run {spec.name!r} already exists under {storage.root}; "
-                            "use --replace or another name")
-        storage.delete_prefix(Layout.run(spec.name))
     record = {
         "name": spec.name, "spec": spec.to_dict(), "submitted_at": time.time(),
         "backend": spec.backend_name, "context": spec.context, "namespace": spec.namespace,
-        "xrun_version": XRUN_VERSION, "storage": storage.root,
+        "xrun_version": XRUN_VERSION, "storage": storage.root, "submit_id": writer_id(),
     }
-    try:  # manifest and run.json first: the run is traceable even if the cluster rejects it
-        storage.write_json(Layout.run_json(spec.name), record)
+    data = (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode()
+    if not _create(storage, Layout.run_json(spec.name), data):
+        _make_room(storage, spec, backend, replace)
+        if not _create(storage, Layout.run_json(spec.name), data):
+            raise XrunError(f"name: another submit of {spec.name!r} won the race under "
+                            f"{storage.root}; choose another name")
+    try:  # run.json first: the run is traceable even if the cluster rejects it
         storage.write_text(Layout.manifest(spec.name), dump_yaml(manifest))
+    except XrunError:
+        raise
     except Exception as e:  # noqa: BLE001
         raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
     backend.submit(manifest, replace=replace)
     return Submitted(spec, manifest, storage, backend)
+
+
+def _create(storage: Storage, key: str, data: bytes) -> bool:
+    try:
+        return storage.create_exclusive(key, data)
+    except XrunError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a local folder we cannot write
+        raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
+
+
+def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool) -> None:
+    """A run of this name exists: refuse unless ``replace`` and nothing of it is alive."""
+    live = observe(storage, spec.name, backend) if spec.backend_name == "local" else None
+    if live is not None and not is_terminal(live.state):
+        raise XrunError(f"name: run {spec.name!r} is {live.state}; choose another name or "
+                        f"'xrun delete {spec.name}'")
+    if not replace:
+        raise XrunError(f"name: run {spec.name!r} already exists under {storage.root}; "
+                        "use --replace or another name")
+    procs = getattr(backend, "live_processes", None)
+    pids = procs(spec.name) if procs else []
+    if pids:
+        raise XrunError(f"name: run {spec.name!r} still has {len(pids)} live process(es) "
+                        f"(pids {', '.join(map(str, pids[:8]))}); 'xrun delete {spec.name}' first")
+    storage.delete_prefix(Layout.run(spec.name))
 
 
 def _open(root: str) -> Storage:
@@ -225,6 +264,8 @@ def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str
     _, prefixes = storage.list(Layout.RUNS)
     records: list[RunRecord] = []
     for p in prefixes:
+        if not RUN_NAME_RE.fullmatch(p.rsplit("/", 1)[-1]):
+            continue  # not a run folder xrun could have written
         try:
             records.append(read_stored_run(storage, p.rsplit("/", 1)[-1], metrics=False))
         except XrunError:
@@ -252,7 +293,7 @@ def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str
 
 
 def checkpoints(storage: Storage, name: str, sizes: bool = False) -> list[CheckpointInfo]:
-    run_info(storage, name)
+    run_info(storage, name)  # checks the name
     return list_checkpoints(storage, name, sizes=sizes)
 
 
@@ -270,6 +311,7 @@ class Deleted:
 def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = True) -> Deleted:
     """Stop a live run (recording ``Deleted`` unless it had already ended); ``purge`` also
     removes everything stored under the run's folder."""
+    check_run_name(name)
     backend = backend_of(storage, name)
     stopped = backend.delete(name, wait=wait)
     recorded = storage.read_json(Layout.state(name)) or {}

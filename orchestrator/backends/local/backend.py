@@ -19,7 +19,7 @@ from typing import Any
 
 from orchestrator.backends.base import BackendStatus, HostStatus, LogItem
 from orchestrator.backends.local.supervisor import base_env
-from xrun_contract import FAILED, PENDING, TERMINAL_STATES, Layout
+from xrun_contract import FAILED, PENDING, TERMINAL_STATES, Env, Layout
 from xrun_contract.errors import EXIT_FAILED, XrunError
 from xrun_contract.storage import open_storage
 
@@ -40,6 +40,66 @@ def _pid_alive(pid: int | None) -> bool:
         return True
 
 
+def _same_root(value: str, root: str) -> bool:
+    if value.startswith("gs://") or root.startswith("gs://"):
+        return value.rstrip("/") == root.rstrip("/")
+    return os.path.abspath(os.path.expanduser(value)) == os.path.abspath(os.path.expanduser(root))
+
+
+def run_processes(storage_root: str, name: str) -> list[int]:
+    """Every live process of run ``name`` under ``storage_root``, from the OS alone: its
+    supervisor (argv ``... orchestrator.backends.local supervise ROOT NAME``) and every pod
+    process (wrapper, shell, workload: their environ has XRUN_RUN_NAME and XRUN_STORAGE).
+
+    This is what ``delete`` and ``submit --replace`` trust, not state.json: a supervisor
+    killed with -9 leaves a state.json that names no live process."""
+    me = os.getpid()
+    found: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        pid = int(entry.name)
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+            if "supervise" in argv:
+                i = argv.index("supervise")
+                if (i >= 1 and argv[i - 1] == "orchestrator.backends.local" and len(argv) > i + 2
+                        and argv[i + 2] == name and _same_root(argv[i + 1], storage_root)):
+                    found.append(pid)
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(item.partition(b"=")[::2] for item in f.read().split(b"\0") if item)
+        except OSError:  # gone, or another user's process
+            continue
+        if (env.get(Env.RUN_NAME.encode()) == name.encode()
+                and _same_root(env.get(Env.STORAGE.encode(), b"").decode("utf-8", "replace"), storage_root)
+                and _pid_alive(pid)):
+            found.append(pid)
+    return sorted(found)
+
+
+def stop_processes(pids: list[int], grace: float) -> None:
+    """SIGTERM each process's group (never our own), SIGKILL whatever outlives ``grace``."""
+    own = os.getpgrp()
+    groups = set()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            pgid = os.getpgid(pid)
+            if pgid != own:
+                groups.add(pgid)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        for pid in pids:  # a process that left its group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (grace if sig == signal.SIGTERM else 5)
+        while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+            time.sleep(0.05)
+
+
 class LocalBackend:
     """Backend protocol over the supervisor: state lives in storage (state.json)."""
 
@@ -52,9 +112,13 @@ class LocalBackend:
 
     def submit(self, manifest: dict[str, Any], *, replace: bool = False) -> None:
         name = manifest["metadata"]["name"]
-        log_dir = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "xrun"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        with open(log_dir / f"supervisor-{name}.log", "ab") as log:
+        # The supervisor's own output lives with the run (a local root), never under $HOME;
+        # on a gs:// root the supervisor writes its failure there itself.
+        log_path = (None if self.storage.root.startswith("gs://")
+                    else Path(self.storage.url(Layout.supervisor_log(name))))
+        if log_path:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+        with (open(log_path, "ab") if log_path else open(os.devnull, "wb")) as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "orchestrator.backends.local", "supervise", self.storage_root, name],
                 env=base_env() | {k: v for k, v in os.environ.items() if k.startswith("XRUN_LOCAL")},
@@ -65,7 +129,8 @@ class LocalBackend:
         deadline = time.monotonic() + 30
         while self.storage.read_json(Layout.state(name)) is None:
             if proc.poll() is not None:
-                raise XrunError(f"local supervisor exited with code {proc.returncode}; see {log_dir}/supervisor-{name}.log", EXIT_FAILED)
+                raise XrunError(f"local supervisor exited with code {proc.returncode}; see "
+                               f"{self.storage.url(Layout.supervisor_log(name))}", EXIT_FAILED)
             if time.monotonic() > deadline:
                 raise XrunError("local supervisor did not start within 30 s", EXIT_FAILED)
             time.sleep(0.05)
@@ -85,23 +150,36 @@ class LocalBackend:
         return BackendStatus(state=current, restarts=state.get("restarts", 0), hosts=hosts,
                              message=state.get("message", ""))
 
+    def live_processes(self, name: str) -> list[int]:
+        """Every process of the run the OS knows (``run_processes``)."""
+        return run_processes(self.storage_root, name)
+
     def delete(self, name: str, *, wait: bool = True) -> bool:
-        state = self.storage.read_json(Layout.state(name))
-        if not state or state.get("state") in TERMINAL_STATES:
-            return False
+        """Stop the run: its supervisor first (it stops the pods and records Deleted), then
+        every process of the run the OS still shows (orphans of a killed supervisor)."""
+        state = self.storage.read_json(Layout.state(name)) or {}
+        grace = float(state.get("grace_seconds", 180))
+        stopped = False
+        live = self.live_processes(name)
         pid = state.get("supervisor_pid")
-        if not _pid_alive(pid):
-            return False
-        os.kill(pid, signal.SIGTERM)
-        if wait:
-            deadline = time.monotonic() + float(state.get("grace_seconds", 180)) + 10
+        if pid in live:  # the recorded pid is this run's supervisor, not a reused pid
+            os.kill(pid, signal.SIGTERM)
+            stopped = True
+            if not wait:
+                return True
+            deadline = time.monotonic() + grace + 10
             while _pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
-            for h in state.get("hosts", {}).values():  # belt and braces: nothing may outlive it
-                if h.get("pid") and _pid_alive(h["pid"]):
+            live = self.live_processes(name)
+        if live:
+            stopped = True
+            if wait:
+                stop_processes(live, min(grace, 30.0))
+            else:
+                for p in live:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(h["pid"], signal.SIGKILL)
-        return True
+                        os.kill(p, signal.SIGTERM)
+        return stopped
 
     def list(self) -> list[dict[str, Any]]:
         return []  # local runs are exactly what storage holds; the readers list them

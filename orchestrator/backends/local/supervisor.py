@@ -255,6 +255,7 @@ class Supervisor:
             pod.proc = subprocess.Popen(
                 pod.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True,
+                preexec_fn=_die_with(os.getpid()),
             )
             # A waiter per pod stamps the moment it exits: when one host's failure brings
             # the others down within milliseconds, the first to fail is the one to blame.
@@ -336,6 +337,26 @@ class Supervisor:
         self.stop_requested = True
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PARENT_DEATH_SIGNAL = signal.SIGHUP  # workload.wrapper.PARENT_DEATH_SIGNAL
+
+
+def _die_with(parent: int):
+    """preexec_fn: the pod gets PARENT_DEATH_SIGNAL when this supervisor dies, however it dies
+    (prctl(2) PR_SET_PDEATHSIG; the wrapper then kills its child's process group). If the
+    supervisor died between fork and prctl, the pod never starts."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def preexec() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL))
+        if os.getppid() != parent:
+            os._exit(EXIT_FAILED)
+
+    return preexec
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
@@ -356,13 +377,19 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "supervise":
         print("usage: python -m orchestrator.backends.local supervise STORAGE_ROOT NAME", file=sys.stderr)
         return 2
-    sup = Supervisor(open_storage(argv[1]), argv[2])
+    storage = open_storage(argv[1])
+    sup = Supervisor(storage, argv[2])
     try:
         return sup.run()
     except BaseException as e:
         sup.stop_pods()
         if sup.state["state"] not in TERMINAL_STATES:
             sup.transition(FAILED, f"local supervisor error: {e!r}")
+        if storage.root.startswith("gs://"):  # a local root has the file already (stderr)
+            import traceback
+
+            with contextlib.suppress(Exception):
+                storage.write_text(Layout.supervisor_log(argv[2]), traceback.format_exc())
         raise
 
 
