@@ -21,6 +21,12 @@ from xrun_contract.errors import XrunError
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Sane bounds (bad input beyond them): a run that restarts more than 100 times is a crash
+# loop; an hour is far beyond any checkpoint-on-SIGTERM (GKE spot VMs give 30 s); a year of
+# TTL is as good as none. All fit the API's int32 fields.
+MAX_RESTARTS = 100
+MAX_GRACE_SECONDS = 3600
+MAX_TTL_SECONDS = 365 * 86400
 POD_SUFFIX = 6  # "-xxxxx": the random suffix Kubernetes adds to a Job's pod names
 MAX_LABEL = 63
 # Exit codes that mean "preempted / restart me" (xpk's convention): 42 and 127-255.
@@ -214,18 +220,20 @@ def validate(spec: RunSpec) -> None:
             raise XrunError(f"env: {key} is set by xrun itself; choose another name")
         if "\x00" in value:
             raise XrunError(f"env: value of {key} contains a NUL byte")
-    if spec.max_restarts < 0:
-        raise XrunError(f"max_restarts: must be >= 0, got {spec.max_restarts}")
+    if not 0 <= spec.max_restarts <= MAX_RESTARTS:
+        raise XrunError(f"max_restarts: must be 0..{MAX_RESTARTS}, got {spec.max_restarts}")
     if not spec.restartable_exit_codes or not all(
         1 <= c <= 255 for c in spec.restartable_exit_codes
     ):
         raise XrunError("restartable_exit_codes: must be a non-empty list of codes in 1..255")
     if len(set(spec.restartable_exit_codes)) != len(spec.restartable_exit_codes):
         raise XrunError("restartable_exit_codes: duplicate codes")
-    if spec.termination_grace_seconds < 1:
-        raise XrunError("termination_grace_seconds: must be >= 1")
-    if spec.ttl_seconds_after_finished < 0:
-        raise XrunError("ttl_seconds_after_finished: must be >= 0")
+    if not 1 <= spec.termination_grace_seconds <= MAX_GRACE_SECONDS:
+        raise XrunError(f"termination_grace_seconds: must be 1..{MAX_GRACE_SECONDS}, "
+                        f"got {spec.termination_grace_seconds}")
+    if not 0 <= spec.ttl_seconds_after_finished <= MAX_TTL_SECONDS:
+        raise XrunError(f"ttl_seconds_after_finished: must be 0..{MAX_TTL_SECONDS}, "
+                        f"got {spec.ttl_seconds_after_finished}")
     for port_field in ("coordinator_port", "megascale_port"):
         port = getattr(spec, port_field)
         if not 1 <= port <= 65535:

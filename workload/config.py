@@ -227,6 +227,48 @@ def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...
     return validate(Config(**values))
 
 
+def arg_parser():
+    """The command line of ``python -m workload.train`` (used by train and by the
+    orchestrator's pre-submit check, which must not import jax)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m workload.train", exit_on_error=False,
+                                description="Train xrun's llama-style model with JAX.")
+    p.add_argument("--config", help="YAML file of config keys (and optionally preset: NAME)")
+    p.add_argument("--preset", help="named preset: tiny, bench-21m, 1b (default tiny)")
+    p.add_argument("--storage", help="storage root (folder or gs://); overrides XRUN_STORAGE")
+    p.add_argument("--run-name", help="run name; overrides XRUN_RUN_NAME")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    return p
+
+
+def check_command_args(args: list[str], devices: int) -> Config | None:
+    """Validate ``python -m workload.train ARGS`` for ``devices`` devices in all, before
+    anything is submitted. The Config, or None when a --config file (only in the image)
+    decides part of it; every problem is a ValueError naming the field."""
+    import argparse
+
+    parser = arg_parser()
+    try:
+        ns, unknown = parser.parse_known_args(args)
+    except argparse.ArgumentError as e:
+        raise ValueError(f"workload arguments: {e}") from None
+    if unknown:
+        raise ValueError(f"workload arguments: unknown option {unknown[0]!r}; allowed: "
+                         "--config, --preset, --storage, --run-name, key=value")
+    if ns.config:
+        if ns.preset:
+            check_preset(ns.preset)
+        parse_overrides(ns.overrides)
+        return None
+    cfg = load_config(ns.preset, ns.overrides)
+    batch = cfg.batch_size(devices)
+    if batch % devices:
+        raise ValueError(f"workload config global_batch: {batch} does not split over {devices} "
+                         f"devices; use a multiple of {devices} (or 0 for batch_per_device x devices)")
+    return cfg
+
+
 def describe(cfg: Config) -> str:
     """The whole config as one line of JSON (the header's config value)."""
     return json.dumps(cfg.to_dict(), sort_keys=True, separators=(",", ":"))

@@ -187,6 +187,7 @@ class LocalStorage(Storage):
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
         """O_CREAT|O_EXCL: the kernel lets exactly one racing creator make the file."""
+        self._check_root()
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:

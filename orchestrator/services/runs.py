@@ -10,6 +10,8 @@ pods, the processes or the JobSet are gone.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -148,6 +150,7 @@ def observe(storage: Storage, name: str, backend: Backend,
 
 def render(spec: RunSpec) -> dict[str, Any]:
     """The JobSet for ``spec``, admitted offline as the cluster would admit it."""
+    check_workload_args(spec)
     manifest = jobset(spec)
     admit(manifest)
     return manifest
@@ -163,6 +166,56 @@ def admit(manifest: dict[str, Any]) -> None:
         admission.check(admission.default(manifest))
     except admission.AdmissionError as e:
         raise XrunError(f"manifest rejected: {e}", EXIT_USAGE) from None
+
+
+SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ";;", "(", ")"}
+
+
+def workload_train_args(command: str) -> list[str] | None:
+    """The arguments of ``python3 -m workload.train ...`` when the command runs xrun's own
+    workload directly (the first simple command), else None: another program, or arguments
+    the shell will expand ($VAR, globs) that cannot be known here."""
+    try:
+        lex = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lex.whitespace_split = True
+        tokens = list(lex)
+    except ValueError:
+        return None
+    while tokens and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", tokens[0]):
+        tokens = tokens[1:]  # VAR=value prefixes
+    if tokens[:1] == ["exec"]:
+        tokens = tokens[1:]
+    if len(tokens) < 3 or not re.fullmatch(r"(.*/)?python3?(\.\d+)?", tokens[0]):
+        return None
+    flags = tokens[1:tokens.index("-m")] if "-m" in tokens else None
+    if flags is None or any(not f.startswith("-") for f in flags):
+        return None
+    i = tokens.index("-m")
+    if tokens[i + 1:i + 2] != ["workload.train"]:
+        return None
+    args: list[str] = []
+    for t in tokens[i + 2:]:
+        if t in SHELL_OPERATORS:
+            break
+        args.append(t)
+    if any(c in a for a in args for c in "$`*?["):
+        return None
+    return args
+
+
+def check_workload_args(spec: RunSpec) -> None:
+    """xrun's workload's arguments checked here (workload.config is jax-free), so a run that
+    would fail at once is never written or started: exit 2 naming the field."""
+    args = workload_train_args(spec.command)
+    if args is None:
+        return
+    from workload.config import check_command_args
+
+    devices = spec.slices * spec.hosts_per_slice * spec.shape.devices_per_vm
+    try:
+        check_command_args(args, devices)
+    except ValueError as e:
+        raise XrunError(f"command: {e}", EXIT_USAGE) from None
 
 
 @dataclass

@@ -1,0 +1,220 @@
+"""Hostile and mistaken input, every command: exit 2 (3 for storage), one line on stderr,
+nothing on stdout, nothing written anywhere (the storage root, another root next to it and
+$HOME are byte-for-byte unchanged), no traceback, bounded time and memory.
+
+The CLI runs in-process (``orchestrator.cli.main``): a subprocess per case would cost a
+second of imports each on a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from xrun_contract import Layout
+
+GOOD = ["--accelerator", "cpu-2", "--image", "img"]
+TRAIN = "python3 -m workload.train"
+
+
+def _make_run(root: Path, name: str) -> None:
+    """A finished run as the supervisor leaves it (enough for every reader)."""
+    run = root / Layout.run(name)
+    (run / "checkpoints" / "10").mkdir(parents=True)
+    (run / "checkpoints" / "10" / "data").write_bytes(b"x")
+    (run / "run.json").write_text(json.dumps({"name": name, "backend": "local", "spec": {}}))
+    (run / "state.json").write_text(json.dumps({"backend": "local", "state": "Succeeded",
+                                                "restarts": 0, "hosts": {}, "transitions": []}))
+    (run / "manifest.yaml").write_text("kind: JobSet\n")
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch):
+    """A storage root with run 'done', another root with run 'x', input files, a fake $HOME."""
+    store, other, inputs, home = (tmp_path / n for n in ("store", "other", "in", "home"))
+    for d in (inputs, home):
+        d.mkdir()
+    _make_run(store, "done")
+    _make_run(other, "x")
+    files = {
+        "nonutf8.yaml": b"name: caf\xe9\naccelerator: cpu-2\n",
+        "deep.yaml": b"a: " + b"[" * 20000 + b"]" * 20000 + b"\n",
+        "deepmap.yaml": b"a: " + b"{b: " * 20000 + b"1" + b"}" * 20000 + b"\n",
+        "dup.yaml": b"name: a\nname: b\naccelerator: cpu-2\nimage: i\n",
+        "list.yaml": b"- name: a\n",
+        "unknown.yaml": b"name: a\naccelerator: cpu-2\nimage: i\nbogus: 1\n",
+        "nonutf8.env": b"A=\xff\xfe\n",
+        "bad.env": b"JUSTAKEY\n",
+        "nightly-dup.yaml": (b"prefix: n\nbase: main\nbase: feat\nslice: {accelerator: cpu-2}\n"
+                             b"branches: {main: {image: a}, feat: {image: b}}\n"
+                             b"configs: {tiny: {command: 'python3 -m workload.train'}}\n"),
+        "nightly-nonutf8.yaml": b"prefix: n\xff\n",
+        "a-file-root": b"not a folder\n",
+    }
+    for name, data in files.items():
+        (inputs / name).write_bytes(data)
+    (inputs / "a-dir").mkdir()
+    for key in ("XRUN_STORAGE_TIMEOUT", "XRUN_STORAGE", "STORAGE_EMULATOR_HOST"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("XRUN_STORAGE", str(store))
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / ".local" / "state"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(home / ".local" / "share"))
+    monkeypatch.chdir(inputs)
+    return tmp_path
+
+
+def _snapshot(base: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(base)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(base.rglob("*"))}
+
+
+def R(*args: str) -> list[str]:  # noqa: N802 - a render with good defaults
+    return ["render", "--name", "ok", *GOOD, *args]
+
+
+def S(*args: str) -> list[str]:  # noqa: N802 - a submit with good defaults
+    return ["submit", "--name", "ok", *GOOD, *args]
+
+
+CASES: list[tuple[str, list[str], int, str]] = [
+    # render: spec fields
+    ("render-bad-name", ["render", "--name", "Bad_Name", *GOOD], 2, "name:"),
+    ("render-traversal-name", ["render", "--name", "../../etc", *GOOD], 2, "name:"),
+    ("render-long-name", ["render", "--name", "a" * 70, *GOOD], 2, "name:"),
+    ("render-unknown-accel", ["render", "--name", "ok", "--accelerator", "nope-9", "--image", "i"], 2, "accelerator"),
+    ("render-num-slices-0", R("--num-slices", "0"), 2, "num_slices"),
+    ("render-max-restarts-neg", R("--max-restarts", "-1"), 2, "max_restarts"),
+    ("render-max-restarts-huge", R("--max-restarts", "1000000"), 2, "max_restarts"),
+    ("render-grace-0", R("--termination-grace-seconds", "0"), 2, "termination_grace_seconds"),
+    ("render-grace-huge", R("--termination-grace-seconds", "99999999"), 2, "termination_grace_seconds"),
+    ("render-ttl-neg", R("--ttl-seconds-after-finished", "-5"), 2, "ttl_seconds_after_finished"),
+    ("render-ttl-huge", R("--ttl-seconds-after-finished", "9999999999"), 2, "ttl_seconds_after_finished"),
+    ("render-codes-huge-range", R("--restartable-exit-codes", "1-99999999"), 2, "restartable_exit_codes"),
+    ("render-codes-zero", R("--restartable-exit-codes", "0"), 2, "restartable_exit_codes"),
+    ("render-codes-text", R("--restartable-exit-codes", "abc"), 2, "restartable_exit_codes"),
+    ("render-codes-reversed", R("--restartable-exit-codes", "200-100"), 2, "restartable_exit_codes"),
+    ("render-env-bad-key", R("--env", "1BAD=x"), 2, "env"),
+    ("render-env-no-eq", R("--env", "NOVALUE"), 2, "--env"),
+    ("render-env-reserved", R("--env", "XRUN_RUN_NAME=x"), 2, "env"),
+    ("render-empty-command", R("--command", " "), 2, "command"),
+    ("render-unparsable-command", R("--command", "echo 'unterminated"), 2, "command"),
+    ("render-storage-scheme", R("--storage", "ftp://host/x"), 2, "storage"),
+    # render: files
+    ("render-nonutf8-file", ["render", "-f", "nonutf8.yaml"], 2, "not UTF-8"),
+    ("render-deep-yaml", ["render", "-f", "deep.yaml"], 2, "run file"),
+    ("render-deep-map-yaml", ["render", "-f", "deepmap.yaml"], 2, "run file"),
+    ("render-dup-keys", ["render", "-f", "dup.yaml"], 2, "duplicate key"),
+    ("render-not-mapping", ["render", "-f", "list.yaml"], 2, "mapping"),
+    ("render-unknown-key", ["render", "-f", "unknown.yaml"], 2, "bogus"),
+    ("render-missing-file", ["render", "-f", "missing.yaml"], 2, "missing.yaml"),
+    ("render-nonutf8-env-file", R("--env-file", "nonutf8.env"), 2, "not UTF-8"),
+    ("render-bad-env-file", R("--env-file", "bad.env"), 2, "KEY=VALUE"),
+    ("render-output-file-no-dir", R("--output-file", "/nonexistent-xrun/out.yaml"), 2, "--output-file"),
+    ("render-output-file-is-dir", R("--output-file", "a-dir"), 2, "output-file"),
+    ("render-output-format", R("-o", "xml"), 2, "xml"),
+    # render: xrun's workload arguments
+    ("render-preset-nope", R("--command", f"{TRAIN} --preset nope"), 2, "preset"),
+    ("render-steps-neg", R("--command", f"{TRAIN} steps=-1"), 2, "steps"),
+    ("render-global-batch-7", R("--command", f"{TRAIN} global_batch=7"), 2, "global_batch"),
+    ("render-seq-len-0", R("--command", f"{TRAIN} seq_len=0"), 2, "seq_len"),
+    ("render-unknown-config-key", R("--command", f"{TRAIN} bogus=1"), 2, "bogus"),
+    ("render-unknown-train-flag", R("--command", f"{TRAIN} --nope"), 2, "--nope"),
+    ("render-bad-dtype", R("--command", f"python3 -u -m workload.train remat=maybe"), 2, "remat"),
+    ("render-bad-int", R("--command", f"{TRAIN} steps=ten && echo done"), 2, "steps"),
+    # submit: the same refusals, and nothing written
+    ("submit-bad-name", ["submit", "--name", "Bad_Name", *GOOD], 2, "name:"),
+    ("submit-steps-neg", S("--command", f"{TRAIN} steps=-1"), 2, "steps"),
+    ("submit-preset-nope", S("--command", f"{TRAIN} --preset nope"), 2, "preset"),
+    ("submit-nonutf8-file", ["submit", "-f", "nonutf8.yaml"], 2, "UTF-8"),
+    ("submit-deep-yaml", ["submit", "-f", "deep.yaml"], 2, "run file"),
+    ("submit-codes-huge-range", S("--restartable-exit-codes", "1-99999999"), 2, "restartable_exit_codes"),
+    ("submit-max-restarts-huge", S("--max-restarts", "1000"), 2, "max_restarts"),
+    ("submit-exists", ["submit", "--name", "done", *GOOD], 2, "already exists"),
+    ("submit-storage-timeout-0", S("--storage-timeout", "0"), 2, "storage timeout"),
+    ("submit-storage-timeout-text", S("--storage-timeout", "soon"), 2, "storage timeout"),
+    ("submit-storage-file-root", S("--storage", "a-file-root"), 2, "storage"),
+    # status
+    ("status-traversal", ["status", "../../other/runs/x"], 2, "not a run name"),
+    ("status-slash", ["status", "a/b"], 2, "not a run name"),
+    ("status-dotdot", ["status", ".."], 2, "not a run name"),
+    ("status-uppercase", ["status", "Done"], 2, "not a run name"),
+    ("status-unknown", ["status", "nope"], 2, "no run named"),
+    ("status-format", ["status", "done", "-o", "xml"], 2, "xml"),
+    ("status-timeout-neg", ["status", "done", "--storage-timeout", "-1"], 2, "storage timeout"),
+    ("status-storage-scheme", ["status", "done", "--storage", "ftp://x/y"], 2, "storage"),
+    ("status-gs-no-bucket", ["status", "done", "--storage", "gs://"], 2, "bucket"),
+    # logs
+    ("logs-traversal", ["logs", "../done"], 2, "not a run name"),
+    ("logs-host", ["logs", "done", "--host", "abc"], 2, "--host"),
+    ("logs-tail", ["logs", "done", "--tail", "-1"], 2, "--tail"),
+    ("logs-since", ["logs", "done", "--since", "ten"], 2, "since"),
+    ("logs-unknown", ["logs", "nope"], 2, "no run named"),
+    # checkpoints
+    ("checkpoints-traversal", ["checkpoints", "../../other/runs/x"], 2, "not a run name"),
+    ("checkpoints-dot-segment", ["checkpoints", "done/.."], 2, "not a run name"),
+    ("checkpoints-unknown", ["checkpoints", "nope"], 2, "no run named"),
+    # delete
+    ("delete-purge-traversal", ["delete", "--purge", "--yes", "../../other/runs/x"], 2, "not a run name"),
+    ("delete-purge-abs", ["delete", "--purge", "--yes", "/tmp"], 2, "not a run name"),
+    ("delete-traversal", ["delete", "../done"], 2, "not a run name"),
+    ("delete-purge-unconfirmed", ["delete", "done", "--purge"], 2, "--yes"),
+    ("delete-unknown", ["delete", "nope"], 2, "no run named"),
+    # list
+    ("list-file-root", ["list", "--storage", "a-file-root"], 2, "not a folder"),
+    ("list-scheme", ["list", "--storage", "s3://b/x"], 2, "storage"),
+    ("list-format", ["list", "-o", "xml"], 2, "xml"),
+    ("list-timeout-text", ["list", "--storage-timeout", "x"], 2, "storage timeout"),
+    # compare and report
+    ("compare-traversal", ["compare", "done", "../x"], 2, ""),
+    ("compare-bad-name", ["compare", "done", "Bad_Name"], 2, "not a run name"),
+    ("compare-unknown", ["compare", "done", "nope"], 2, "no run named"),
+    ("compare-output-no-dir", ["compare", "done", "done", "-o", "/nonexistent-xrun/c.md"], 2, "/nonexistent-xrun"),
+    ("compare-threshold", ["compare", "done", "done", "--threshold", "abc"], 2, "threshold"),
+    ("report-output-no-dir", ["report", "done", "done", "-o", "/nonexistent-xrun/r.html"], 2, "/nonexistent-xrun"),
+    ("report-bad-name", ["report", "done", "a..b"], 2, ""),
+    # nightly
+    ("nightly-nonutf8", ["nightly", "-f", "nightly-nonutf8.yaml", "--dry-run"], 2, "UTF-8"),
+    ("nightly-dup-keys", ["nightly", "-f", "nightly-dup.yaml", "--dry-run"], 2, "duplicate key"),
+    ("nightly-deep", ["nightly", "-f", "deep.yaml", "--dry-run"], 2, ""),
+    ("nightly-missing", ["nightly", "-f", "missing.yaml", "--dry-run"], 2, "missing.yaml"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input(world, capsys, case):
+    _, argv, code, needle = case
+    before = _snapshot(world)
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.monotonic()
+    rc = main(argv)
+    took = time.monotonic() - started
+    out, err = capsys.readouterr()
+    assert rc == code, (argv, rc, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xrun: error: "), err
+    assert "Traceback" not in err and out == ""
+    assert needle in lines[0], lines[0]
+    assert _snapshot(world) == before, "something was written"
+    assert took < 10, took
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
+    assert grown_mib < 200, grown_mib
+
+
+def test_table_is_big_enough():
+    assert len(CASES) >= 60
+    assert {c[1][0] for c in CASES} >= {"render", "submit", "status", "logs", "checkpoints",
+                                         "delete", "list", "compare", "report", "nightly"}
+
+
+def test_env_storage_timeout_is_checked(world, capsys, monkeypatch):
+    monkeypatch.setenv("XRUN_STORAGE_TIMEOUT", "forever")
+    before = _snapshot(world)
+    assert main(["status", "done"]) == 2
+    assert "XRUN_STORAGE_TIMEOUT" in capsys.readouterr().err
+    assert _snapshot(world) == before
