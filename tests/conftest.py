@@ -24,7 +24,7 @@ def gcs_emulator():
     every subprocess the tests start (workload hosts, xrun CLI).
     """
     from gcp_storage_emulator.server import create_server
-    from workload_helpers import emulator_sends_generations
+    from workload_helpers import emulator_checks_preconditions, emulator_sends_generations
 
     port = free_port()
     server = create_server("127.0.0.1", port, in_memory=True)
@@ -36,6 +36,7 @@ def gcs_emulator():
     # clients (TensorStore, several hosts) get SYNs dropped and stall a second per retry.
     http.server.HTTPServer.request_queue_size = 128
     emulator_sends_generations()  # as real GCS does; TensorStore's OCDBT writes need it
+    emulator_checks_preconditions()  # ifGenerationMatch, as GCS: exclusive submits need it
     server.start()
     url = f"http://127.0.0.1:{port}"
     old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")}

@@ -185,6 +185,48 @@ def emulator_sends_generations() -> None:
                 handlers[method] = with_generation(fn)
 
 
+def emulator_checks_preconditions() -> None:
+    """Make gcp-storage-emulator honour ``ifGenerationMatch`` on uploads, as GCS does (JSON
+    API objects.insert: the write succeeds only if the live object's generation matches;
+    0 means "only if no live object exists"; otherwise 412 Precondition Failed). The
+    emulator serves one request at a time, so the check and the create are atomic, as in
+    GCS. Idempotent."""
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import server
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    if getattr(objects.insert, "checks_preconditions", False):
+        return
+    original = objects.insert
+
+    def insert(request, response, storage, *args, **kwargs):
+        wanted = request.query.get("ifGenerationMatch")
+        if wanted:
+            name = (request.query.get("name") or [None])[0]
+            if name is None and request.query.get("uploadType") == ["multipart"]:
+                name = request.data["meta"].get("name")
+            try:
+                current = int(storage.get_file_obj(request.params["bucket_name"], name)["generation"])
+            except NotFound:
+                current = 0
+            if int(wanted[0]) != current:
+                response.json({"error": {"code": 412, "message": "At least one of the pre-conditions "
+                                         "you specified did not hold.", "errors": [
+                                             {"reason": "conditionNotMet", "domain": "global"}]}})
+                response.status = HTTPStatus.PRECONDITION_FAILED
+                return None
+        return original(request, response, storage, *args, **kwargs)
+
+    insert.checks_preconditions = True
+    objects.insert = insert
+    for _, handlers in server.HANDLERS:
+        for method, fn in list(handlers.items()):
+            if fn is original:
+                handlers[method] = insert
+
+
 def tensorboard_scalars(logdir: str) -> dict[str, dict[int, float]]:
     """tag -> {step: value} as TensorBoard itself reads a folder (local or gs:// through its
     fsspec filesystem), restarts purged (``purge_orphaned_data``, TensorBoard's default)."""

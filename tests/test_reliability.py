@@ -1,0 +1,267 @@
+"""Faults: a killed supervisor orphans nothing, racing submits start one run, names never
+leave the storage root, failing GCS ends in a bounded exit 3, a typo'd program does not
+crash-loop, chunk names are never reused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from cli_helpers import pid_alive, xrun
+
+from orchestrator.backends.local.backend import run_processes
+from orchestrator.cli import main
+from xrun_contract import COMMAND_NOT_FOUND_EXIT_CODE, Env, Layout, check_run_name
+from xrun_contract.errors import XrunError
+from xrun_contract.storage import LocalStorage, open_storage
+
+SLEEPER = ["--accelerator", "cpu-2", "--image", "img", "--command", "sleep 300"]
+
+
+def _wait(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def _state(store: Path, name: str) -> dict:
+    return json.loads((store / Layout.state(name)).read_text())
+
+
+# ---------------------------------------------------------------------------------------
+# The supervisor is not a single point of loss
+
+
+def test_kill_9_supervisor_leaves_no_orphan_and_replace_then_works(tmp_path):
+    store = tmp_path / "store"
+    r = xrun("submit", "--name", "orph", *SLEEPER, "--detach", storage=store, timeout=60)
+    assert r.returncode == 0, r.stderr
+    _wait(lambda: all(h.get("pid") for h in _state(store, "orph").get("hosts", {}).values())
+          and len(_state(store, "orph")["hosts"]) == 2, 30, "pods started")
+    procs = run_processes(str(store), "orph")
+    sup = _state(store, "orph")["supervisor_pid"]
+    assert sup in procs and len(procs) >= 3  # supervisor + 2 wrappers (+ their shells/sleeps)
+    # The supervisor's own log is with the run, not under $HOME.
+    assert (store / Layout.supervisor_log("orph")).exists()
+    assert not (tmp_path / "state").exists()
+
+    os.kill(sup, signal.SIGKILL)
+    _wait(lambda: not run_processes(str(store), "orph"), 15, "pods outlived the supervisor")
+    assert not any(pid_alive(p) for p in procs)
+
+    # storage still says Running; status knows better, and --replace may go ahead.
+    r = xrun("status", "orph", "-o", "json", storage=store, timeout=60)
+    assert json.loads(r.stdout)["state"] == "Failed"
+    r = xrun("submit", "--name", "orph", *SLEEPER, "--detach", "--replace", storage=store, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = xrun("delete", "orph", storage=store, timeout=60)
+    assert r.returncode == 0 and "stopped orph" in r.stderr
+    assert not run_processes(str(store), "orph")
+
+
+def test_delete_and_replace_find_orphans_from_the_os(tmp_path):
+    """A pod process state.json does not name (a supervisor died before recording it):
+    ``--replace`` refuses while it lives and ``delete`` finds and stops it."""
+    store = tmp_path / "store"
+    st = LocalStorage(str(store))
+    st.write_json(Layout.run_json("ghost"), {"name": "ghost", "backend": "local"})
+    st.write_json(Layout.state("ghost"), {"backend": "local", "state": "Running",
+                                          "supervisor_pid": 2 ** 22 + 7, "hosts": {}})
+    env = {**os.environ, Env.RUN_NAME: "ghost", Env.STORAGE: str(store)}
+    orphan = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+    other = subprocess.Popen(["sleep", "300"], env={**env, Env.RUN_NAME: "ghost2"},
+                             start_new_session=True)
+    try:
+        _wait(lambda: orphan.pid in run_processes(str(store), "ghost"), 5, "orphan not found")
+        assert other.pid not in run_processes(str(store), "ghost")
+        r = xrun("submit", "--name", "ghost", *SLEEPER, "--replace", "--detach", storage=store)
+        assert r.returncode == 2 and "live process" in r.stderr and str(orphan.pid) in r.stderr
+        assert st.read_json(Layout.run_json("ghost")) == {"name": "ghost", "backend": "local"}
+        r = xrun("delete", "ghost", storage=store)
+        assert r.returncode == 0 and "stopped ghost" in r.stderr, r.stderr
+        assert orphan.wait(timeout=10) == -signal.SIGTERM
+        assert other.poll() is None
+        assert _state(store, "ghost")["state"] == "Failed"  # observed: its supervisor is gone
+    finally:
+        for p in (orphan, other):
+            p.kill()
+            p.wait()
+
+
+def test_missing_program_fails_for_good_without_restarts(tmp_path):
+    store = tmp_path / "store"
+    r = xrun("submit", "--name", "typo", "--accelerator", "cpu-2", "--image", "i",
+             "--command", "no-such-program-xrun --flag", "--max-restarts", "3",
+             storage=store, timeout=120)
+    assert r.returncode == 1, r.stderr
+    state = _state(store, "typo")
+    assert state["state"] == "Failed" and state["restarts"] == 0
+    assert f"code {COMMAND_NOT_FOUND_EXIT_CODE}" in state["message"]
+    assert {h["exit_code"] for h in state["hosts"].values()} == {COMMAND_NOT_FOUND_EXIT_CODE}
+
+
+def test_wrapper_not_found_codes(tmp_path):
+    for argv in (["/bin/sh", "-c", "no-such-program-xrun"], ["/no/such/program"]):
+        r = subprocess.run([sys.executable, "-m", "workload.wrapper", "--", *argv],
+                           capture_output=True, text=True, timeout=30,
+                           env={k: v for k, v in os.environ.items() if not k.startswith("XRUN_")})
+        assert r.returncode == COMMAND_NOT_FOUND_EXIT_CODE, r.stdout
+        assert f"EXIT_CODE={COMMAND_NOT_FOUND_EXIT_CODE}" in r.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Exclusive submit
+
+
+def _race(storage, key: str, n: int = 8) -> list[bool]:
+    barrier, results = threading.Barrier(n), []
+
+    def one(i: int) -> None:
+        barrier.wait()
+        results.append(storage.create_exclusive(key, f"claim {i}".encode()))
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_create_exclusive_local_race(tmp_path):
+    st = LocalStorage(str(tmp_path))
+    assert sorted(_race(st, "runs/a/run.json")) == [False] * 7 + [True]
+
+
+def test_create_exclusive_gcs_race(gcs_bucket):
+    """ifGenerationMatch=0 on the emulator: one create wins, the others get 412."""
+    st = open_storage(f"{gcs_bucket}/root")
+    assert sorted(_race(st, "runs/a/run.json", 4)) == [False] * 3 + [True]
+    assert st.read_text("runs/a/run.json").startswith("claim ")
+
+
+def test_racing_submits_start_one_run(tmp_path):
+    store = tmp_path / "store"
+    args = [sys.executable, "-m", "orchestrator.cli", "submit", "--name", "race", *SLEEPER,
+            "--detach", "--storage", str(store)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
+    procs = [subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=env) for _ in range(3)]
+    outs = [(p.wait(timeout=90), p.stderr.read()) for p in procs]
+    try:
+        codes = sorted(c for c, _ in outs)
+        assert codes == [0, 2, 2], outs
+        assert all("race" in e for c, e in outs if c == 2)
+        sups = [p for p in run_processes(str(store), "race")
+                if b"supervise" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(sups) == 1
+    finally:
+        assert xrun("delete", "race", storage=store).returncode == 0
+    assert not run_processes(str(store), "race")
+
+
+# ---------------------------------------------------------------------------------------
+# Nothing outside <root>/runs/<name>/
+
+
+@pytest.mark.parametrize("name", ["..", "../x", "a/b", "/etc", "x/../../y", "A", "-a", "a" * 64, ""])
+def test_run_names_are_checked(name):
+    with pytest.raises(XrunError) as e:
+        check_run_name(name)
+    assert e.value.exit_code == 2
+
+
+def test_storage_refuses_keys_escaping_the_root(tmp_path):
+    root = tmp_path / "root"
+    (tmp_path / "other" / "runs" / "x").mkdir(parents=True)
+    (tmp_path / "other" / "runs" / "x" / "f").write_text("keep")
+    st = LocalStorage(str(root))
+    for key in ("../other/runs/x", "runs/../../other", "runs/a/../../.."):
+        with pytest.raises(XrunError):
+            st.delete_prefix(key)
+        with pytest.raises(XrunError):
+            st.read_bytes(key)
+    root.mkdir()
+    (root / "runs").mkdir()
+    os.symlink(tmp_path / "other" / "runs" / "x", root / "runs" / "link")
+    with pytest.raises(XrunError):
+        st.delete_prefix("runs/link")
+    with pytest.raises(XrunError):
+        st.delete_prefix("")
+    assert (tmp_path / "other" / "runs" / "x" / "f").read_text() == "keep"
+
+
+# ---------------------------------------------------------------------------------------
+# Unreachable or failing GCS: bounded retries, then exit 3 naming the root
+
+
+@pytest.fixture
+def proxied_root(gcs_proxy, gcs_bucket, monkeypatch):
+    """A gs:// root with run 'r' in it, reached through the fault proxy."""
+    root = f"{gcs_bucket}/xrun"
+    st = open_storage(root)
+    st.write_json(Layout.run_json("r"), {"name": "r", "backend": "local", "spec": {}})
+    st.write_json(Layout.state("r"), {"backend": "local", "state": "Succeeded", "hosts": {}})
+    st.write_text(Layout.log_chunk("r", "0-0", 0, 0), "hello\n")
+    for k, v in gcs_proxy.env().items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("XRUN_STORAGE_TIMEOUT", "30")
+    return root
+
+
+@pytest.mark.parametrize("mode", ["503", "drop"])
+def test_storage_outage_is_a_bounded_exit_3(proxied_root, gcs_proxy, capsys, mode):
+    gcs_proxy.outage(60, mode)
+    for argv in (["list"], ["status", "r"], ["checkpoints", "r"], ["logs", "r"],
+                 ["submit", "--name", "new", "--accelerator", "cpu-2", "--image", "i"]):
+        started = time.monotonic()
+        rc = main([*argv, "--storage", proxied_root, "--storage-timeout", "2"])
+        took = time.monotonic() - started
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 3, (argv, err)
+        assert len(err) == 1 and proxied_root in err[0] and "Traceback" not in err[0], err
+        assert took < 12, (argv, took)
+    gcs_proxy.clear()
+    assert open_storage(proxied_root).read_json(Layout.run_json("new")) is None
+
+
+def test_transient_errors_are_retried(proxied_root, gcs_proxy, capsys):
+    gcs_proxy.fail(503, 2)
+    gcs_proxy.fail(429, 1)
+    assert main(["logs", "r", "--storage", proxied_root]) == 0
+    assert "hello" in capsys.readouterr().out
+    assert sum(gcs_proxy.stats.injected.values()) == 3
+
+
+def test_forbidden_is_exit_3_at_once(proxied_root, gcs_proxy, capsys):
+    gcs_proxy.fail(403, 100)
+    started = time.monotonic()
+    assert main(["status", "r", "--storage", proxied_root]) == 3
+    assert time.monotonic() - started < 5
+    assert "403" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------
+# Chunk names
+
+
+def test_a_second_wrapper_incarnation_never_overwrites_chunks(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("XRUN_")},
+           Env.STORAGE: str(tmp_path), Env.RUN_NAME: "inc", Env.SLICE_INDEX: "0",
+           Env.HOST_INDEX: "0", Env.RESTART_ATTEMPT: "0"}
+    for word in ("first", "second"):
+        subprocess.run([sys.executable, "-m", "workload.wrapper", "--", "echo", word],
+                       env=env, check=True, capture_output=True, timeout=30)
+    st = LocalStorage(str(tmp_path))
+    objects, _ = st.list(Layout.host_logs("inc", "0-0", 0))
+    assert len(objects) == 2 and len({o.key.rsplit("-", 1)[-1] for o in objects}) == 2
+    texts = [st.read_text(o.key) for o in objects]
+    assert "first" in texts[0] and "second" in texts[1]
