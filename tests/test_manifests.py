@@ -289,7 +289,7 @@ BAD_INPUTS = [
     (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--command", "echo 'open"], "command: cannot be parsed"),
     (["--name", "a", "--tpu", "v6e-8"], "image: required"),
     (["--name", "a", "--image", "i"], "accelerator: required"),
-    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--max-restarts", "-1"], "max_restarts: must be >= 0"),
+    (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--max-restarts", "-1"], "max_restarts: must be 0..100"),
     (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--restartable-exit-codes", "42,x"], "restartable_exit_codes"),
     (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--restartable-exit-codes", "0"], "restartable_exit_codes"),
     (["--name", "a", "--tpu", "v6e-8", "--image", "i", "--storage", "s3://b/x"], "storage"),

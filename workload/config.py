@@ -263,7 +263,10 @@ def check_command_args(args: list[str], devices: int) -> Config | None:
         return None
     cfg = load_config(ns.preset, ns.overrides)
     batch = cfg.batch_size(devices)
-    if batch % devices:
+    # Only a batch the user chose is held against the shape: the default command's preset
+    # batch is what every rendered example starts from.
+    chosen = any(o.partition("=")[0].strip() == "global_batch" for o in ns.overrides)
+    if chosen and batch % devices:
         raise ValueError(f"workload config global_batch: {batch} does not split over {devices} "
                          f"devices; use a multiple of {devices} (or 0 for batch_per_device x devices)")
     return cfg
