@@ -125,7 +125,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("render-seq-len-0", R("--command", f"{TRAIN} seq_len=0"), 2, "seq_len"),
     ("render-unknown-config-key", R("--command", f"{TRAIN} bogus=1"), 2, "bogus"),
     ("render-unknown-train-flag", R("--command", f"{TRAIN} --nope"), 2, "--nope"),
-    ("render-bad-dtype", R("--command", f"python3 -u -m workload.train remat=maybe"), 2, "remat"),
+    ("render-bad-dtype", R("--command", "python3 -u -m workload.train remat=maybe"), 2, "remat"),
     ("render-bad-int", R("--command", f"{TRAIN} steps=ten && echo done"), 2, "steps"),
     # submit: the same refusals, and nothing written
     ("submit-bad-name", ["submit", "--name", "Bad_Name", *GOOD], 2, "name:"),

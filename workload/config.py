@@ -227,12 +227,12 @@ def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...
     return validate(Config(**values))
 
 
-def arg_parser():
+def arg_parser(exit_on_error: bool = False):
     """The command line of ``python -m workload.train`` (used by train and by the
     orchestrator's pre-submit check, which must not import jax)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m workload.train", exit_on_error=False,
+    p = argparse.ArgumentParser(prog="python -m workload.train", exit_on_error=exit_on_error,
                                 description="Train xrun's llama-style model with JAX.")
     p.add_argument("--config", help="YAML file of config keys (and optionally preset: NAME)")
     p.add_argument("--preset", help="named preset: tiny, bench-21m, 1b (default tiny)")

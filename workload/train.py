@@ -41,7 +41,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from workload.config import Config, describe, load_config, step_flops
+from workload.config import Config, arg_parser, describe, load_config, step_flops
 from workload.distributed import (
     Cluster,
     PlatformMismatch,
@@ -182,13 +182,9 @@ PROCESS_START = process_start_time()  # the startup timeline's zero
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m workload.train", description=__doc__.split("\n")[0])
-    p.add_argument("--config", help="YAML file of config keys (and optionally preset: NAME)")
-    p.add_argument("--preset", help="named preset: tiny, bench-21m, 1b (default tiny)")
-    p.add_argument("--storage", help=f"storage root (folder or gs://); overrides {Env.STORAGE}")
-    p.add_argument("--run-name", help=f"run name; overrides {Env.RUN_NAME}")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    return p.parse_args(argv)
+    """The command line, as ``workload.config.arg_parser`` defines it (the orchestrator checks
+    the same arguments before submitting)."""
+    return arg_parser(exit_on_error=True).parse_args(argv)
 
 
 def fail_at_step(cluster: Cluster) -> tuple[int, int] | None:
