@@ -458,8 +458,3 @@ class Checkpoints:
             self.manager.close()
         if self._watch is not None:
             self._watch.join(timeout=2)
-
-
-def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
