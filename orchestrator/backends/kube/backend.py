@@ -196,8 +196,6 @@ class KubeBackend:
         if e.status == 409:
             return XrunError(f"{what} already exists in namespace '{ns}'; use --replace or another name", EXIT_FAILED)
         if e.status in (400, 422):
-            if "admission webhook" in msg:  # JobSet >= 0.12 denies with 422 Invalid
-                return XrunError(f"{what} rejected by an admission webhook: {msg}", EXIT_FAILED)
             return XrunError(f"{what} rejected by the cluster ({e.status} {status_obj.get('reason') or e.reason}): {msg}", EXIT_FAILED)
         if e.status >= 500:
             return XrunError(f"Kubernetes API at {self._where()} failed ({e.status}): {msg}", EXIT_UNREACHABLE)
