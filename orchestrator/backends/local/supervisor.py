@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -269,20 +270,19 @@ class Supervisor:
 
     def stop_pods(self) -> None:
         """SIGTERM every live pod's process group, SIGKILL whatever outlives the grace period."""
-        live = [p for p in self.pods if p.proc and p.proc.poll() is None]
-        for p in live:
-            _signal_group(p.proc, signal.SIGTERM)
+        live = [(p, p.proc) for p in self.pods if p.proc and p.proc.poll() is None]
+        for _, proc in live:
+            _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_seconds
-        while time.monotonic() < deadline and any(p.proc.poll() is None for p in live):
+        while time.monotonic() < deadline and any(proc.poll() is None for _, proc in live):
             time.sleep(POLL_SECONDS)
-        for p in live:
-            _signal_group(p.proc, signal.SIGKILL)
-            p.proc.wait()
+        for p, proc in live:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
             if p.exited_at is None:
                 p.exited_at = time.monotonic()
             if p.exit_code is None:
-                rc = p.proc.returncode
-                p.exit_code = exit_code_of_returncode(rc)
+                p.exit_code = exit_code_of_returncode(proc.returncode)
 
     # -- main loop --------------------------------------------------------------------
     def run(self) -> int:
@@ -321,13 +321,13 @@ class Supervisor:
         while not self.stop_requested:
             exited = [p for p in self.pods if p.exit_code is None and p.exited_at is not None]
             for p in exited:
-                rc = p.proc.returncode
-                p.exit_code = exit_code_of_returncode(rc)
+                assert p.proc is not None  # exited_at is only set for a started pod
+                p.exit_code = exit_code_of_returncode(p.proc.returncode)
             if exited:
                 self.save()
             failed = [p for p in self.pods if p.exit_code not in (None, 0)]
             if failed:
-                return min(failed, key=lambda p: p.exited_at)
+                return min(failed, key=lambda p: p.exited_at or 0.0)
             if all(p.exit_code == 0 for p in self.pods):
                 return None
             time.sleep(POLL_SECONDS)
@@ -341,7 +341,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 PARENT_DEATH_SIGNAL = signal.SIGHUP  # workload.wrapper.PARENT_DEATH_SIGNAL
 
 
-def _die_with(parent: int):
+def _die_with(parent: int) -> Callable[[], None]:
     """preexec_fn: the pod gets PARENT_DEATH_SIGNAL when this supervisor dies, however it dies
     (prctl(2) PR_SET_PDEATHSIG; the wrapper then kills its child's process group). If the
     supervisor died between fork and prctl, the pod never starts."""
