@@ -105,7 +105,8 @@ def test_missing_program_fails_for_good_without_restarts(tmp_path):
     state = _state(store, "typo")
     assert state["state"] == "Failed" and state["restarts"] == 0
     assert f"code {COMMAND_NOT_FOUND_EXIT_CODE}" in state["message"]
-    assert {h["exit_code"] for h in state["hosts"].values()} == {COMMAND_NOT_FOUND_EXIT_CODE}
+    # The first host to fail decides; a slower one may have been stopped (143) meanwhile.
+    assert COMMAND_NOT_FOUND_EXIT_CODE in {h["exit_code"] for h in state["hosts"].values()}
 
 
 def test_wrapper_not_found_codes(tmp_path):
