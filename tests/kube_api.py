@@ -310,6 +310,7 @@ class KubeAPI:
         self.user = "tester"
         # Nodes whose kubelet the apiserver cannot reach: pod log requests proxied to it fail.
         self.kubelets_down: set[str] = set()
+        self.log_refused: list[tuple[str, int]] = []  # (pod, status) of log requests answered 5xx
         self.controller: JobSetController | None = None
         self.stopping = False
         self._server: _Server | None = None
@@ -698,7 +699,15 @@ class KubeAPI:
         with self.cond:
             if name is None and m == "POST":
                 body = req.body
+                # k8s.io/apiserver pkg/registry/rest/meta.go
+                # EnsureObjectNamespaceMatchesRequestNamespace: an object without a namespace
+                # takes the request's; a different one is refused.
+                body_ns = (body.get("metadata") or {}).get("namespace") if isinstance(body, dict) else None
+                if body_ns and body_ns != ns:
+                    return self._send(h, 400, status(400, "BadRequest", "the namespace of the provided object "
+                                                                        "does not match the namespace sent on the request"))
                 js, refusal, job_errors = self.admit_jobset(body)
+                js.setdefault("metadata", {})["namespace"] = ns
                 if refusal is not None:
                     return self._send(h, refusal["code"], refusal)
                 key = (ns, body["metadata"]["name"])
@@ -808,7 +817,7 @@ class KubeAPI:
                            if n == ns and match_labels(sel, o["metadata"].get("labels", {}))]
             else:
                 since = int(rv_param)
-                expire = expire or since < self.compacted_rv
+                expire = expire or since <= self.compacted_rv
             current = self.rv
         if expire:
             err = status(410, "Expired", f"too old resource version: {since} ({current})")
@@ -866,6 +875,7 @@ class KubeAPI:
             # The apiserver proxies the request to the node's kubelet (pod/rest/log.go,
             # LocationStreamer); a dial failure is not an API error: 500 with Go's error text.
             if node in self.kubelets_down:
+                self.log_refused.append((name, 500))
                 return self._send(h, 500, status(500, "InternalError", (
                     f'Get "https://{node}:10250/containerLogs/{ns}/{name}/workload": '
                     f"dial tcp {node}:10250: connect: connection refused")))
