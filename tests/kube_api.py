@@ -298,6 +298,7 @@ class KubeAPI:
         # same, and ``expired_as_status`` plays a server (or proxy) answering a plain HTTP 410.
         self.compacted_rv = 0
         self.expired_as_status = False
+        self.expired_sent = 0  # watches answered 410
         # cacher.go dispatchEvents: with allowWatchBookmarks, a BOOKMARK (only
         # metadata.resourceVersion) reaches quiet watchers; real period ~1 min, here short.
         self.bookmark_seconds = 0.1
@@ -820,6 +821,8 @@ class KubeAPI:
                 expire = expire or since <= self.compacted_rv
             current = self.rv
         if expire:
+            with self.cond:
+                self.expired_sent += 1
             err = status(410, "Expired", f"too old resource version: {since} ({current})")
             if self.expired_as_status:
                 return self._send(h, 410, err)
@@ -1215,12 +1218,13 @@ class JobSetController:
         fail = self.program.fail.get((host, attempt))
         due = int((now - rt["started"]) / self.program.line_every)
         while rt["emitted"] < min(due, self.program.lines):
-            if fail and rt["emitted"] == fail[0]:
-                self._exit(pod, fail[1])
-                return
+            if fail and rt["emitted"] >= fail[0]:
+                break
             self.api.log(meta["name"], self.program.text(host, attempt, rt["emitted"]))
             rt["emitted"] += 1
-        if rt["emitted"] >= self.program.lines and due > self.program.lines:
+        if fail and rt["emitted"] >= fail[0]:
+            self._exit(pod, fail[1])
+        elif rt["emitted"] >= self.program.lines and due > self.program.lines:
             self._exit(pod, self.program.exit_code)
 
     def _exit(self, pod: dict[str, Any], code: int) -> None:
