@@ -15,9 +15,17 @@ is refused at create too (``job_template_errors = "reject"``), or played as a re
 plays it (``"event"``: stored, JobCreationFailed, no pods).
 
 The world changes through methods (``put_pod``, ``set_jobset_status``, ``log``...), each
-mutation getting a resourceVersion and a watch event. ``script(phases, hold)`` plays a
-controller: phase 0 runs when the JobSet is created, and each later phase once the JobSet
-has been read ``hold`` times in the phase before, so a poller sees every state.
+mutation getting a resourceVersion and a watch event. ``JobSetController(api, Program(...))``
+is the cluster: JobSet, Job and scheduler controllers and kubelets on their own clock
+(restarts after the old pods' grace period, failure policies, TTL, Kueue's suspend, GKE's
+TPU webhook), each rule citing its upstream source. ``script(phases, hold)`` is the older,
+read-driven player (phase 0 at create, each later phase once the JobSet was read ``hold``
+times): kept for tests that walk a poller through every state, not for timing behaviour.
+
+Strict where the real server is: watches list first without a resourceVersion, expire with
+410 (in-stream or HTTP), send BOOKMARKs; pod logs answer 400 before a node is assigned and
+500 while the node's kubelet is unreachable; events expire and are selected by field;
+cluster-scoped reads can be RBAC-forbidden; an object's namespace must match the URL's.
 """
 
 from __future__ import annotations
