@@ -177,7 +177,7 @@ def check_flag_envs(env: dict[str, str], shape: catalogue.Shape) -> None:
     for flag in env.get("XLA_FLAGS", "").split():
         if flag.startswith(TPU_ONLY_FLAG_PREFIXES):
             raise XrunError(f"env: XLA_FLAGS carries the TPU flag {flag.split('=')[0]}, which jaxlib does not know "
-                            "(it aborts with 'Unknown flags in XLA_FLAGS'); put TPU flags in LIBTPU_INIT_ARGS")
+                            "(it aborts at start-up: 'Unknown flag in XLA_FLAGS'); put TPU flags in LIBTPU_INIT_ARGS")
     for flag in env.get("LIBTPU_INIT_ARGS", "").split():
         if flag.startswith(GPU_ONLY_FLAG_PREFIXES):
             raise XrunError(f"env: LIBTPU_INIT_ARGS carries the GPU flag {flag.split('=')[0]}, which libtpu does "
