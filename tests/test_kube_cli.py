@@ -67,7 +67,8 @@ def test_submit_follows_a_cluster_run_then_status_list_delete(api, kubeconfig, g
     r = xrun("status", "ct", "-o", "json", storage=root, KUBECONFIG=kubeconfig)
     view = json.loads(r.stdout)
     assert (view["state"], view["restarts"], view["backend"]) == ("Succeeded", 1, "kube")
-    assert [(h["host"], h["attempt"], h["state"]) for h in view["hosts"]] == [("0-0", 1, "Succeeded"), ("1-0", 1, "Succeeded")]
+    assert [(h["host"], h["attempt"], h["state"]) for h in view["hosts"]] == [
+        (host, 1, "Succeeded") for host in ("0-0", "0-1", "1-0", "1-1")]  # v6e-8: 2 hosts per slice
 
     r = xrun("list", "--context", "test-ctx", "-o", "json", storage=root, KUBECONFIG=kubeconfig)
     assert [(x["name"], x["state"], x.get("in_cluster")) for x in json.loads(r.stdout)] == [("ct", "Succeeded", True)]
