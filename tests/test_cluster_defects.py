@@ -393,8 +393,6 @@ def test_replace_waits_for_the_old_run_to_be_over(api, kubeconfig, gcs_bucket, t
     assert storage.exists(ckpt)
 
     # The JobSet ended and its TTL removed it: replacing is fine.
-    api.set_jobset_status("rp", conditions=[{"type": "Completed", "status": "True", "message": "done"}])
-    r = xrun("status", "rp", storage=root, timeout=60, KUBECONFIG=kubeconfig)
     api.jobsets.pop(("default", "rp"))
     r = xrun("submit", *flags, "--replace", storage=root, timeout=60, KUBECONFIG=kubeconfig)
     assert r.returncode == 0, r.stderr
