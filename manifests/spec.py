@@ -50,7 +50,9 @@ class RunSpec:
     )
     termination_grace_seconds: int = 120
     ttl_seconds_after_finished: int = 86400
-    service_account: str = ""  # Workload Identity for GCS; omitted when empty
+    # Pod serviceAccountName; omitted when empty. Not a GCS identity for TPU/GPU pods: they use
+    # hostNetwork, where GKE Workload Identity does not apply (the node's account does).
+    service_account: str = ""
     priority_class: str = ""  # pod priorityClassName
     queue: str = ""  # Kueue LocalQueue (label kueue.x-k8s.io/queue-name)
     kueue_priority: str = ""  # label kueue.x-k8s.io/priority-class
