@@ -663,7 +663,7 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
         t = rec.checkpoint_totals
         extra = []
         if t.get("deferred"):
-            extra.append(f"{int(t['deferred'])} saves deferred (taken after the previous one "
+            extra.append(f"{int(t['deferred'])} save(s) deferred (taken after the previous one "
                          "committed; no training time lost)")
         if t.get("exit_wait"):
             extra.append(f"{t['exit_wait']:.3f} s waiting for the last save to commit before exit "

@@ -186,7 +186,7 @@ def format_goodput(gp: dict[str, Any]) -> str:
         head += " (step times only)"
     tail = []
     if gp.get("deferred_saves"):
-        tail.append(f"{gp['deferred_saves']} saves deferred")
+        tail.append(f"{gp['deferred_saves']} save(s) deferred")
     if gp.get("exit_wait_s"):
         tail.append(f"exit wait {_dur(gp['exit_wait_s'])} (not a stall)")
     return head + (": " + ", ".join(parts) if parts else "") + (f" ({'; '.join(tail)})" if tail else "")
