@@ -202,3 +202,38 @@ def test_a_bad_label_is_bad_input(tmp_path, option, value):
     assert r.returncode == 2 and r.stdout == "" and not out.exists()
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and option in lines[0] and "branch@commit" in lines[0], r.stderr
+
+
+def test_older_orbax_wordings_read_the_same_way():
+    """Orbax releases before the event-tracking lines logged a save from
+    AsyncCheckpointer._save() (checkpoint/orbax/checkpoint/_src/checkpointers/
+    async_checkpointer.py): "[process=N] Started async saving checkpoint to DIR.", "Finished
+    blocking save in N seconds. Continuing to save asynchronously to DIR." (its timer starts
+    before wait_until_finished(), so the wait is inside), and the commit as "Finished
+    async_save (blocking + background). Time taken: Ns. directory=DIR" (the form
+    GoogleCloudPlatform/ml-auto-solutions greps for); Checkpointer.restore() logs
+    "Restoring checkpoint from DIR."."""
+    prefix = "I0105 10:00:{:02d}.000000 1 {}] "
+    lines = [
+        prefix.format(0, "checkpointer.py:200") + "Restoring checkpoint from gs://b/run/checkpoints/40.",
+        prefix.format(1, "metric_logger.py:265") + "completed step: 41, seconds: 9.000, TFLOP/s/device: 1.0, "
+        "Tokens/s/device: 10.0, total_weights: 8, loss: 3.0",
+        prefix.format(2, "checkpoint_manager.py:1408") + "[process=0] Saving checkpoint at step 50",
+        prefix.format(2, "async_checkpointer.py:439") + "[process=0] Started async saving checkpoint to "
+        "gs://b/run/checkpoints/50.",
+        prefix.format(9, "async_checkpointer.py:470") + "Finished blocking save in 7.25 seconds. Continuing "
+        "to save asynchronously to gs://b/run/checkpoints/50.",
+        prefix.format(30, "async_checkpointer.py:300") + "Finished async_save (blocking + background). "
+        "Time taken: 28.161461s. directory=gs://b/run/checkpoints/50",
+        prefix.format(40, "checkpoint_manager.py:1408") + "[process=0] Saving checkpoint at step 60",
+        prefix.format(40, "async_checkpointer.py:470") + "Finished blocking save. Time taken: 1.50s. "
+        "Continuing background save to gs://b/run/checkpoints/60.",
+    ]
+    p = LogParser(year=2026)
+    p.feed("\n".join(lines) + "\n")
+    rec = p.finish()
+    assert [(e["event"], e["step"]) for e in rec.checkpoints][:4] == [
+        ("restored", 40), ("started", 50), ("blocked", 50), ("committed", 50)]
+    assert events(rec, "blocked")[50] == 7.25 and events(rec, "committed")[50] == pytest.approx(28.161461)
+    assert rec.absorbed_stalls == {(0, 51): 7.25, (0, 61): 1.5} and rec.checkpoint_totals["saves"] == 2
+    assert list(rec.steps.step) == [41] and rec.steps.attempt[0] == 0  # resumed after step 40
