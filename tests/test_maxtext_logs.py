@@ -237,3 +237,11 @@ def test_older_orbax_wordings_read_the_same_way():
     assert events(rec, "blocked")[50] == 7.25 and events(rec, "committed")[50] == pytest.approx(28.161461)
     assert rec.absorbed_stalls == {(0, 51): 7.25, (0, 61): 1.5} and rec.checkpoint_totals["saves"] == 2
     assert list(rec.steps.step) == [41] and rec.steps.attempt[0] == 0  # resumed after step 40
+
+
+def test_the_comparison_says_where_a_resumed_run_started(resume, stall):
+    c = compare(stall, resume)
+    assert "resume: resumed from checkpoint step 19 (5 found)." in c.notes
+    d = c.to_dict()
+    assert d["candidate"]["checkpoint"]["restored_step"] == 19 and d["base"]["checkpoint"]["restored_step"] is None
+    assert d["candidate"]["checkpoint"]["found_at_start"] == 5

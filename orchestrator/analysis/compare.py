@@ -340,7 +340,11 @@ class Comparison:
                 "steady_steps": len(fig.steady_seconds), "steady_median_s": fig.steady_median,
                 "steady_median_ci95_s": median_ci(fig.steady_seconds),
                 "time_to_first_step_s": fig.time_to_first_step, "goodput": fig.goodput,
-                "checkpoint": {**rec.checkpoint_totals, "stall_total_s": fig.stall_total},
+                "checkpoint": {**rec.checkpoint_totals, "stall_total_s": fig.stall_total,
+                               "stall_in_steps_s": fig.stall_in_steps,
+                               "restored_step": _restored_step(rec),
+                               "found_at_start": rec.checkpoints_found},
+                "failure": rec.failure,
                 "notes": rec.notes,
             }
 
@@ -563,6 +567,14 @@ def confounders(base: RunRecord, cand: RunRecord, fb: RunFigures, fc: RunFigures
     return w
 
 
+def _restored_step(rec: RunRecord) -> int | None:
+    """The step the run's first attempt restored (a resumed run), if it did."""
+    for ev in rec.checkpoints:
+        if ev["event"] == "restored":
+            return ev["step"]
+    return None
+
+
 def _direction(row: Row) -> int:
     """+1 the candidate looks better on this row, -1 worse, 0 no change or unknown."""
     if row.delta is None or row.delta == 0 or row.better is None:
@@ -662,6 +674,10 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
     for rec, lab in ((base, lb), (cand, lc)):
         t = rec.checkpoint_totals
         extra = []
+        restored = _restored_step(rec)
+        if restored is not None:
+            found = f" ({rec.checkpoints_found} found)" if rec.checkpoints_found else ""
+            extra.append(f"resumed from checkpoint step {restored}{found}")
         if t.get("deferred"):
             extra.append(f"{int(t['deferred'])} save(s) deferred (taken after the previous one "
                          "committed; no training time lost)")

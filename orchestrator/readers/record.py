@@ -239,6 +239,8 @@ class RunRecord:
         and the next are both kept out of steady state. "exit_wait" (the last save
         committing before the process exits) is not a stall: no step waits for it.
         "deferred" saves are counted: they cost no training time, only checkpoint age.
+        Readers add "device_wait" (MaxText's ``block_until_ready`` before a save: the
+        device finishing the step, not a stall) to the contract's events.
         """
         totals = self.checkpoint_totals
         if event in ("blocked", "waited", "committed") and seconds is not None:
