@@ -3,10 +3,11 @@
 A diff is marked *improved* or *regressed* only when a two-sided Mann-Whitney U test on the
 per-step samples rejects "same distribution" at ``alpha`` (benchstat's method: medians as
 the summary, a rank test as the judge); otherwise it is *within noise*. One-value figures
-(time to first step, memory, goodput) have no noise estimate and are never marked by sign.
-``exit_code`` is 1 only for a significant regression beyond the threshold on a gating row
-(step time, throughput, loss, checkpoint stalls) or a candidate that failed where the base
-did not. Everything that makes a comparison unfair is said above the table.
+(the last step's TFLOP/s and Tok/s, time to first step, memory, goodput) have no noise
+estimate and are never marked by sign. ``exit_code`` is 1 only for a significant regression
+beyond the threshold on a gating row (step times, loss, checkpoint stalls) or a candidate
+that failed where the base did not. Everything that makes a comparison unfair is said above
+the table, including a familiar row that points the other way than the steady-state row.
 
 Pure standard library: the CLI is installed without numpy.
 """
@@ -664,7 +665,7 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
                      f"{format_goodput(fig.goodput)}.")
     n.append(f"Marks: two-sided Mann-Whitney U test on per-step samples at alpha={alpha:g}; 'within noise' "
              f"means p >= {alpha:g}. The exit code is 1 for a significant regression of at least "
-             f"{threshold:g}% in Final loss, TFLOP/s, Tok/s, Avg s/step, steady-state s/step or checkpoint "
+             f"{threshold:g}% in Final loss, Avg s/step, steady-state s/step or checkpoint "
              "stalls, or a failed candidate.")
     for row in rows:
         if row.note:
