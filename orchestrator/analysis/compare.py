@@ -614,7 +614,8 @@ def disagreements(rows: list[Row], fb: RunFigures, fc: RunFigures, lc: str,
         moved = row.delta_pct is not None and abs(row.delta_pct) >= threshold_pct
         if name in samples and moved:
             sds = [_robust_sd(x) for x in samples[name]]
-            noise = math.hypot(*sds) if None not in sds else None
+            known = [sd for sd in sds if sd is not None]
+            noise = math.hypot(*known) if len(known) == len(sds) else None
             moved = noise is not None and abs(row.delta or 0.0) > 3 * noise
         if not (moved or honest.verdict in ("improved", "regressed")):
             continue
@@ -676,22 +677,22 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
              "steps.")
     for rec, lab in ((base, lb), (cand, lc)):
         t = rec.checkpoint_totals
-        extra = []
+        said: list[str] = []
         restored = _restored_step(rec)
         if restored is not None:
             found = f" ({rec.checkpoints_found} found)" if rec.checkpoints_found else ""
-            extra.append(f"resumed from checkpoint step {restored}{found}")
+            said.append(f"resumed from checkpoint step {restored}{found}")
         if t.get("deferred"):
-            extra.append(f"{int(t['deferred'])} save(s) deferred (taken after the previous one "
+            said.append(f"{int(t['deferred'])} save(s) deferred (taken after the previous one "
                          "committed; no training time lost)")
         if t.get("exit_wait"):
-            extra.append(f"{t['exit_wait']:.3f} s waiting for the last save to commit before exit "
+            said.append(f"{t['exit_wait']:.3f} s waiting for the last save to commit before exit "
                          "(not a stall)")
         for key, what in (("restore_failed", "restores failed"), ("write_failed", "writes failed")):
             if t.get(key):
-                extra.append(f"{int(t[key])} checkpoint {what}")
-        if extra:
-            n.append(f"{lab}: " + "; ".join(extra) + ".")
+                said.append(f"{int(t[key])} checkpoint {what}")
+        if said:
+            n.append(f"{lab}: " + "; ".join(said) + ".")
     loss_row = rows[1]
     if loss_row.verdict not in ("identical", "missing") and not config_diff(base.config, cand.config):
         n.append("The losses differ although the configs match: the two sides are not numerically "

@@ -25,6 +25,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.readers.record import RunRecord, _float
 from xrun_contract import (
@@ -410,7 +411,8 @@ class LogParser:
             seconds = _float(groups["seconds"]) if "seconds" in groups else None
             if event == "restored":
                 self._restored(st, int(m["step"]))
-            extra = {"previous": int(groups["previous"]) if "previous" in groups else None,
+            extra: dict[str, Any] = {
+                     "previous": int(groups["previous"]) if "previous" in groups else None,
                      "error": groups.get("error"),
                      "process": int(groups["process"]) if "process" in groups else None}
             rec.add_checkpoint(event, int(m["step"]), seconds, st.attempt, ts, **extra)
