@@ -32,7 +32,7 @@ def backend_for(kubeconfig: str, namespace: str | None = "default") -> KubeBacke
 
 
 def manifest(name: str, **extra: Any) -> dict:
-    flags = {"name": name, "accelerator": "v6e-8", "num_slices": 2, "image": "img:1",
+    flags = {"name": name, "accelerator": "v6e-8", "num_slices": 1, "image": "img:1",
              "storage": "gs://xrun-bucket/runs", "backend": "kube", "namespace": "default", **extra}
     return jobset(build_spec({}, flags))
 
@@ -64,7 +64,7 @@ def test_controller_runs_on_its_own_clock_and_restarts_after_the_grace_period(ap
     """Nobody reads the JobSet, yet it runs, loses a pod to SIGKILL (137: restartable),
     restarts once the old pods are gone, and completes; then its TTL deletes it."""
     backend_for(kubeconfig).submit(manifest("clock"))
-    program = Program(lines=4, line_every=0.01, fail={("1-0", 0): (2, 137)}, sigterm_seconds=1.0)
+    program = Program(lines=4, line_every=0.01, fail={("0-1", 0): (2, 137)}, sigterm_seconds=1.0)
     JobSetController(api, program, ttl_after_finished=0.1).start()
     api.wait_for(lambda: ("default", "clock") not in api.jobsets, timeout=20)
     assert [r.path for r in api.requests if "/jobsets/clock" in r.path] == []  # no reads drove it
@@ -75,7 +75,7 @@ def test_controller_runs_on_its_own_clock_and_restarts_after_the_grace_period(ap
     # 0-0 got SIGTERM and ignored it for the whole grace period (120 s x time_scale): SIGKILL.
     marked = next(rv for rv, t, o in pods if attempt_of(o) == 0 and o["metadata"].get("deletionTimestamp"))
     killed = next(o for rv, t, o in pods if attempt_of(o) == 0 and o["metadata"].get("deletionTimestamp")
-                  and o["status"]["phase"] == "Failed" and o["metadata"]["labels"]["jobset.sigs.k8s.io/job-index"] == "0")
+                  and o["status"]["phase"] == "Failed" and o["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "0")
     assert killed["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 137
     last_old_gone = max(rv for rv, t, o in pods if attempt_of(o) == 0 and t == "DELETED")
     first_new = min(rv for rv, t, o in pods if attempt_of(o) == 1)
@@ -83,8 +83,8 @@ def test_controller_runs_on_its_own_clock_and_restarts_after_the_grace_period(ap
     reasons = [e["reason"] for e in api.events if e["involvedObject"]["name"] == "clock"]
     assert reasons == ["Restarting", "AllJobsCompleted"]
     lines = {text for pod in api.logs.values() for _, text in pod}
-    assert {"host 1-0 attempt 0 line 1", "host 1-0 attempt 1 line 3"} <= lines
-    assert "host 1-0 attempt 0 line 2" not in lines  # killed before it
+    assert {"host 0-1 attempt 0 line 1", "host 0-1 attempt 1 line 3"} <= lines
+    assert "host 0-1 attempt 0 line 2" not in lines  # killed before it
 
 
 def test_failure_policy_a_user_error_fails_the_jobset_without_restart(api, kubeconfig):
@@ -185,7 +185,7 @@ def test_gke_tpu_webhook_injects_only_under_its_preconditions(api, kubeconfig):
     assert gke_tpu_env(pod, job, "tpu-slice-0")
     assert env(pod)["TPU_WORKER_ID"] == "1"
     assert env(pod)["TPU_WORKER_HOSTNAMES"] == ",".join(f"tpu-slice-0-{i}.tpu" for i in range(4))
-    single = manifest("one", accelerator="v6e-8", num_slices=1)  # 1 host: parallelism 1
+    single = manifest("one", accelerator="v6e-8-single-host", num_slices=1)  # 1 host: parallelism 1
     pod, job = pod_of(single, 0)
     assert not gke_tpu_env(pod, job, "one-slice-0") and "TPU_WORKER_ID" not in env(pod)
     pod, job = pod_of(multi)
@@ -239,7 +239,7 @@ def test_namespace_comes_from_the_kubeconfig_context(api, tmp_path, gcs_bucket):
 
 def test_status_lists_events_by_field_selector_and_keeps_job_failed_create(api, kubeconfig):
     backend = backend_for(kubeconfig)
-    backend.submit(manifest("fc"))
+    backend.submit(manifest("fc", num_slices=2))
     api.add_event("Pod", "someone-else", "FailedScheduling", "not ours")
     JobSetController(api, create_error='pods "fc-slice-0-0" is forbidden: exceeded quota: tpu').start()
     api.wait_for(lambda: len([e for e in api.events if e["reason"] == "FailedCreate"]) == 2)
@@ -261,8 +261,8 @@ def test_logs_follow_across_kubelet_500_and_expired_watches(api, kubeconfig):
     reader.start()
     api.wait_for(lambda: api.requests_to("GET", "^/api/v1/namespaces/default/pods$"))
     JobSetController(api, program).start()
-    api.wait_for(lambda: any(t == "host 1-0 attempt 0 line 3" for lines in api.logs.values() for _, t in lines))
-    pod = next(p for p in api.pods_of("fl") if p["metadata"]["labels"]["jobset.sigs.k8s.io/job-index"] == "1")
+    api.wait_for(lambda: any(t == "host 0-1 attempt 0 line 3" for lines in api.logs.values() for _, t in lines))
+    pod = next(p for p in api.pods_of("fl") if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "1")
     name = pod["metadata"]["name"]
     api.kubelets_down.add(pod["spec"]["nodeName"])  # the open stream drops, reopening gets 500
     api.wait_for(lambda: sum(1 for p, code in api.log_refused if p == name) >= 2)
@@ -287,7 +287,7 @@ def test_logs_follow_across_kubelet_500_and_expired_watches(api, kubeconfig):
     served = sorted((t for lines in api.logs.values() for _, t in lines))
     got = [text for _, _, text in out]
     assert sorted(got) == served and len(got) == len(set(got)), sorted(set(served) - set(got))  # every line once
-    assert {(h, a) for h, a, _ in out} == {("0-0", 0), ("1-0", 0), ("0-0", 1), ("1-0", 1)}
+    assert {(h, a) for h, a, _ in out} == {("0-0", 0), ("0-1", 0), ("0-0", 1), ("0-1", 1)}
     assert api.jobsets[("default", "fl")]["status"]["restarts"] == 1
 
 
@@ -296,12 +296,12 @@ def test_kill_and_restart_logs_once_and_status_outlives_the_jobset(api, kubeconf
     ``xrun logs -f`` shows every line once, ``xrun status`` says Succeeded before and after
     the JobSet's TTL deleted it."""
     root = f"{gcs_bucket}/xrun"
-    flags = ["--name", "kr", "--tpu", "v6e-8", "--num-slices", "2", "--image", "img:1", "--context", "test-ctx"]
+    flags = ["--name", "kr", "--tpu", "v6e-8", "--image", "img:1", "--context", "test-ctx"]  # 2 hosts
     r = xrun("submit", *flags, "--detach", storage=root, KUBECONFIG=kubeconfig)
     assert r.returncode == 0, r.stderr
     logs = xrun_popen("logs", "kr", "-f", storage=root, KUBECONFIG=kubeconfig)
     api.wait_for(lambda: [r for r in api.requests_to("GET", "/pods$") if r.query.get("watch") == "true"], timeout=60)
-    program = Program(lines=10, line_every=0.05, fail={("1-0", 0): (4, 137)}, sigterm_seconds=0.05)
+    program = Program(lines=10, line_every=0.05, fail={("0-1", 0): (4, 137)}, sigterm_seconds=0.05)
     ctl = JobSetController(api, program, ttl_after_finished=3600.0).start()
     stdout, stderr = logs.communicate(timeout=90)
     assert logs.returncode == 0, stderr
@@ -309,8 +309,8 @@ def test_kill_and_restart_logs_once_and_status_outlives_the_jobset(api, kubeconf
     served = [f"[{t.split()[1]}{'' if t.split()[3] == '0' else ' #' + t.split()[3]}] {t}"
               for lines in api.logs.values() for _, t in lines]
     assert sorted(printed) == sorted(served) and len(printed) == len(set(printed))
-    assert "[1-0] host 1-0 attempt 0 line 3" in printed and "[1-0 #1] host 1-0 attempt 1 line 9" in printed
-    assert "[1-0] host 1-0 attempt 0 line 4" not in printed
+    assert "[0-1] host 0-1 attempt 0 line 3" in printed and "[0-1 #1] host 0-1 attempt 1 line 9" in printed
+    assert "[0-1] host 0-1 attempt 0 line 4" not in printed
     js = api.jobsets.get(("default", "kr"))
     assert js and js["status"]["restarts"] == 1
     r = xrun("status", "kr", "-o", "json", storage=root, KUBECONFIG=kubeconfig)
