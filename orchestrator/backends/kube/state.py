@@ -195,7 +195,7 @@ def jobset_state(jobset: dict[str, Any], hosts: list[HostStatus] | None) -> tupl
 
 
 def summarize_events(events: list[dict[str, Any]], jobset_name: str, pod_names: set[str],
-                     job_names: set[str] = frozenset()) -> list[str]:
+                     job_names: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """The recent events about this JobSet, its Jobs, its pods and its Kueue workload, one
     line each."""
     mine = []
