@@ -52,7 +52,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--restartable-exit-codes",), {"metavar": "CODES", "help": "Comma list of exit codes that restart the run (default 42,127-255)."}),
     (("--termination-grace-seconds",), {"type": int, "help": "Pod grace period. Default 120."}),
     (("--ttl-seconds-after-finished",), {"type": int, "help": "JobSet TTL. Default 86400."}),
-    (("--service-account",), {"help": "Pod service account (Workload Identity for GCS)."}),
+    (("--service-account",), {"help": "Pod service account. TPU/GPU pods use hostNetwork, where Workload Identity does not apply: GCS sees the node pool's account ('xrun doctor' checks)."}),
     (("--priority-class",), {"help": "Pod priorityClassName."}),
     (("--queue",), {"help": "Kueue LocalQueue name."}),
     (("--kueue-priority",), {"help": "Kueue WorkloadPriorityClass name."}),
@@ -61,7 +61,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--commit",), {"help": "Commit the image was built from (for reports)."}),
     (("--backend",), {"type": click.Choice(["local", "kube"]), "help": "Default: kube when a --context is named, else local."}),
     (("--context",), {"help": "kubeconfig context (selects the GKE backend)."}),
-    (("-n", "--namespace"), {"help": "Kubernetes namespace. Default 'default'."}),
+    (("-n", "--namespace"), {"help": "Kubernetes namespace. Default: the kubeconfig context's."}),
 ]
 
 
@@ -114,8 +114,9 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--follow", "follow_logs", is_flag=True, help="Stream every host's log while following.")
 @click.option("--dry-run", is_flag=True, help="Print the manifest that would be submitted; submit and write nothing.")
 @click.option("--replace", is_flag=True, help="Replace a finished run of the same name (its stored data is removed).")
+@click.option("--force", is_flag=True, help="With --replace: also when the old run is still live (it is stopped first).")
 @storage_timeout_option
-def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, **opts: Any) -> int:
+def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force: bool, **opts: Any) -> int:
     """Submit a run and follow it until it ends.
 
     Without --context the run executes on this machine: the rendered JobSet's pods become
@@ -133,7 +134,7 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, **opts
     if dry_run:
         click.echo(runs.dump_yaml(runs.render(spec)), nl=False)
         return EXIT_OK
-    sub = runs.submit(spec, replace=replace)
+    sub = runs.submit(spec, replace=replace, force=force)
     slices = f" x{spec.slices} slices" if spec.slices > 1 else ""
     info(f"submitted {spec.name} ({spec.backend_name} backend, {spec.accelerator}{slices}); storage {sub.url}")
     if detach:
@@ -292,7 +293,7 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
 @storage_option
 @OUTPUT
 @click.option("--context", default=None, help="Also list xrun JobSets in this cluster context.")
-@click.option("-n", "--namespace", default="default", show_default=True)
+@click.option("-n", "--namespace", default=None, help="Default: the kubeconfig context's namespace.")
 def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str) -> int:
     """List runs under the storage root, newest first, with their state.
 

@@ -61,12 +61,13 @@ def dump_yaml(obj: Any) -> str:
 # Backends
 
 
-def backend_for(kind: str, storage_root: str, context: str = "", namespace: str = "default") -> Backend:
-    """The backend a run was (or is to be) submitted to."""
+def backend_for(kind: str, storage_root: str, context: str = "", namespace: str | None = None) -> Backend:
+    """The backend a run was (or is to be) submitted to; no namespace means the kubeconfig
+    context's (as kubectl)."""
     if kind == "kube":
         from orchestrator.backends.kube.backend import KubeBackend
 
-        return KubeBackend(context or None, namespace or "default")
+        return KubeBackend(context or None, namespace or None)
     from orchestrator.backends.local import LocalBackend
 
     return LocalBackend(storage_root)
@@ -92,7 +93,7 @@ def backend_of(storage: Storage, name: str, context: str | None = None,
     run = run_info(storage, name)
     kind = run.get("backend", "local")
     ctx = context if context is not None else run.get("context", "")
-    ns = namespace or run.get("namespace", "default")
+    ns = namespace or run.get("namespace") or None
     return backend_for(kind, storage.root, ctx, ns)
 
 
@@ -120,7 +121,11 @@ def record_state(storage: Storage, name: str, status: BackendStatus, backend: st
     if current.get("state") == status.state and current.get("restarts", 0) == status.restarts:
         return
     now = time.time()
-    current.update(state=status.state, restarts=status.restarts, message=status.message, updated=now)
+    # Restarts only grow: a view rebuilt after the JobSet is gone (from its events) may know fewer.
+    restarts = max(status.restarts, int(current.get("restarts") or 0))
+    if current.get("state") == status.state and current.get("restarts", 0) == restarts:
+        return
+    current.update(state=status.state, restarts=restarts, message=status.message, updated=now)
     if status.hosts and backend != "local":
         current["hosts"] = {h.host: {k: v for k, v in h.as_dict().items() if k != "host"}
                             for h in status.hosts}
@@ -230,12 +235,16 @@ class Submitted:
         return self.storage.url(Layout.run(self.spec.name))
 
 
-def submit(spec: RunSpec, *, replace: bool = False) -> Submitted:
+def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Submitted:
     """Write manifest.yaml and run.json under the run's folder, then hand the manifest to the
-    backend. ``replace`` removes a finished run of the same name first.
+    backend. ``replace`` removes an earlier run of the same name first (its stored data and
+    checkpoints with it), and only once that run is over as its backend and state.json say
+    and no process of it lives; ``force`` replaces a live one too, stopping it first.
 
     Exclusive per name: run.json is created atomically (``Storage.create_exclusive``: O_EXCL
     locally, ifGenerationMatch=0 on GCS), so of racing submits exactly one starts."""
+    if force and not replace:
+        raise XrunError("--force: only with --replace (it replaces a run that is still live)")
     manifest = render(spec)
     storage = _open(spec.storage)
     backend = backend_for_spec(spec)
@@ -246,7 +255,7 @@ def submit(spec: RunSpec, *, replace: bool = False) -> Submitted:
     }
     data = (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode()
     if not _create(storage, Layout.run_json(spec.name), data):
-        _make_room(storage, spec, backend, replace)
+        _make_room(storage, spec, backend, replace, force)
         if not _create(storage, Layout.run_json(spec.name), data):
             raise XrunError(f"name: another submit of {spec.name!r} won the race under "
                             f"{storage.root}; choose another name")
@@ -257,6 +266,9 @@ def submit(spec: RunSpec, *, replace: bool = False) -> Submitted:
     except Exception as e:  # noqa: BLE001
         raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
     backend.submit(manifest, replace=replace)
+    resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
+    if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
+        storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
     return Submitted(spec, manifest, storage, backend)
 
 
@@ -269,21 +281,57 @@ def _create(storage: Storage, key: str, data: bytes) -> bool:
         raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
 
 
-def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool) -> None:
-    """A run of this name exists: refuse unless ``replace`` and nothing of it is alive."""
-    live = observe(storage, spec.name, backend) if spec.backend_name == "local" else None
-    if live is not None and not is_terminal(live.state):
-        raise XrunError(f"name: run {spec.name!r} is {live.state}; choose another name or "
-                        f"'xrun delete {spec.name}'")
+def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool,
+               force: bool) -> None:
+    """A run of this name exists: refuse unless ``replace``, the old run is over
+    (:func:`_retire`) and no process of it lives (the OS's view, not only state.json's)."""
     if not replace:
+        live = observe(storage, spec.name, backend) if spec.backend_name == "local" else None
+        if live is not None and not is_terminal(live.state):
+            raise XrunError(f"name: run {spec.name!r} is {live.state}; choose another name or "
+                            f"'xrun delete {spec.name}'")
         raise XrunError(f"name: run {spec.name!r} already exists under {storage.root}; "
                         "use --replace or another name")
+    _retire(storage, spec, force)
     procs = getattr(backend, "live_processes", None)
     pids = procs(spec.name) if procs else []
+    if pids and force:  # orphans of a dead supervisor: --force stops them too
+        backend.delete(spec.name, wait=True)
+        pids = procs(spec.name) if procs else []
     if pids:
         raise XrunError(f"name: run {spec.name!r} still has {len(pids)} live process(es) "
                         f"(pids {', '.join(map(str, pids[:8]))}); 'xrun delete {spec.name}' first")
     storage.delete_prefix(Layout.run(spec.name))
+
+
+def _retire(storage: Storage, spec: RunSpec, force: bool) -> None:
+    """Make sure the stored run ``spec.name`` is over before --replace removes its data.
+
+    Asks the backend the run was submitted to (run.json's backend, context and namespace):
+    no such run there (finished and removed, e.g. by the JobSet's TTL) or a terminal state is
+    over. A live run is refused unless ``force``, which stops it first (its pods would go on
+    writing checkpoints into the replacement's folder). When the backend cannot be asked,
+    state.json decides: a recorded terminal state is over, anything else is refused (exit 3)."""
+    name = spec.name
+    recorded = (_read(storage, Layout.state(name)) or {}).get("state", "")
+    try:
+        old = backend_of(storage, name)
+    except XrunError:
+        old = backend_for_spec(spec)
+    try:
+        live = old.status(name)
+    except XrunError as e:
+        if is_terminal(recorded):
+            return
+        raise XrunError(f"name: cannot tell whether run {name!r} is over ({e}); --replace removes its "
+                        "checkpoints only once it is: retry when the cluster answers", e.exit_code) from None
+    if live is None or is_terminal(live.state):
+        return
+    record_state(storage, name, live, old.name)
+    if not force:
+        raise XrunError(f"name: run {name!r} is {live.state} on the {old.name} backend; --replace would delete "
+                        f"its checkpoints: wait for it to end, 'xrun delete {name}', or add --force")
+    old.delete(name, wait=True)
 
 
 def _open(root: str) -> Storage:
