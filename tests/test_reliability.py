@@ -89,7 +89,16 @@ def test_delete_and_replace_find_orphans_from_the_os(tmp_path):
         assert r.returncode == 0 and "stopped ghost" in r.stderr, r.stderr
         assert orphan.wait(timeout=10) == -signal.SIGTERM
         assert other.poll() is None
-        assert _state(store, "ghost")["state"] == "Failed"  # observed: its supervisor is gone
+        assert _state(store, "ghost")["state"] == "Deleted"
+        # --replace --force stops such orphans itself, then starts the new run.
+        orphan2 = subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+        _wait(lambda: orphan2.pid in run_processes(str(store), "ghost"), 5, "orphan not found")
+        r = xrun("submit", "--name", "ghost", *SLEEPER, "--replace", "--force", "--detach",
+                 storage=store)
+        assert r.returncode == 0, r.stderr
+        assert orphan2.wait(timeout=10) == -signal.SIGTERM
+        assert xrun("delete", "ghost", storage=store).returncode == 0
+        assert not run_processes(str(store), "ghost")
     finally:
         for p in (orphan, other):
             p.kill()
