@@ -8,11 +8,14 @@ them), never set to None or "".
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 from manifests import types as t
+from manifests.catalogue import Networking, Shape
 from manifests.spec import RunSpec
-from xrun_contract import Env
+from xrun_contract import GKE_NVIDIA_LIB64, JAX_PLATFORMS_FOR, Env
 from xrun_contract.k8s import (
     JOBSET_API_VERSION,
     JOBSET_KIND,
@@ -94,9 +97,55 @@ def container_env(spec: RunSpec) -> list[t.EnvVar]:
     if multislice:
         env.append(_field_env(Env.MEGASCALE_SLICE_ID, FieldPaths.JOB_GLOBAL_INDEX))
     env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in static.items()]
+    # Platform env (driver path, JAX platform, the networking stack's NCCL settings): the
+    # user's env of the same name replaces it rather than appearing twice.
+    env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in platform_env(shape).items()
+            if k not in spec.env]
     # An empty value is expressed by leaving "value" out (Kubernetes reads it as "").
     env += [t.EnvVar(name=k, value=k8s_escape(v) if v else None) for k, v in spec.env.items()]
     return env
+
+
+def platform_env(shape: Shape) -> dict[str, str]:
+    """What a GPU container needs to find its driver and NCCL plugin and to refuse CPU:
+    ``LD_LIBRARY_PATH`` with GKE's driver mount, ``JAX_PLATFORMS`` pinned, and the
+    networking stack's env (accelerators.yaml)."""
+    if shape.kind != "gpu":
+        return {}
+    out = {"LD_LIBRARY_PATH": GKE_NVIDIA_LIB64, "JAX_PLATFORMS": JAX_PLATFORMS_FOR["gpu"]}
+    if shape.networking:
+        out.update(shape.networking.env)
+    return out
+
+
+def interfaces_annotation(stack: Networking) -> str:
+    """GKE multi-networking: eth0 on the pod network, eth1.. on the stack's Networks."""
+    nics = [{"interfaceName": "eth0", "network": "default"}]
+    nics += [{"interfaceName": f"eth{i}", "network": n} for i, n in enumerate(stack.networks, 1)]
+    return json.dumps(nics, separators=(",", ":"))
+
+
+def pod_annotations(spec: RunSpec) -> dict[str, str]:
+    """Pod-template annotations: the GPU networking stack's (interfaces, device access)."""
+    stack = spec.shape.networking
+    if stack is None:
+        return {}
+    out = dict(stack.annotations)
+    if stack.networks:
+        out[Annotations.DEFAULT_INTERFACE] = "eth0"
+        out[Annotations.NETWORK_INTERFACES] = interfaces_annotation(stack)
+    return out
+
+
+def decorate_gpu(pod: t.PodSpec, container: t.Container, stack: Networking) -> None:
+    """Add a networking stack's volumes, native sidecars, mounts and tolerations (copies:
+    the catalogue's objects are shared)."""
+    pod.volumes += copy.deepcopy(list(stack.volumes))
+    for sidecar in copy.deepcopy(list(stack.sidecars)):
+        sidecar.restart_policy = "Always"  # a native sidecar: the Job ends with the workload
+        pod.init_containers.append(sidecar)
+    container.volume_mounts += copy.deepcopy(list(stack.mounts))
+    pod.tolerations += copy.deepcopy(list(stack.tolerations))
 
 
 def pod_failure_policy(spec: RunSpec) -> t.PodFailurePolicy:
@@ -142,7 +191,10 @@ def pod_spec(spec: RunSpec) -> t.PodSpec:
         container.resources = _accelerator_resources(GPU_RESOURCE, shape.devices_per_vm)
         pod.node_selector = {Labels.GPU_ACCELERATOR: shape.gke_accelerator}
         pod.tolerations = [t.Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")]
-    if shape.kind in ("tpu", "gpu"):
+        if shape.networking:
+            decorate_gpu(pod, container, shape.networking)
+    # A GPU stack attaches its NICs through networking.gke.io annotations: no hostNetwork.
+    if shape.kind == "tpu" or (shape.kind == "gpu" and not (shape.networking and shape.networking.networks)):
         pod.host_network = True
         pod.dns_policy = "ClusterFirstWithHostNet"
     if spec.service_account:
@@ -179,7 +231,8 @@ def build(spec: RunSpec) -> t.JobSet:
             completion_mode="Indexed",
             backoff_limit=0,
             pod_failure_policy=pod_failure_policy(spec),
-            template=t.PodTemplateSpec(metadata=t.ObjectMeta(labels=dict(run_label)),
+            template=t.PodTemplateSpec(metadata=t.ObjectMeta(labels=dict(run_label),
+                                                             annotations=pod_annotations(spec)),
                                        spec=pod_spec(spec)),
         ),
     )

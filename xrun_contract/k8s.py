@@ -50,6 +50,9 @@ class Annotations:
     JOB_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
     # One Job (slice) per node pool: JobSet's exclusive placement.
     EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+    # GKE multi-networking (pod annotations): extra NICs without hostNetwork.
+    NETWORK_INTERFACES = "networking.gke.io/interfaces"
+    DEFAULT_INTERFACE = "networking.gke.io/default-interface"
 
 
 class FieldPaths:
