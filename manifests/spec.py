@@ -171,7 +171,8 @@ def _coerce(name: str, value: Any) -> Any:
 
 def build_spec(file_values: dict[str, Any], flag_values: dict[str, Any],
                storage_default: str = "") -> RunSpec:
-    """Merge run-file values and CLI flags (flags win; env maps merge, flags win per key).
+    """Merge run-file values and CLI flags (flags win; maps merge, flags win per key; the
+    tolerations and mounts of flags add to the file's).
 
     ``storage_default`` is the root used when neither names one (the orchestrator resolves
     it from ``$XRUN_STORAGE`` or the per-user folder: this module reads no environment).
@@ -189,8 +190,10 @@ def build_spec(file_values: dict[str, Any], flag_values: dict[str, Any],
     for name, value in flag_values.items():
         if value is None:
             continue
-        if name == "env":
-            merged["env"] = {**merged.get("env", {}), **value}
+        if FIELDS[name].type == "dict[str, str]":  # env, node_selector, pod_*: per key
+            merged[name] = {**merged.get(name, {}), **_coerce(name, value)}
+        elif FIELDS[name].type == "list[dict[str, Any]]":  # tolerations, mounts: added
+            merged[name] = merged.get(name, []) + _coerce(name, value)
         else:
             merged[name] = _coerce(name, value)
     if not merged.get("storage") and storage_default:

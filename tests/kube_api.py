@@ -226,6 +226,7 @@ class KubeAPI:
         self.nodes: list[dict[str, Any]] = []
         self.config_maps: dict[tuple[str, str], dict[str, Any]] = {}
         self.local_queues: dict[tuple[str, str], dict[str, Any]] = {}
+        self.priority_classes: list[dict[str, Any]] = []  # scheduling.k8s.io/v1 PriorityClass
         self.crd_installed = True
         self.jobset_versions = ["v1alpha2"]
         # The JobSet controller release serving vjobset.kb.io: from v0.12 its refusals are 422
@@ -484,6 +485,9 @@ class KubeAPI:
             sel = q.get("labelSelector", "")
             items = [n for n in self.nodes if match_labels(sel, n["metadata"].get("labels", {}))]
             return self._send(h, 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+        if p == "/apis/scheduling.k8s.io/v1/priorityclasses" and m == "GET":
+            return self._send(h, 200, {"kind": "PriorityClassList", "apiVersion": "scheduling.k8s.io/v1",
+                                       "metadata": {"resourceVersion": str(self.rv)}, "items": self.priority_classes})
         mm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/configmaps/([^/]+)", p)
         if mm:
             cm = self.config_maps.get((mm[1], mm[2]))

@@ -60,3 +60,19 @@ def test_gpu_nodes_and_forbidden_node_list(api, backend):
     assert check.result == "warn" and "cannot list nodes to look for cloud.google.com/gke-accelerator=" in check.detail
     assert "RBAC must allow verb 'list' on resource 'nodes'" in check.detail
     assert doctor.check_nodes(backend, lookup("cpu-2"), 2).result == "skip"
+
+
+def _priority_class(name: str, value: int) -> dict:
+    return {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value}
+
+
+def test_priority_classes_of_the_ladder_and_the_runs(api, backend):
+    api.priority_classes = [_priority_class("low", 250), _priority_class("high", 750),
+                            _priority_class("system-node-critical", 2000001000), _priority_class("batch", 10)]
+    check = doctor.check_priority(backend, "high")
+    assert (check.result, check.detail) == ("ok", "priority 'high' exists; PriorityClasses: very-low missing, low=250, "
+                                                  "medium missing, high=750, very-high missing; others: batch")
+    check = doctor.check_priority(backend, "very-high")
+    assert (check.result, check.exit_code) == ("FAIL", 1)
+    assert check.detail.startswith("priority 'very-high' has no PriorityClass (pods would be refused); PriorityClasses:")
+    assert api.requests_to("GET", "^/apis/scheduling.k8s.io/v1/priorityclasses$")

@@ -25,7 +25,7 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.screen import _duration, render_table, summary_lines
 from orchestrator.readers.logs import parse_duration
-from orchestrator.runfile import spec_from_inputs
+from orchestrator.runfile import parse_mount, parse_pairs, parse_toleration, spec_from_inputs
 from orchestrator.services import follow as following
 from orchestrator.services import logs as logs_service
 from orchestrator.services import runs
@@ -52,7 +52,16 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--termination-grace-seconds",), {"type": int, "help": "Pod grace period. Default 120."}),
     (("--ttl-seconds-after-finished",), {"type": int, "help": "JobSet TTL. Default 86400."}),
     (("--service-account",), {"help": "Pod service account (Workload Identity for GCS)."}),
-    (("--priority-class",), {"help": "Pod priorityClassName."}),
+    (("--priority-class",), {"help": "Pod priorityClassName (raw; prefer --priority)."}),
+    (("--priority",), {"help": "very-low|low|medium|high|very-high (xpk's PriorityClasses, 100..1000) or a PriorityClass name."}),
+    (("--capacity",), {"help": "on-demand (default) | spot | reservation:NAME | flex-start (needs --queue)."}),
+    (("--node-selector", "node_selector"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod nodeSelector (repeatable)."}),
+    (("--tolerations", "tolerations"), {"multiple": True, "metavar": "KEY[=VAL][:EFFECT]", "help": "Extra toleration, kubectl taint syntax (repeatable)."}),
+    (("--pod-annotations", "pod_annotations"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod annotation (repeatable)."}),
+    (("--pod-labels", "pod_labels"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod label (repeatable)."}),
+    (("--mounts", "mounts"), {"multiple": True, "metavar": "SOURCE:PATH[:ro]", "help": "gs://BUCKET:/path or pvc:CLAIM:/path, :ro for read-only (repeatable)."}),
+    (("--scheduler",), {"help": "Pod schedulerName, or gke.io/topology-aware-auto (a scheduling gate, like xpk)."}),
+    (("--kueue-topology",), {"metavar": "MODE:LABEL", "help": "Kueue topology-aware scheduling: required:LABEL or preferred:LABEL."}),
     (("--queue",), {"help": "Kueue LocalQueue name."}),
     (("--kueue-priority",), {"help": "Kueue WorkloadPriorityClass name."}),
     (("--privileged",), {"is_flag": True, "default": None, "help": "Run the container privileged."}),
@@ -74,6 +83,10 @@ def spec_options(fn: Any) -> Any:
 def spec_from_options(opts: dict[str, Any]) -> RunSpec:
     """The validated RunSpec of a command's options (file first, flags over it)."""
     opts = dict(opts)
+    for name in ("node_selector", "pod_annotations", "pod_labels"):
+        opts[name] = parse_pairs(list(opts.get(name) or ()), name) or None
+    opts["tolerations"] = [parse_toleration(x) for x in opts.get("tolerations") or ()] or None
+    opts["mounts"] = [parse_mount(x) for x in opts.get("mounts") or ()] or None
     return spec_from_inputs(
         opts.pop("run_file", None), opts, env_file=opts.pop("env_file", None),
         env_pairs=tuple(opts.pop("env_pairs", ()) or ()),

@@ -103,6 +103,24 @@ def check_queue(backend: KubeBackend, queue: str) -> Check:
     return Check("kueue", OK, f"LocalQueue {backend.namespace}/{queue} exists (ClusterQueue {cq}, {KUEUE_GROUP}/{version})")
 
 
+def check_priority(backend: KubeBackend, wanted: str) -> Check:
+    """Which of xpk's ladder PriorityClasses (very-low..very-high) exist, and the run's."""
+    from manifests.spec import PRIORITY_LADDER
+
+    try:
+        classes = {(pc.get("metadata") or {}).get("name", ""): pc.get("value") for pc in backend.priority_classes()}
+    except XrunError as e:
+        if e.exit_code == 1:
+            return Check("priority", WARN, f"cannot list PriorityClasses: {e}")
+        return Check("priority", FAIL, str(e), e.exit_code)
+    ladder = ", ".join(f"{n}={classes[n]}" if n in classes else f"{n} missing" for n in PRIORITY_LADDER)
+    others = sorted(set(classes) - set(PRIORITY_LADDER) - {"system-cluster-critical", "system-node-critical"})
+    detail = f"PriorityClasses: {ladder}" + (f"; others: {', '.join(others)}" if others else "")
+    if wanted and wanted not in classes:
+        return Check("priority", FAIL, f"priority {wanted!r} has no PriorityClass (pods would be refused); {detail}", 1)
+    return Check("priority", OK, (f"priority {wanted!r} exists; " if wanted else "") + detail)
+
+
 def node_selector(shape: Shape) -> str:
     """The label selector matching the nodeSelector the manifest gives this shape's pods."""
     if shape.kind == "tpu":
@@ -162,7 +180,7 @@ def check_storage(root: str, for_cluster: bool = True) -> Check:
 
 
 def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, queue: str,
-               storage_root: str) -> list[Check]:
+               storage_root: str, priority: str = "") -> list[Check]:
     checks = [check_api(backend)]
     if checks[0].result == FAIL:
         checks.append(Check("cluster", SKIP, "JobSet, Kueue and node checks skipped: the API is not reachable"))
@@ -170,6 +188,7 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
         checks.append(check_jobset(backend))
         if queue:
             checks.append(check_queue(backend, queue))
+        checks.append(check_priority(backend, priority))
         if shape is not None:
             checks.append(check_nodes(backend, shape, needed_nodes))
     checks.append(check_storage(storage_root))
@@ -193,6 +212,7 @@ class DoctorInputs:
     cpu_devices_per_host: int = 2
     queue: str = ""
     storage: str = ""
+    priority: str = ""  # the run's PriorityClass (priority or priority_class)
 
 
 def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
@@ -204,6 +224,8 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
         data = read_run_file(run_file)
         values = {k: data[k] for k in ("accelerator", "num_slices", "nodes", "cpu_devices_per_host",
                                        "queue", "namespace", "context", "storage") if data.get(k) is not None}
+        if data.get("priority") or data.get("priority_class"):
+            values["priority"] = str(data.get("priority") or data.get("priority_class"))
     values.update({k: v for k, v in flags.items() if v is not None})
     for key in ("num_slices", "nodes"):
         value = values.get(key, 1)
@@ -226,5 +248,5 @@ def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
         needed = shape.vms * v.num_slices if shape.kind == "tpu" else v.nodes
     backend = KubeBackend(v.context or None, v.namespace or "default")
     results = run_checks(backend, shape=shape, needed_nodes=needed, queue=v.queue,
-                         storage_root=v.storage)
+                         storage_root=v.storage, priority=v.priority)
     return results, exit_code(results)

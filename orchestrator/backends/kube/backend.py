@@ -358,6 +358,13 @@ class KubeBackend:
         _, core = self._apis()
         return (self.call("list", "nodes", core.list_node, label_selector=label_selector) or {}).get("items") or []
 
+    def priority_classes(self) -> list[dict[str, Any]]:
+        """Every PriorityClass (scheduling.k8s.io/v1, cluster-scoped)."""
+        from kubernetes import client
+
+        api = client.SchedulingV1Api(self.api_client)
+        return (self.call("list", "priorityclasses.scheduling.k8s.io", api.list_priority_class) or {}).get("items") or []
+
     def config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         _, core = self._apis()
         return self.call("get", "configmaps", core.read_namespaced_config_map, name, namespace,
