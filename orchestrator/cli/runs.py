@@ -40,7 +40,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--name",), {"help": "Run (JobSet) name: a DNS-1035 label."}),
     (("--image",), {"help": "Workload container image."}),
     (("--command",), {"help": "Command run in every host (through /bin/sh -c). Default: python3 -m workload.train"}),
-    (("--accelerator", "--tpu", "accelerator"), {"help": "Shape: v6e-1..v6e-256, v5litepod-N, v5p-N, v4-N, h100-80gb-8, h200-141gb-8, cpu-N."}),
+    (("--accelerator", "--tpu", "accelerator"), {"help": "Shape: v6e-1..v6e-256, v5litepod-N, v5p-N, v4-N, h100-80gb-8, h100-mega-80gb-8, h200-141gb-8, b200-8, cpu-N."}),
     (("--num-slices",), {"type": int, "help": "TPU slices (multislice). Default 1."}),
     (("--nodes",), {"type": int, "help": "GPU nodes. Default 1."}),
     (("--cpu-devices-per-host",), {"type": int, "help": "CPU devices per host for cpu-N shapes. Default 2."}),
