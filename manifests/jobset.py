@@ -228,8 +228,8 @@ def _toleration(key: str) -> t.Toleration:
     return t.Toleration(key=key, operator="Equal", value="true", effect="NoSchedule")
 
 
-def capacity_placement(spec: RunSpec) -> tuple[dict[str, str], list[t.Toleration]]:
-    """The node selector and tolerations each capacity needs.
+def capacity_placement(capacity: str) -> tuple[dict[str, str], list[t.Toleration]]:
+    """The node selector and tolerations a ``capacity`` value needs.
 
     spot: GKE labels and taints Spot nodes ``cloud.google.com/gke-spot=true`` (GKE "Spot
     VMs"; xpk capacity.py get_capacity_node_selectors_from_capacity_type). reservation:
@@ -238,17 +238,18 @@ def capacity_placement(spec: RunSpec) -> tuple[dict[str, str], list[t.Toleration
     ``cloud.google.com/gke-queued=true`` as label and NoSchedule taint (xpk selects it; the
     JobSet waits suspended for Kueue's ProvisioningRequest admission check).
     """
-    if spec.capacity == "spot":
+    if capacity == "spot":
         return {Labels.SPOT: "true"}, [_toleration(Labels.SPOT)]
-    if spec.reservation:
-        return {Labels.RESERVATION_NAME: spec.reservation, Labels.RESERVATION_AFFINITY: "specific"}, []
-    if spec.capacity == "flex-start":
+    if capacity.startswith("reservation:"):
+        name = capacity.removeprefix("reservation:")
+        return {Labels.RESERVATION_NAME: name, Labels.RESERVATION_AFFINITY: "specific"}, []
+    if capacity == "flex-start":
         return {Labels.QUEUED: "true"}, [_toleration(Labels.QUEUED)]
     return {}, []
 
 
 def apply_capacity(spec: RunSpec, pod: t.PodSpec) -> None:
-    selector, tolerations = capacity_placement(spec)
+    selector, tolerations = capacity_placement(spec.capacity)
     pod.node_selector.update(selector)
     pod.tolerations += tolerations
 

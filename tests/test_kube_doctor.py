@@ -76,3 +76,18 @@ def test_priority_classes_of_the_ladder_and_the_runs(api, backend):
     assert (check.result, check.exit_code) == ("FAIL", 1)
     assert check.detail.startswith("priority 'very-high' has no PriorityClass (pods would be refused); PriorityClasses:")
     assert api.requests_to("GET", "^/apis/scheduling.k8s.io/v1/priorityclasses$")
+
+
+def test_nodes_of_the_runs_capacity(api, backend):
+    gpu = {"cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb"}
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    api.nodes = [{"metadata": {"name": "od-0", "labels": gpu}, "status": ready},
+                 {"metadata": {"name": "spot-0", "labels": {**gpu, "cloud.google.com/gke-spot": "true"}}, "status": ready}]
+    shape = lookup("h100-mega-80gb-8")
+    check = doctor.check_nodes(backend, shape, 1, "spot")
+    assert (check.result, check.detail) == ("ok", "1 node(s) labelled cloud.google.com/gke-accelerator=nvidia-h100-mega-80gb,"
+                                                  "cloud.google.com/gke-spot=true (1 Ready); h100-mega-80gb-8 needs 1")
+    check = doctor.check_nodes(backend, shape, 2, "flex-start")
+    assert check.result == "warn" and "flex-start nodes are created when Kueue's ProvisioningRequest" in check.detail
+    assert api.requests_to("GET", "^/api/v1/nodes$")[-1].query["labelSelector"] == (
+        "cloud.google.com/gke-accelerator=nvidia-h100-mega-80gb,cloud.google.com/gke-queued=true")

@@ -18,11 +18,12 @@ from orchestrator.services import doctor as checks
 @click.option("--num-slices", type=int, help="TPU slices (nodes needed = hosts per slice x slices).")
 @click.option("--nodes", type=int, help="GPU nodes.")
 @click.option("--queue", help="Kueue LocalQueue that must exist.")
+@click.option("--capacity", help="on-demand|spot|reservation:NAME|flex-start: count only nodes of that capacity.")
 @click.option("--priority", help="PriorityClass the run uses (very-low..very-high or a class name) that must exist.")
 @click.option("--storage", help="Storage root to write a probe to. Default: $XRUN_STORAGE.")
 @click.option("-o", "--output", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def doctor(context: str | None, namespace: str | None, run_file: str | None, accelerator: str | None,
-           num_slices: int | None, nodes: int | None, queue: str | None, priority: str | None, storage: str | None,
+           num_slices: int | None, nodes: int | None, queue: str | None, capacity: str | None, priority: str | None, storage: str | None,
            fmt: str) -> int:
     """Check that a cluster can run xrun's JobSets: API, JobSet CRD, Kueue queue, PriorityClasses,
     nodes, storage.
@@ -37,7 +38,7 @@ def doctor(context: str | None, namespace: str | None, run_file: str | None, acc
       xrun doctor --context gke_p_z_c -n team --tpu v6e-32 --num-slices 2 --queue lq --storage gs://b/xrun
     """
     v = checks.inputs(run_file, {"context": context, "namespace": namespace, "accelerator": accelerator,
-                                 "num_slices": num_slices, "nodes": nodes, "queue": queue, "priority": priority, "storage": storage})
+                                 "num_slices": num_slices, "nodes": nodes, "queue": queue, "capacity": capacity, "priority": priority, "storage": storage})
     results, code = checks.doctor(v)
     if fmt == "json":
         click.echo(json.dumps({"checks": [c.as_dict() for c in results], "exit_code": code}, indent=2))

@@ -121,17 +121,21 @@ def check_priority(backend: KubeBackend, wanted: str) -> Check:
     return Check("priority", OK, (f"priority {wanted!r} exists; " if wanted else "") + detail)
 
 
-def node_selector(shape: Shape) -> str:
-    """The label selector matching the nodeSelector the manifest gives this shape's pods."""
+def node_selector(shape: Shape, capacity: str = "on-demand") -> str:
+    """The label selector matching the nodeSelector the manifest gives this shape's pods
+    (with the capacity's labels: spot, reservation, queued)."""
+    from manifests.jobset import capacity_placement
+
+    extra = "".join(f",{k}={v}" for k, v in capacity_placement(capacity)[0].items())
     if shape.kind == "tpu":
-        return f"{Labels.TPU_ACCELERATOR}={shape.gke_accelerator},{Labels.TPU_TOPOLOGY}={shape.topology}"
-    return f"{Labels.GPU_ACCELERATOR}={shape.gke_accelerator}"
+        return f"{Labels.TPU_ACCELERATOR}={shape.gke_accelerator},{Labels.TPU_TOPOLOGY}={shape.topology}{extra}"
+    return f"{Labels.GPU_ACCELERATOR}={shape.gke_accelerator}{extra}"
 
 
-def check_nodes(backend: KubeBackend, shape: Shape, needed: int) -> Check:
+def check_nodes(backend: KubeBackend, shape: Shape, needed: int, capacity: str = "on-demand") -> Check:
     if shape.kind == "cpu":
         return Check("nodes", SKIP, f"{shape.name} needs no accelerator nodes")
-    selector = node_selector(shape)
+    selector = node_selector(shape, capacity)
     try:
         nodes = backend.nodes(selector)
     except XrunError as e:
@@ -145,6 +149,9 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int) -> Check:
     have = f"{len(nodes)} node(s) labelled {selector} ({ready} Ready); {shape.name} needs {needed}"
     if len(nodes) >= needed:
         return Check("nodes", OK, have)
+    if capacity == "flex-start":
+        return Check("nodes", WARN, f"{have}; flex-start nodes are created when Kueue's ProvisioningRequest is "
+                                    "provisioned (queued provisioning), so none may exist yet")
     try:
         autoscaler = backend.config_map(*AUTOSCALER_STATUS)
     except XrunError:
@@ -180,7 +187,7 @@ def check_storage(root: str, for_cluster: bool = True) -> Check:
 
 
 def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, queue: str,
-               storage_root: str, priority: str = "") -> list[Check]:
+               storage_root: str, priority: str = "", capacity: str = "on-demand") -> list[Check]:
     checks = [check_api(backend)]
     if checks[0].result == FAIL:
         checks.append(Check("cluster", SKIP, "JobSet, Kueue and node checks skipped: the API is not reachable"))
@@ -190,7 +197,7 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
             checks.append(check_queue(backend, queue))
         checks.append(check_priority(backend, priority))
         if shape is not None:
-            checks.append(check_nodes(backend, shape, needed_nodes))
+            checks.append(check_nodes(backend, shape, needed_nodes, capacity))
     checks.append(check_storage(storage_root))
     return checks
 
@@ -213,6 +220,7 @@ class DoctorInputs:
     queue: str = ""
     storage: str = ""
     priority: str = ""  # the run's PriorityClass (priority or priority_class)
+    capacity: str = "on-demand"  # adds spot / reservation / queued node labels to the node check
 
 
 def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
@@ -223,7 +231,8 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
     if run_file:
         data = read_run_file(run_file)
         values = {k: data[k] for k in ("accelerator", "num_slices", "nodes", "cpu_devices_per_host",
-                                       "queue", "namespace", "context", "storage") if data.get(k) is not None}
+                                       "queue", "namespace", "context", "storage", "capacity")
+                  if data.get(k) is not None}
         if data.get("priority") or data.get("priority_class"):
             values["priority"] = str(data.get("priority") or data.get("priority_class"))
     values.update({k: v for k, v in flags.items() if v is not None})
@@ -248,5 +257,5 @@ def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
         needed = shape.vms * v.num_slices if shape.kind == "tpu" else v.nodes
     backend = KubeBackend(v.context or None, v.namespace or "default")
     results = run_checks(backend, shape=shape, needed_nodes=needed, queue=v.queue,
-                         storage_root=v.storage, priority=v.priority)
+                         storage_root=v.storage, priority=v.priority, capacity=str(v.capacity))
     return results, exit_code(results)
