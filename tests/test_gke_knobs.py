@@ -225,3 +225,15 @@ def test_a_flex_start_run_waits_suspended_until_kueue_admits_it(api, kubeconfig)
         time.sleep(0.05)
     assert sorted(p["spec"]["nodeName"] for p in api.pods_of("flex")) == ["a3mega-0", "a3mega-1"]
     assert backend.status("flex").state == "Running"
+
+
+def test_the_gpu_example_renders_and_is_admitted(tmp_path):
+    r = xrun("render", "-f", "examples/gke-a3mega-spot.yaml", storage=tmp_path)
+    assert r.returncode == 0, r.stderr
+    obj = yaml.safe_load(r.stdout)
+    assert violations(obj) == []
+    pod = tmpl(obj)
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["tcpxo-daemon"]
+    assert pod["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
+    assert pod["spec"]["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb",
+                                           "cloud.google.com/gke-spot": "true"}
