@@ -32,7 +32,7 @@ MAX_LABEL = 63
 DEFAULT_RESTARTABLE_EXIT_CODES = (RESTARTABLE_EXIT_CODE, *range(127, 256))
 # capacity: what GKE provisions the nodes from (rendered by manifests.jobset.capacity_*).
 CAPACITIES = ("on-demand", "spot", "reservation:<name>", "flex-start")
-# priority: xpk's PriorityClass ladder (xpk creates these classes with its Kueue setup).
+# priority: xpk's PriorityClass ladder (xpk templates/kueue_config.yaml.j2 creates these classes).
 PRIORITY_LADDER = {"very-low": 100, "low": 250, "medium": 500, "high": 750, "very-high": 1000}
 # scheduler: GKE's topology-aware scheduler is asked for with a pod scheduling gate, as xpk
 # renders it (its workload.py get_gpu_scheduler); any other name is the pod's schedulerName.
