@@ -29,7 +29,7 @@ from orchestrator.runfile import parse_mount, parse_pairs, parse_toleration, spe
 from orchestrator.services import follow as following
 from orchestrator.services import logs as logs_service
 from orchestrator.services import runs
-from xrun_contract import SUCCEEDED, host_prefix
+from xrun_contract import RUN_STATES, SUCCEEDED, host_prefix
 from xrun_contract.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, XrunError
 
 # ---------------------------------------------------------------------------------------
@@ -299,12 +299,38 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
     return EXIT_OK
 
 
+def _filter_options(fn: Any) -> Any:
+    for decl in reversed([
+        click.option("-l", "--selector", default="", help="Label selector, kubectl syntax: team=ml,queue!=x,key,!key."),
+        click.option("--state", "states", multiple=True, type=click.Choice(list(RUN_STATES)),
+                     help="Only runs in this state (repeatable)."),
+        click.option("--older-than", metavar="AGE", help="Only runs submitted more than AGE ago (30s/10m/2h/1d)."),
+        click.option("--newer-than", metavar="AGE", help="Only runs submitted less than AGE ago."),
+    ]):
+        fn = decl(fn)
+    return fn
+
+
+def _run_filter(selector: str, states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> runs.RunFilter:
+    def age(flag: str, text: str | None) -> float | None:
+        if text is None:
+            return None
+        try:
+            return parse_duration(text)
+        except ValueError:
+            raise XrunError(f"{flag}: {text!r} is not a duration like 30s, 10m, 2h or 1d") from None
+    return runs.RunFilter(runs.parse_selector(selector), tuple(states), age("--older-than", older_than),
+                          age("--newer-than", newer_than))
+
+
 @click.command("list")
 @storage_option
 @OUTPUT
 @click.option("--context", default=None, help="Also list xrun JobSets in this cluster context.")
 @click.option("-n", "--namespace", default="default", show_default=True)
-def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str) -> int:
+@_filter_options
+def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str, selector: str,
+             states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> int:
     """List runs under the storage root, newest first, with their state.
 
     \b
@@ -312,12 +338,14 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str)
       xrun list
       xrun list --storage gs://bucket/xrun -o json
       xrun list --context gke_p_z_c -n team
+      xrun list -l team=ml --state Failed --older-than 7d
     """
     import datetime
 
+    where = _run_filter(selector, states, older_than, newer_than)
     st = open_storage(storage)
     cluster = runs.backend_for("kube", st.root, context, namespace) if context else None
-    items = runs.list_runs(st, cluster)
+    items = runs.list_runs(st, cluster, where)
     if fmt != "table":
         click.echo(dump(items, fmt), nl=False)
         return EXIT_OK
@@ -333,29 +361,51 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str)
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", required=False)
 @storage_option
 @click.option("--purge", is_flag=True, help="Also remove the run's stored data (logs, metrics, checkpoints).")
-@click.option("-y", "--yes", is_flag=True, help="Do not ask before purging.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before purging or deleting several runs.")
 @click.option("--no-wait", is_flag=True, help="Return without waiting for the hosts to be gone.")
-def delete(name: str, storage: str | None, purge: bool, yes: bool, no_wait: bool) -> int:
-    """Stop a live run; with --purge also delete its data.
+@_filter_options
+def delete(name: str | None, storage: str | None, purge: bool, yes: bool, no_wait: bool, selector: str,
+           states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> int:
+    """Stop a live run (NAME, or every run the filters match); with --purge also delete its data.
 
     \b
     Examples:
       xrun delete mt-07
       xrun delete mt-07 --purge --yes
+      xrun delete -l team=ml --state Failed --older-than 7d --purge --yes
     """
+    where = _run_filter(selector, states, older_than, newer_than)
+    if name and not where.empty:
+        raise XrunError("delete: give a run NAME or filters (--selector, --state, --older-than, --newer-than), not both")
+    if not name and where.empty:
+        raise XrunError("delete: give a run NAME or at least one filter (--selector, --state, --older-than, --newer-than)")
     st = open_storage(storage)
-    runs.run_info(st, name)
-    if purge and not yes:
-        if not sys.stdin.isatty():
-            raise XrunError("--purge: refusing to delete data without confirmation; add --yes")
-        click.confirm(f"Delete every stored object of run {name} under {st.url(f'runs/{name}')}?", abort=True)
-    done = runs.delete(st, name, purge=purge, wait=not no_wait)
-    info(f"{'stopped' if done.stopped else 'no live hosts for'} {name}")
-    if done.purged is not None:
-        info(f"purged {done.purged} objects under {done.url}")
+    if name:
+        runs.run_info(st, name)
+        if purge and not yes:
+            if not sys.stdin.isatty():
+                raise XrunError("--purge: refusing to delete data without confirmation; add --yes")
+            click.confirm(f"Delete every stored object of run {name} under {st.url(f'runs/{name}')}?", abort=True)
+        names = [name]
+    else:
+        names = [r["name"] for r in runs.list_runs(st, None, where)]
+        if not names:
+            info("no runs match")
+            return EXIT_OK
+        if not yes:
+            if not sys.stdin.isatty():
+                raise XrunError(f"delete: refusing to {'purge' if purge else 'stop'} {len(names)} run(s) "
+                                f"({', '.join(names)}) without confirmation; add --yes")
+            click.confirm(f"{'Stop and purge' if purge else 'Stop'} {', '.join(names)} under {st.url('runs')}?",
+                          abort=True)
+    for n in names:
+        done = runs.delete(st, n, purge=purge, wait=not no_wait)
+        info(f"{'stopped' if done.stopped else 'no live hosts for'} {n}")
+        if done.purged is not None:
+            info(f"purged {done.purged} objects under {done.url}")
     return EXIT_OK
 
 

@@ -296,6 +296,7 @@ class KubeBackend:
                 "created": _epoch(meta.get("creationTimestamp")),
                 "restarts": int((js.get("status") or {}).get("restarts") or 0),
                 "namespace": meta.get("namespace", self.namespace),
+                "labels": dict(meta.get("labels") or {}),
             })
         out.sort(key=lambda r: r["created"] or 0, reverse=True)
         return out
