@@ -55,9 +55,13 @@ class Shape:
     devices_per_vm: int  # chips / GPUs per host (cpu: default forced devices)
     peak_bf16_tflops: float  # per device
     hbm_bytes: int  # per device
-    machine_type: str = ""  # GPU: the GCE machine type (a3-highgpu-8g)
+    machine_type: str = ""  # GCE machine type of the node pool (TPU: label node.kubernetes.io/instance-type)
     nics: int = 0  # GPU: every NIC of the VM
     networking: Networking | None = None  # GPU: the stack its pods need
+
+    @property
+    def single_host(self) -> bool:
+        return self.vms == 1
 
     @property
     def devices_per_slice(self) -> int:
@@ -116,7 +120,7 @@ def shapes() -> dict[str, Shape]:
                 devices_per_vm=int(s.get("devices_per_vm", fam["devices_per_vm"])),
                 peak_bf16_tflops=float(fam["peak_bf16_tflops"]),
                 hbm_bytes=_bytes(fam["hbm"]),
-                machine_type=fam.get("machine_type", ""),
+                machine_type=s.get("machine_type", fam.get("machine_type", "")),
                 nics=int(fam.get("nics", 0)),
                 networking=stacks[fam["networking"]] if fam.get("networking") else None,
             )
