@@ -82,7 +82,8 @@ def test_placement_merges_and_conflicts_name_both_sides():
                  pod_labels={"team": "ml"}, pod_annotations={"example.com/owner": "ana"})
     t = tmpl(obj)
     assert t["spec"]["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
-                                         "cloud.google.com/gke-tpu-topology": "4x4", "pool": "a"}
+                                         "cloud.google.com/gke-tpu-topology": "4x4",
+                                         "node.kubernetes.io/instance-type": "ct6e-standard-4t", "pool": "a"}
     assert t["spec"]["tolerations"] == [  # xrun's TPU toleration once, the user's added
         {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"},
         {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]
@@ -168,7 +169,8 @@ def test_flags_have_the_run_file_names(tmp_path):
 # --- the scripted cluster ---------------------------------------------------------------
 
 def _tpu_labels(**extra: str) -> dict[str, str]:
-    return {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4", **extra}
+    return {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4",
+            "node.kubernetes.io/instance-type": "ct6e-standard-8t", **extra}
 
 
 def _backend(kubeconfig: str) -> KubeBackend:
@@ -180,14 +182,14 @@ def test_a_spot_pod_lands_only_on_the_spot_node(api, kubeconfig):
     api.nodes = [node("on-demand-0", _tpu_labels()),
                  node("spot-0", _tpu_labels(**{"cloud.google.com/gke-spot": "true"}), [spot_taint])]
     backend = _backend(kubeconfig)
-    backend.submit(jobset(build_spec({**BASE, "name": "spot-run", "accelerator": "v6e-8", "capacity": "spot",
+    backend.submit(jobset(build_spec({**BASE, "name": "spot-run", "accelerator": "v6e-8-single-host", "capacity": "spot",
                                       "backend": "kube"}, {}, storage_default=STORAGE)))
     schedule(api, "spot-run")  # the controllers and kube-scheduler, on the stored JobSet
     (pod,) = api.pods_of("spot-run")
     assert pod["spec"]["nodeName"] == "spot-0" and pod["status"]["phase"] == "Running"
     # The same shape on demand never lands on the tainted spot node (and here finds no room).
     api.nodes = api.nodes[1:]
-    backend.submit(jobset(build_spec({**BASE, "name": "od-run", "accelerator": "v6e-8", "backend": "kube"}, {},
+    backend.submit(jobset(build_spec({**BASE, "name": "od-run", "accelerator": "v6e-8-single-host", "backend": "kube"}, {},
                                      storage_default=STORAGE)))
     schedule(api, "od-run")
     (pod,) = api.pods_of("od-run")
