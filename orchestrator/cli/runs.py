@@ -69,7 +69,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--commit",), {"help": "Commit the image was built from (for reports)."}),
     (("--backend",), {"type": click.Choice(["local", "kube"]), "help": "Default: kube when a --context is named, else local."}),
     (("--context",), {"help": "kubeconfig context (selects the GKE backend)."}),
-    (("-n", "--namespace"), {"help": "Kubernetes namespace. Default 'default'."}),
+    (("-n", "--namespace"), {"help": "Kubernetes namespace. Default: the kubeconfig context's."}),
 ]
 
 
@@ -328,9 +328,9 @@ def _run_filter(selector: str, states: tuple[str, ...], older_than: str | None, 
 @storage_option
 @OUTPUT
 @click.option("--context", default=None, help="Also list xrun JobSets in this cluster context.")
-@click.option("-n", "--namespace", default="default", show_default=True)
+@click.option("-n", "--namespace", default=None, help="Default: the kubeconfig context's namespace.")
 @_filter_options
-def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str, selector: str,
+def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str | None, selector: str,
              states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> int:
     """List runs under the storage root, newest first, with their state.
 
