@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 from cli_helpers import xrun
-from kube_scheduling import kueue_admit, node, schedule
+from kube_api import JobSetController, Program
 
 from manifests.admission import violations
 from manifests.jobset import jobset
@@ -166,7 +166,12 @@ def test_flags_have_the_run_file_names(tmp_path):
         "xrun: error: capacity: must be one of on-demand | spot | reservation:<name> | flex-start, got 'cheap'"]
 
 
-# --- the scripted cluster ---------------------------------------------------------------
+# --- the strict fake cluster (tests/kube_api.py JobSetController schedules by node) ----------
+
+def node(name: str, labels: dict[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "spec": {"taints": taints or []}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
 
 def _tpu_labels(**extra: str) -> dict[str, str]:
     return {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4",
@@ -177,65 +182,65 @@ def _backend(kubeconfig: str) -> KubeBackend:
     return KubeBackend(None, "default", kubeconfig, poll_seconds=0.05, watch_timeout_seconds=1)
 
 
+def _wait(predicate, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _submit(backend: KubeBackend, name: str, **values: Any) -> None:
+    backend.submit(jobset(build_spec({**BASE, "name": name, "accelerator": "v6e-8-single-host", "backend": "kube",
+                                      **values}, {}, storage_default=STORAGE)))
+
+
+def _pod(api, name: str) -> dict[str, Any]:
+    (pod,) = api.pods_of(name)
+    return pod
+
+
 def test_a_spot_pod_lands_only_on_the_spot_node(api, kubeconfig):
     spot_taint = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}
     api.nodes = [node("on-demand-0", _tpu_labels()),
                  node("spot-0", _tpu_labels(**{"cloud.google.com/gke-spot": "true"}), [spot_taint])]
+    JobSetController(api, Program(lines=10_000, line_every=0.05)).start()
     backend = _backend(kubeconfig)
-    backend.submit(jobset(build_spec({**BASE, "name": "spot-run", "accelerator": "v6e-8-single-host", "capacity": "spot",
-                                      "backend": "kube"}, {}, storage_default=STORAGE)))
-    schedule(api, "spot-run")  # the controllers and kube-scheduler, on the stored JobSet
-    (pod,) = api.pods_of("spot-run")
-    assert pod["spec"]["nodeName"] == "spot-0" and pod["status"]["phase"] == "Running"
-    # The same shape on demand never lands on the tainted spot node (and here finds no room).
-    api.nodes = api.nodes[1:]
-    backend.submit(jobset(build_spec({**BASE, "name": "od-run", "accelerator": "v6e-8-single-host", "backend": "kube"}, {},
-                                     storage_default=STORAGE)))
-    schedule(api, "od-run")
-    (pod,) = api.pods_of("od-run")
-    assert pod["status"]["phase"] == "Pending" and "nodeName" not in pod["spec"]
-    assert pod["status"]["conditions"][0]["message"] == (
-        "0/1 nodes are available: 1 Insufficient google.com/tpu.")
-    api.nodes = [node("spot-1", _tpu_labels(**{"cloud.google.com/gke-spot": "true"}), [spot_taint])]
-    api.remove_pods("od-run")
-    schedule(api, "od-run")
-    (pod,) = api.pods_of("od-run")
-    assert pod["status"]["conditions"][0]["message"] == (
-        "0/1 nodes are available: 1 node(s) had untolerated taint {cloud.google.com/gke-spot: true}.")
+    _submit(backend, "spot-run", capacity="spot")
+    _wait(lambda: len(api.pods_of("spot-run")) == 1 and _pod(api, "spot-run")["spec"].get("nodeName"))
+    assert _pod(api, "spot-run")["spec"]["nodeName"] == "spot-0"
+    # On demand, the same shape lands on the untainted node, never the spot one.
+    _submit(backend, "od-run")
+    _wait(lambda: len(api.pods_of("od-run")) == 1 and _pod(api, "od-run")["spec"].get("nodeName"))
+    assert _pod(api, "od-run")["spec"]["nodeName"] == "on-demand-0"
+    # A second spot run finds the spot node taken and the other one not spot: Unschedulable.
+    _submit(backend, "spot-two", capacity="spot")
+    message = ("0/2 nodes are available: 1 Insufficient google.com/tpu, "
+               "1 node(s) didn't match Pod's node affinity/selector.")
+    _wait(lambda: len(api.pods_of("spot-two")) == 1 and _pod(api, "spot-two")["status"].get("conditions"))
+    pod = _pod(api, "spot-two")
+    assert "nodeName" not in pod["spec"] and pod["status"]["conditions"][0]["message"] == message
+    assert any(e["reason"] == "FailedScheduling" and e["message"] == message for e in api.events)
 
 
 def test_a_flex_start_run_waits_suspended_until_kueue_admits_it(api, kubeconfig):
-    queued = {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}
+    api.kueue_versions = ["v1beta1"]
+    gpu = {"cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb"}
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    queued_taint = {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}
+    api.nodes = [node("a3mega-on-demand", gpu, [gpu_taint])]
+    JobSetController(api, Program(lines=10_000, line_every=0.05)).start()
     backend = _backend(kubeconfig)
     spec = build_spec({**BASE, "name": "flex", "accelerator": "h100-mega-80gb-8", "nodes": 2, "capacity": "flex-start",
                        "queue": "dws", "backend": "kube"}, {}, storage_default=STORAGE)
     backend.submit(jobset(spec))
-    schedule(api, "flex")
     (create,) = api.requests_to("POST", "/jobsets$")
     assert create.body["spec"]["suspend"] is True
-    status = backend.status("flex")
-    assert (status.state, status.message) == ("Pending", "suspended: waiting for Kueue admission in queue dws")
-    assert api.pods_of("flex") == []
-    # The ProvisioningRequest got its nodes; Kueue admits; the pods land on the queued nodes.
-    labels = {"cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb", "cloud.google.com/gke-queued": "true"}
-    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-    api.nodes = [node(f"a3mega-{i}", labels, [queued, gpu_taint]) for i in range(2)]
-    kueue_admit(api, "flex")
-    schedule(api, "flex")
-    deadline = time.time() + 5
-    while backend.status("flex").state != "Running" and time.time() < deadline:
-        time.sleep(0.05)
-    assert sorted(p["spec"]["nodeName"] for p in api.pods_of("flex")) == ["a3mega-0", "a3mega-1"]
-    assert backend.status("flex").state == "Running"
-
-
-def test_the_gpu_example_renders_and_is_admitted(tmp_path):
-    r = xrun("render", "-f", "examples/gke-a3mega-spot.yaml", storage=tmp_path)
-    assert r.returncode == 0, r.stderr
-    obj = yaml.safe_load(r.stdout)
-    assert violations(obj) == []
-    pod = tmpl(obj)
-    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["tcpxo-daemon"]
-    assert pod["metadata"]["annotations"]["gke-gcsfuse/volumes"] == "true"
-    assert pod["spec"]["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb",
-                                           "cloud.google.com/gke-spot": "true"}
+    _wait(lambda: backend.status("flex").message == "suspended: waiting for Kueue admission in queue dws")
+    time.sleep(0.2)  # many controller ticks: still no Jobs, no pods
+    assert api.pods_of("flex") == [] and backend.status("flex").state == "Pending"
+    # The ProvisioningRequest got its queued nodes; Kueue admits; the pods land there only.
+    api.nodes += [node(f"a3mega-queued-{i}", {**gpu, "cloud.google.com/gke-queued": "true"}, [gpu_taint, queued_taint])
+                  for i in range(2)]
+    api.kueue_admit("flex")
+    _wait(lambda: backend.status("flex").state == "Running")
+    assert sorted(p["spec"]["nodeName"] for p in api.pods_of("flex")) == ["a3mega-queued-0", "a3mega-queued-1"]
