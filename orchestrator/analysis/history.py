@@ -89,8 +89,8 @@ def trend_text(ns: list[Night], metric: str, branch: str, cps: list[ChangePoint]
             note.append(f"<- change {starts[n.nightly].delta_pct:+.1f}%")
         if n.incomplete:
             note.append(f"{n.incomplete} run(s) incomplete")
-        lines.append(f"{n.nightly:<24} {n.commit[:7]:<8} {len(n.values):>4} {med:>12} {lo:>12} {hi:>12}  "
-                     + "; ".join(note))
+        lines.append((f"{n.nightly:<24} {n.commit[:7]:<8} {len(n.values):>4} {med:>12} {lo:>12} {hi:>12}  "
+                      + "; ".join(note)).rstrip())
     lines.append("")
     if cps:
         lines += [f"Change point: {cp.sentence(metric)}." for cp in cps]

@@ -50,7 +50,7 @@ ul.warnings li{margin:2px 0}ul.notes{color:#333;font-size:.88em}
 .verdict.bad{background:#fde7ea;color:#b00020}.verdict.good{background:#e8f5e9;color:#1b7f2a}
 figure{margin:12px 0}figcaption{font-size:.85em;color:#444;margin-top:2px}
 svg.chart{background:#fff;border:1px solid #e0e0e0}svg text{font-size:11px;fill:#333}
-.runs td{font-size:.85em}\n.plot{width:100%;min-height:360px}.controls{font-size:.85em;color:#333;margin:4px 0}\n.chartrow{display:flex;gap:8px}.chartrow>.plot{flex:1}
+.runs td{font-size:.85em}\n.plot{width:100%}.controls{font-size:.85em;color:#333;margin:4px 0}\n.chartrow{display:flex;gap:8px}.chartrow>.plot{flex:1}
 """
 
 # Smoothing as TensorBoard does it (tensorboard/webapp/widgets/line_chart_v2/lib/
@@ -237,7 +237,7 @@ def charts_html(section: Section, key: str) -> str:
               "raw points; drag to zoom, double-click to reset, click a legend entry to hide a run.</figcaption>"
               "</figure>")
     if times:
-        top = statistics.quantiles(bulk, n=20)[-1] * 1.6 if len(bulk) >= 20 else None
+        top = statistics.quantiles(bulk, n=10)[-1] * 1.5 if len(bulk) >= 10 else None
         yaxis = {"title": {"text": "seconds per step"}, "domain": [0, 1]}
         if top:  # compilation and stalls would flatten every other step: start zoomed on the bulk
             yaxis["range"] = [0, top]
@@ -260,7 +260,7 @@ def charts_html(section: Section, key: str) -> str:
         parts.append("<figure>" + _plot(f"goodput-{key}", data, {
             "barmode": "stack", "title": {"text": "Where the wall time went (goodput)"},
             "xaxis": {"title": {"text": "seconds"}}, "yaxis": {"automargin": True}},
-            height=max(220, 60 + 28 * len(gp))) + "</figure>")
+            height=max(300, 90 + 28 * len(gp))) + "</figure>")
     return "".join(parts)
 
 

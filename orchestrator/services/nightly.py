@@ -97,7 +97,7 @@ def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
         storage = open_storage(cfg.storage)
     except ValueError as e:
         raise XrunError(f"storage: {e}") from None
-    poll_s = 0.5 if planned[0].spec.backend_name == "local" else 10.0
+    poll_s = 0.2 if planned[0].spec.backend_name == "local" else 10.0
     outcomes: list[RunOutcome] = []
     for run in planned:
         log(f"nightly: {run.name} ({run.branch.name}, {run.config.name}, run {run.repeat + 1}/"

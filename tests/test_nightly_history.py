@@ -1,0 +1,163 @@
+"""Repeats, run-level verdicts, history and change points, without running JAX: nightly
+files, synthetic stored runs and history objects in a storage folder."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import random
+import re
+
+import pytest
+import yaml
+from cli_helpers import xrun
+from synthetic_runs import RunShape, write_stored_run
+
+from orchestrator.analysis.compare import compare_runs
+from orchestrator.analysis.history import detect, nights
+from orchestrator.analysis.stats import change_points
+from orchestrator.nightly_file import load_nightly, plan_runs
+from orchestrator.readers.history import read_history
+from orchestrator.readers.loaders import load_run
+from orchestrator.services.nightly import _report_stamp
+from xrun_contract import Layout
+from xrun_contract.errors import XrunError
+from xrun_contract.storage import open_storage
+
+LOCAL = {
+    "prefix": "nt", "storage": "/tmp/unused", "slice": {"accelerator": "cpu-1"}, "base": "main",
+    "branches": {"main": {"image": "i:a"}, "feat": {"image": "i:b"}},
+    "configs": {"tiny": {"command": "python3 -m workload.train --preset tiny steps=8", "repeats": 3},
+                "one": {"command": "python3 -m workload.train --preset tiny steps=4"}},
+    "backend": "local",
+}
+
+
+def _file(tmp_path, data):
+    p = tmp_path / "n.yaml"
+    p.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(p)
+
+
+def test_repeats_are_interleaved_per_config(tmp_path):
+    cfg = load_nightly(_file(tmp_path, LOCAL))
+    runs = plan_runs(cfg, dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC))
+    assert [(r.config.name, r.branch.name, r.repeat) for r in runs] == [
+        ("tiny", "main", 0), ("tiny", "feat", 0), ("tiny", "main", 1), ("tiny", "feat", 1),
+        ("tiny", "main", 2), ("tiny", "feat", 2), ("one", "main", 0), ("one", "feat", 0)]
+    assert [r.name for r in runs][:2] == ["nt-main-20260102-030405-0", "nt-feat-20260102-030405-1"]
+    assert len({r.name for r in runs}) == 8
+
+
+@pytest.mark.parametrize("repeats", [0, -1, 51, "3", True, 2.5])
+def test_bad_repeats_name_the_field(tmp_path, repeats):
+    data = json.loads(json.dumps(LOCAL))
+    data["configs"]["tiny"]["repeats"] = repeats
+    r = xrun("nightly", "-f", _file(tmp_path, data), "--dry-run", storage=tmp_path / "s")
+    assert r.returncode == 2 and "configs.tiny.repeats: must be a whole number of runs per branch, 1 to 50" in r.stderr
+    assert not (tmp_path / "s").exists()
+
+
+def _stored(root, prefix, n, seconds, seed0=0, branch="main"):
+    names = []
+    for i in range(n):
+        name = f"{prefix}-{i}"
+        write_stored_run(root, name, RunShape(seconds=seconds, seed=seed0 + i, commit="abc1234aaaa"), branch=branch)
+        names.append(load_run(name, str(root)))
+    return names
+
+
+def test_run_level_verdict_with_four_runs_and_benchstat_rule_below(tmp_path):
+    root = tmp_path / "root"
+    base = _stored(root, "b", 4, 0.150)
+    slow = _stored(root, "s", 4, 0.180, seed0=10, branch="feat")
+    same = _stored(root, "m", 4, 0.150, seed0=20, branch="feat")
+    rs = compare_runs(base, slow, threshold_pct=5.0)
+    assert rs.on_runs and rs.regressed and "per-run values" in rs.basis
+    steady = next(r for r in rs.rows if r.metric.startswith("Steady"))
+    assert steady.verdict == "regressed" and steady.n_base == 4 and steady.p_value == pytest.approx(2 / 70)
+    assert "n=4/4 runs" in steady.diff
+    ok = compare_runs(base, same, threshold_pct=5.0)
+    assert not ok.regressed and ok.on_runs
+    # Three runs a side: the rank test cannot decide; the verdict says so and falls back.
+    few = compare_runs(base[:3], slow[:3], threshold_pct=5.0)
+    assert not few.on_runs and "below benchstat's n >= 4" in few.basis
+    steady = next(r for r in few.rows if r.metric.startswith("Steady"))
+    assert steady.verdict == "not tested" and "benchstat needs n >= 4 runs per side" in steady.diff
+    assert few.regressed  # on the per-step test of the first pair, said in the basis
+    assert "| Metric (per-run median) |" in few.markdown()
+
+
+def test_change_points_find_the_step_and_ignore_noise():
+    rng = random.Random(3)
+    flat = [[1 + rng.gauss(0, 0.01) for _ in range(4)] for _ in range(8)]
+    assert change_points(flat) == []
+    step = flat[:4] + [[1.3 + rng.gauss(0, 0.01) for _ in range(4)] for _ in range(4)]
+    (cp,) = change_points(step)
+    assert cp[0] == 4 and cp[2] == pytest.approx(30, abs=3) and cp[1] < 0.05
+    one_run = [[1.0], [1.01], [0.99], [1.0], [1.3], [1.31], [1.29], [1.3]]
+    assert [c[0] for c in change_points(one_run)] == [4]  # 4 nights a side when a night has one run
+    assert change_points([[1.0], [1.3]]) == []  # 1 vs 1: nothing can be significant
+
+
+def _history(storage, nights_values: list[tuple[str, list[float]]]):
+    for i, (commit, values) in enumerate(nights_values):
+        stamp = f"2026-01-{i + 1:02d}-030000"
+        recs = [{"schema": 1, "nightly": stamp, "date": stamp[:10], "started": f"{stamp[:10]}T03:00:00",
+                 "prefix": "nt", "branch": "main", "commit": commit, "config": "tiny", "repeat": k,
+                 "run": f"nt-main-{i}-{k}", "state": "Succeeded", "figures": {"steady_s_per_step": v}}
+                for k, v in enumerate(values)]
+        recs.append({**recs[0], "branch": "feat", "commit": "f" * 8, "run": f"nt-feat-{i}"})
+        storage.write_text(Layout.history(stamp), "".join(json.dumps(r) + "\n" for r in recs))
+
+
+def test_history_cli_prints_the_trend_and_the_bracketing_commits(tmp_path):
+    root = tmp_path / "store"
+    storage = open_storage(str(root))
+    _history(storage, [(f"c{i}000000", [0.10, 0.101, 0.099, 0.1005]) for i in range(4)]
+             + [(f"d{i}000000", [0.13, 0.131, 0.129, 0.1305]) for i in range(3)])
+    recs = read_history(storage)
+    assert len(recs) == 7 * 5
+    ns = nights(recs, "main", "steady_s_per_step", "tiny")
+    (cp,) = detect(ns, "steady_s_per_step")
+    assert cp.night.nightly == "2026-01-05-030000" and cp.previous.commit == "c3000000"
+    assert cp.night.commit == "d0000000" and cp.delta_pct == pytest.approx(30, abs=1)
+    r = xrun("history", "--branch", "main", "--metric", "steady_s_per_step", storage=root)
+    assert r.returncode == 0, r.stderr
+    assert len([ln for ln in r.stdout.splitlines() if ln.startswith("2026-01-")]) == 7
+    assert re.search(r"^2026-01-05-030000 +d000000 +4 +0\.13025 +0\.129 +0\.131  <- change \+29\.9%$", r.stdout, re.M)
+    assert ("Change point: Steady-state s/step (median) changed +29.9% on the night of 2026-01-05 "
+            "(2026-01-05-030000): between commit c300000 (2026-01-04-030000) and d000000") in r.stdout
+    r = xrun("history", "--branch", "feat", "--last", "2", storage=root)
+    assert r.returncode == 0 and "2 night(s)" in r.stdout and "fewer than 4 runs" in r.stdout
+    for args, msg in ((["--metric", "speed"], "--metric: 'speed' is not a history figure"),
+                      (["--branch", "nope"], "--branch: no history for 'nope'; branches with history: feat, main"),
+                      (["--config", "big"], "--config: no history for 'big' on main")):
+        r = xrun("history", *args, storage=root)
+        assert r.returncode == 2 and msg in r.stderr and "Traceback" not in r.stderr
+    r = xrun("history", storage=tmp_path / "empty")
+    assert r.returncode == 2 and "no nightly history" in r.stderr
+
+
+def test_a_second_report_of_the_same_second_gets_its_own_folder(tmp_path):
+    storage = open_storage(str(tmp_path / "s"))
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    first = _report_stamp(storage, when)
+    assert first == "2026-01-02-030405"
+    storage.write_text(f"{Layout.report(first)}/summary.json", "{}")
+    assert _report_stamp(storage, when) == "2026-01-02-030405-2"
+    storage.write_text(Layout.history("2026-01-02-030405-2"), "")
+    assert _report_stamp(storage, when) == "2026-01-02-030405-3"
+
+
+def test_unreadable_history_is_unreachable_not_a_traceback(tmp_path):
+    class Broken:
+        def list(self, *a, **k):
+            raise OSError("connection refused")
+
+        def url(self, key=""):
+            return f"gs://b/{key}"
+
+    with pytest.raises(XrunError) as e:
+        read_history(Broken())  # type: ignore[arg-type]
+    assert e.value.exit_code == 3 and "connection refused" in str(e.value)
