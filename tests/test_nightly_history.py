@@ -161,3 +161,55 @@ def test_unreadable_history_is_unreachable_not_a_traceback(tmp_path):
     with pytest.raises(XrunError) as e:
         read_history(Broken())  # type: ignore[arg-type]
     assert e.value.exit_code == 3 and "connection refused" in str(e.value)
+
+
+TREND_PROBE = """<script>
+window.addEventListener('load', function () { setTimeout(function () {
+  const plots = Array.from(document.querySelectorAll('.plot[id^=trend]')).map(d => ({
+    id: d.id, points: d.data.reduce((n, t) => n + t.y.length, 0), names: d.data.map(t => t.name),
+    shapes: (d.layout.shapes || []).length, note: (d.layout.annotations || []).map(a => a.text),
+    drawn: d.querySelectorAll('.main-svg .scatterlayer .trace').length}));
+  const runset = Array.from(document.querySelectorAll('table.runset tr')).map(r => r.cells[0].textContent);
+  const outcomes = Array.from(document.querySelectorAll('table.runs tr')).map(r => r.cells[2].textContent);
+  document.body.setAttribute('data-probe', JSON.stringify({plots, runset, outcomes,
+    verdict: document.querySelector('.verdict').textContent,
+    requests: performance.getEntriesByType('resource').length}));
+}, 200); });
+</script>"""
+
+
+def test_the_nightly_page_shows_run_sets_states_and_the_trend_in_chromium(tmp_path):
+    """The nightly report of repeated runs with a history: the run-level table, the states
+    the summary gives (a run that never started too), and a trend chart per figure with the
+    change point on the base marked and its commits named."""
+    import html as _html
+
+    from test_report import chromium
+
+    from orchestrator.analysis.report import Section, render_report
+    from orchestrator.services.nightly import _trends
+
+    root = tmp_path / "store"
+    storage = open_storage(str(root))
+    _history(storage, [(f"c{i}000000", [0.10, 0.101, 0.099, 0.1005]) for i in range(4)]
+             + [(f"d{i}000000", [0.13, 0.131, 0.129, 0.1305]) for i in range(2)])
+    cfg = load_nightly(_file(tmp_path, {**LOCAL, "storage": str(root)}))
+    trends = _trends(cfg, read_history(storage))
+    base = _stored(root, "b", 4, 0.150)
+    cand = _stored(root, "s", 4, 0.180, seed0=10, branch="feat")
+    rs = compare_runs(base, cand)
+    states = {r.name: ("Succeeded", "") for r in base + cand} | {"nt-feat-x": ("NotSubmitted", "quota exceeded")}
+    page = render_report([Section("Config tiny", base + cand, [rs.per_step], run_sets=[rs], states=states)],
+                         trends=trends, verdict=("INCOMPLETE", "INCOMPLETE: 1 comparison(s) lack runs"))
+    probe = tmp_path / "p.html"
+    probe.write_text(page.replace("</body>", TREND_PROBE + "</body>"))
+    r = chromium("--dump-dom", "--window-size=1280,2000", probe.as_uri(), tmp=tmp_path)
+    got = json.loads(_html.unescape(re.search(r'data-probe="([^"]*)"', r.stdout)[1]))
+    assert got["requests"] == 0 and got["verdict"].startswith("INCOMPLETE")
+    assert got["runset"][:2] == ["Metric (per-run median)", "Steady-state s/step (median)"]
+    assert "NotSubmitted: quota exceeded" in got["outcomes"] and got["outcomes"].count("Succeeded") == 8
+    tiny = [p for p in got["plots"] if p["points"]]
+    steady = tiny[0]
+    assert steady["points"] == (6 * 4 + 6) + (6 + 6)  # main: runs + medians; feat: 1 run a night + medians
+    assert steady["names"] == ["main runs", "main", "feat runs", "feat"] and steady["drawn"] == 4
+    assert steady["shapes"] == 1 and steady["note"] == ["+29.9% (c300000 → d000000)"]

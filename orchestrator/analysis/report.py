@@ -244,7 +244,8 @@ def charts_html(section: Section, key: str) -> str:
         parts.append(
             "<figure>" + _plot(f"steptime-{key}", times + boxes, {
                 "title": {"text": "Seconds per step"}, "xaxis": {"title": {"text": "step"}, "domain": [0, 0.72]},
-                "yaxis": yaxis, "xaxis2": {"domain": [0.78, 1], "anchor": "y2"},
+                "yaxis": yaxis, "xaxis2": {"domain": [0.78, 1], "anchor": "y2", "showticklabels": False,
+                           "title": {"text": "each run (hover)"}},
                 "yaxis2": {"anchor": "x2", "title": {"text": "distribution"}, "matches": "y"},
                 "updatemenus": _axis_buttons()})
             + "<figcaption>Every executed step; diamonds mark each run's checkpoint saves on its own series "
@@ -408,7 +409,8 @@ def render_report(sections: Sequence[Section], title: str = "xrun comparison rep
         body.append("</section>")
     if trends:
         body.append('<section id="trends"><h2>Trend over nights</h2>')
-        body += [trend_html(t, str(i)) for i, t in enumerate(trends)]
+        body += [trend_html(t, str(i)) for i, t in enumerate(trends)
+                 if any(n["values"] for ns in t["nights"].values() for n in ns)]
         body.append("</section>")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
