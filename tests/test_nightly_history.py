@@ -213,3 +213,51 @@ def test_the_nightly_page_shows_run_sets_states_and_the_trend_in_chromium(tmp_pa
     assert steady["points"] == (6 * 4 + 6) + (6 + 6)  # main: runs + medians; feat: 1 run a night + medians
     assert steady["names"] == ["main runs", "main", "feat runs", "feat"] and steady["drawn"] == 4
     assert steady["shapes"] == 1 and steady["note"] == ["+29.9% (c300000 → d000000)"]
+
+
+def test_every_failure_path_is_incomplete_with_its_reason(tmp_path, monkeypatch):
+    """A run deleted from outside, a run whose supervisor died, a run that never started:
+    each comparison is INCOMPLETE with the reason, the run table says the same state, and
+    nothing reads "no regression". Only the submission is replaced (it writes the stored
+    run each case leaves); the nightly follows it through the real local backend's status."""
+    import subprocess
+    import sys
+
+    from orchestrator.services import nightly as svc
+
+    root = tmp_path / "store"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs: the supervisor "died"
+
+    def submit(run):
+        branch = run.branch.name
+        if branch == "never":
+            raise XrunError("backend refused the run: quota exceeded", 1)
+        state = "Deleted" if branch == "killed" else "Succeeded"
+        write_stored_run(root, run.name, RunShape(seed=run.index, commit="abc1234aaaa"), branch=branch, state=state)
+        if branch == "orphan":  # the supervisor was killed mid-run: state.json says Running
+            p = root / "runs" / run.name / "state.json"
+            st = json.loads(p.read_text())
+            p.write_text(json.dumps({**st, "state": "Running", "supervisor_pid": dead.pid}))
+
+    monkeypatch.setattr(svc, "submit_run", submit)
+    data = {**LOCAL, "storage": str(root), "configs": {"tiny": LOCAL["configs"]["one"]},
+            "branches": {"main": {"image": "i:a", "commit": "a1"}, "killed": {"image": "i:b"},
+                         "orphan": {"image": "i:c"}, "never": {"image": "i:d"}}}
+    res = svc.run_nightly(load_nightly(_file(tmp_path, data)), log=lambda m: None)
+    assert res.exit_code == 1 and res.summary["verdict"] == "INCOMPLETE"
+    by = {e["candidate"]: e for e in res.summary["comparisons"]}
+    assert all(e["state"] == "INCOMPLETE" and not e["regressed"] for e in by.values())
+    assert "killed) Deleted" in by["killed"]["verdict"]
+    assert "orphan) Failed: local supervisor is gone" in by["orphan"]["verdict"]
+    assert "never) NotSubmitted: backend refused the run: quota exceeded" in by["never"]["verdict"]
+    states = {r["branch"]: r["state"] for r in res.summary["runs"]}
+    assert states == {"main": "Succeeded", "killed": "Deleted", "orphan": "Failed", "never": "NotSubmitted"}
+    md = res.summary_md
+    assert "no regression" not in md and "**INCOMPLETE: 3 comparison(s)" in md
+    for branch, state in states.items():  # the run table agrees with the verdicts
+        assert re.search(rf"\| {branch} \| tiny \| 1 \| {state}", md), branch
+    page = (root / "reports" / res.summary["nightly"] / "index.html").read_text()
+    assert "INCOMPLETE: 3 comparison(s)" in page and "Failed: local supervisor is gone" in page
+    hist = [json.loads(ln) for ln in (root / Layout.history(res.summary["nightly"])).read_text().splitlines()]
+    assert {h["branch"]: h["state"] for h in hist} == states
