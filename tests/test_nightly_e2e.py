@@ -23,8 +23,8 @@ from orchestrator.readers.loaders import load_run
 
 STEPS = 8
 REPEATS = 4
-DELAY = 0.05  # seconds added to every step of every branch ...
-SLOW_DELAY = 0.10  # ... and this much for the slow branch
+DELAY = 0.10  # seconds added to every step of every branch ...
+SLOW_DELAY = 0.30  # ... and this much for the slow branch: +200%, far above a loaded CPU's noise
 IMAGE = "xrun-workload:dev"
 
 
@@ -38,7 +38,7 @@ def _nightly_file(tmp, store, branches: dict, repeats: int, name: str):
         "configs": {"tiny": {"command": f"python3 -m workload.train --preset tiny steps={STEPS} checkpoint_every=0",
                              "repeats": repeats}},
         "backend": "local",
-        "threshold": "10%",  # CPU-noise margin; the slowdown is about +90%
+        "threshold": "25%",  # margin for a CPU shared with other jobs; the slowdown is about +190%
         "timeout": 120,
     }
     path = tmp / name
@@ -70,7 +70,7 @@ def _reports(store):
 
 def test_repeats_run_interleaved_and_the_verdict_rests_on_runs(nights):
     r1, _, store = nights
-    assert r1.returncode == 1, r1.stderr[-4000:]  # something regressed
+    assert r1.returncode == 1, r1.stderr[-3000:] + r1.stdout[:3000]  # something regressed
     first = _reports(store)[0]
     assert re.fullmatch(r"\d{4}-\d{2}-\d{2}-\d{6}", first.name)
     summary = json.loads((first / "summary.json").read_text())
@@ -89,7 +89,7 @@ def test_repeats_run_interleaved_and_the_verdict_rests_on_runs(nights):
     assert slow["state"] == "REGRESSED" and "Steady-state s/step (median)" in slow["regressions"]
     rows = {row["metric"]: row for row in slow["comparison"]["rows"]}
     steady = rows["Steady-state s/step (median)"]
-    assert steady["verdict"] == "regressed" and steady["delta_pct"] > 50
+    assert steady["verdict"] == "regressed" and steady["delta_pct"] > 100
     assert steady["n_base"] == steady["n_cand"] == REPEATS and "runs" in steady["diff"]
     assert steady["p_value"] == pytest.approx(2 / 70)  # exact Mann-Whitney, 4 vs 4, no overlap
     assert rows["Tok/s"]["verdict"] == "regressed"
@@ -103,13 +103,13 @@ def test_repeats_run_interleaved_and_the_verdict_rests_on_runs(nights):
     md = r1.stdout
     assert md == (first / "summary.md").read_text()
     assert re.search(r"\| tiny \| feat/slow \| (nt-feat-slow-\S+, ){3}nt-feat-slow-\S+ \| REGRESSED: .*Steady-state s/step", md)
-    assert re.search(r"\| tiny \| same \| [^|]+ \| within noise: no regression beyond 10% \(per-run test, n=4/4 runs\) \|", md)
+    assert re.search(r"\| tiny \| same \| [^|]+ \| within noise: no regression beyond 25% \(per-run test, n=4/4 runs\) \|", md)
     assert "| Metric (per-run median) | main aaaa111 | feat/slow cccc333 |" in md
 
 
 def test_a_crashing_candidate_is_incomplete_and_history_has_both_nights(nights):
     _, r2, store = nights
-    assert r2.returncode == 1, r2.stderr[-4000:]
+    assert r2.returncode == 1, r2.stderr[-3000:] + r2.stdout[:3000]
     first, second = _reports(store)  # the second nightly wrote its own folder
     summary = json.loads((second / "summary.json").read_text())
     assert summary["verdict"] == "INCOMPLETE" and summary["incomplete"]

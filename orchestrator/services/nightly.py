@@ -153,11 +153,16 @@ def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
                 reasons = "; ".join(f"{o.planned.name} ({o.planned.branch.name}) {o.state}"
                                     + (f": {o.message}" if o.message else "") for o in bad)
                 entry.update(state="INCOMPLETE", verdict=f"INCOMPLETE: {reasons}")
+                if rs is not None and rs.regressed:  # what the runs that did finish already show
+                    entry.update(regressed=True, regressions=[r.metric for r in rs.regressions])
+                    entry["verdict"] += (f"; the {rs.n_base}/{rs.n_cand} runs that succeeded already regressed: "
+                                         + ", ".join(_delta(r, rs.on_runs) for r in rs.regressions))
             elif rs is not None and rs.regressed:
                 entry.update(state="REGRESSED", regressed=True, regressions=[r.metric for r in rs.regressions],
                              verdict="REGRESSED: " + ", ".join(_delta(r, rs.on_runs) for r in rs.regressions))
+            elif rs is None:  # unreachable: every run succeeded, so both sides have records
+                entry.update(state="INCOMPLETE", incomplete=True, verdict="INCOMPLETE: no run to compare")
             else:
-                assert rs is not None
                 entry.update(state="within noise",
                              verdict=f"within noise: no regression beyond {cfg.threshold_pct:g}% "
                                      f"({'per-run test' if rs.on_runs else 'per-step test only'}, "
