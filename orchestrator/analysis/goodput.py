@@ -94,6 +94,7 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
     else:
         if not attempts:
             notes.append("steps carry no timestamps: startup and restarts are inside 'other'")
+        assert end is not None and origin is not None  # not partial
         wall = max(0.0, end - origin)
         cats["other"] = wall - known
         if cats["other"] < 0:

@@ -225,11 +225,10 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @storage_option
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines (and new restart attempts).")
 @click.option("--host", "hosts", multiple=True, metavar="S-H", help="Only this host, e.g. 0-1 (repeatable).")
-@click.option("--all", "all_hosts", is_flag=True, help="Every host (the default).")
 @click.option("--since", help="Only chunks written in the last 30s/10m/2h/1d.")
 @click.option("--tail", type=int, help="Only the last N lines of each host (before following).")
 @click.option("--prefix/--no-prefix", default=True, show_default=True, help="Prefix lines with [slice-host].")
-def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...], all_hosts: bool,
+def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
          since: str | None, tail: int | None, prefix: bool) -> int:
     """Print every host's log from storage, merged, each line prefixed by its host.
 

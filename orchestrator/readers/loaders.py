@@ -67,12 +67,6 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
             rec.end_time = max(rec.end_time or 0.0, t)
 
 
-def _num(value: Any, default: float = math.nan) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return default
-    return float(value)
-
-
 def read_jsonl_lines(rec: RunRecord, lines: Iterable[str]) -> int:
     """Apply every JSON line; returns how many were not valid records (skipped)."""
     bad = 0

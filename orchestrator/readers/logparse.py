@@ -147,9 +147,10 @@ class LogParser:
                     host, attempt = m["host"], int(m["attempt"] or 0)
                     line = line[m.end():]
             self._cur_host = host
-            state = self._hosts.get(host)
-            if state is None:
-                state = self._hosts[host] = _HostParse(RunRecord(hosts_seen=[host]))
+            found = self._hosts.get(host)
+            if found is None:
+                found = self._hosts[host] = _HostParse(RunRecord(hosts_seen=[host]))
+            state = found
             if attempt is not None and (attempt != state.attempt or not state.attempt_known):
                 state.attempt, state.attempt_known = attempt, True
                 if attempt:

@@ -121,7 +121,7 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int) -> Check:
             return Check("nodes", WARN, f"cannot list nodes to look for {selector}: {e}")
         return Check("nodes", FAIL, str(e), e.exit_code)
     ready = sum(
-        1 for n in nodes
+        1 for n in list(nodes)
         if any(c.get("type") == "Ready" and c.get("status") == "True" for c in (n.get("status") or {}).get("conditions") or [])
     )
     have = f"{len(nodes)} node(s) labelled {selector} ({ready} Ready); {shape.name} needs {needed}"

@@ -19,6 +19,7 @@ Errors are :class:`~xrun_contract.errors.XrunError` with a one-line message and 
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import threading
@@ -354,7 +355,7 @@ class KubeBackend:
                          KUEUE_GROUP, version, self.namespace, "localqueues", queue_name,
                          name=queue_name, missing_ok=True)
 
-    def nodes(self, label_selector: str) -> list[dict[str, Any]]:
+    def nodes(self, label_selector: str) -> builtins.list[dict[str, Any]]:
         _, core = self._apis()
         return (self.call("list", "nodes", core.list_node, label_selector=label_selector) or {}).get("items") or []
 
