@@ -19,6 +19,7 @@ import pytest
 import yaml
 from cli_helpers import xrun
 
+from orchestrator.analysis.compare import RUN_METRICS
 from orchestrator.readers.loaders import load_run
 
 STEPS = 8
@@ -92,11 +93,15 @@ def test_repeats_run_interleaved_and_the_verdict_rests_on_runs(nights):
     assert steady["verdict"] == "regressed" and steady["delta_pct"] > 100
     assert steady["n_base"] == steady["n_cand"] == REPEATS and "runs" in steady["diff"]
     assert steady["p_value"] == pytest.approx(2 / 70)  # exact Mann-Whitney, 4 vs 4, no overlap
-    assert rows["Tok/s"]["verdict"] == "regressed"
+    assert rows["Tok/s (steady median)"]["verdict"] == "regressed"  # marked; the steady-state row gates
+    assert slow["regressions"] == ["Steady-state s/step (median)"]
     same_rows = {row["metric"]: row for row in same["comparison"]["rows"]}
     assert not same_rows["Steady-state s/step (median)"]["beyond_threshold"]
     assert same_rows["Final loss"]["verdict"] == "identical"  # same code: every run's loss matches
-    assert same["warnings"] == []  # the per-step detail: same versions, devices, config, steps
+    # The per-step detail: same versions, devices, config, steps. The last step's TFLOP/s and
+    # Tok/s are one step each: when they point the other way than the steady-state median, the
+    # warning says so, and nothing else is said.
+    assert [w for w in same["warnings"] if "but the steady-state median says" not in w] == []
     # The per-step test of the first pair stays as supporting detail.
     per_step = {row["metric"]: row for row in slow["comparison"]["per_step"]["rows"]}
     assert per_step["Steady-state s/step (median)"]["verdict"] == "regressed"
@@ -135,7 +140,7 @@ def test_a_crashing_candidate_is_incomplete_and_history_has_both_nights(nights):
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("20",))]
     assert [ln.split()[:3] for ln in lines] == [[first.name, "aaaa111", str(REPEATS)], [second.name, "dddd444", "1"]]
     page = (second / "index.html").read_text()
-    assert page.count('<div class="plot" id="trend-') == 6  # one per gating figure
+    assert page.count('<div class="plot" id="trend-') == len(RUN_METRICS)  # one per figure
     assert first.name in page and second.name in page
     assert "INCOMPLETE" in page
     rec = load_run(crash["name"], str(store))

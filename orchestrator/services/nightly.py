@@ -251,9 +251,7 @@ def _trends(cfg: NightlyConfig, past: list[dict[str, Any]]) -> list[dict[str, An
     out = []
     mine = [r for r in past if r.get("prefix") == cfg.prefix]
     for config in cfg.configs:
-        for key, label, _better, gating, _d in RUN_METRICS:
-            if not gating:
-                continue
+        for key, label, _better, _gating, _d in RUN_METRICS:
             per_branch = {b.name: nights(mine, b.name, key, config.name, TREND_NIGHTS) for b in cfg.branches}
             cps = detect(per_branch[cfg.base], key, cfg.alpha, cfg.threshold_pct)
             out.append({"config": config.name, "metric": key, "label": label,

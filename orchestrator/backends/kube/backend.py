@@ -359,6 +359,22 @@ class KubeBackend:
         _, core = self._apis()
         return (self.call("list", "nodes", core.list_node, label_selector=label_selector) or {}).get("items") or []
 
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes import client
+
+        apps = client.AppsV1Api(self.api_client)
+        return self.call("get", "deployments.apps", apps.read_namespaced_deployment, name, namespace,
+                         name=name, missing_ok=True)
+
+    def pod_log(self, pod: str) -> str:
+        """A (finished) pod's whole log, for doctor's probe."""
+        _, core = self._apis()
+        resp = self._raw(core.read_namespaced_pod_log, pod, self.namespace)
+        try:
+            return resp.data.decode("utf-8", errors="replace")
+        finally:
+            resp.release_conn()
+
     def config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         _, core = self._apis()
         return self.call("get", "configmaps", core.read_namespaced_config_map, name, namespace,
