@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -826,10 +827,14 @@ def compare_runs(base: list[RunRecord], cand: list[RunRecord], threshold_pct: fl
     cmp = Comparator(threshold_pct, alpha)
     rows = []
     for key, label, better, gating, decimals in RUN_METRICS:
-        xb = [v[key] for v in bv if v[key] is not None and math.isfinite(v[key])]
-        xc = [v[key] for v in cv if v[key] is not None and math.isfinite(v[key])]
+        xb = _finite_values(v[key] for v in bv)
+        xc = _finite_values(v[key] for v in cv)
         row = cmp.sampled(label, xb, xc, "median", better, decimals, gating=gating, what="runs")
         if row.verdict == "not tested" and (len(xb) < MIN_RUNS or len(xc) < MIN_RUNS):
             row.diff = row.diff.replace("too few samples", f"benchstat needs n >= {MIN_RUNS} runs per side")
         rows.append(row)
     return RunSetComparison(lb, lc, bv, cv, rows, per_step, threshold_pct, alpha)
+
+
+def _finite_values(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]

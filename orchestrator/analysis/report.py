@@ -181,7 +181,10 @@ def _colors(section: Section) -> dict[int, str]:
 
 def charts_html(section: Section, key: str) -> str:
     labels, colors = _label_map(section), _colors(section)
-    loss, times, boxes, bulk = [], [], [], []
+    loss: list[dict[str, Any]] = []
+    times: list[dict[str, Any]] = []
+    boxes: list[dict[str, Any]] = []
+    bulk: list[float] = []
     for rec in section.runs:
         color, label = colors[id(rec)], esc(labels[id(rec)])
         final = rec.final_mask()
