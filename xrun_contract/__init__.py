@@ -162,8 +162,18 @@ class Layout:
         return "cache/jax-compilation"
 
     @staticmethod
-    def report(date: str) -> str:
-        return f"reports/{date}"
+    def report(stamp: str) -> str:
+        """One folder per nightly, ``<YYYY-mm-dd>-<HHMMSS>`` (a suffix if two share a second):
+        a second nightly on the same day never overwrites the first's report."""
+        return f"reports/{stamp}"
+
+    HISTORY = "history"
+
+    @staticmethod
+    def history(stamp: str) -> str:
+        """One JSONL object per nightly (a record per run): GCS has no append, and one object
+        per writer needs no lock or generation check; readers list the prefix."""
+        return f"history/{stamp}.jsonl"
 
 
 ATTEMPT_RE = re.compile(r"attempt-(\d+)")
