@@ -20,7 +20,7 @@ from typing import Any
 
 from orchestrator.readers.logparse import READ_CHARS, LogParser
 from orchestrator.readers.record import RunRecord, _maybe_json, format_params
-from xrun_contract import ATTEMPT_RE, TERMINAL_STATES, Env, Layout, records
+from xrun_contract import ATTEMPT_RE, TERMINAL_STATES, Env, Layout, records, split_stamp
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import Storage, open_storage, read_chunks
 
@@ -59,6 +59,9 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
         rec.set_memory(r.used_gb, r.total_gb, r.pct, r.device)
     elif isinstance(r, records.Checkpoint):
         rec.add_checkpoint(r.event, r.step, r.seconds, attempt, t)
+    elif isinstance(r, records.Phase):
+        rec.phase = {"phase": r.phase, "activity": r.activity, "step": r.step,
+                     "seconds": r.seconds, "attempt": attempt, "time": t}
     elif isinstance(r, records.End):
         if r.exit_code is not None:
             rec.exit_code = r.exit_code
@@ -270,7 +273,8 @@ def _read_stored_logs(storage: Storage, name: str, rec: RunRecord) -> bool:
             continue
         parser.set_attempt(int(m[1]))
         for _key, data in read_chunks(storage, ap):
-            parser.feed(data.decode("utf-8", errors="replace"))
+            text = data.decode("utf-8", errors="replace")
+            parser.feed("".join(split_stamp(line)[1] for line in text.splitlines(keepends=True)))
     out = parser.finish()
     if out.steps.count:
         rec.notes.append(f"no step metrics stored: read from host {host}'s log")
