@@ -73,7 +73,8 @@ def _common(fn):
 @click.argument("base")
 @click.argument("candidate")
 @_common
-@click.option("--format", "fmt", type=click.Choice(["md", "json", "html"]), default="md", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default=None,
+              help="table (aligned, coloured: the default on a terminal), md (the default otherwise), json, html.")
 @click.option("-o", "--output", help="Write to this file instead of stdout.")
 def compare(base: str, candidate: str, storage: str | None, threshold: float, alpha: float,
             warmup: int, fmt: str, output: str | None) -> int:
@@ -93,7 +94,24 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
     _check_output(output)
     result = analysis.compare(base, candidate, settings.storage_root(storage),
                               threshold_pct=threshold, alpha=alpha, warmup=warmup)
-    if fmt == "json":
+    if fmt is None:
+        to_terminal = (output is None or output == "-") and click.get_text_stream("stdout").isatty()
+        fmt = "table" if to_terminal else "md"
+    if fmt == "table":
+        from rich.console import Console
+
+        from orchestrator.cli.screen import comparison_screen
+
+        if output is None or output == "-":
+            console = Console(soft_wrap=True)
+            if not console.is_terminal:
+                console = Console(soft_wrap=True, width=4000)
+            console.print(comparison_screen(result))
+            return result.exit_code
+        console = Console(record=True, width=160, file=open(os.devnull, "w"))  # noqa: SIM115
+        console.print(comparison_screen(result))
+        text = console.export_text()
+    elif fmt == "json":
         text = result.json()
     elif fmt == "html":
         text = analysis.comparison_html(result)

@@ -53,6 +53,16 @@ def plain_table(*columns: str) -> Table:
     return table
 
 
+def print_table(table: Any) -> None:
+    """Print a table whole: on a terminal at its width, piped never cut (kubectl's way)."""
+    from rich.console import Console
+
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(soft_wrap=True, width=4000)
+    console.print(table)
+
+
 def warn(message: str) -> None:
     click.echo(f"xrun: warning: {message}", err=True)
 

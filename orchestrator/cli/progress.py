@@ -118,9 +118,9 @@ class ProgressScreen:
     """Host lines above a pinned progress line (TTY) or plain progress lines (no TTY)."""
 
     def __init__(self, console: Console, *, interval: float = 10.0, verbose: bool = False,
-                 prefix: bool = True, colour: bool | None = None):
+                 prefix: bool = True, colour: bool | None = None, tty: bool | None = None):
         self.console = console
-        self.tty = console.is_terminal
+        self.tty = console.is_terminal if tty is None else tty
         self.colour = self.tty if colour is None else colour
         self.filter = LineFilter(verbose)
         self.interval, self.prefix = interval, prefix

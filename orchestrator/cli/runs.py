@@ -21,6 +21,7 @@ from orchestrator.cli.common import (
     info,
     open_storage,
     plain_table,
+    print_table,
     storage_option,
     warn,
 )
@@ -305,10 +306,11 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...], a
     runs.run_info(st, name)
     logs_service.check_hosts(st, name, set(hosts) or None)
     backend = runs.backend_of(st, name)
-    out = Console()
-    use_colour = colour == "always" or (colour == "auto" and out.is_terminal)
-    screen = ProgressScreen(out, interval=progress_interval, verbose=verbose or not out.is_terminal,
-                            prefix=prefix, colour=use_colour)
+    tty = Console().is_terminal
+    use_colour = colour == "always" or (colour == "auto" and tty)
+    out = Console(force_terminal=True if colour == "always" else None, no_color=colour == "never")
+    screen = ProgressScreen(out, interval=progress_interval, verbose=verbose or not tty,
+                            prefix=prefix, colour=use_colour, tty=tty)
 
     def stamp_of(t: float) -> str:
         if not timestamps:
@@ -443,7 +445,7 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str)
             row += [str(r.get("restarts", 0)), r.get("backend", ""), r.get("accelerator", ""),
                     rfc3339(ts) if isinstance(ts, int | float) else str(ts or "-")]
         table.add_row(*row)
-    Console(soft_wrap=True).print(table)
+    print_table(table)
     return EXIT_OK
 
 

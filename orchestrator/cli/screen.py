@@ -136,3 +136,62 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
         lines.append(f"  wall time {_duration(time.time() - started)}")
     lines.append(f"  storage {view['storage']}")
     return lines
+
+
+VERDICT_STYLE = {"improved": "green", "regressed": "red", "within noise": "dim",
+                 "differs": "yellow", "missing": "yellow"}
+
+
+def _delta(r: Any) -> str:
+    if r.delta_pct is not None:
+        return f"{r.delta_pct:+.1f}%"
+    if r.verdict in ("identical", "same") or r.diff in ("—", "0", ""):
+        return "~"
+    return r.diff.replace("**", "") if len(r.diff) <= 24 else ""
+
+
+def _verdict(r: Any, threshold_pct: float) -> str:
+    v = r.verdict or ""
+    if v == "regressed" and r.gating and not r.beyond_threshold:
+        v += f" (under {threshold_pct:g}%)"
+    if r.p_value is not None:
+        n = f", n={r.n_base}/{r.n_cand}" if r.n_base is not None else ""
+        v += f"  p={r.p_value:.3f}{n}" if r.p_value >= 0.001 else f"  p<0.001{n}"
+    return v
+
+
+def verdict_line(c: Any) -> Text:
+    """The one line a reader needs first: regressed or not, and by what."""
+    improved = [r.metric for r in c.rows if r.verdict == "improved"]
+    regressed = [r.metric for r in c.rows if r.verdict == "regressed"]
+    if c.candidate_failed:
+        return Text(f"FAILED: the candidate {c.cand_label} did not finish", style="bold red")
+    if c.regressions:
+        worst = ", ".join(f"{r.metric} {_delta(r)}" for r in c.regressions)
+        return Text(f"REGRESSED beyond {c.threshold_pct:g}%: {worst}", style="bold red")
+    bits = [f"{len(improved)} improved" if improved else "", f"{len(regressed)} regressed under "
+            f"{c.threshold_pct:g}%" if regressed else ""]
+    tail = "; ".join(b for b in bits if b)
+    return Text(f"OK: no significant regression beyond {c.threshold_pct:g}%" + (f" ({tail})" if tail else ""),
+                style="bold green")
+
+
+def comparison_screen(c: Any) -> Group:
+    """benchstat's shape: the verdict first, then one aligned row per metric (base, candidate,
+    delta, verdict with p and n), coloured by verdict (improved green, regressed red, within
+    noise dim); warnings above, notes below."""
+    parts: list[Any] = [verdict_line(c)]
+    parts += [Text(f"warning: {w}", style="yellow") for w in c.warnings]
+    table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("METRIC", no_wrap=True)
+    table.add_column(c.base_label, justify="right", no_wrap=True)
+    table.add_column(c.cand_label, justify="right", no_wrap=True)
+    table.add_column("DELTA", justify="right", no_wrap=True)
+    table.add_column("VERDICT", no_wrap=True)
+    for r in c.rows:
+        style = VERDICT_STYLE.get(r.verdict, "")
+        table.add_row(r.metric, r.base, r.cand, Text(_delta(r), style=style),
+                      Text(_verdict(r, c.threshold_pct), style=style))
+    parts += [Text(""), table, Text("")]
+    parts += [Text(f"note: {n}", style="dim") for n in c.notes]
+    return Group(*parts)
