@@ -386,3 +386,22 @@ def test_follow_in_a_terminal_shows_phases_once_header_no_zero_figures(tmp_path:
     # Storage kept every line (both headers), stamped.
     r = xrun("logs", "pt", "--host", "0-0", "--grep", "xrun header versions", storage=store)
     assert len(r.stdout.splitlines()) == 2
+
+
+def test_nightly_shows_which_run_is_at_which_phase(tmp_path: Path):
+    """Each planned run's phase as it goes, numbered in the plan (no training: 'sleep')."""
+    import yaml
+
+    nightly = {"prefix": "nt", "slice": {"accelerator": "cpu-1"}, "base": "main",
+               "branches": {"main": {"image": "img:main", "commit": "aaaa111"},
+                            "feat": {"image": "img:feat", "commit": "bbbb222"}},
+               "configs": {"quick": {"command": "sleep 2"}}, "storage": str(tmp_path / "store")}
+    (tmp_path / "n.yaml").write_text(yaml.safe_dump(nightly))
+    r = xrun("nightly", "-f", str(tmp_path / "n.yaml"), storage=tmp_path / "store", timeout=120)
+    assert r.returncode == 0, r.stderr
+    shown = [ln for ln in r.stderr.splitlines() if " | " in ln]
+    first = [ln.split(" | ")[0].split()[-1] for ln in shown if "[1/2] nt-main-" in ln]
+    second = [ln.split(" | ")[0].split()[-1] for ln in shown if "[2/2] nt-feat-" in ln]
+    for phases in (first, second):
+        assert phases[0] in ("scheduling", "starting") and "succeeded" not in phases[:-1], shown
+    assert r.stderr.index("[2/2] nt-feat-") > r.stderr.index("[1/2] nt-main-")

@@ -189,7 +189,16 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
             click.echo("---")
             click.echo(yaml.safe_dump(run.run_file, sort_keys=False), nl=False)
         return EXIT_OK
-    result = run_nightly(cfg, log=lambda msg: click.echo(f"xrun: {msg}", err=True))
+    from rich.console import Console
+
+    from orchestrator.cli.progress import ProgressScreen
+
+    console = Console(stderr=True)
+    with ProgressScreen(console, interval=30.0) as screen:
+        def show(index: int, total: int, view: dict[str, Any]) -> None:
+            screen.update({**view, "name": f"[{index}/{total}] {view['name']}"})
+
+        result = run_nightly(cfg, log=lambda msg: screen.note(msg), on_view=show)
     click.echo(result.summary_md, nl=False)
     click.echo(f"xrun: report {result.report_url}", err=True)
     return result.exit_code
