@@ -94,10 +94,12 @@ def test_phase_names_each_stage():
     # A phase of the previous attempt does not describe this one.
     assert phase(_rec(phase=ph), "Running", 2, running, []) == "starting"
     assert phase(_rec(phase={**ph, "activity": "compiling"}), "Running", 1, running, []) == "compiling"
+    assert phase(_rec(phase={**ph, "activity": "training"}), "Running", 1, running, [4]) == "training"
     rec = _rec(phase={**ph, "activity": "training"})
     rec.steps.append(41, 0.2, 0.1, 100.0, 2.0, attempt=1)
     assert phase(rec, "Running", 1, running, []) == "training"
-    assert phase(rec, "Running", 1, running, [50]) == "checkpointing"
+    assert phase(rec, "Running", 1, running, [41]) == "checkpointing"  # no step after the save
+    assert phase(rec, "Running", 1, running, [40]) == "training"  # written under step 41
     assert phase(rec, "Restarting", 2, running, []) == "restarting attempt 2"
     assert phase(rec, "Succeeded", 1, running, []) == "succeeded"
 
@@ -342,37 +344,63 @@ def test_wrapper_json_lines_and_stamped_storage(tmp_path: Path):
 
 def test_follow_in_a_terminal_shows_phases_once_header_no_zero_figures(tmp_path: Path):
     import pty
+    import select
 
     store = tmp_path / "store"
-    master, slave = pty.openpty()
-    p = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "submit", "-f", str(REPO / "examples/local-tiny.yaml"),
-         "--name", "pt", "--command",
-         "python3 -m workload.train --preset tiny steps=16 checkpoint_every=4",
-         "--env", "XRUN_TEST_FAIL_AT_STEP=6:42", "--follow"],
-        stdin=slave, stdout=slave, stderr=slave, env={**xrun_env(store), "COLUMNS": "200"},
-        close_fds=True, cwd=REPO,
-    )
-    os.close(slave)
-    seen = b""
+    env = {**xrun_env(store), "COLUMNS": "200"}
+
+    def in_pty(*args: str) -> tuple[subprocess.Popen, int]:
+        master, slave = pty.openpty()
+        p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], stdin=slave,
+                             stdout=slave, stderr=slave, env=env, close_fds=True, cwd=REPO)
+        os.close(slave)
+        return p, master
+
+    p, master = in_pty("submit", "-f", str(REPO / "examples/local-tiny.yaml"), "--name", "pt",
+                       "--command", "python3 -m workload.train --preset tiny steps=16 checkpoint_every=4",
+                       "--env", "XRUN_TEST_FAIL_AT_STEP=6:42", "--follow")
     deadline = time.time() + 240
-    while time.time() < deadline:
-        try:
-            chunk = os.read(master, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        seen += chunk
-    rc = p.wait(timeout=30)
+    while time.time() < deadline and not (store / Layout.run_json("pt")).exists():
+        time.sleep(0.2)
+    q, qmaster = in_pty("logs", "pt", "-f")  # a second terminal follows the same run
+    out = {master: b"", qmaster: b""}
+    open_fds = [master, qmaster]
+    status_phases: list[str] = []
+    next_status = time.time()
+    while open_fds and time.time() < deadline:
+        ready, _, _ = select.select(open_fds, [], [], 0.5)
+        for fd in ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                open_fds.remove(fd)
+            out[fd] += chunk
+        if p.poll() is None and time.time() >= next_status and len(status_phases) < 6:
+            next_status = time.time() + 4  # `xrun status` shows the phase while it starts
+            r = xrun("status", "pt", "-o", "json", storage=store)
+            if r.returncode == 0:
+                status_phases.append(json.loads(r.stdout)["phase"])
+    rc, qrc = p.wait(timeout=30), q.wait(timeout=30)
     os.close(master)
-    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode("utf-8", "replace"))
+    os.close(qmaster)
+
+    def plain(b: bytes) -> str:
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b.decode("utf-8", "replace"))
+
+    screen, logs_screen = plain(out[master]), plain(out[qmaster])
     assert rc == 0, screen[-3000:]
+    assert qrc == 0, logs_screen[-3000:]
+    assert status_phases and set(status_phases) - {"scheduling", "succeeded"}, status_phases
+    # logs -f: host lines and the same progress line, quiet too.
+    assert "[0-0 #1] completed step: 16" in logs_screen and "pt training" in logs_screen, logs_screen[-2000:]
+    assert "xrun-wrapper: start" not in logs_screen and "0.000 " not in logs_screen
     # The pinned line went through the phases (each seen at least once).
     # (The Restarting state of a local run lasts less than a refresh: the restart shows as
     # attempt 1's startup phases with "restarts 1"; "restarting attempt K" is unit-tested.)
     startup = r"(starting|initializing distributed|opening checkpoints|initializing state|compiling|restoring step \d+)"
-    assert "pt scheduling" in screen and "pt training" in screen, screen[-3000:]
+    assert "pt training" in screen, screen[-3000:]
     assert re.search(rf"pt {startup}  checkpoint none", screen), screen[-3000:]  # attempt 0
     assert re.search(rf"pt {startup} .*restarts 1", screen), screen[-3000:]  # attempt 1
     assert re.search(r"pt training .*checkpoint step \d+", screen)

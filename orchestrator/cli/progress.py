@@ -82,7 +82,9 @@ def progress_parts(view: dict[str, Any]) -> list[tuple[str, str]]:
         if view.get("eta_seconds") is not None:
             parts.append(("ETA", _duration(view["eta_seconds"])))
     ck = view.get("latest_checkpoint")
-    parts.append(("checkpoint", f"step {ck['step']}" if ck else "none"))
+    saving = view.get("checkpoints_in_progress") or []
+    parts.append(("checkpoint", (f"step {ck['step']}" if ck else "none")
+                  + (f" (saving {max(saving)})" if saving else "")))
     if view.get("restarts"):
         parts.append(("restarts", str(view["restarts"])))
     return parts

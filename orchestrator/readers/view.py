@@ -68,8 +68,13 @@ def phase(rec: RunRecord, state: str, restarts: int, hosts: list[dict[str, Any]]
         return "starting"
     if not trained and ph is not None and ph.get("activity") not in ("training", "first step done"):
         return str(ph.get("activity") or "starting")
+    # Checkpointing while no step finished after the save began (training waits on it, or
+    # the last save commits before exit); an async write under later steps is "training".
+    latest = steps.step[-1] if len(steps) else None
+    if checkpoints_in_progress and latest is not None and latest <= max(checkpoints_in_progress):
+        return "checkpointing"
     last = next((c for c in reversed(rec.checkpoints) if c.get("attempt", 0) >= attempt), None)
-    if checkpoints_in_progress or (last and last["event"] in ("started", "blocked", "exit_wait")):
+    if last and last["event"] == "exit_wait":
         return "checkpointing"
     return "training"
 
