@@ -12,6 +12,11 @@ because the JAX distributed service detected fatal errors" (absl ``LOG(QFATAL)``
 ``xla/pjrt/distributed/client.h``, which exits 1 from native code when a peer or the
 coordinator died) exits with ``XRUN_RESTARTABLE_EXIT_CODE`` instead: an infrastructure
 failure, not the user's bug (``workload.failures.classify_output``).
+
+Shipping logs never changes the exit code: the pod's code is what JobSet's podFailurePolicy
+reads, so a storage outage turning a restartable 42 into 1 would make a preemption a
+permanent FailJobSet. The final flush is bounded (``CLOSE_DEADLINE_S``, well inside the
+pod's termination grace period) and a failure is one line on stderr.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from xrun_contract import (
 )
 
 PR_SET_PDEATHSIG = 1
+# At most this long for the last log chunk after the child ended (the kubelet's default
+# grace period is 30 s; xrun's pods get termination_grace_seconds, 120 by default).
+CLOSE_DEADLINE_S = 15.0
 
 
 def _die_with_parent() -> None:
@@ -124,8 +132,34 @@ def main(argv: list[str]) -> int:
     emit(WRAPPER_END_LINE.format(host=host, code=code, seconds=time.monotonic() - start), severity)
     emit(EXIT_CODE_LINE.format(code=code), severity)
     if writer:
-        writer.close()
+        _close_bounded(writer, CLOSE_DEADLINE_S)
     return code
+
+
+def _close_bounded(writer, deadline_s: float) -> None:
+    """Flush the last chunk within ``deadline_s``; failing or late, say so on stderr (the
+    lines are in the container log either way) and keep the child's exit code."""
+    import threading
+
+    failure: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            writer.close()
+        except BaseException as e:  # noqa: BLE001 - reported below, never raised
+            failure.append(e)
+
+    thread = threading.Thread(target=close, daemon=True, name="xrun-log-close")
+    thread.start()
+    thread.join(deadline_s)
+    if thread.is_alive():
+        why = f"still writing after {deadline_s:g} s"
+    elif failure:
+        why = f"{type(failure[0]).__name__}: {' '.join(str(failure[0]).split())[:200]}"
+    else:
+        return
+    print(f"xrun-wrapper: log shipping to storage failed ({why}); the full log is in the "
+          "container's stdout", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

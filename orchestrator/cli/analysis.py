@@ -76,8 +76,12 @@ def _common(fn):
 @click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default=None,
               help="table (aligned, coloured: the default on a terminal), md (the default otherwise), json, html.")
 @click.option("-o", "--output", help="Write to this file instead of stdout.")
+@click.option("--label-a", help="BASE's branch@commit (e.g. main@574ad3fb9), branch, or @commit: "
+              "names the column and feeds the same-commit warning.")
+@click.option("--label-b", help="CANDIDATE's branch@commit, branch, or @commit.")
 def compare(base: str, candidate: str, storage: str | None, threshold: float, alpha: float,
-            warmup: int, fmt: str, output: str | None) -> int:
+            warmup: int, fmt: str, output: str | None, label_a: str | None,
+            label_b: str | None) -> int:
     """Compare CANDIDATE with BASE: a table, significance marks, warnings, goodput.
 
     BASE and CANDIDATE are each a run name (under --storage), a run path
@@ -89,11 +93,13 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
     Examples:
       xrun compare nightly-main-20250103-030000-0 nightly-feat-x-20250103-030000-1
       xrun compare main.log feat.log --threshold 3% --format json
+      xrun compare main.log feat.log --label-a main@574ad3fb9 --label-b feat/x@def456
       xrun compare gs://b/xrun/runs/a gs://b/xrun/runs/b --format html -o cmp.html
     """
     _check_output(output)
     result = analysis.compare(base, candidate, settings.storage_root(storage),
-                              threshold_pct=threshold, alpha=alpha, warmup=warmup)
+                              threshold_pct=threshold, alpha=alpha, warmup=warmup,
+                              label_a=label_a, label_b=label_b)
     if fmt is None:
         to_terminal = (output is None or output == "-") and click.get_text_stream("stdout").isatty()
         fmt = "table" if to_terminal else "md"

@@ -22,7 +22,6 @@ from xrun_contract import (
     Layout,
     is_terminal,
 )
-from xrun_contract.errors import signal_name
 from xrun_contract.storage import Storage
 
 RECENT_STEPS = 20  # the step time shown is the median of this many latest steps
@@ -89,8 +88,18 @@ def host_reason(h: dict[str, Any]) -> str:
         return ""
     if code == 0:
         return "Completed"
-    sig = signal_name(int(code))
+    sig = _signal_name(int(code))
     return f"Error: exit code {code}" + (f" ({sig})" if sig else "")
+
+
+def _signal_name(exit_code: int) -> str:
+    """'SIGKILL' for 137 (128 + N, as kubelet reports a signalled container), else ''."""
+    import signal
+
+    try:
+        return signal.Signals(exit_code - 128).name if exit_code > 128 else ""
+    except ValueError:
+        return ""
 
 
 def _state_from_end(rec: RunRecord) -> str | None:
