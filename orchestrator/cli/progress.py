@@ -5,9 +5,9 @@ keeps one progress line pinned under them (phase, step N/M with a bar, loss, tok
 all devices, ETA, last checkpoint). Without a terminal the same facts are one plain line
 every ``interval`` seconds (and at each phase change), so a CI log stays readable.
 
-Quiet by default: Gloo/absl chatter, the wrapper's start and ``EXIT_CODE=`` lines and a
-repeated run header stay in storage (``xrun logs`` shows them) but not here; ``-v`` shows
-every line.
+Quiet by default on a terminal: Gloo/absl chatter, the wrapper's start and ``EXIT_CODE=``
+lines and a repeated run header stay in storage but are not shown; ``-v`` shows every line,
+and so does any output that is not a terminal (a pipe or a file gets the stream as stored).
 """
 
 from __future__ import annotations

@@ -169,7 +169,9 @@ def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
     out = Console()
     table_screen = out.is_terminal and not show_logs
     live_ctx = Live(console=out, refresh_per_second=4, transient=False) if table_screen else None
-    screen = None if table_screen else ProgressScreen(out, interval=interval, verbose=verbose)
+    # Quiet on a terminal only: piped, every line goes through as stored (kubectl logs' way).
+    screen = None if table_screen else ProgressScreen(out, interval=interval,
+                                                      verbose=verbose or not out.is_terminal)
     last_state = None
     seen_events: set[str] = set()
     view: dict[str, Any] = {}
