@@ -68,7 +68,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--commit",), {"help": "Commit the image was built from (for reports)."}),
     (("--backend",), {"type": click.Choice(["local", "kube"]), "help": "Default: kube when a --context is named, else local."}),
     (("--context",), {"help": "kubeconfig context (selects the GKE backend)."}),
-    (("-n", "--namespace"), {"help": "Kubernetes namespace. Default 'default'."}),
+    (("-n", "--namespace"), {"help": "Kubernetes namespace. Default: the kubeconfig context's."}),
 ]
 
 
@@ -409,7 +409,7 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
 @click.option("-o", "--output", "fmt", type=click.Choice(["table", "wide", "json", "yaml"]),
               default="table", show_default=True, help="wide: also backend, accelerator, restarts, submit time.")
 @click.option("--context", default=None, help="Also list xrun JobSets in this cluster context.")
-@click.option("-n", "--namespace", default="default", show_default=True)
+@click.option("-n", "--namespace", default=None, help="Default: the kubeconfig context's namespace.")
 def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str) -> int:
     """List runs under the storage root, newest first: state, step/total, loss, age.
 

@@ -48,12 +48,13 @@ def dump_yaml(obj: Any) -> str:
 # Backends
 
 
-def backend_for(kind: str, storage_root: str, context: str = "", namespace: str = "default") -> Backend:
-    """The backend a run was (or is to be) submitted to."""
+def backend_for(kind: str, storage_root: str, context: str = "", namespace: str | None = None) -> Backend:
+    """The backend a run was (or is to be) submitted to; no namespace means the kubeconfig
+    context's (as kubectl)."""
     if kind == "kube":
         from orchestrator.backends.kube.backend import KubeBackend
 
-        return KubeBackend(context or None, namespace or "default")
+        return KubeBackend(context or None, namespace or None)
     from orchestrator.backends.local import LocalBackend
 
     return LocalBackend(storage_root)
@@ -77,7 +78,7 @@ def backend_of(storage: Storage, name: str, context: str | None = None,
     run = run_info(storage, name)
     kind = run.get("backend", "local")
     ctx = context if context is not None else run.get("context", "")
-    ns = namespace or run.get("namespace", "default")
+    ns = namespace or run.get("namespace") or None
     return backend_for(kind, storage.root, ctx, ns)
 
 
@@ -105,7 +106,11 @@ def record_state(storage: Storage, name: str, status: BackendStatus, backend: st
     if current.get("state") == status.state and current.get("restarts", 0) == status.restarts:
         return
     now = time.time()
-    current.update(state=status.state, restarts=status.restarts, message=status.message, updated=now)
+    # Restarts only grow: a view rebuilt after the JobSet is gone (from its events) may know fewer.
+    restarts = max(status.restarts, int(current.get("restarts") or 0))
+    if current.get("state") == status.state and current.get("restarts", 0) == restarts:
+        return
+    current.update(state=status.state, restarts=restarts, message=status.message, updated=now)
     if status.hosts and backend != "local":
         current["hosts"] = {h.host: {k: v for k, v in h.as_dict().items() if k != "host"}
                             for h in status.hosts}
@@ -196,6 +201,9 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Subm
     except Exception as e:  # noqa: BLE001
         raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
     backend.submit(manifest, replace=replace)
+    resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
+    if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
+        storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
     return Submitted(spec, manifest, storage, backend)
 
 
