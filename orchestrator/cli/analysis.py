@@ -73,7 +73,8 @@ def _common(fn):
 @click.argument("base")
 @click.argument("candidate")
 @_common
-@click.option("--format", "fmt", type=click.Choice(["md", "json", "html"]), default="md", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default=None,
+              help="table (aligned, coloured: the default on a terminal), md (the default otherwise), json, html.")
 @click.option("-o", "--output", help="Write to this file instead of stdout.")
 @click.option("--label-a", help="BASE's branch@commit (e.g. main@574ad3fb9), branch, or @commit: "
               "names the column and feeds the same-commit warning.")
@@ -99,7 +100,24 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
     result = analysis.compare(base, candidate, settings.storage_root(storage),
                               threshold_pct=threshold, alpha=alpha, warmup=warmup,
                               label_a=label_a, label_b=label_b)
-    if fmt == "json":
+    if fmt is None:
+        to_terminal = (output is None or output == "-") and click.get_text_stream("stdout").isatty()
+        fmt = "table" if to_terminal else "md"
+    if fmt == "table":
+        from rich.console import Console
+
+        from orchestrator.cli.screen import comparison_screen
+
+        if output is None or output == "-":
+            console = Console(soft_wrap=True)
+            if not console.is_terminal:
+                console = Console(soft_wrap=True, width=4000)
+            console.print(comparison_screen(result))
+            return result.exit_code
+        console = Console(record=True, width=160, file=open(os.devnull, "w"))  # noqa: SIM115
+        console.print(comparison_screen(result))
+        text = console.export_text()
+    elif fmt == "json":
         text = result.json()
     elif fmt == "html":
         text = analysis.comparison_html(result)
@@ -180,7 +198,16 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
             click.echo("---")
             click.echo(yaml.safe_dump(run.run_file, sort_keys=False), nl=False)
         return EXIT_OK
-    result = run_nightly(cfg, log=lambda msg: click.echo(f"xrun: {msg}", err=True))
+    from rich.console import Console
+
+    from orchestrator.cli.progress import ProgressScreen
+
+    console = Console(stderr=True)
+    with ProgressScreen(console, interval=30.0) as screen:
+        def show(index: int, total: int, view: dict[str, Any]) -> None:
+            screen.update({**view, "name": f"[{index}/{total}] {view['name']}"})
+
+        result = run_nightly(cfg, log=lambda msg: screen.note(msg), on_view=show)
     click.echo(result.summary_md, nl=False)
     click.echo(f"xrun: report {result.report_url}", err=True)
     return result.exit_code

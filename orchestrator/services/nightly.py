@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import re
 import time
@@ -43,9 +44,17 @@ def submit_run(run: PlannedRun) -> None:
         raise XrunError(f"submit {run.name}: {e}", e.exit_code) from None
 
 
-def follow(run: PlannedRun, timeout_s: float, poll_s: float) -> RunOutcome:
-    """Poll the backend until the run ends; past the timeout it is deleted."""
+def follow(run: PlannedRun, timeout_s: float, poll_s: float,
+           on_view: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
+    """Poll the backend until the run ends; past the timeout it is deleted. ``on_view``
+    gets the run's status view (phase, step, loss, ...) at each poll."""
     backend = runs.backend_for_spec(run.spec)
+    reader = None
+    if on_view is not None:
+        from orchestrator.readers.loaders import StoredRun
+        from xrun_contract.storage import open_storage
+
+        reader = StoredRun(open_storage(run.spec.storage), run.name)
     started = time.monotonic()
     missing_since: float | None = None
     while True:
@@ -55,6 +64,11 @@ def follow(run: PlannedRun, timeout_s: float, poll_s: float) -> RunOutcome:
             if e.exit_code == EXIT_UNREACHABLE:
                 raise XrunError(f"follow {run.name}: {e}", EXIT_UNREACHABLE) from None
             status = None
+        if reader is not None and on_view is not None and status is not None:
+            from orchestrator.readers.view import run_view
+
+            with contextlib.suppress(XrunError, OSError):
+                on_view(run_view(reader.storage, reader.poll(), status))
         elapsed = time.monotonic() - started
         if status is not None:
             missing_since = None
@@ -81,8 +95,10 @@ class NightlyResult:
 
 
 def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
-                now: _dt.datetime | None = None) -> NightlyResult:
-    """Submit and follow every run, compare, append the history, write the report folder."""
+                now: _dt.datetime | None = None,
+                on_view: Callable[[int, int, dict[str, Any]], None] | None = None) -> NightlyResult:
+    """Submit and follow every run, compare, append the history, write the report folder.
+    ``on_view(i, n, view)``: run i of the plan's n, as it goes (its phase, step, loss)."""
     from orchestrator.analysis.compare import compare_runs, figures, run_values
     from orchestrator.analysis.report import Section, render_report
     from orchestrator.readers.history import read_history
@@ -99,9 +115,9 @@ def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
         raise XrunError(f"storage: {e}") from None
     poll_s = 0.2 if planned[0].spec.backend_name == "local" else 10.0
     outcomes: list[RunOutcome] = []
-    for run in planned:
-        log(f"nightly: {run.name} ({run.branch.name}, {run.config.name}, run {run.repeat + 1}/"
-            f"{run.config.repeats}) submitting")
+    for index, run in enumerate(planned, 1):
+        log(f"nightly: [{index}/{len(planned)}] {run.name} ({run.branch.name}, {run.config.name}, "
+            f"run {run.repeat + 1}/{run.config.repeats}) submitting")
         try:
             submit_run(run)
         except XrunError as e:
@@ -110,7 +126,8 @@ def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
             outcomes.append(RunOutcome(run, "NotSubmitted", str(e)))
             log(f"nightly: {run.name} not submitted: {e}")
             continue
-        out = follow(run, cfg.timeout_s, poll_s)
+        out = follow(run, cfg.timeout_s, poll_s, on_view=None if on_view is None else
+                     functools.partial(on_view, index, len(planned)))
         outcomes.append(out)
         log(f"nightly: {run.name} {out.state} after {out.seconds:.0f}s{f' ({out.message})' if out.message else ''}")
     stamp = _report_stamp(storage, started)

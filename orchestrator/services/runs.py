@@ -259,6 +259,22 @@ def status(storage: Storage, name: str, context: str | None = None,
     return run_view(storage, rec, live)
 
 
+def wait(storage: Storage, name: str, timeout_s: float | None = None, context: str | None = None,
+         namespace: str | None = None, warn: Any = None, poll_seconds: float = 1.0) -> str | None:
+    """The run's end state once it ended, or None when ``timeout_s`` passed first."""
+    run_info(storage, name)  # no such run: exit 2 at once
+    backend = backend_of(storage, name, context, namespace)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        live = observe(storage, name, backend, warn)
+        state = live.state if live is not None else (read_stored_run(storage, name, metrics=False).state or "")
+        if is_terminal(state):
+            return state
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_seconds if deadline is None else max(0.0, min(poll_seconds, deadline - time.monotonic())))
+
+
 def live_view(reader: StoredRun, backend: Backend, warn: Any = None) -> dict[str, Any]:
     """One refresh of a followed run: the backend's view, then storage's (incrementally)."""
     live = observe(reader.storage, reader.name, backend, warn)
@@ -332,15 +348,22 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
             records.append(read_stored_run(storage, p.rsplit("/", 1)[-1], metrics=False))
         except XrunError:
             continue  # a folder with nothing of a run in it
-    runs = [{
-        "name": r.name,
-        "state": r.state or ("Pending" if r.run_info else "Unknown"),
-        "backend": r.run_info.get("backend", ""),
-        "accelerator": r.spec.get("accelerator", ""),
-        "submitted_at": r.submitted_at,
-        "restarts": r.restarts,
-        "labels": run_labels(r.spec, r.name),
-    } for r in records]
+    runs = []
+    for r in records:
+        _latest_steps(storage, r)
+        last = len(r.steps) > 0
+        runs.append({
+            "name": r.name,
+            "state": r.state or ("Pending" if r.run_info else "Unknown"),
+            "backend": r.run_info.get("backend", ""),
+            "accelerator": r.spec.get("accelerator", ""),
+            "submitted_at": r.submitted_at,
+            "restarts": r.restarts,
+            "step": r.steps.step[-1] if last else None,
+            "total_steps": r.total_steps,
+            "loss": r.steps.loss[-1] if last else None,
+            "labels": run_labels(r.spec, r.name),
+        })
     if cluster is not None:
         by_name = {r["name"]: r for r in runs}
         for item in cluster.list():
@@ -357,6 +380,19 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
         now = time.time()
         runs = [r for r in runs if matches(r, where, now)]
     return runs
+
+
+def _latest_steps(storage: Storage, rec: RunRecord) -> None:
+    """Fold only the first metrics chunk (the header: total steps) and the last one (the
+    latest step and loss) into ``rec``: two reads per run however long it trained."""
+    from orchestrator.readers.loaders import read_jsonl_lines
+
+    objects, _ = storage.list(Layout.metrics(rec.name))
+    keys = sorted(o.key for o in objects)
+    for key in dict.fromkeys(keys[:1] + keys[-1:]):
+        data = storage.read_bytes(key)
+        if data is not None:
+            read_jsonl_lines(rec, data.decode("utf-8", errors="replace").splitlines())
 
 
 def checkpoints(storage: Storage, name: str, sizes: bool = False) -> list[CheckpointInfo]:
