@@ -494,7 +494,7 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
 
 
 @click.command()
-@click.argument("name", required=False)
+@click.argument("name")
 @storage_option
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0, None), default=None,
               help="Give up after this many seconds (exit 124). Default: wait until the run ends.")
@@ -522,7 +522,7 @@ def wait(name: str, storage: str | None, timeout_s: float | None, context: str |
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", required=False)
 @storage_option
 @click.option("--purge", is_flag=True, help="Also remove the run's stored data (logs, metrics, checkpoints).")
 @click.option("-y", "--yes", is_flag=True, help="Do not ask before purging or deleting several runs.")
