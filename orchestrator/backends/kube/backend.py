@@ -431,7 +431,7 @@ class KubeBackend:
         _, core = self._apis()
         return (self.call("list", "nodes", core.list_node, label_selector=label_selector) or {}).get("items") or []
 
-    def priority_classes(self) -> list[dict[str, Any]]:
+    def priority_classes(self) -> builtins.list[dict[str, Any]]:
         """Every PriorityClass (scheduling.k8s.io/v1, cluster-scoped)."""
         from kubernetes import client
 
