@@ -43,6 +43,7 @@ from xrun_contract import (
     Env,
     Layout,
     host_id,
+    stamp_line,
     writer_id,
 )
 
@@ -98,12 +99,15 @@ def main(argv: list[str]) -> int:
         print(f"xrun-wrapper: log shipping disabled: {e}", file=sys.stderr, flush=True)
         writer = None
 
-    def emit(line: str) -> None:
-        data = (line + "\n").encode()
-        out.write(data)
+    as_json = os.environ.get(Env.LOG_FORMAT, "").strip().lower() == "json"
+
+    def emit(line: str, severity: str = "INFO") -> None:
+        shown = json.dumps({"severity": severity, "message": line, "host": host,
+                            "attempt": int(attempt or 0)}) if as_json else line
+        out.write((shown + "\n").encode())
         out.flush()
         if writer:
-            writer.write(data.decode("utf-8", errors="replace"))
+            writer.write(stamp_line(time.time(), line + "\n"))
 
     emit(WRAPPER_START_LINE.format(host=host, attempt=attempt, argv=json.dumps(argv)))
     start = time.monotonic()
@@ -113,7 +117,7 @@ def main(argv: list[str]) -> int:
             start_new_session=True, preexec_fn=_die_with_parent,
         )
     except OSError as e:
-        emit(f"xrun-wrapper: cannot start {argv[0]}: {e.strerror}")
+        emit(f"xrun-wrapper: cannot start {argv[0]}: {e.strerror}", "ERROR")
         code = COMMAND_NOT_FOUND_EXIT_CODE
     else:
         def forward(signum, _frame):
@@ -134,14 +138,14 @@ def main(argv: list[str]) -> int:
             out.write(raw)
             out.flush()
             if writer:
-                writer.write(raw.decode("utf-8", errors="replace"))
+                writer.write(stamp_line(time.time(), raw.decode("utf-8", errors="replace")))
         rc = child.wait()
         code = rc if rc >= 0 else 128 - rc
         if code in SHELL_NOT_FOUND_CODES and argv[0] in SHELLS:
             # The shell could not find or execute the program: a typo, not preemption; 127
             # is in the default restartable set, so say it with a code outside it.
             emit(f"xrun-wrapper: the command's program was not found or is not executable "
-                 f"(shell exit {code}); exiting {COMMAND_NOT_FOUND_EXIT_CODE} (not restartable)")
+                 f"(shell exit {code}); exiting {COMMAND_NOT_FOUND_EXIT_CODE} (not restartable)", "ERROR")
             code = COMMAND_NOT_FOUND_EXIT_CODE
         if code == 1:
             from workload.failures import classify_output
@@ -149,9 +153,10 @@ def main(argv: list[str]) -> int:
             verdict = classify_output(b"".join(tail).decode("utf-8", errors="replace"))
             if verdict:
                 code = int(os.environ.get(Env.RESTARTABLE_EXIT_CODE) or RESTARTABLE_EXIT_CODE)
-                emit(FAILURE_LINE.format(kind=verdict.kind, why=verdict.why, code=code))
-    emit(WRAPPER_END_LINE.format(host=host, code=code, seconds=time.monotonic() - start))
-    emit(EXIT_CODE_LINE.format(code=code))
+                emit(FAILURE_LINE.format(kind=verdict.kind, why=verdict.why, code=code), "ERROR")
+    severity = "INFO" if code == 0 else "ERROR"
+    emit(WRAPPER_END_LINE.format(host=host, code=code, seconds=time.monotonic() - start), severity)
+    emit(EXIT_CODE_LINE.format(code=code), severity)
     if writer:
         _close_bounded(writer, CLOSE_DEADLINE_S)
     return code

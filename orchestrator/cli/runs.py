@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from manifests.spec import RunSpec
 from orchestrator.cli.common import (
@@ -20,18 +21,26 @@ from orchestrator.cli.common import (
     info,
     open_storage,
     plain_table,
+    print_table,
     storage_option,
     storage_timeout_option,
     warn,
 )
 from orchestrator.cli.screen import _duration, render_table, summary_lines
+from orchestrator.readers.loaders import StoredRun
 from orchestrator.readers.logs import parse_duration
-from orchestrator.runfile import spec_from_inputs
+from orchestrator.runfile import parse_mount, parse_pairs, parse_toleration, spec_from_inputs
 from orchestrator.services import follow as following
 from orchestrator.services import logs as logs_service
 from orchestrator.services import runs
-from xrun_contract import SUCCEEDED, host_prefix
+from xrun_contract import RUN_STATES, SUCCEEDED
 from xrun_contract.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, XrunError
+
+VERBOSE = click.option("-v", "--verbose", is_flag=True,
+                       help="Show every line: Gloo/absl chatter, wrapper lines, every header.")
+PROGRESS_INTERVAL = click.option(
+    "--progress-interval", type=click.FloatRange(0.5, 3600), default=10.0, show_default=True,
+    help="Seconds between plain progress lines when not on a terminal.")
 
 # ---------------------------------------------------------------------------------------
 # Run spec options, shared by render and submit.
@@ -41,7 +50,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--name",), {"help": "Run (JobSet) name: a DNS-1035 label."}),
     (("--image",), {"help": "Workload container image."}),
     (("--command",), {"help": "Command run in every host (through /bin/sh -c). Default: python3 -m workload.train"}),
-    (("--accelerator", "--tpu", "accelerator"), {"help": "Shape: v6e-1..v6e-256, v5litepod-N, v5p-N, v4-N, h100-80gb-8, h200-141gb-8, cpu-N."}),
+    (("--accelerator", "--tpu", "accelerator"), {"help": "Shape: v6e-1..v6e-256, v5litepod-N, v5p-N, v4-N, h100-80gb-8, h100-mega-80gb-8, h200-141gb-8, b200-8, cpu-N."}),
     (("--num-slices",), {"type": int, "help": "TPU slices (multislice). Default 1."}),
     (("--nodes",), {"type": int, "help": "GPU nodes. Default 1."}),
     (("--cpu-devices-per-host",), {"type": int, "help": "CPU devices per host for cpu-N shapes. Default 2."}),
@@ -52,8 +61,17 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--restartable-exit-codes",), {"metavar": "CODES", "help": "Comma list of exit codes that restart the run (default 42,127-255)."}),
     (("--termination-grace-seconds",), {"type": int, "help": "Pod grace period. Default 120."}),
     (("--ttl-seconds-after-finished",), {"type": int, "help": "JobSet TTL. Default 86400."}),
-    (("--service-account",), {"help": "Pod service account. TPU/GPU pods use hostNetwork, where Workload Identity does not apply: GCS sees the node pool's account ('xrun doctor' checks)."}),
-    (("--priority-class",), {"help": "Pod priorityClassName."}),
+    (("--service-account",), {"help": "Pod service account. TPU pods (and GPU pods without a networking stack) use hostNetwork, where Workload Identity does not apply: GCS sees the node pool's account ('xrun doctor' checks)."}),
+    (("--priority-class",), {"help": "Pod priorityClassName (raw; prefer --priority)."}),
+    (("--priority",), {"help": "very-low|low|medium|high|very-high (xpk's PriorityClasses, 100..1000) or a PriorityClass name."}),
+    (("--capacity",), {"help": "on-demand (default) | spot | reservation:NAME | flex-start (needs --queue)."}),
+    (("--node-selector", "node_selector"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod nodeSelector (repeatable)."}),
+    (("--tolerations", "tolerations"), {"multiple": True, "metavar": "KEY[=VAL][:EFFECT]", "help": "Extra toleration, kubectl taint syntax (repeatable)."}),
+    (("--pod-annotations", "pod_annotations"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod annotation (repeatable)."}),
+    (("--pod-labels", "pod_labels"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod label (repeatable)."}),
+    (("--mounts", "mounts"), {"multiple": True, "metavar": "SOURCE:PATH[:ro]", "help": "gs://BUCKET:/path or pvc:CLAIM:/path, :ro for read-only (repeatable)."}),
+    (("--scheduler",), {"help": "Pod schedulerName, or gke.io/topology-aware-auto (a scheduling gate, like xpk)."}),
+    (("--kueue-topology",), {"metavar": "MODE:LABEL", "help": "Kueue topology-aware scheduling: required:LABEL or preferred:LABEL."}),
     (("--queue",), {"help": "Kueue LocalQueue name."}),
     (("--kueue-priority",), {"help": "Kueue WorkloadPriorityClass name."}),
     (("--privileged",), {"is_flag": True, "default": None, "help": "Run the container privileged."}),
@@ -75,6 +93,10 @@ def spec_options(fn: Any) -> Any:
 def spec_from_options(opts: dict[str, Any]) -> RunSpec:
     """The validated RunSpec of a command's options (file first, flags over it)."""
     opts = dict(opts)
+    for name in ("node_selector", "pod_annotations", "pod_labels"):
+        opts[name] = parse_pairs(list(opts.get(name) or ()), name) or None
+    opts["tolerations"] = [parse_toleration(x) for x in opts.get("tolerations") or ()] or None
+    opts["mounts"] = [parse_mount(x) for x in opts.get("mounts") or ()] or None
     return spec_from_inputs(
         opts.pop("run_file", None), opts, env_file=opts.pop("env_file", None),
         env_pairs=tuple(opts.pop("env_pairs", ()) or ()),
@@ -115,13 +137,20 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--dry-run", is_flag=True, help="Print the manifest that would be submitted; submit and write nothing.")
 @click.option("--replace", is_flag=True, help="Replace a finished run of the same name (its stored data is removed).")
 @click.option("--force", is_flag=True, help="With --replace: also when the old run is still live (it is stopped first).")
+@VERBOSE
+@PROGRESS_INTERVAL
 @storage_timeout_option
-def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force: bool, **opts: Any) -> int:
+def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force: bool, verbose: bool,
+           progress_interval: float, **opts: Any) -> int:
     """Submit a run and follow it until it ends.
 
     Without --context the run executes on this machine: the rendered JobSet's pods become
-    local host processes with the env a pod would get. Exit code: 0 Succeeded, 1 Failed,
-    2 bad input, 3 cluster or storage unreachable, 130 interrupted (the run goes on).
+    local host processes with the env a pod would get. With --follow the hosts' lines
+    stream above a progress line (phase, step/total, loss, tokens/s, ETA, checkpoint);
+    without a terminal a plain progress line every --progress-interval seconds. Exit code:
+    0 Succeeded, 1 Failed, 2 bad input, 3 cluster or storage unreachable, 130 interrupted
+    (the run goes on). Scripts: `xrun submit --detach` then `xrun wait NAME` (0
+    succeeded, 124 timed out, 125 failed, as xpk).
 
     \b
     Examples:
@@ -140,48 +169,62 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
     if detach:
         info(f"follow with: xrun logs {spec.name} -f   |   xrun status {spec.name}")
         return EXIT_OK
-    return follow_run(sub, follow_logs)
+    return follow_run(sub, follow_logs, verbose=verbose, interval=progress_interval)
 
 
-def follow_run(sub: runs.Submitted, show_logs: bool) -> int:
-    """Follow a run to its end: live status (TTY) or progress lines, logs when asked."""
+def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
+               interval: float = 10.0) -> int:
+    """Follow a run to its end. With logs: the hosts' lines above a pinned progress line
+    (TTY) or plain progress lines every ``interval`` seconds; without logs on a TTY the
+    live status table."""
     from rich.live import Live
 
+    from orchestrator.cli.progress import ProgressScreen
+
     name, started = sub.spec.name, time.time()
-    console = Console(stderr=True)
-    live_screen = console.is_terminal and not show_logs
-    live_ctx = Live(console=console, refresh_per_second=4, transient=False) if live_screen else None
-    last_state, last_report = None, 0.0
+    out = Console()
+    table_screen = out.is_terminal and not show_logs
+    live_ctx = Live(console=out, refresh_per_second=4, transient=False) if table_screen else None
+    # Quiet on a terminal only: piped, every line goes through as stored (kubectl logs' way).
+    screen = None if table_screen else ProgressScreen(out, interval=interval,
+                                                      verbose=verbose or not out.is_terminal)
+    last_state = None
     seen_events: set[str] = set()
     view: dict[str, Any] = {}
     try:
         if live_ctx:
             live_ctx.start()
+        if screen:
+            screen.__enter__()
         for event in following.follow(sub.storage, name, sub.backend, logs=show_logs, warn=warn):
             if isinstance(event, following.Line):
-                click.echo(f"{host_prefix(event.host, event.attempt)} {event.text}")
+                if screen:
+                    screen.line(event.host, event.attempt, event.text)
                 continue
             view = event.view
+            if isinstance(event, following.Done):
+                break  # the summary says how it ended (once)
             if live_ctx:
                 live_ctx.update(render_table(view))
                 continue
+            assert screen is not None
             reasons = [f"host {h.get('host')} {h.get('state')}: {h['reason']}"
-                       for h in view["hosts"] if h.get("reason")]
+                       for h in view["hosts"] if h.get("reason") and h.get("state") != SUCCEEDED]
             for ev in [*reasons, *(view.get("events") or [])]:  # why pods wait, once each
                 if ev not in seen_events:
                     seen_events.add(ev)
-                    info(f"{name} event: {ev}")
+                    screen.note(f"{name} event: {ev}")
             if view["state"] != last_state:
                 msg = f" ({view['message']})" if view["message"] else ""
-                info(f"{name} {view['state']}{msg}")
+                screen.note(f"{name} {view['state']}{msg}")
                 last_state = view["state"]
-            elif not show_logs and view["step"] is not None and time.time() - last_report > 10:
-                info(f"{name} step {view['step']} loss {view['loss']:.4f}")
-                last_report = time.time()
+            screen.update(view)
     except KeyboardInterrupt:
         if live_ctx:
             live_ctx.stop()
             live_ctx = None
+        if screen:
+            screen.stop()
         if sys.stdin.isatty():
             choice = click.prompt("\nStop the run, or detach and leave it running?",
                                   type=click.Choice(["stop", "detach"]), default="detach")
@@ -194,6 +237,8 @@ def follow_run(sub: runs.Submitted, show_logs: bool) -> int:
     finally:
         if live_ctx:
             live_ctx.stop()
+        if screen:
+            screen.stop()
     for line in summary_lines(view, started):
         click.echo(line, err=True)
     return EXIT_OK if view["state"] == SUCCEEDED else EXIT_FAILED
@@ -226,40 +271,126 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @click.command()
 @click.argument("name")
 @storage_option
-@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines (and new restart attempts).")
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines (and new restart attempts) under a progress line.")
 @click.option("--host", "hosts", multiple=True, metavar="S-H", help="Only this host, e.g. 0-1 (repeatable).")
-@click.option("--since", help="Only chunks written in the last 30s/10m/2h/1d.")
-@click.option("--tail", type=int, help="Only the last N lines of each host (before following).")
+@click.option("--since", help="Only lines newer than a duration (30s, 10m, 1h30m, 2d) or an RFC3339 time.")
+@click.option("--since-time", help="Only lines at or after this RFC3339 time (2026-01-02T15:04:05Z).")
+@click.option("--tail", type=int, help="Only the last N lines in total (of the merged stream, before following).")
+@click.option("--tail-per-host", type=int, metavar="N", help="Only the last N lines of each host (stern's --tail).")
+@click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax).")
+@click.option("--timestamps", is_flag=True, help="Start each line with its RFC3339 time (when the wrapper read it).")
 @click.option("--prefix/--no-prefix", default=True, show_default=True, help="Prefix lines with [slice-host].")
+@click.option("--color", "colour", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True, help="Per-host colours (auto: on a terminal).")
+@VERBOSE
+@PROGRESS_INTERVAL
 def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
-         since: str | None, tail: int | None, prefix: bool) -> int:
+         since: str | None, since_time: str | None, tail: int | None, tail_per_host: int | None,
+         pattern: str | None, timestamps: bool, prefix: bool, colour: str, verbose: bool,
+         progress_interval: float) -> int:
     """Print every host's log from storage, merged, each line prefixed by its host.
+
+    On a terminal Gloo/absl chatter and wrapper lines are hidden (-v shows them); piped,
+    every line is printed. With -f a progress line follows the run.
 
     \b
     Examples:
       xrun logs mt-07 -f
       xrun logs mt-07 --host 0-1 --tail 50
-      xrun logs mt-07 --since 10m
+      xrun logs mt-07 --since 1h30m --grep 'loss' --timestamps
+      xrun logs mt-07 --since-time 2026-01-02T15:04:05Z --tail-per-host 5
     """
+    import datetime
+
+    from orchestrator.cli.progress import ProgressScreen
+    from orchestrator.readers.logs import parse_since, parse_time
+
     for h in hosts:
         if not re.fullmatch(r"\d+-\d+", h):
             raise XrunError(f"--host: {h!r} is not <slice>-<host>, e.g. 0-1")
-    if tail is not None and tail < 0:
-        raise XrunError("--tail: must be >= 0")
+    for flag, value in (("--tail", tail), ("--tail-per-host", tail_per_host)):
+        if value is not None and value < 0:
+            raise XrunError(f"{flag}: must be >= 0")
+    if since and since_time:
+        raise XrunError("--since, --since-time: give only one")
     try:
-        since_s = parse_duration(since) if since else None
+        since_ts = parse_since(since, time.time()) if since else (parse_time(since_time) if since_time else None)
+        grep = re.compile(pattern) if pattern is not None else None
     except ValueError as e:
         raise XrunError(str(e)) from None
+    except re.error as e:
+        raise XrunError(f"--grep: {pattern!r} is not a regular expression: {e}") from None
     st = open_storage(storage)
+    runs.run_info(st, name)
+    logs_service.check_hosts(st, name, set(hosts) or None)
     backend = runs.backend_of(st, name)
+    tty = Console().is_terminal
+    use_colour = colour == "always" or (colour == "auto" and tty)
+    out = Console(force_terminal=True if colour == "always" else None, no_color=colour == "never")
+    screen = ProgressScreen(out, interval=progress_interval, verbose=verbose or not tty,
+                            prefix=prefix, colour=use_colour, tty=tty)
+
+    def stamp_of(t: float) -> str:
+        if not timestamps:
+            return ""
+        return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    items = logs_service.stamped_log_lines(
+        st, name, backend, follow=follow, hosts=set(hosts) or None, since=since_ts,
+        tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn)
     try:
-        for host, attempt, line in logs_service.log_lines(
-                st, name, backend, follow=follow, hosts=set(hosts) or None,
-                since_seconds=since_s, tail=tail, warn=warn):
-            click.echo(f"{host_prefix(host, attempt)} {line}" if prefix else line)
+        if not follow:
+            for host, attempt, t, line in items:
+                screen.line(host, attempt, line, stamp_of(t))
+            return EXIT_OK
+        with screen:
+            reader = StoredRun(st, name)
+            for item in _with_ticks(items, 1.0):
+                if item is not None:
+                    host, attempt, t, line = item
+                    screen.line(host, attempt, line, stamp_of(t))
+                else:
+                    screen.update(runs.live_view(reader, backend, warn))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _with_ticks(items: Any, every: float) -> Any:
+    """The items of a blocking iterator, with ``None`` at least every ``every`` seconds
+    (the progress line is refreshed through the silence of compilation)."""
+    import queue
+    import threading
+
+    q: queue.Queue[Any] = queue.Queue(maxsize=10_000)
+    end = object()
+
+    def pump() -> None:
+        try:
+            for x in items:
+                q.put(x)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the reading thread
+            q.put(e)
+        q.put(end)
+
+    threading.Thread(target=pump, daemon=True, name="xrun-logs").start()
+    yield None
+    last = time.monotonic()
+    while True:
+        try:
+            x = q.get(timeout=every)
+        except queue.Empty:
+            last = time.monotonic()
+            yield None
+            continue
+        if x is end:
+            return
+        if isinstance(x, BaseException):
+            raise x
+        yield x
+        if time.monotonic() - last >= every:
+            last = time.monotonic()
+            yield None
 
 
 @click.command()
@@ -289,64 +420,156 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
     return EXIT_OK
 
 
+def _filter_options(fn: Any) -> Any:
+    for decl in reversed([
+        click.option("-l", "--selector", default="", help="Label selector, kubectl syntax: team=ml,queue!=x,key,!key."),
+        click.option("--state", "states", multiple=True, type=click.Choice(list(RUN_STATES)),
+                     help="Only runs in this state (repeatable)."),
+        click.option("--older-than", metavar="AGE", help="Only runs submitted more than AGE ago (30s/10m/2h/1d)."),
+        click.option("--newer-than", metavar="AGE", help="Only runs submitted less than AGE ago."),
+    ]):
+        fn = decl(fn)
+    return fn
+
+
+def _run_filter(selector: str, states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> runs.RunFilter:
+    def age(flag: str, text: str | None) -> float | None:
+        if text is None:
+            return None
+        try:
+            return parse_duration(text)
+        except ValueError:
+            raise XrunError(f"{flag}: {text!r} is not a duration like 30s, 10m, 2h or 1d") from None
+    return runs.RunFilter(runs.parse_selector(selector), tuple(states), age("--older-than", older_than),
+                          age("--newer-than", newer_than))
+
+
 @click.command("list")
 @storage_option
-@OUTPUT
+@click.option("-o", "--output", "fmt", type=click.Choice(["table", "wide", "json", "yaml"]),
+              default="table", show_default=True, help="wide: also backend, accelerator, restarts, submit time.")
 @click.option("--context", default=None, help="Also list xrun JobSets in this cluster context.")
 @click.option("-n", "--namespace", default=None, help="Default: the kubeconfig context's namespace.")
-def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str) -> int:
-    """List runs under the storage root, newest first, with their state.
+@_filter_options
+def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str | None, selector: str,
+             states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> int:
+    """List runs under the storage root, newest first: state, step/total, loss, age.
 
     \b
     Examples:
       xrun list
+      xrun list -o wide
       xrun list --storage gs://bucket/xrun -o json
       xrun list --context gke_p_z_c -n team
+      xrun list -l team=ml --state Failed --older-than 7d
     """
-    import datetime
+    from orchestrator.cli.common import rfc3339
+    from orchestrator.cli.screen import STATE_STYLE, age
+    from xrun_contract import significant
 
+    where = _run_filter(selector, states, older_than, newer_than)
     st = open_storage(storage)
     cluster = runs.backend_for("kube", st.root, context, namespace) if context else None
-    items = runs.list_runs(st, cluster)
-    if fmt != "table":
+    items = runs.list_runs(st, cluster, where)
+    if fmt in ("json", "yaml"):
         click.echo(dump(items, fmt), nl=False)
         return EXIT_OK
-    table = plain_table("NAME", "STATE", "BACKEND", "ACCELERATOR", "RESTARTS", "SUBMITTED")
+    wide = fmt == "wide"
+    cols = ["NAME", "STATE", "STEP", "LOSS", "AGE"]
+    if wide:
+        cols += ["RESTARTS", "BACKEND", "ACCELERATOR", "SUBMITTED"]
+    table = plain_table(*cols)
     for r in items:
         ts = r.get("submitted_at")
-        when = (datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
-                if isinstance(ts, int | float) else str(ts or "-"))
-        table.add_row(r["name"], r["state"], r.get("backend", ""), r.get("accelerator", ""),
-                      str(r.get("restarts", 0)), when)
-    Console(soft_wrap=True).print(table)
+        step = "-" if r.get("step") is None else str(r["step"])
+        if r.get("total_steps"):
+            step += f"/{r['total_steps']}"
+        loss = "-" if r.get("loss") is None else significant(float(r["loss"]), 5)
+        row = [r["name"], Text(r["state"], style=STATE_STYLE.get(r["state"], "")), step, loss,
+               age(ts) if isinstance(ts, int | float) else "-"]
+        if wide:
+            row += [str(r.get("restarts", 0)), r.get("backend", ""), r.get("accelerator", ""),
+                    rfc3339(ts) if isinstance(ts, int | float) else str(ts or "-")]
+        table.add_row(*row)
+    print_table(table)
     return EXIT_OK
 
 
 @click.command()
 @click.argument("name")
 @storage_option
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0, None), default=None,
+              help="Give up after this many seconds (exit 124). Default: wait until the run ends.")
+@click.option("--context", default=None, help="Override the kubeconfig context recorded at submit.")
+@click.option("-n", "--namespace", default=None)
+def wait(name: str, storage: str | None, timeout_s: float | None, context: str | None,
+         namespace: str | None) -> int:
+    """Wait for a run to end, for scripts; exit codes as xpk's: 0 succeeded, 124 timed out,
+    125 failed (or deleted); 2 no such run; 3 cluster or storage unreachable.
+
+    \b
+    Examples:
+      xrun submit -f run.yaml --detach && xrun wait mt-07 --timeout 3600
+      xrun wait mt-07; echo $?
+    """
+    from xrun_contract.errors import EXIT_WAIT_FAILED, EXIT_WAIT_TIMEOUT
+
+    st = open_storage(storage)
+    outcome = runs.wait(st, name, timeout_s, context, namespace, warn=warn)
+    if outcome is None:
+        info(f"{name}: still running after {timeout_s:g}s")
+        return EXIT_WAIT_TIMEOUT
+    info(f"{name}: {outcome}")
+    return EXIT_OK if outcome == SUCCEEDED else EXIT_WAIT_FAILED
+
+
+@click.command()
+@click.argument("name", required=False)
+@storage_option
 @click.option("--purge", is_flag=True, help="Also remove the run's stored data (logs, metrics, checkpoints).")
-@click.option("-y", "--yes", is_flag=True, help="Do not ask before purging.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before purging or deleting several runs.")
 @click.option("--no-wait", is_flag=True, help="Return without waiting for the hosts to be gone.")
-def delete(name: str, storage: str | None, purge: bool, yes: bool, no_wait: bool) -> int:
-    """Stop a live run; with --purge also delete its data.
+@_filter_options
+def delete(name: str | None, storage: str | None, purge: bool, yes: bool, no_wait: bool, selector: str,
+           states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> int:
+    """Stop a live run (NAME, or every run the filters match); with --purge also delete its data.
 
     \b
     Examples:
       xrun delete mt-07
       xrun delete mt-07 --purge --yes
+      xrun delete -l team=ml --state Failed --older-than 7d --purge --yes
     """
+    where = _run_filter(selector, states, older_than, newer_than)
+    if name and not where.empty:
+        raise XrunError("delete: give a run NAME or filters (--selector, --state, --older-than, --newer-than), not both")
+    if not name and where.empty:
+        raise XrunError("delete: give a run NAME or at least one filter (--selector, --state, --older-than, --newer-than)")
     st = open_storage(storage)
-    runs.run_info(st, name)
-    if purge and not yes:
-        if not sys.stdin.isatty():
-            raise XrunError("--purge: refusing to delete data without confirmation; add --yes")
-        click.confirm(f"Delete every stored object of run {name} under {st.url(f'runs/{name}')}?", abort=True)
-    done = runs.delete(st, name, purge=purge, wait=not no_wait)
-    info(f"{'stopped' if done.stopped else 'no live hosts for'} {name}")
-    if done.purged is not None:
-        info(f"purged {done.purged} objects under {done.url}")
+    if name:
+        runs.run_info(st, name)
+        if purge and not yes:
+            if not sys.stdin.isatty():
+                raise XrunError("--purge: refusing to delete data without confirmation; add --yes")
+            click.confirm(f"Delete every stored object of run {name} under {st.url(f'runs/{name}')}?", abort=True)
+        names = [name]
+    else:
+        names = [r["name"] for r in runs.list_runs(st, None, where)]
+        if not names:
+            info("no runs match")
+            return EXIT_OK
+        if not yes:
+            if not sys.stdin.isatty():
+                raise XrunError(f"delete: refusing to {'purge' if purge else 'stop'} {len(names)} run(s) "
+                                f"({', '.join(names)}) without confirmation; add --yes")
+            click.confirm(f"{'Stop and purge' if purge else 'Stop'} {', '.join(names)} under {st.url('runs')}?",
+                          abort=True)
+    for n in names:
+        done = runs.delete(st, n, purge=purge, wait=not no_wait)
+        info(f"{'stopped' if done.stopped else 'no live hosts for'} {n}")
+        if done.purged is not None:
+            info(f"purged {done.purged} objects under {done.url}")
     return EXIT_OK
 
 
-COMMANDS = (render, submit, status, logs, checkpoints, list_cmd, delete)
+COMMANDS = (wait, render, submit, status, logs, checkpoints, list_cmd, delete)

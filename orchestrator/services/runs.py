@@ -37,6 +37,7 @@ from xrun_contract import (
     writer_id,
 )
 from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
+from xrun_contract.k8s import Labels
 from xrun_contract.storage import Storage, open_storage
 
 
@@ -354,13 +355,87 @@ def status(storage: Storage, name: str, context: str | None = None,
     return run_view(storage, rec, live)
 
 
+def wait(storage: Storage, name: str, timeout_s: float | None = None, context: str | None = None,
+         namespace: str | None = None, warn: Any = None, poll_seconds: float = 1.0) -> str | None:
+    """The run's end state once it ended, or None when ``timeout_s`` passed first."""
+    run_info(storage, name)  # no such run: exit 2 at once
+    backend = backend_of(storage, name, context, namespace)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        live = observe(storage, name, backend, warn)
+        state = live.state if live is not None else (read_stored_run(storage, name, metrics=False).state or "")
+        if is_terminal(state):
+            return state
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_seconds if deadline is None else max(0.0, min(poll_seconds, deadline - time.monotonic())))
+
+
 def live_view(reader: StoredRun, backend: Backend, warn: Any = None) -> dict[str, Any]:
     """One refresh of a followed run: the backend's view, then storage's (incrementally)."""
     live = observe(reader.storage, reader.name, backend, warn)
     return run_view(reader.storage, reader.poll(), live)
 
 
-def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str, Any]]:
+# kubectl -l syntax, equality-based (apimachinery labels/selector.go Parse): key=value,
+# key==value, key!=value, key (exists), !key (absent), comma-separated and ANDed.
+_REQUIREMENT = re.compile(r"^(?P<neg>!)?(?P<key>[A-Za-z0-9][-A-Za-z0-9_./]*)(?:(?P<op>==|=|!=)(?P<value>[-A-Za-z0-9_.]*))?$")
+
+
+@dataclass
+class RunFilter:
+    """``xrun list`` / ``xrun delete`` filters, like ``kubectl get -l`` and xpk's filters."""
+
+    selector: list[tuple[str, str, str]]  # (key, op, value); op in =, !=, exists, !exists
+    states: tuple[str, ...] = ()
+    older_than: float | None = None  # seconds since submission
+    newer_than: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.selector or self.states or self.older_than is not None or self.newer_than is not None)
+
+
+def parse_selector(text: str) -> list[tuple[str, str, str]]:
+    out = []
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        m = _REQUIREMENT.match(part)
+        if not m or (m["neg"] and m["op"]):
+            raise XrunError(f"--selector: {part!r} is not key=value, key!=value, key or !key", EXIT_USAGE)
+        op = ("!exists" if m["neg"] else "exists") if not m["op"] else ("!=" if m["op"] == "!=" else "=")
+        out.append((m["key"], op, m["value"] or ""))
+    return out
+
+
+def run_labels(spec: dict[str, Any], name: str) -> dict[str, str]:
+    """The labels a run carries (its JobSet's and pods'): xrun's run label, the Kueue queue
+    and priority, and the run file's pod_labels."""
+    out = {Labels.RUN: name, **(spec.get("pod_labels") or {})}
+    if spec.get("queue"):
+        out[Labels.QUEUE_NAME] = spec["queue"]
+    if spec.get("kueue_priority"):
+        out[Labels.KUEUE_PRIORITY] = spec["kueue_priority"]
+    return out
+
+
+def matches(run: dict[str, Any], f: RunFilter, now: float) -> bool:
+    labels = run.get("labels") or {}
+    for key, op, value in f.selector:
+        if (op == "exists" and key not in labels) or (op == "!exists" and key in labels):
+            return False
+        if (op == "=" and labels.get(key) != value) or (op == "!=" and labels.get(key) == value):
+            return False
+    if f.states and run.get("state") not in f.states:
+        return False
+    submitted = run.get("submitted_at")
+    age = now - submitted if isinstance(submitted, int | float) else None
+    if f.older_than is not None and (age is None or age < f.older_than):
+        return False
+    return not (f.newer_than is not None and (age is None or age > f.newer_than))
+
+
+def list_runs(storage: Storage, cluster: Backend | None = None,
+              where: RunFilter | None = None) -> list[dict[str, Any]]:
     """Every run under the root, newest first; with ``cluster`` its JobSets are merged in."""
     _, prefixes = storage.list(Layout.RUNS)
     records: list[RunRecord] = []
@@ -371,14 +446,22 @@ def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str
             records.append(read_stored_run(storage, p.rsplit("/", 1)[-1], metrics=False))
         except XrunError:
             continue  # a folder with nothing of a run in it
-    runs = [{
-        "name": r.name,
-        "state": r.state or ("Pending" if r.run_info else "Unknown"),
-        "backend": r.run_info.get("backend", ""),
-        "accelerator": r.spec.get("accelerator", ""),
-        "submitted_at": r.submitted_at,
-        "restarts": r.restarts,
-    } for r in records]
+    runs = []
+    for r in records:
+        _latest_steps(storage, r)
+        last = len(r.steps) > 0
+        runs.append({
+            "name": r.name,
+            "state": r.state or ("Pending" if r.run_info else "Unknown"),
+            "backend": r.run_info.get("backend", ""),
+            "accelerator": r.spec.get("accelerator", ""),
+            "submitted_at": r.submitted_at,
+            "restarts": r.restarts,
+            "step": r.steps.step[-1] if last else None,
+            "total_steps": r.total_steps,
+            "loss": r.steps.loss[-1] if last else None,
+            "labels": run_labels(r.spec, r.name),
+        })
     if cluster is not None:
         by_name = {r["name"]: r for r in runs}
         for item in cluster.list():
@@ -388,9 +471,26 @@ def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str
             else:
                 runs.append({"name": item["name"], "state": item.get("state", ""), "backend": "kube",
                              "accelerator": "", "submitted_at": item.get("created"),
-                             "restarts": item.get("restarts", 0), "in_cluster": True})
+                             "restarts": item.get("restarts", 0), "in_cluster": True,
+                             "labels": item.get("labels") or {}})
     runs.sort(key=lambda r: r.get("submitted_at") or 0, reverse=True)
+    if where is not None and not where.empty:
+        now = time.time()
+        runs = [r for r in runs if matches(r, where, now)]
     return runs
+
+
+def _latest_steps(storage: Storage, rec: RunRecord) -> None:
+    """Fold only the first metrics chunk (the header: total steps) and the last one (the
+    latest step and loss) into ``rec``: two reads per run however long it trained."""
+    from orchestrator.readers.loaders import read_jsonl_lines
+
+    objects, _ = storage.list(Layout.metrics(rec.name))
+    keys = sorted(o.key for o in objects)
+    for key in dict.fromkeys(keys[:1] + keys[-1:]):
+        data = storage.read_bytes(key)
+        if data is not None:
+            read_jsonl_lines(rec, data.decode("utf-8", errors="replace").splitlines())
 
 
 def checkpoints(storage: Storage, name: str, sizes: bool = False) -> list[CheckpointInfo]:

@@ -161,6 +161,8 @@ def _localise(env: dict[str, str], port: int) -> None:
     if Env.MEGASCALE_COORDINATOR_ADDRESS in env:
         env[Env.MEGASCALE_COORDINATOR_ADDRESS] = "127.0.0.1"
     env[Env.PLATFORM] = "cpu"
+    if "JAX_PLATFORMS" in env:  # a GPU pod pins cuda (xrun_contract.JAX_PLATFORMS_FOR)
+        env["JAX_PLATFORMS"] = "cpu"
     env.setdefault(Env.LOG_FLUSH_SECONDS, LOCAL_LOG_FLUSH_SECONDS)
 
 
