@@ -278,6 +278,7 @@ class Supervisor:
         if text is None:
             raise XrunError(f"no manifest for run {self.name} under {self.storage.root}", EXIT_FAILED)
         self.manifest = yaml.safe_load(text)
+        self._save_lock = threading.Lock()
         self.state = {
             "backend": "local", "state": PENDING, "restarts": 0, "attempt": 0,
             "supervisor_pid": os.getpid(), "hosts": {}, "transitions": [], "message": "",
@@ -292,6 +293,10 @@ class Supervisor:
         self.save()
 
     def save(self) -> None:
+        with self._save_lock:  # pod runners save too (a main container started)
+            self._save()
+
+    def _save(self) -> None:
         self.state["updated"] = time.time()
         self.state["hosts"] = {
             p.host: {
@@ -350,6 +355,7 @@ class Supervisor:
                     break
             if code is None and not pod.stopping:
                 pod.proc = self._popen(pod.argv, {**base, **extra, **pod.env})
+                self.save()
                 while pod.proc.poll() is None:
                     self._keep_sidecars(pod, sidecars, base)
                     time.sleep(POLL_SECONDS)
