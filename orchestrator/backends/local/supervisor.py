@@ -332,9 +332,12 @@ class Supervisor:
             self._pod_threads.append(t)
         self.save()
 
-    def _popen(self, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    def _popen(self, argv: list[str], env: dict[str, str], sidecar: bool = False) -> subprocess.Popen:
+        # A sidecar waits for a SIGTERM that only this supervisor sends: if the supervisor
+        # dies, the kernel kills it (PR_SET_PDEATHSIG), so nothing outlives a run.
         return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_die_with_parent if sidecar else None)
 
     def _run_pod(self, pod: Pod, base: dict[str, str], extra: dict[str, str]) -> None:
         """Init containers in order, sidecars, the main container; then stop the sidecars."""
@@ -345,7 +348,7 @@ class Supervisor:
                 if pod.stopping:
                     break
                 if c.sidecar:
-                    c.proc = self._popen(c.argv, {**base, **c.env})
+                    c.proc = self._popen(c.argv, {**base, **c.env}, sidecar=True)
                     sidecars.append(c)
                     continue
                 c.proc = self._popen(c.argv, {**base, **c.env})
@@ -371,7 +374,7 @@ class Supervisor:
         """restartPolicy Always: a sidecar that died while the pod runs is started again."""
         for c in sidecars:
             if c.proc is not None and c.proc.poll() is not None and not pod.stopping:
-                c.proc = self._popen(c.argv, {**base, **c.env})
+                c.proc = self._popen(c.argv, {**base, **c.env}, sidecar=True)
 
     def _stop_sidecars(self, pod: Pod, sidecars: list[Container]) -> None:
         """After the main container: SIGTERM in reverse order, SIGKILL after the remaining grace
@@ -459,6 +462,14 @@ class Supervisor:
 
     def _on_stop(self, _signum, _frame) -> None:
         self.stop_requested = True
+
+
+def _die_with_parent() -> None:
+    """Linux prctl(PR_SET_PDEATHSIG, SIGKILL) in the child, before exec."""
+    import ctypes
+
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
