@@ -8,4 +8,5 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 python -m pip install -q -e ".[workload,test]"
 ruff check .
+mypy  # packages and settings: [tool.mypy] in pyproject.toml
 python -m pytest -q "$@"

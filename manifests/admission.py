@@ -333,7 +333,7 @@ def labels(obj: dict[str, Any]) -> list[Violation]:
     return out
 
 
-def annotations(obj: dict[str, Any]) -> list[Violation]:
+def annotation_keys(obj: dict[str, Any]) -> list[Violation]:
     """objectmeta.go: ValidateAnnotations (keys are qualified names, case-insensitively;
     keys and values together at most 256 KiB)."""
     out = []
@@ -548,7 +548,7 @@ def _go_list(items: list[Any]) -> str:
 
 
 def _rjob_names(obj: dict[str, Any]) -> set[str]:
-    return {rj.get("name") for _, rj, _ in _rjobs(obj)}
+    return {str(rj.get("name")) for _, rj, _ in _rjobs(obj)}
 
 
 def failure_policy_targets(obj: dict[str, Any]) -> list[Violation]:
@@ -1272,7 +1272,7 @@ def pod_spec_fields(obj: dict[str, Any]) -> list[Violation]:
 
 RULES: tuple[Callable[[dict[str, Any]], list[Violation]], ...] = (
     # apiserver on the JobSet
-    jobset_name, labels, annotations, schema_enums, replicated_job_names_unique, schema_minimums,
+    jobset_name, labels, annotation_keys, schema_enums, replicated_job_names_unique, schema_minimums,
     startup_policy_excludes_depends_on, resource_quantity_format,
     # JobSet validating webhook
     feature_gates, managed_by, network_subdomain, group_names, job_names, pod_names, replicas_times_parallelism, depends_on,

@@ -36,6 +36,11 @@ class Shape:
     devices_per_vm: int  # chips / GPUs per host (cpu: default forced devices)
     peak_bf16_tflops: float  # per device
     hbm_bytes: int  # per device
+    machine_type: str = ""  # GCE machine type of the node pool (TPU: label node.kubernetes.io/instance-type)
+
+    @property
+    def single_host(self) -> bool:
+        return self.vms == 1
 
     @property
     def devices_per_slice(self) -> int:
@@ -69,6 +74,7 @@ def shapes() -> dict[str, Shape]:
                 devices_per_vm=int(s.get("devices_per_vm", fam["devices_per_vm"])),
                 peak_bf16_tflops=float(fam["peak_bf16_tflops"]),
                 hbm_bytes=_bytes(fam["hbm"]),
+                machine_type=s.get("machine_type", fam.get("machine_type", "")),
             )
     return out
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from manifests import types as t
 from manifests.spec import RunSpec
-from xrun_contract import Env, PodFiles
+from xrun_contract import Env, Layout, PodFiles
 from xrun_contract.k8s import (
     JOBSET_API_VERSION,
     JOBSET_KIND,
@@ -97,6 +97,11 @@ def container_env(spec: RunSpec) -> list[t.EnvVar]:
         static[Env.PEAK_TFLOPS_PER_DEVICE] = f"{shape.peak_bf16_tflops:g}"
     if shape.hbm_bytes:
         static[Env.HBM_GIB_PER_DEVICE] = f"{shape.hbm_gib:.2f}"
+    if spec.storage.startswith("gs://"):
+        # JAX's persistent compilation cache under the storage root, so a restarted or
+        # resubmitted run loads its executables instead of recompiling (jax's LRUCache opens
+        # the folder with etils.epath, which serves gs:// through gcsfs).
+        static[Env.COMPILATION_CACHE] = f"{spec.storage.rstrip('/')}/{Layout.compilation_cache()}"
     if spec.commit:
         static[Env.COMMIT] = spec.commit
     if spec.branch:
@@ -193,8 +198,12 @@ def pod_spec(spec: RunSpec) -> t.PodSpec:
     )
     if shape.kind == "tpu":
         container.resources = _accelerator_resources(TPU_RESOURCE, shape.devices_per_vm)
+        # The machine type too: v6e-8 as 2 x ct6e-standard-4t and as 1 x ct6e-standard-8t share
+        # accelerator and topology labels, and a pod sent to the other kind of node pool waits
+        # forever on "Insufficient google.com/tpu".
         pod.node_selector = {Labels.TPU_ACCELERATOR: shape.gke_accelerator,
-                             Labels.TPU_TOPOLOGY: shape.topology}
+                             Labels.TPU_TOPOLOGY: shape.topology,
+                             Labels.INSTANCE_TYPE: shape.machine_type}
         pod.tolerations = [t.Toleration(key=TPU_RESOURCE, operator="Exists", effect="NoSchedule")]
         if spec.slices > 1:
             container.ports.append(t.ContainerPort(name="megascale", container_port=spec.megascale_port))

@@ -29,6 +29,12 @@ DEFAULT_RESTARTABLE_EXIT_CODES = (RESTARTABLE_EXIT_CODE, *range(127, 256))
 # shipper run it, whatever ``image`` the user's container runs. Push it to your registry
 # and set ``xrun_image`` to that name.
 DEFAULT_XRUN_IMAGE = f"xrun-workload:{XRUN_VERSION}"
+# Flags only libtpu defines. jaxlib parses XLA_FLAGS itself and aborts on a flag it does not
+# know (xla/parse_flags_from_env.cc ParseFlagsFromEnvAndDieIfUnknown: "Unknown flags in
+# XLA_FLAGS"), so these must travel in LIBTPU_INIT_ARGS, which libtpu parses.
+TPU_ONLY_FLAG_PREFIXES = ("--xla_tpu_", "--megascale_")
+# Flags only the GPU backend defines: libtpu does not know them either.
+GPU_ONLY_FLAG_PREFIXES = ("--xla_gpu_",)
 
 
 @dataclass
@@ -49,7 +55,9 @@ class RunSpec:
     )
     termination_grace_seconds: int = 120
     ttl_seconds_after_finished: int = 86400
-    service_account: str = ""  # Workload Identity for GCS; omitted when empty
+    # Pod serviceAccountName; omitted when empty. Not a GCS identity for TPU/GPU pods: they use
+    # hostNetwork, where GKE Workload Identity does not apply (the node's account does).
+    service_account: str = ""
     priority_class: str = ""  # pod priorityClassName
     queue: str = ""  # Kueue LocalQueue (label kueue.x-k8s.io/queue-name)
     kueue_priority: str = ""  # label kueue.x-k8s.io/priority-class
@@ -170,6 +178,22 @@ def max_name_length(spec: RunSpec) -> int:
     return MAX_LABEL - len("-slice-") - j - 1 - p - POD_SUFFIX
 
 
+def check_flag_envs(env: dict[str, str], shape: catalogue.Shape) -> None:
+    """Each flag in the env that carries it, where that is knowable: TPU-only flags never in
+    XLA_FLAGS (jaxlib aborts at start-up), GPU-only flags never in LIBTPU_INIT_ARGS."""
+    for flag in env.get("XLA_FLAGS", "").split():
+        if flag.startswith(TPU_ONLY_FLAG_PREFIXES):
+            raise XrunError(f"env: XLA_FLAGS carries the TPU flag {flag.split('=')[0]}, which jaxlib does not know "
+                            "(it aborts at start-up: 'Unknown flag in XLA_FLAGS'); put TPU flags in LIBTPU_INIT_ARGS")
+    for flag in env.get("LIBTPU_INIT_ARGS", "").split():
+        if flag.startswith(GPU_ONLY_FLAG_PREFIXES):
+            raise XrunError(f"env: LIBTPU_INIT_ARGS carries the GPU flag {flag.split('=')[0]}, which libtpu does "
+                            "not know; put GPU flags in XLA_FLAGS")
+    if env.get("LIBTPU_INIT_ARGS", "").strip() and shape.kind == "gpu":
+        raise XrunError(f"env: LIBTPU_INIT_ARGS is read only by libtpu and {shape.name} has no TPU; "
+                        "put XLA flags in XLA_FLAGS")
+
+
 def validate(spec: RunSpec) -> None:
     if not spec.name:
         raise XrunError("name: required (a DNS-1035 label: lowercase letters, digits, '-')")
@@ -188,6 +212,13 @@ def validate(spec: RunSpec) -> None:
         raise XrunError(f"num_slices: must be >= 1, got {spec.num_slices}")
     if spec.num_slices > 1 and shape.kind != "tpu":
         raise XrunError(f"num_slices: multislice is for TPU shapes only, not {spec.accelerator}")
+    if spec.num_slices > 1 and shape.single_host:
+        # cloud.google.com/tpu/docs/tpu-gke-multislice: "Multislice only supports multi-host
+        # TPU slice node pools".
+        multi = [n for n, s in catalogue.shapes().items()
+                 if s.family == shape.family and not s.single_host][:1]
+        raise XrunError(f"num_slices: {spec.accelerator} is a single-host slice and GKE runs multislice only on "
+                        f"multi-host slices; use num_slices 1 or a multi-host shape (e.g. {', '.join(multi)})")
     if spec.nodes < 1:
         raise XrunError(f"nodes: must be >= 1, got {spec.nodes}")
     if spec.nodes > 1 and shape.kind != "gpu":
@@ -222,6 +253,7 @@ def validate(spec: RunSpec) -> None:
             raise XrunError(f"env: {key} is set by xrun itself; choose another name")
         if "\x00" in value:
             raise XrunError(f"env: value of {key} contains a NUL byte")
+    check_flag_envs(spec.env, shape)
     if spec.max_restarts < 0:
         raise XrunError(f"max_restarts: must be >= 0, got {spec.max_restarts}")
     if not spec.restartable_exit_codes or not all(

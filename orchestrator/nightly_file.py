@@ -95,10 +95,6 @@ class NightlyConfig:
     cronjob: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def base_branch(self) -> Branch:
-        return self.branches[0]
-
-    @property
     def candidates(self) -> list[Branch]:
         return self.branches[1:]
 

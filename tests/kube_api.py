@@ -139,6 +139,14 @@ def match_labels(selector: str, labels: dict[str, str]) -> bool:
     return True
 
 
+def deployment(namespace: str, name: str, image: str, ready: int = 1) -> dict[str, Any]:
+    """An apps/v1 Deployment with one container, as the API returns it."""
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace, "resourceVersion": "1"},
+            "spec": {"replicas": 1, "template": {"spec": {"containers": [{"name": "manager", "image": image}]}}},
+            "status": {"replicas": 1, "readyReplicas": ready} if ready else {"replicas": 1}}
+
+
 def pod_name(jobset: str, slice_index: int, host_index: int, attempt: int) -> str:
     suffix = hashlib.md5(f"{jobset}/{attempt}/{slice_index}/{host_index}".encode()).hexdigest()[:5]
     return f"{jobset}-slice-{slice_index}-{host_index}-{suffix}"
@@ -226,6 +234,11 @@ class KubeAPI:
         self.nodes: list[dict[str, Any]] = []
         self.config_maps: dict[tuple[str, str], dict[str, Any]] = {}
         self.local_queues: dict[tuple[str, str], dict[str, Any]] = {}
+        # Deployments (apps/v1) by (namespace, name): the JobSet controller as its release
+        # manifests install it (config/default: namespace jobset-system, jobset-controller-manager).
+        self.deployments: dict[tuple[str, str], dict[str, Any]] = {
+            ("jobset-system", "jobset-controller-manager"): deployment(
+                "jobset-system", "jobset-controller-manager", "registry.k8s.io/jobset/jobset:v0.12.0")}
         self.crd_installed = True
         self.jobset_versions = ["v1alpha2"]
         # The JobSet controller release serving vjobset.kb.io: from v0.12 its refusals are 422
@@ -484,6 +497,10 @@ class KubeAPI:
             sel = q.get("labelSelector", "")
             items = [n for n in self.nodes if match_labels(sel, n["metadata"].get("labels", {}))]
             return self._send(h, 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+        mm = re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)", p)
+        if mm and m == "GET":
+            dep = self.deployments.get((mm[1], mm[2]))
+            return self._send(h, 200, dep) if dep else self._send(h, 404, not_found("deployments", mm[2], "apps"))
         mm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/configmaps/([^/]+)", p)
         if mm:
             cm = self.config_maps.get((mm[1], mm[2]))

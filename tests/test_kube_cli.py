@@ -67,7 +67,8 @@ def test_submit_follows_a_cluster_run_then_status_list_delete(api, kubeconfig, g
     r = xrun("status", "ct", "-o", "json", storage=root, KUBECONFIG=kubeconfig)
     view = json.loads(r.stdout)
     assert (view["state"], view["restarts"], view["backend"]) == ("Succeeded", 1, "kube")
-    assert [(h["host"], h["attempt"], h["state"]) for h in view["hosts"]] == [("0-0", 1, "Succeeded"), ("1-0", 1, "Succeeded")]
+    assert [(h["host"], h["attempt"], h["state"]) for h in view["hosts"]] == [
+        (host, 1, "Succeeded") for host in ("0-0", "0-1", "1-0", "1-1")]  # v6e-8: 2 hosts per slice
 
     r = xrun("list", "--context", "test-ctx", "-o", "json", storage=root, KUBECONFIG=kubeconfig)
     assert [(x["name"], x["state"], x.get("in_cluster")) for x in json.loads(r.stdout)] == [("ct", "Succeeded", True)]
@@ -107,7 +108,10 @@ def test_submit_rejections_are_one_line_with_exit_codes(api, kubeconfig, gcs_buc
     r = submit("taken")
     assert r.returncode == 1
     assert one_error_line(r) == "jobsets.jobset.x-k8s.io 'taken' already exists in namespace 'default'; use --replace or another name"
-    r = submit("taken", "--replace")
+    r = submit("taken", "--replace")  # the JobSet is live: its checkpoints are not deleted
+    assert r.returncode == 2 and one_error_line(r).startswith("name: run 'taken' is ")
+    assert "--replace would delete its checkpoints: wait for it to end, 'xrun delete taken', or add --force" in r.stderr
+    r = submit("taken", "--replace", "--force")
     assert r.returncode == 0, r.stderr
     assert [(q.method, q.path.rsplit("/", 1)[-1]) for q in api.requests if q.method in ("POST", "DELETE")][-3:] == [
         ("POST", "jobsets"), ("DELETE", "taken"), ("POST", "jobsets")]
@@ -133,9 +137,11 @@ def test_submit_rejections_are_one_line_with_exit_codes(api, kubeconfig, gcs_buc
     assert sorted(n for _, n in api.jobsets) == ["taken"]
 
 
-def tpu_node(i: int, accelerator: str = "tpu-v6e-slice", topology: str = "2x4") -> dict:
+def tpu_node(i: int, accelerator: str = "tpu-v6e-slice", topology: str = "2x4",
+             machine: str = "ct6e-standard-4t") -> dict:
     return {"metadata": {"name": f"gke-tpu-{i}", "labels": {"cloud.google.com/gke-tpu-accelerator": accelerator,
-                                                            "cloud.google.com/gke-tpu-topology": topology}},
+                                                            "cloud.google.com/gke-tpu-topology": topology,
+                                                            "node.kubernetes.io/instance-type": machine}},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 
 
@@ -143,18 +149,24 @@ def test_doctor_passes_on_a_ready_cluster(api, kubeconfig, gcs_bucket, tmp_path)
     api.kueue_versions = ["v1beta1"]
     api.local_queues[("team", "lq")] = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
                                         "metadata": {"name": "lq", "namespace": "team"}, "spec": {"clusterQueue": "cq-tpu"}}
-    api.nodes = [tpu_node(0), tpu_node(1), tpu_node(2, topology="4x4")]
+    # v6e-8 x 2 slices: 4 hosts of ct6e-standard-4t; a single-host v6e-8 node does not count.
+    api.nodes = [*(tpu_node(i) for i in range(4)), tpu_node(4, topology="4x4"),
+                 tpu_node(5, machine="ct6e-standard-8t")]
     run_file = tmp_path / "run.yaml"
     run_file.write_text(yaml.safe_dump({"name": "x", "accelerator": "v6e-8", "num_slices": 2, "queue": "lq",
                                         "namespace": "team", "context": "test-ctx", "storage": f"{gcs_bucket}/xrun"}))
     r = xrun("doctor", "-f", str(run_file), storage="/nonexistent", KUBECONFIG=kubeconfig)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert [ln.split()[:2] for ln in lines] == [["ok", "api"], ["ok", "jobset"], ["ok", "kueue"], ["ok", "nodes"], ["ok", "storage"]]
+    assert [ln.split()[:2] for ln in lines] == [["ok", "api"], ["ok", "jobset"], ["ok", "jobset-controller"], ["ok", "kueue"],
+                                                ["ok", "nodes"], ["ok", "storage"], ["skip", "pod-storage"]]
+    assert "jobset-system/jobset-controller-manager runs registry.k8s.io/jobset/jobset:v0.12.0 (1 ready)" in lines[2]
+    del lines[2]
     assert "(context test-ctx, Kubernetes v1.31.4-gke.1000), namespace team" in lines[0]
     assert "served v1alpha2 (storage v1alpha2); xrun uses v1alpha2" in lines[1]
     assert "LocalQueue team/lq exists (ClusterQueue cq-tpu, kueue.x-k8s.io/v1beta1)" in lines[2]
-    assert "2 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=2x4 (2 Ready); v6e-8 needs 2" in lines[3]
+    assert ("4 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=2x4,"
+            "node.kubernetes.io/instance-type=ct6e-standard-4t (4 Ready); v6e-8 needs 4") in lines[3]
     assert f"storage root {gcs_bucket}/xrun writable" in lines[4]
     assert r.stderr.strip() == "xrun: doctor: all checks passed"
     assert open_storage(f"{gcs_bucket}/xrun").list("", delimiter=None)[0] == []  # the probe was removed
@@ -173,7 +185,8 @@ def test_doctor_names_every_problem(api, kubeconfig, tmp_path):
     assert got["jobset"].startswith("FAIL  jobset   JobSet CRD jobsets.jobset.x-k8s.io not installed; install JobSet: kubectl apply")
     assert got["kueue"] == "FAIL  kueue    queue 'lq' is named but Kueue is not installed (the API serves no kueue.x-k8s.io)"
     assert got["nodes"].startswith("FAIL  nodes    0 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,"
-                                   "cloud.google.com/gke-tpu-topology=2x4 (0 Ready); v6e-8 needs 1, and no cluster autoscaler")
+                                   "cloud.google.com/gke-tpu-topology=2x4,node.kubernetes.io/instance-type=ct6e-standard-4t "
+                                   "(0 Ready); v6e-8 needs 2, and no cluster autoscaler")
     assert got["storage"].startswith("FAIL  storage  storage root ") and "cluster runs need gs://bucket/prefix" in got["storage"]
     assert r.stderr.strip() == "xrun: doctor: 4 check(s) failed: jobset, kueue, nodes, storage"
 
@@ -183,7 +196,8 @@ def test_doctor_names_every_problem(api, kubeconfig, tmp_path):
     r = xrun("doctor", "-o", "json", storage=tmp_path, KUBECONFIG=unreachable)
     assert r.returncode == 3
     report = json.loads(r.stdout)
-    assert [(c["name"], c["result"]) for c in report["checks"]] == [("api", "FAIL"), ("cluster", "skip"), ("storage", "FAIL")]
+    assert [(c["name"], c["result"]) for c in report["checks"]] == [("api", "FAIL"), ("cluster", "skip"), ("storage", "FAIL"),
+                                                                    ("pod-storage", "skip")]
     assert report["checks"][0]["detail"].startswith("cannot reach the Kubernetes API at http://127.0.0.1:")
     r = xrun("doctor", "--tpu", "v9z-8", storage=tmp_path, KUBECONFIG=kubeconfig)
     assert r.returncode == 2 and one_error_line(r).startswith("accelerator: ")

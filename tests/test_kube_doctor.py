@@ -44,11 +44,12 @@ def test_missing_local_queue_and_autoscaled_node_pool(api, backend):
     check = doctor.check_nodes(backend, lookup("v6e-32"), 16)
     assert check.result == "warn"
     assert check.detail.startswith(
-        "0 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=4x8 "
-        "(0 Ready); v6e-32 needs 16; the cluster autoscaler is on")
+        "0 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=4x8,"
+        "node.kubernetes.io/instance-type=ct6e-standard-4t (0 Ready); v6e-32 needs 16; the cluster autoscaler is on")
     (nodes,) = api.requests_to("GET", "^/api/v1/nodes$")
     assert nodes.query["labelSelector"] == ("cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,"
-                                           "cloud.google.com/gke-tpu-topology=4x8")
+                                           "cloud.google.com/gke-tpu-topology=4x8,"
+                                           "node.kubernetes.io/instance-type=ct6e-standard-4t")
     assert doctor.exit_code([check]) == 0
 
 

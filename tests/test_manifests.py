@@ -16,6 +16,7 @@ from manifests import catalogue
 from manifests.jobset import check_no_empty, jobset
 from manifests.spec import RunSpec, build_spec, max_name_length
 from orchestrator.cli import main
+from xrun_contract.errors import XrunError
 
 SHAPES = sorted(catalogue.shapes()) + ["cpu-1", "cpu-2", "cpu-4"]
 
@@ -38,6 +39,10 @@ def spec_for(shape: str, count: int, **extra) -> RunSpec:
 def test_every_shape_validates(shape, count):
     if shape.startswith("cpu") and count > 1:
         count = 1  # cpu shapes have one "slice"; hosts come from the name
+    if count > 1 and catalogue.lookup(shape).kind == "tpu" and catalogue.lookup(shape).single_host:
+        with pytest.raises(XrunError, match="single-host slice and GKE runs multislice only on multi-host"):
+            spec_for(shape, count)
+        return
     spec = spec_for(shape, count)
     obj = jobset(spec)
     validate_jobset(obj)
@@ -56,7 +61,9 @@ def test_every_shape_validates(shape, count):
         assert pod["nodeSelector"] == {
             "cloud.google.com/gke-tpu-accelerator": s.gke_accelerator,
             "cloud.google.com/gke-tpu-topology": s.topology,
+            "node.kubernetes.io/instance-type": s.machine_type,
         }
+        assert s.machine_type.startswith(("ct6e-", "ct5lp-", "ct5p-", "ct4p-"))
         chips = str(s.devices_per_vm)
         assert pod["containers"][0]["resources"] == {
             "requests": {"google.com/tpu": chips}, "limits": {"google.com/tpu": chips},
@@ -77,7 +84,7 @@ def test_every_shape_validates(shape, count):
 
 def test_v6e_catalogue_facts():
     expected = {
-        "v6e-1": ("1x1", 1, 1), "v6e-4": ("2x2", 1, 4), "v6e-8": ("2x4", 1, 8),
+        "v6e-1": ("1x1", 1, 1), "v6e-4": ("2x2", 1, 4), "v6e-8": ("2x4", 2, 4), "v6e-8-single-host": ("2x4", 1, 8),
         "v6e-16": ("4x4", 4, 4), "v6e-32": ("4x8", 8, 4), "v6e-64": ("8x8", 16, 4),
         "v6e-128": ("8x16", 32, 4), "v6e-256": ("16x16", 64, 4),
     }

@@ -68,11 +68,14 @@ def test_nightly_flags_the_slow_branch_and_only_it(nightly):
     rows = {row["metric"]: row for row in slow["comparison"]["rows"]}
     steady = rows["Steady-state s/step (median)"]
     assert steady["verdict"] == "regressed" and steady["delta_pct"] > 50
-    assert rows["Tok/s"]["verdict"] == "regressed"
+    assert rows["Tok/s"]["delta"] < 0  # the last step's value: shown, never marked
     same_rows = {row["metric"]: row for row in same["comparison"]["rows"]}
     assert not same_rows["Steady-state s/step (median)"]["beyond_threshold"]
     assert same_rows["Final loss"]["verdict"] in ("identical", "within noise")
-    assert same["warnings"] == []  # same versions, devices, config, steps; both finished
+    # Same versions, devices, config, steps; both finished. The last step's TFLOP/s and Tok/s
+    # are one step each (on a shared CPU one step can swing by a third): when they point the
+    # other way than the steady-state median, the warning says so, and nothing else is said.
+    assert [w for w in same["warnings"] if "but the steady-state median says" not in w] == []
     # Both sides measured the same way: steps from the metrics, time from submit.
     for side in ("base", "candidate"):
         run = slow["comparison"][side]

@@ -276,3 +276,96 @@ def test_a_file_with_no_training_lines_is_bad_input(tmp_path):
         load_run(str(junk), None, "CANDIDATE")
     with pytest.raises(RunLogError, match="is not a run"):
         load_run(str(tmp_path / "folder"), None, "CANDIDATE")
+
+
+# ---------------------------------------------------------------------------------------
+# xrun's own lines and records: the one-line header, phases, failures, every checkpoint event
+
+
+def _xrun_log() -> str:
+    from xrun_contract import (
+        CKPT_BLOCKED_LINE,
+        CKPT_COMMIT_LINE,
+        CKPT_DEFERRED_LINE,
+        CKPT_EXIT_WAIT_LINE,
+        CKPT_RESTORE_FAILED_LINE,
+        CKPT_START_LINE,
+        CKPT_WRITE_FAILED_LINE,
+        FAILURE_LINE,
+        HEADER_LINE,
+        PHASE_LINE,
+        format_header_fields,
+        format_step_line,
+    )
+
+    versions = {"xrun": "0.1.0", "jax": "0.10.2", "jaxlib": "0.10.2", "backend": "tpu", "process_id": "0",
+                "process_count": "2", "global_devices": "8", "device_kind": "TPU v6 lite",
+                "mesh": '{"data":1,"fsdp":8}', "commit": "0123456789abcdef"}
+    lines = [HEADER_LINE.format(key="versions", value=format_header_fields(versions)),
+             HEADER_LINE.format(key="config", value="preset=tiny steps=10 checkpoint_every=4 lr=0.001"),
+             PHASE_LINE.format(activity="initializing distributed", seconds=1.25),
+             PHASE_LINE.format(activity="restoring step 4", seconds=5.5),
+             CKPT_RESTORE_FAILED_LINE.format(step=8, error="ValueError: missing array"),
+             PHASE_LINE.format(activity="training", seconds=9.75)]
+    for step in range(5, 11):
+        lines.append(format_step_line(step, 0.5, 1.0, 100.0, 2048, 7.0 - step / 10))
+        if step == 6:
+            lines += [CKPT_START_LINE.format(step=6), CKPT_BLOCKED_LINE.format(step=6, seconds=0.25)]
+        if step == 8:
+            lines.append(CKPT_DEFERRED_LINE.format(step=8, previous=6))
+    lines += [CKPT_COMMIT_LINE.format(step=6, seconds=4.0),
+              CKPT_EXIT_WAIT_LINE.format(step=10, seconds=2.5),
+              CKPT_WRITE_FAILED_LINE.format(step=10, process=1, error="OSError: 503"),
+              FAILURE_LINE.format(kind="infrastructure", why="checkpoint write failed", code=42)]
+    return "\n".join(lines) + "\n"
+
+
+def test_xrun_header_phase_failure_and_checkpoint_lines():
+    from orchestrator.analysis.goodput import format_goodput, goodput
+
+    rec = parse_text(_xrun_log())
+    assert (rec.jax, rec.backend, rec.process_count, rec.devices) == ("0.10.2", "tpu", 2, 8)
+    assert rec.device_kind == "TPU_v6_lite" and rec.versions["mesh"] == '{"data":1,"fsdp":8}'
+    assert rec.commit == "0123456789abcdef" and "versions" not in rec.versions
+    assert rec.config == {"preset": "tiny", "steps": 10, "checkpoint_every": 4, "lr": 0.001}
+    assert [(p["activity"], p["step"], p["seconds"]) for p in rec.phases] == [
+        ("initializing distributed", None, 1.25), ("restoring", 4, 5.5), ("training", None, 9.75)]
+    assert rec.failure == {"kind": "infrastructure", "why": "checkpoint write failed", "code": 42}
+    t = rec.checkpoint_totals
+    assert (t["blocked"], t["waited"], t["exit_wait"], t["deferred"]) == (0.25, 0.0, 2.5, 1)
+    assert (t["restore_failed"], t["write_failed"]) == (1, 1)
+    evs = {e["event"]: e for e in rec.checkpoints}
+    assert evs["deferred"]["previous"] == 6 and evs["write_failed"]["process"] == 1
+    assert evs["restore_failed"]["error"] == "ValueError: missing array"
+    gp = goodput(rec)
+    assert gp["categories"]["checkpoint"] == 0.25  # the exit wait is not a stall
+    assert (gp["deferred_saves"], gp["exit_wait_s"]) == (1, 2.5)
+    assert "1 save(s) deferred; exit wait 2.5s (not a stall)" in format_goodput(gp)
+
+
+def test_xrun_metrics_records_phase_deferred_and_exit_wait(tmp_path):
+    from orchestrator.analysis.compare import compare
+    from orchestrator.analysis.goodput import goodput
+    from xrun_contract import records
+
+    t0 = 1_700_000_000.0
+    recs = [records.Phase(time=t0 + 2.0, phase="imports", seconds=2.0, activity="initializing distributed"),
+            records.Header(time=t0 + 3.0, versions={"jax": "0.10.2"}, config={"steps": 12}, total_steps=12)]
+    for step in range(1, 13):
+        recs.append(records.Step(time=t0 + 10 + step, step=step, seconds=1.0, tflops_per_device=1.0,
+                                 tokens_per_s_per_device=100.0, loss=5.0 - step / 100))
+    recs += [records.Checkpoint(time=t0 + 15, step=4, event="started"),
+             records.Checkpoint(time=t0 + 15, step=4, event="blocked", seconds=0.5),
+             records.Checkpoint(time=t0 + 19, step=8, event="deferred", previous=4),
+             records.Checkpoint(time=t0 + 25, step=12, event="exit_wait", seconds=3.0),
+             records.End(time=t0 + 26, exit_code=0, reason="completed")]
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(records.to_json(r) + "\n" for r in recs))
+    rec = read_log_file(path)
+    assert rec.start_time == t0 and rec.phases[0]["activity"] == "initializing distributed"
+    assert rec.checkpoint_totals["exit_wait"] == 3.0 and rec.checkpoint_totals["deferred"] == 1
+    gp = goodput(rec)
+    assert gp["categories"]["checkpoint"] == 0.5 and gp["exit_wait_s"] == 3.0
+    assert gp["wall_s"] == 26.0 and gp["basis"] == "process start"
+    notes = "\n".join(compare(rec, rec).notes)
+    assert "1 save(s) deferred" in notes and "3.000 s waiting for the last save to commit" in notes

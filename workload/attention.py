@@ -56,7 +56,8 @@ def einsum(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 def dot_product(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str) -> jax.Array:
     """``jax.nn.dot_product_attention`` (layout BTNH, GQA when N % K == 0)."""
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                        implementation=implementation)  # type: ignore[call-overload]
 
 
 @functools.cache

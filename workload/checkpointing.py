@@ -156,7 +156,7 @@ def _watched_temporary_path(base: type, on_error: Callable[[BaseException], None
     """Orbax's TemporaryPath class for this storage whose ``finalize`` (commit file or
     rename, on the primary) reports failures; ``CheckpointManagerOptions.temporary_path_class``."""
 
-    class Watched(base):  # type: ignore[misc, valid-type]
+    class Watched(base):
         async def finalize(self, *args: Any, **kwargs: Any) -> None:
             try:
                 await super().finalize(*args, **kwargs)
@@ -330,7 +330,7 @@ class Checkpoints:
             self._committed(step)
         if due and self.pending is None:
             return self._save(step, state, data())
-        if due and self.deferred_at is None:
+        if due and self.deferred_at is None and self.pending is not None:
             self.deferred_at = step
             self.metrics.checkpoint("deferred", step, previous=self.pending[0])
         return 0.0
@@ -458,8 +458,3 @@ class Checkpoints:
             self.manager.close()
         if self._watch is not None:
             self._watch.join(timeout=2)
-
-
-def abstract_with_shardings(abstract: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)

@@ -101,7 +101,8 @@ def make_batch(source: RowSource, position: int, global_batch: int, seq_len: int
     each process filling only its own devices' rows."""
     import jax
 
-    def local(index: tuple[slice, ...]) -> np.ndarray:
+    def local(index: tuple[slice, ...] | None) -> np.ndarray:
+        assert index is not None  # a sharded array's shard index
         start, stop, _ = index[0].indices(global_batch)
         return source(position + start, stop - start)[:, index[1]]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from xrun_contract import RESTARTABLE_EXIT_CODE, Env, global_process_id
 
@@ -91,7 +92,7 @@ def initialize(cluster: Cluster) -> bool:
     import jax
 
     if cluster.from_xrun:
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if cluster.platform == "cpu":
             # Nothing in CI's environment (SLURM, MPI, a TPU VM's metadata) may override us.
             kwargs["cluster_detection_method"] = "deactivate"

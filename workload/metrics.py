@@ -202,7 +202,7 @@ def update_run_json(storage: Storage, run: str, **workload: Any) -> None:
     """Merge ``workload`` into run.json's "workload" section (creating the file if absent)."""
     key = Layout.run_json(run)
     doc = storage.read_json(key) or {"name": run}
-    section = doc.get("workload") if isinstance(doc.get("workload"), dict) else {}
+    section: dict[str, Any] = doc["workload"] if isinstance(doc.get("workload"), dict) else {}
     section.update(workload)
     doc["workload"] = section
     storage.write_json(key, doc)

@@ -95,7 +95,7 @@ class Attention(nnx.Module):
         q, k = rotary(q, positions, cfg.rope_theta), rotary(k, positions, cfg.rope_theta)
         sharding = self.act_sharding
         out = attention.attend(self.kernel, q, k, v,
-                               mesh=sharding.mesh if sharding is not None else None,
+                               mesh=sharding.mesh if sharding is not None else None,  # type: ignore[arg-type]
                                batch_axes=sharding.spec[0] if sharding is not None else None)
         return jnp.einsum("bsnh,nhd->bsd", out, self.wo[...].astype(dt))
 

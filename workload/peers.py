@@ -87,7 +87,7 @@ class Peers:
         def loop() -> None:
             while not stop.is_set():
                 try:
-                    message = self.client.blocking_key_value_get(FAILURE_KEY, 1000)
+                    message = self.client.blocking_key_value_get(FAILURE_KEY, 1000)  # type: ignore[union-attr]
                 except Exception:  # noqa: BLE001 - DEADLINE_EXCEEDED: not set yet
                     continue
                 if not stop.is_set():

@@ -21,7 +21,6 @@ restarted attempt redoes (``EventAccumulator._CheckForRestartAndMaybePurge``).
 
 from __future__ import annotations
 
-import contextlib
 import struct
 import threading
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import google_crc32c
 
 from xrun_contract import TENSORBOARD_SCALARS, Layout
-from xrun_contract.storage import Storage
+from xrun_contract.storage import PeriodicFlush, Storage
 
 SESSION_START = 1  # SessionLog.SessionStatus.START
 
@@ -84,7 +83,7 @@ def frame(record: bytes) -> bytes:
             + struct.pack("<I", _masked_crc(record)))
 
 
-class EventWriter:
+class EventWriter(PeriodicFlush):
     """Buffers scalar events; a background thread (and ``close``) writes each batch as a new
     events file ``events.out.tfevents.<attempt start>.xrun.a<attempt>.<seq>``."""
 
@@ -96,10 +95,7 @@ class EventWriter:
         self._events: list[bytes] = []
         self._started = False
         self._lock = threading.Lock()
-        self._closed = threading.Event()
-        self._interval = interval
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="xrun-tensorboard")
-        self._thread.start()
+        self._start_flushing(interval, "xrun-tensorboard")
 
     def scalars(self, step: int, values: dict[str, float], wall_time: float | None = None) -> None:
         wall = time.time() if wall_time is None else wall_time
@@ -124,16 +120,6 @@ class EventWriter:
             with self._lock:  # keep them for the next flush, under the next name
                 self._events[:0] = events
             raise
-
-    def _loop(self) -> None:
-        while not self._closed.wait(self._interval):
-            with contextlib.suppress(Exception):  # retried at the next tick and on close
-                self.flush()
-
-    def close(self) -> None:
-        self._closed.set()
-        self._thread.join(timeout=5)
-        self.flush()
 
 
 def step_scalars(record: dict[str, Any]) -> dict[str, float]:

@@ -335,9 +335,11 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                         "source": cfg.data, "seed": cfg.seed}
 
     batch = make_batch(position)
+    train_step = program.train_step
+    assert train_step is not None  # compiled above
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.perf_counter()
-        state, out = program.train_step(state, batch)  # dispatched; runs while we go on
+        state, out = train_step(state, batch)  # dispatched; runs while we go on
         position += global_batch
         if step < cfg.steps:
             batch = make_batch(position)
@@ -436,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         reason, clean = f"exception: {type(e).__name__}: {e}", False
         failure = {"failure": verdict.kind}
     run_info.update(failure)
-    metrics.end(code, reason, **failure,
-                **{k: run_info[k] for k in ("data_bytes_read",) if k in run_info})
+    metrics.end(code, reason, data_bytes_read=run_info.get("data_bytes_read"),
+                failure=failure.get("failure"))
     metrics.close()
     if storage is not None and run and primary:
         run_info.update(end_time=time.time(), exit_code=code, reason=reason)

@@ -68,7 +68,8 @@ class Env:
     BRANCH = "XRUN_BRANCH"
     # Log shipping interval of the wrapper, seconds (gs:// chunk cadence).
     LOG_FLUSH_SECONDS = "XRUN_LOG_FLUSH_SECONDS"
-    # JAX persistent compilation cache folder (local backend puts it under the storage root).
+    # JAX persistent compilation cache folder: <root>/cache/jax-compilation, set in the
+    # manifest for gs:// roots and by the local backend for folders.
     COMPILATION_CACHE = "XRUN_COMPILATION_CACHE"
     # Test-only switches, read by the workload; never set by a real manifest unless asked.
     TEST_FAIL_AT_STEP = "XRUN_TEST_FAIL_AT_STEP"  # "<step>:<exit code>[:<process id>]"
@@ -355,6 +356,10 @@ WRAPPER_END_RE = re.compile(
     r"xrun-wrapper: end host=(?P<host>\S+) exit_code=(?P<code>-?\d+) seconds=(?P<seconds>[\d.]+)"
 )
 EXIT_CODE_LINE = "EXIT_CODE={code}"
+# ``xrun doctor``'s storage probe (workload/probe.py): one line, a JSON object with root, key,
+# ok, error, account and scopes (the identity GCS saw from the pod's node).
+PROBE_LINE = "xrun probe: {json}"
+PROBE_RE = re.compile(r"^xrun probe: (\{.*\})\s*$")
 EXIT_CODE_RE = re.compile(r"^EXIT_CODE=(?P<code>-?\d+)\s*$")
 
 

@@ -8,8 +8,6 @@ or written); 3 a cluster or storage root cannot be reached; 130 interrupted. Low
 
 from __future__ import annotations
 
-import signal
-
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run failed, or a comparison found a significant regression
 EXIT_USAGE = 2  # bad input: nothing was submitted or written
@@ -41,13 +39,3 @@ def exit_code_for_signal(signum: int) -> int:
 def exit_code_of_returncode(returncode: int) -> int:
     """``subprocess`` gives -N for death by signal N; Kubernetes reports 128 + N."""
     return returncode if returncode >= 0 else exit_code_for_signal(-returncode)
-
-
-def signal_name(exit_code: int) -> str:
-    """'SIGKILL' for 137, '' when the code is not 128 + a known signal."""
-    if exit_code <= 128:
-        return ""
-    try:
-        return signal.Signals(exit_code - 128).name
-    except ValueError:
-        return ""

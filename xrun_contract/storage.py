@@ -217,7 +217,33 @@ def read_chunks(storage: Storage, prefix: str) -> Iterable[tuple[str, bytes]]:
             yield o.key, data
 
 
-class ChunkWriter:
+class PeriodicFlush:
+    """A daemon thread calling ``flush`` every ``interval`` seconds until ``close`` (which
+    flushes once more): storage writers that batch small writes into whole objects."""
+
+    _interval: float
+
+    def flush(self) -> None:
+        raise NotImplementedError
+
+    def _start_flushing(self, interval: float, name: str) -> None:
+        self._interval = interval
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name=name)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed.wait(self._interval):
+            with contextlib.suppress(Exception):  # retried at the next tick and on close
+                self.flush()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=5)
+        self.flush()
+
+
+class ChunkWriter(PeriodicFlush):
     """Append-only text output to storage as numbered chunk objects.
 
     ``key_for(seq)`` names chunk ``seq``. Lines are buffered and written as a new object at
@@ -228,14 +254,11 @@ class ChunkWriter:
     def __init__(self, storage: Storage, key_for, interval: float = 2.0, start_seq: int = 0):
         self._storage = storage
         self._key_for = key_for
-        self._interval = interval
         self._seq = start_seq
         self._buf: list[str] = []
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True, name="xrun-chunks")
-        self._thread.start()
+        self._start_flushing(interval, "xrun-chunks")
 
     def write(self, text: str) -> None:
         with self._lock:
@@ -256,16 +279,6 @@ class ChunkWriter:
                         raise
                     time.sleep(0.5 * (attempt + 1))
             self._seq += 1
-
-    def _loop(self) -> None:
-        while not self._closed.wait(self._interval):
-            with contextlib.suppress(Exception):  # retried at the next tick and on close
-                self.flush()
-
-    def close(self) -> None:
-        self._closed.set()
-        self._thread.join(timeout=5)
-        self.flush()
 
     def __enter__(self) -> ChunkWriter:
         return self

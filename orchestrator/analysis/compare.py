@@ -3,10 +3,11 @@
 A diff is marked *improved* or *regressed* only when a two-sided Mann-Whitney U test on the
 per-step samples rejects "same distribution" at ``alpha`` (benchstat's method: medians as
 the summary, a rank test as the judge); otherwise it is *within noise*. One-value figures
-(time to first step, memory, goodput) have no noise estimate and are never marked by sign.
-``exit_code`` is 1 only for a significant regression beyond the threshold on a gating row
-(step time, throughput, loss, checkpoint stalls) or a candidate that failed where the base
-did not. Everything that makes a comparison unfair is said above the table.
+(the last step's TFLOP/s and Tok/s, time to first step, memory, goodput) have no noise
+estimate and are never marked by sign. ``exit_code`` is 1 only for a significant regression
+beyond the threshold on a gating row (steady-state step time, loss, checkpoint stalls) or
+a candidate that failed where the base did not. Everything that makes a comparison unfair is said above
+the table, including a familiar row that points the other way than the steady-state row.
 
 Pure standard library: the CLI is installed without numpy.
 """
@@ -27,6 +28,14 @@ DEFAULT_THRESHOLD_PCT = 5.0
 DEFAULT_ALPHA = 0.05
 MIN_SAMPLES = 4  # with 3 vs 3 the smallest two-sided p is 0.1: nothing could be significant
 STALL_SHARE_WARN = 0.10  # stalls above this share of all step time make "Avg s/step" misleading
+LAST_STEP_NOTE = ("the last step's {what}, as its step line says (MaxText's reports show this "
+                  "one value): no noise estimate; the steady-state row is the tested figure")
+AVG_NOTE = ("mean of every step after the first (checkpoint stalls and restarts included, "
+            "compilation of the first step not); marked by a test of means, never sets the exit code")
+# The familiar rows and the honest row that measures the same thing (lower s/step is
+# higher throughput): a warning when they point different ways.
+HONEST_ROW = "Steady-state s/step (median)"
+FAMILIAR_ROWS = ("TFLOP/s", "Tok/s", "Avg s/step")
 
 
 # ---------------------------------------------------------------------------------------
@@ -42,6 +51,9 @@ class RunFigures:
     steady_tflops: list[float]
     steady_tokens: list[float]
     all_seconds: list[float]
+    avg_seconds: list[float]  # every step after the first: what "Avg s/step" averages
+    last_tflops: float | None  # the last step line's TFLOP/s/device
+    last_tokens: float | None  # the last step line's Tokens/s/device
     loss_tail: list[float]
     final_loss: float | None
     final_step: int | None
@@ -50,6 +62,7 @@ class RunFigures:
     total_step_seconds: float  # exact, over every step (samples may be thinned)
     stall_events: list[float]
     stall_total: float
+    stall_in_steps: float  # the part of stall_total inside step times (a last save's is not)
     stall_saves: int
     time_to_first_step: float | None
     ttfs_basis: str
@@ -63,8 +76,10 @@ class RunFigures:
 
     @property
     def step_share_of_stalls(self) -> float:
+        """The share of all step time that checkpoint stalls took (only stalls that some
+        step's time absorbed: a last save's wait is after every step)."""
         total = self.total_step_seconds
-        return self.stall_total / total if total > 0 else 0.0
+        return self.stall_in_steps / total if total > 0 else 0.0
 
 
 def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
@@ -83,32 +98,50 @@ def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
               if is_final and math.isfinite(loss)]
     losses.sort()
     k = max(5, min(50, len(losses) // 10))
-    events = [c["seconds"] for c in rec.checkpoints
-              if c["event"] in ("blocked", "waited") and c["seconds"] is not None]
+    # One stall per save: its wait for the previous save plus its blocking part.
+    per_save: dict[tuple[int, int], float] = {}
+    for c in rec.checkpoints:
+        if c["event"] in ("blocked", "waited") and c["seconds"] is not None:
+            key = (c["attempt"], c["step"])
+            per_save[key] = per_save.get(key, 0.0) + c["seconds"]
+    events = list(per_save.values())
     stall_total = rec.checkpoint_totals["blocked"] + rec.checkpoint_totals["waited"]
     if not events:  # only per-step blocked times (JSONL without checkpoint records)
         events = [b for b in steps.blocked if b > 0]
         stall_total = stall_total or sum(events) * steps.stride
+    all_seconds = [s for s in steps.seconds if math.isfinite(s)]
+    last_i = len(steps) - 1
+    ran = set(zip(steps.attempt, steps.step, strict=True))
+    outside = sum(v for k, v in rec.absorbed_stalls.items() if k not in ran)  # no step absorbed it
     ttfs, basis = _time_to_first_step(rec)
     return RunFigures(
         label=rec.label, steady_seconds=ss, steady_tflops=tf, steady_tokens=tok,
-        all_seconds=[s for s in steps.seconds if math.isfinite(s)],
+        all_seconds=all_seconds,
+        avg_seconds=[s for s in steps.seconds[1:] if math.isfinite(s)],
+        last_tflops=_finite(steps.tflops[last_i]) if last_i >= 0 else None,
+        last_tokens=_finite(steps.tokens[last_i]) if last_i >= 0 else None,
         loss_tail=[loss for _, loss in losses[-k:]],
         final_loss=losses[-1][1] if losses else None,
         final_step=losses[-1][0] if losses else None,
         steps_executed=steps.count, steps_distinct=sum(final) * steps.stride,
         total_step_seconds=steps.total_seconds, stall_events=events, stall_total=stall_total,
+        stall_in_steps=max(0.0, stall_total - outside),
         stall_saves=int(rec.checkpoint_totals["saves"]), time_to_first_step=ttfs,
         ttfs_basis=basis, goodput=goodput(rec, warmup=warmup), warmup=warmup, stride=steps.stride,
     )
 
 
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
 def _time_to_first_step(rec: RunRecord) -> tuple[float | None, str]:
-    """Submit (or process start, or first log line) to the end of the first step."""
+    """Submit (or process or XPK start, or first log line) to the first step's line."""
     t = rec.steps.time[0] if len(rec.steps) else math.nan
     if not math.isfinite(t):
         return None, ""
-    for origin, basis in ((rec.submitted_at, "from submit"), (rec.start_time, "from process start"),
+    start = f"from {rec.start_basis}" if rec.start_basis else "from process start"
+    for origin, basis in ((rec.submitted_at, "from submit"), (rec.start_time, start),
                           (rec.log_first_time, "from the first log line")):
         if origin is not None and t >= origin:
             return t - origin, basis
@@ -136,6 +169,7 @@ class Row:
     better: str | None = None  # lower | higher
     gating: bool = False  # may set the exit code
     beyond_threshold: bool = False
+    note: str = ""  # what the figure is, said under the table
 
 
 def _fmt(v: float | None, decimals: int, unit: str = "") -> str:
@@ -307,7 +341,11 @@ class Comparison:
                 "steady_steps": len(fig.steady_seconds), "steady_median_s": fig.steady_median,
                 "steady_median_ci95_s": median_ci(fig.steady_seconds),
                 "time_to_first_step_s": fig.time_to_first_step, "goodput": fig.goodput,
-                "checkpoint": {**rec.checkpoint_totals, "stall_total_s": fig.stall_total},
+                "checkpoint": {**rec.checkpoint_totals, "stall_total_s": fig.stall_total,
+                               "stall_in_steps_s": fig.stall_in_steps,
+                               "restored_step": _restored_step(rec),
+                               "found_at_start": rec.checkpoints_found},
+                "failure": rec.failure,
                 "notes": rec.notes,
             }
 
@@ -367,17 +405,33 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
     fb, fc = figures(base, warmup), figures(cand, warmup)
     lb, lc = _labels(base, cand)
     cmp = Comparator(threshold_pct, alpha)
+    # The familiar rows mean what they mean in the reports people already have (MaxText's
+    # step line, its last value; the mean step time), then the rows that decide a verdict.
+    tflops = Comparator.single("TFLOP/s", fb.last_tflops, fc.last_tflops, 3,
+                               why="one step's value")
+    tflops.better, tflops.note = "higher", LAST_STEP_NOTE.format(what="TFLOP/s/device")
+    tokens = Comparator.single("Tok/s", fb.last_tokens, fc.last_tokens, 1, why="one step's value")
+    tokens.better, tokens.note = "higher", LAST_STEP_NOTE.format(what="Tokens/s/device")
+    # Marked by a test of means, but it does not set the exit code: a mean moves with
+    # stalls, restarts and machine load; the steady-state row decides.
+    avg = cmp.sampled("Avg s/step", fb.avg_seconds, fc.avg_seconds, "mean", "lower", 3,
+                      what="steps after the first", gating=False)
+    avg.note = AVG_NOTE
+    steady = cmp.sampled("Steady-state s/step (median)", fb.steady_seconds, fc.steady_seconds,
+                         "median", "lower", 3)
+    steady.note = (f"median of steady-state steps: after the first {warmup} of each attempt, "
+                   "without the steps whose time absorbed a checkpoint stall")
     rows = [
         cmp.text("Parameters", *_params_cells(base, cand)),
         cmp.sampled("Final loss", fb.loss_tail, fc.loss_tail, "median", "lower", 4,
                     shown=(fb.final_loss, fc.final_loss), what="last steps"),
-        cmp.sampled("TFLOP/s", fb.steady_tflops, fc.steady_tflops, "median", "higher", 3),
-        cmp.sampled("Tok/s", fb.steady_tokens, fc.steady_tokens, "median", "higher", 1),
-        cmp.sampled("Avg s/step", fb.all_seconds, fc.all_seconds, "mean", "lower", 3, what="all steps"),
+        tflops,
+        tokens,
+        avg,
         Comparator.single("Memory %", _mem(base), _mem(cand), 2,
                           why="one reading per run"),
         cmp.text("JAX", base.jax, cand.jax),
-        cmp.sampled("Steady-state s/step (median)", fb.steady_seconds, fc.steady_seconds, "median", "lower", 3),
+        steady,
         _spread_row(cmp, fb, fc),
         _stall_row(cmp, fb, fc),
         Comparator.single("Time to first step", fb.time_to_first_step, fc.time_to_first_step, 1, " s"),
@@ -387,6 +441,7 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
     ]
     # A loss that changed only within noise is still not identical numerics: say so.
     warnings = confounders(base, cand, fb, fc, lb, lc)
+    warnings += disagreements(rows, fb, fc, lc, threshold_pct)
     candidate_failed = (not cand.finished and base.finished) or (fc.steps_executed == 0 < fb.steps_executed)
     if candidate_failed:
         warnings.insert(0, f"candidate {lc} did not succeed ({cand.outcome}) while the base did: "
@@ -460,6 +515,11 @@ def confounders(base: RunRecord, cand: RunRecord, fb: RunFigures, fc: RunFigures
                      f"{name}, not the branch")
         elif key != "libtpu" and bool(vb) != bool(vc):
             w.append(f"{name} version unknown for {lc if vb else lb}: cannot tell whether both sides ran the same")
+    # MaxText's "System Information: Jax Backend" is the backend's platform_version (a
+    # libtpu/PJRT or CUDA build string on accelerators); xrun's header has the platform.
+    vb, vc = base.versions.get("backend", ""), cand.versions.get("backend", "")
+    if vb and vc and vb != vc:
+        w.append(f"different JAX backends: {lb} ran {vb}, {lc} ran {vc}")
     if not base.jax and not cand.jax:
         w.append("JAX version unknown on both sides (no header or System Information lines)")
     if base.accelerator and cand.accelerator and base.accelerator != cand.accelerator:
@@ -500,14 +560,73 @@ def confounders(base: RunRecord, cand: RunRecord, fb: RunFigures, fc: RunFigures
     for fig, lab in ((fb, lb), (fc, lc)):
         share = fig.step_share_of_stalls
         if share >= STALL_SHARE_WARN:
-            mean = statistics.fmean(fig.all_seconds) if fig.all_seconds else 0.0
+            mean = statistics.fmean(fig.avg_seconds) if fig.avg_seconds else 0.0
             w.append(f"'Avg s/step' of {lab} ({_fmt(mean, 3)}) is dominated by checkpoint stalls: "
-                     f"{fig.stall_total:.3f} s of {fig.total_step_seconds:.3f} s step time ({100 * share:.0f}%); "
-                     "read the steady-state row instead")
+                     f"{fig.stall_in_steps:.3f} s of {fig.total_step_seconds:.3f} s step time "
+                     f"({100 * share:.0f}%); read the steady-state row instead")
         if 0 < len(fig.steady_seconds) < MIN_SAMPLES:
             w.append(f"{lab} has only {len(fig.steady_seconds)} steady-state steps: too few to test; "
                      "run more steps or lower --warmup")
     return w
+
+
+def _restored_step(rec: RunRecord) -> int | None:
+    """The step the run's first attempt restored (a resumed run), if it did."""
+    for ev in rec.checkpoints:
+        if ev["event"] == "restored":
+            return ev["step"]
+    return None
+
+
+def _direction(row: Row) -> int:
+    """+1 the candidate looks better on this row, -1 worse, 0 no change or unknown."""
+    if row.delta is None or row.delta == 0 or row.better is None:
+        return 0
+    return 1 if (row.delta < 0) == (row.better == "lower") else -1
+
+
+def _robust_sd(values: list[float]) -> float | None:
+    """1.4826 x the median absolute deviation: a step's noise, blind to a few outliers."""
+    if len(values) < MIN_SAMPLES:
+        return None
+    m = statistics.median(values)
+    return 1.4826 * statistics.median(abs(v - m) for v in values)
+
+
+def disagreements(rows: list[Row], fb: RunFigures, fc: RunFigures, lc: str,
+                  threshold_pct: float) -> list[str]:
+    """A familiar row and the steady-state row pointing different ways, when the familiar
+    one moved enough to be believed: by at least the threshold and, for one step's value,
+    by more than 3 sigma of one step's noise (the steady steps' spread on both sides), or
+    when the steady-state row is significant. The steady-state row is tested on every step."""
+    by = {r.metric: r for r in rows}
+    honest = by.get(HONEST_ROW)
+    if honest is None or not _direction(honest):
+        return []
+    samples = {"TFLOP/s": (fb.steady_tflops, fc.steady_tflops),
+               "Tok/s": (fb.steady_tokens, fc.steady_tokens)}
+    out = []
+    word = {1: "better", -1: "worse"}
+    for name in FAMILIAR_ROWS:
+        row = by.get(name)
+        if row is None or not _direction(row) or _direction(row) == _direction(honest):
+            continue
+        moved = row.delta_pct is not None and abs(row.delta_pct) >= threshold_pct
+        if name in samples and moved:
+            sds = [_robust_sd(x) for x in samples[name]]
+            known = [sd for sd in sds if sd is not None]
+            noise = math.hypot(*known) if len(known) == len(sds) else None
+            moved = noise is not None and abs(row.delta or 0.0) > 3 * noise
+        if not (moved or honest.verdict in ("improved", "regressed")):
+            continue
+        pct = f" ({row.delta_pct:+.1f}%)" if row.delta_pct is not None else ""
+        hpct = f" ({honest.delta_pct:+.1f}%, {honest.verdict})" if honest.delta_pct is not None else ""
+        why = ("one step's value" if name != "Avg s/step"
+               else "a mean that checkpoint stalls and restarts move")
+        out.append(f"'{name}' says {lc} is {word[_direction(row)]}{pct} but the steady-state "
+                   f"median says {word[_direction(honest)]}{hpct}: '{name}' is {why}; "
+                   "read the steady-state row")
+    return out
 
 
 def config_diff(a: Any, b: Any, limit: int = 5) -> str:
@@ -538,8 +657,8 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, alpha: float,
            warmup: int, rows: list[Row], base: RunRecord, cand: RunRecord) -> list[str]:
     n: list[str] = []
-    n.append(f"Steady state: steps after the first {warmup} of each attempt, without the steps next to a "
-             f"checkpoint save that blocked or waited: {lb} {len(fb.steady_seconds)} of "
+    n.append(f"Steady state: steps after the first {warmup} of each attempt, without the steps whose "
+             f"time absorbed a checkpoint stall: {lb} {len(fb.steady_seconds)} of "
              f"{fb.steps_executed} steps, {lc} {len(fc.steady_seconds)} of {fc.steps_executed}.")
     for fig, lab in ((fb, lb), (fc, lc)):
         ci = median_ci(fig.steady_seconds)
@@ -549,11 +668,31 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
                      f"{format_goodput(fig.goodput)}.")
     n.append(f"Marks: two-sided Mann-Whitney U test on per-step samples at alpha={alpha:g}; 'within noise' "
              f"means p >= {alpha:g}. The exit code is 1 for a significant regression of at least "
-             f"{threshold:g}% in Final loss, TFLOP/s, Tok/s, Avg s/step, steady-state s/step or checkpoint "
+             f"{threshold:g}% in Final loss, steady-state s/step or checkpoint "
              "stalls, or a failed candidate.")
-    n.append("TFLOP/s and Tok/s are per device, medians of steady-state steps; Avg s/step is the mean "
-             "of every step, stalls and compilation included; Final loss is the last step's, tested on "
-             f"the last {len(fb.loss_tail)}/{len(fc.loss_tail)} steps.")
+    for row in rows:
+        if row.note:
+            n.append(f"{row.metric}: {row.note}.")
+    n.append(f"Final loss is the last step's, tested on the last {len(fb.loss_tail)}/{len(fc.loss_tail)} "
+             "steps.")
+    for rec, lab in ((base, lb), (cand, lc)):
+        t = rec.checkpoint_totals
+        said: list[str] = []
+        restored = _restored_step(rec)
+        if restored is not None:
+            found = f" ({rec.checkpoints_found} found)" if rec.checkpoints_found else ""
+            said.append(f"resumed from checkpoint step {restored}{found}")
+        if t.get("deferred"):
+            said.append(f"{int(t['deferred'])} save(s) deferred (taken after the previous one "
+                         "committed; no training time lost)")
+        if t.get("exit_wait"):
+            said.append(f"{t['exit_wait']:.3f} s waiting for the last save to commit before exit "
+                         "(not a stall)")
+        for key, what in (("restore_failed", "restores failed"), ("write_failed", "writes failed")):
+            if t.get(key):
+                said.append(f"{int(t[key])} checkpoint {what}")
+        if said:
+            n.append(f"{lab}: " + "; ".join(said) + ".")
     loss_row = rows[1]
     if loss_row.verdict not in ("identical", "missing") and not config_diff(base.config, cand.config):
         n.append("The losses differ although the configs match: the two sides are not numerically "

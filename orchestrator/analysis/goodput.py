@@ -94,6 +94,7 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
     else:
         if not attempts:
             notes.append("steps carry no timestamps: startup and restarts are inside 'other'")
+        assert end is not None and origin is not None  # not partial
         wall = max(0.0, end - origin)
         cats["other"] = wall - known
         if cats["other"] < 0:
@@ -109,6 +110,11 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
         "basis": basis,
         "steady_step_s": median,
         "steps": {"executed": steps.count, "redone": redone_n, "attempts": len(per_attempt)},
+        # Not stalls, shown beside them: saves deferred instead of waited for (they cost
+        # checkpoint age, not training time) and the last save committing before exit
+        # (inside "other": no step waits for it).
+        "deferred_saves": int(rec.checkpoint_totals.get("deferred", 0)),
+        "exit_wait_s": float(rec.checkpoint_totals.get("exit_wait", 0.0)),
         "notes": notes,
     }
 
@@ -116,23 +122,28 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
 def _stall_per_execution(rec: RunRecord, median: float | None) -> list[float]:
     """Seconds of checkpoint stall inside each kept step's time.
 
-    Step records that carry ``checkpoint_blocked_s`` say it exactly. From logs only the
-    save's step is known: the stall is put in the step after the save, or the save's own
-    step, whichever took that much longer than a steady step; a stall found in neither
-    happened between steps (the time gaps hold it).
+    Step records that carry ``checkpoint_blocked_s`` say it exactly. A log that says which
+    step absorbed a stall (MaxText: the step after the save, ``rec.absorbed_stalls``) puts
+    it there; a stall whose absorbing step never ran (a save at the last step) stays
+    between steps. For xrun's own log lines only the save's step is known: the stall is
+    put in the step after the save, or the save's own step, whichever took that much
+    longer than a steady step; a stall found in neither happened between steps (the time
+    gaps hold it). "exit_wait" is never a stall: no step waits for it.
     """
     steps = rec.steps
     stalls = [b if b > 0 else 0.0 for b in steps.blocked]
     if any(stalls):
         return stalls
+    index = {(a, s): i for i, (s, a) in enumerate(zip(steps.step, steps.attempt, strict=True))}
+    for key, seconds in rec.absorbed_stalls.items():
+        i = index.get(key)
+        if i is not None and math.isfinite(steps.seconds[i]):
+            stalls[i] += min(seconds, max(0.0, steps.seconds[i]))
     per_save: dict[tuple[int, int], float] = {}
     for ev in rec.checkpoints:
-        if ev["event"] in ("blocked", "waited") and ev.get("seconds"):
+        if ev["event"] in ("blocked", "waited") and ev.get("seconds") and "absorbed_by" not in ev:
             key = (ev["attempt"], ev["step"])
             per_save[key] = per_save.get(key, 0.0) + ev["seconds"]
-    if not per_save:
-        return stalls
-    index = {(a, s): i for i, (s, a) in enumerate(zip(steps.step, steps.attempt, strict=True))}
     base = median or 0.0
     for (attempt, step), seconds in per_save.items():
         for candidate in (step + 1, step):
@@ -150,7 +161,7 @@ def _origin(rec: RunRecord) -> tuple[float | None, str]:
     if rec.transitions and isinstance(rec.transitions[0].get("time"), int | float):
         return float(rec.transitions[0]["time"]), "first state transition"
     if rec.start_time is not None:
-        return rec.start_time, "process start"
+        return rec.start_time, rec.start_basis or "process start"
     if rec.log_first_time is not None:
         return rec.log_first_time, "first log line"
     return None, "step times only"
@@ -174,7 +185,12 @@ def format_goodput(gp: dict[str, Any]) -> str:
     head = f"goodput {gp['goodput_pct']:.1f}% of {_dur(gp['wall_s'])}"
     if gp.get("partial"):
         head += " (step times only)"
-    return head + (": " + ", ".join(parts) if parts else "")
+    tail = []
+    if gp.get("deferred_saves"):
+        tail.append(f"{gp['deferred_saves']} save(s) deferred")
+    if gp.get("exit_wait_s"):
+        tail.append(f"exit wait {_dur(gp['exit_wait_s'])} (not a stall)")
+    return head + (": " + ", ".join(parts) if parts else "") + (f" ({'; '.join(tail)})" if tail else "")
 
 
 def _dur(seconds: float) -> str:

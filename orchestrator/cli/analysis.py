@@ -75,8 +75,12 @@ def _common(fn):
 @_common
 @click.option("--format", "fmt", type=click.Choice(["md", "json", "html"]), default="md", show_default=True)
 @click.option("-o", "--output", help="Write to this file instead of stdout.")
+@click.option("--label-a", help="BASE's branch@commit (e.g. main@574ad3fb9), branch, or @commit: "
+              "names the column and feeds the same-commit warning.")
+@click.option("--label-b", help="CANDIDATE's branch@commit, branch, or @commit.")
 def compare(base: str, candidate: str, storage: str | None, threshold: float, alpha: float,
-            warmup: int, fmt: str, output: str | None) -> int:
+            warmup: int, fmt: str, output: str | None, label_a: str | None,
+            label_b: str | None) -> int:
     """Compare CANDIDATE with BASE: a table, significance marks, warnings, goodput.
 
     BASE and CANDIDATE are each a run name (under --storage), a run path
@@ -88,11 +92,13 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
     Examples:
       xrun compare nightly-main-20250103-030000-0 nightly-feat-x-20250103-030000-1
       xrun compare main.log feat.log --threshold 3% --format json
+      xrun compare main.log feat.log --label-a main@574ad3fb9 --label-b feat/x@def456
       xrun compare gs://b/xrun/runs/a gs://b/xrun/runs/b --format html -o cmp.html
     """
     _check_output(output)
     result = analysis.compare(base, candidate, settings.storage_root(storage),
-                              threshold_pct=threshold, alpha=alpha, warmup=warmup)
+                              threshold_pct=threshold, alpha=alpha, warmup=warmup,
+                              label_a=label_a, label_b=label_b)
     if fmt == "json":
         text = result.json()
     elif fmt == "html":

@@ -19,10 +19,15 @@ from orchestrator.services import doctor as checks
 @click.option("--nodes", type=int, help="GPU nodes.")
 @click.option("--queue", help="Kueue LocalQueue that must exist.")
 @click.option("--storage", help="Storage root to write a probe to. Default: $XRUN_STORAGE.")
+@click.option("--image", help="The run's image: doctor runs a probe pod with it on the target node pool.")
+@click.option("--service-account", help="The run's pod service account (for the probe pod).")
+@click.option("--probe-timeout", type=click.IntRange(1, 3600), help="Seconds to wait for the probe pod. Default 300.")
 @click.option("-o", "--output", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def doctor(context: str | None, namespace: str | None, run_file: str | None, accelerator: str | None,
-           num_slices: int | None, nodes: int | None, queue: str | None, storage: str | None, fmt: str) -> int:
-    """Check that a cluster can run xrun's JobSets: API, JobSet CRD, Kueue queue, nodes, storage.
+           num_slices: int | None, nodes: int | None, queue: str | None, storage: str | None,
+           image: str | None, service_account: str | None, probe_timeout: int | None, fmt: str) -> int:
+    """Check that a cluster can run xrun's JobSets: API, JobSet CRD and controller version, Kueue
+    queue, nodes, storage from here and (given the run's image) from a pod on the node pool.
 
     Exit code: 0 all checks passed (warnings allowed), 1 a check failed, 2 bad input,
     3 the API or the storage root cannot be reached.
@@ -34,7 +39,9 @@ def doctor(context: str | None, namespace: str | None, run_file: str | None, acc
       xrun doctor --context gke_p_z_c -n team --tpu v6e-32 --num-slices 2 --queue lq --storage gs://b/xrun
     """
     v = checks.inputs(run_file, {"context": context, "namespace": namespace, "accelerator": accelerator,
-                                 "num_slices": num_slices, "nodes": nodes, "queue": queue, "storage": storage})
+                                 "num_slices": num_slices, "nodes": nodes, "queue": queue, "storage": storage,
+                                 "image": image, "service_account": service_account,
+                                 "probe_timeout": probe_timeout})
     results, code = checks.doctor(v)
     if fmt == "json":
         click.echo(json.dumps({"checks": [c.as_dict() for c in results], "exit_code": code}, indent=2))

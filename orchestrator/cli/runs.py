@@ -52,7 +52,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--restartable-exit-codes",), {"metavar": "CODES", "help": "Comma list of exit codes that restart the run (default 42,127-255)."}),
     (("--termination-grace-seconds",), {"type": int, "help": "Pod grace period. Default 120."}),
     (("--ttl-seconds-after-finished",), {"type": int, "help": "JobSet TTL. Default 86400."}),
-    (("--service-account",), {"help": "Pod service account (Workload Identity for GCS)."}),
+    (("--service-account",), {"help": "Pod service account. TPU/GPU pods use hostNetwork, where Workload Identity does not apply: GCS sees the node pool's account ('xrun doctor' checks)."}),
     (("--priority-class",), {"help": "Pod priorityClassName."}),
     (("--queue",), {"help": "Kueue LocalQueue name."}),
     (("--kueue-priority",), {"help": "Kueue WorkloadPriorityClass name."}),
@@ -114,7 +114,8 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--follow", "follow_logs", is_flag=True, help="Stream every host's log while following.")
 @click.option("--dry-run", is_flag=True, help="Print the manifest that would be submitted; submit and write nothing.")
 @click.option("--replace", is_flag=True, help="Replace a finished run of the same name (its stored data is removed).")
-def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, **opts: Any) -> int:
+@click.option("--force", is_flag=True, help="With --replace: also when the old run is still live (it is stopped first).")
+def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force: bool, **opts: Any) -> int:
     """Submit a run and follow it until it ends.
 
     Without --context the run executes on this machine: the rendered JobSet's pods become
@@ -132,7 +133,7 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, **opts
     if dry_run:
         click.echo(runs.dump_yaml(runs.render(spec)), nl=False)
         return EXIT_OK
-    sub = runs.submit(spec, replace=replace)
+    sub = runs.submit(spec, replace=replace, force=force)
     slices = f" x{spec.slices} slices" if spec.slices > 1 else ""
     info(f"submitted {spec.name} ({spec.backend_name} backend, {spec.accelerator}{slices}); storage {sub.url}")
     if detach:
@@ -226,11 +227,10 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @storage_option
 @click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines (and new restart attempts).")
 @click.option("--host", "hosts", multiple=True, metavar="S-H", help="Only this host, e.g. 0-1 (repeatable).")
-@click.option("--all", "all_hosts", is_flag=True, help="Every host (the default).")
 @click.option("--since", help="Only chunks written in the last 30s/10m/2h/1d.")
 @click.option("--tail", type=int, help="Only the last N lines of each host (before following).")
 @click.option("--prefix/--no-prefix", default=True, show_default=True, help="Prefix lines with [slice-host].")
-def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...], all_hosts: bool,
+def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
          since: str | None, tail: int | None, prefix: bool) -> int:
     """Print every host's log from storage, merged, each line prefixed by its host.
 

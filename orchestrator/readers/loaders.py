@@ -58,19 +58,23 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
     elif isinstance(r, records.Memory):
         rec.set_memory(r.used_gb, r.total_gb, r.pct, r.device)
     elif isinstance(r, records.Checkpoint):
-        rec.add_checkpoint(r.event, r.step, r.seconds, attempt, t)
+        # xrun's workload times a step before its save: the step record's
+        # checkpoint_blocked_s marks it, no later step absorbs the stall.
+        rec.add_checkpoint(r.event, r.step, r.seconds, attempt, t, previous=r.previous,
+                           error=r.error, process=r.process)
+    elif isinstance(r, records.Phase):
+        rec.phases.append({"phase": r.phase, "activity": r.activity, "seconds": r.seconds,
+                           "step": r.step, "time": t})
+        if rec.start_time is None and t is not None:
+            rec.start_time = t - r.seconds  # the process start the phases count from
     elif isinstance(r, records.End):
         if r.exit_code is not None:
             rec.exit_code = r.exit_code
         rec.end_reason = r.reason
+        if r.failure:
+            rec.failure = {"kind": r.failure, "why": r.reason, "code": r.exit_code}
         if t is not None:
             rec.end_time = max(rec.end_time or 0.0, t)
-
-
-def _num(value: Any, default: float = math.nan) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return default
-    return float(value)
 
 
 def read_jsonl_lines(rec: RunRecord, lines: Iterable[str]) -> int:

@@ -131,8 +131,12 @@ class RunRecord:
     )
     # (attempt, step) of saves that blocked or waited: their steps are not steady state.
     stalled_steps: set[tuple[int, int]] = field(default_factory=set)
+    # (attempt, step) -> stall seconds that step's "seconds" absorbed, where the log says
+    # which step that is (MaxText: the step after the save's, see readers/logparse.py).
+    absorbed_stalls: dict[tuple[int, int], float] = field(default_factory=dict)
     submitted_at: float | None = None
     start_time: float | None = None
+    start_basis: str = ""  # what start_time is: "" (process start), "XPK Start", ...
     end_time: float | None = None
     exit_code: int | None = None
     end_reason: str = ""
@@ -147,6 +151,9 @@ class RunRecord:
     log_first_step_time: float | None = None
     notes: list[str] = field(default_factory=list)
     total_steps: int | None = None  # what the run was asked to train (header / config)
+    phases: list[dict[str, Any]] = field(default_factory=list)  # xrun startup milestones
+    failure: dict[str, Any] | None = None  # "xrun failure:" line / end record: kind, why, code
+    checkpoints_found: int | None = None  # Orbax "Found N checkpoint steps" at start
     # Raw run.json and state.json of a stored run (xrun backend, context, hosts, message).
     run_info: dict[str, Any] = field(default_factory=dict)
     state_info: dict[str, Any] = field(default_factory=dict)
@@ -197,17 +204,20 @@ class RunRecord:
         """Which kept step samples are steady state.
 
         Not steady: the first ``warmup`` steps of every attempt (compilation, restore), steps
-        next to a checkpoint save that blocked or waited (which of the two absorbed the stall
-        depends on where the workload takes its timestamp), steps whose record says they were
-        blocked, and unreadable values.
+        whose ``seconds`` absorbed a checkpoint stall (known exactly for MaxText logs and
+        metrics records; from xrun's log lines, both the save's step and the next, since
+        which of the two absorbed it depends on where the workload takes its timestamp),
+        and unreadable values.
         """
         first_of_attempt: dict[int, int] = {}
         out: list[bool] = []
         stalled = self.stalled_steps
+        absorbed = self.absorbed_stalls
         for step, seconds, _tf, _tok, _loss, blocked, _t, attempt in self.steps.rows():
             first = first_of_attempt.setdefault(attempt, step)
             ok = (step >= first + warmup and math.isfinite(seconds) and not blocked
-                  and (attempt, step) not in stalled and (attempt, step - 1) not in stalled)
+                  and (attempt, step) not in stalled and (attempt, step - 1) not in stalled
+                  and (attempt, step) not in absorbed)
             out.append(ok)
         return out
 
@@ -220,16 +230,39 @@ class RunRecord:
 
     # -- building ---------------------------------------------------------------------
     def add_checkpoint(self, event: str, step: int, seconds: float | None, attempt: int,
-                       time: float | None = None) -> None:
+                       time: float | None = None, absorbed_by: int | None = None,
+                       **extra: Any) -> None:
+        """One checkpoint event (``xrun_contract.CHECKPOINT_EVENTS``).
+
+        "blocked" and "waited" are stalls: training was held. ``absorbed_by`` names the step
+        whose ``seconds`` holds the stall when the log says so; otherwise the save's step
+        and the next are both kept out of steady state. "exit_wait" (the last save
+        committing before the process exits) is not a stall: no step waits for it.
+        "deferred" saves are counted: they cost no training time, only checkpoint age.
+        Readers add "device_wait" (MaxText's ``block_until_ready`` before a save: the
+        device finishing the step, not a stall) to the contract's events.
+        """
+        totals = self.checkpoint_totals
         if event in ("blocked", "waited", "committed") and seconds is not None:
-            self.checkpoint_totals[event] += seconds
+            totals[event] += seconds
+        elif event == "exit_wait" and seconds is not None:
+            totals["exit_wait"] = totals.get("exit_wait", 0.0) + seconds
+        elif event in ("deferred", "restore_failed", "write_failed"):
+            totals[event] = totals.get(event, 0) + 1
         if event == "started":
-            self.checkpoint_totals["saves"] += 1
+            totals["saves"] += 1
         if event in ("blocked", "waited"):
-            self.stalled_steps.add((attempt, step))
+            if absorbed_by is None:
+                self.stalled_steps.add((attempt, step))
+            elif seconds:
+                key = (attempt, absorbed_by)
+                self.absorbed_stalls[key] = self.absorbed_stalls.get(key, 0.0) + seconds
         if len(self.checkpoints) < EVENT_CAP:
-            self.checkpoints.append({"event": event, "step": step, "seconds": seconds,
-                                     "attempt": attempt, "time": time})
+            ev = {"event": event, "step": step, "seconds": seconds, "attempt": attempt, "time": time}
+            if absorbed_by is not None:
+                ev["absorbed_by"] = absorbed_by
+            ev.update({k: v for k, v in extra.items() if v is not None})
+            self.checkpoints.append(ev)
         elif len(self.checkpoints) == EVENT_CAP:
             self.notes.append(f"more than {EVENT_CAP} checkpoint events: later ones only counted")
 

@@ -7,6 +7,7 @@ is bad input (exit 2).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from orchestrator.analysis.compare import Comparison
@@ -26,10 +27,46 @@ def load(arg: str, storage_root: str, what: str) -> RunRecord:
         raise XrunError(f"{what}: cannot read {arg} from {storage_root}: {e}", EXIT_UNREACHABLE) from None
 
 
+# A branch name as git accepts it (refs.c, check_refname_format(): no whitespace or
+# control characters, none of ~^:?*[\\, no "..", no "@{", no leading "-", no "/" or "."
+# at either end, no ".lock" at the end), and an abbreviated or full commit (4-40 hex
+# digits, git's minimum abbreviation is 4).
+_BRANCH_RE = re.compile(r"(?!-)(?!.*\.\.)(?!.*@\{)(?!.*\.lock$)[^\s~^:?*\[\\\x00-\x1f\x7f]+(?<![/.])")
+_COMMIT_RE = re.compile(r"[0-9a-fA-F]{4,40}")
+LABEL_ALLOWED = "branch@commit (e.g. main@574ad3fb9), branch, or @commit"
+
+
+def parse_label(text: str, option: str) -> tuple[str, str]:
+    """'main@574ad3fb9' -> ('main', '574ad3fb9'); 'main' -> ('main', ''); '@574ad3f' ->
+    ('', '574ad3f'). Bad input names ``option`` (exit 2)."""
+    branch, sep, commit = text.strip().rpartition("@") if "@" in text else (text.strip(), "", "")
+    if (not branch and not commit) or (branch and (branch.startswith("/") or not _BRANCH_RE.fullmatch(branch))) \
+            or (sep and not _COMMIT_RE.fullmatch(commit)):
+        raise XrunError(f"{option}: {text!r} is not a label; use {LABEL_ALLOWED}")
+    return branch, commit
+
+
+def apply_label(rec: RunRecord, label: tuple[str, str]) -> None:
+    """A label from the command line names the run's branch and commit (a log carries
+    neither): it feeds the table's header and the same-commit warning."""
+    branch, commit = label
+    if branch:
+        rec.branch = branch
+    if commit:
+        rec.commit = commit
+
+
 def compare(base: str, candidate: str, storage_root: str, *, threshold_pct: float, alpha: float,
-            warmup: int) -> Comparison:
+            warmup: int, label_a: str | None = None, label_b: str | None = None) -> Comparison:
+    """CANDIDATE against BASE; ``label_a``/``label_b`` ("branch@commit") name each side."""
+    la = parse_label(label_a, "--label-a") if label_a is not None else None
+    lb = parse_label(label_b, "--label-b") if label_b is not None else None
     b = load(base, storage_root, "BASE")
     c = load(candidate, storage_root, "CANDIDATE")
+    if la:
+        apply_label(b, la)
+    if lb:
+        apply_label(c, lb)
     return compare_records(b, c, threshold_pct=threshold_pct, alpha=alpha, warmup=warmup)
 
 

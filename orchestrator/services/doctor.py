@@ -1,10 +1,16 @@
 """``xrun doctor``: can this cluster and storage root run xrun's JobSets? One line per check.
 
 Checks, in order: the API answers (and which Kubernetes it is); the JobSet CRD is installed
-and serves ``v1alpha2`` (falling back to API discovery when RBAC hides CRDs); the Kueue
-LocalQueue exists when a queue is named; nodes carry the accelerator (and TPU topology)
-labels the manifest's nodeSelector asks for, or a cluster autoscaler could add them; the
-storage root takes a write. Everything goes through :class:`KubeBackend` (the official
+and serves ``v1alpha2`` (falling back to API discovery when RBAC hides CRDs); the JobSet
+controller's version (its Deployment's image tag: job-global-index needs >= 0.6, xrun targets
+0.12), telling "RBAC forbids me to look" from "not there"; the Kueue LocalQueue exists when a
+queue is named; nodes carry the accelerator, TPU topology and machine-type labels the
+manifest's nodeSelector asks for, or a cluster autoscaler could add them; the storage root
+takes a write from here; and, given a full run spec (``-f run.yaml``), a pod on the target
+node pool takes one too (``pod-storage``: a probe JobSet with the run's pod settings, see
+``manifests.probe``). That last one matters because TPU pods use hostNetwork, where GKE
+Workload Identity does not apply: GCS sees the node pool's service account and scopes, not
+``--service-account``. Everything goes through :class:`KubeBackend` (the official
 client) and the storage interface; nothing shells out.
 
 Exit code: 3 when the API or the storage root cannot be reached (nothing else can be
@@ -13,12 +19,14 @@ trusted), 1 when any other check fails, 0 otherwise (warnings included).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from manifests.catalogue import Shape
+from manifests.spec import RunSpec
 from orchestrator.backends.kube.backend import (
     INSTALL_HINT,
     JOBSET_CRD,
@@ -26,11 +34,22 @@ from orchestrator.backends.kube.backend import (
     VERSION,
     KubeBackend,
 )
+from xrun_contract import PROBE_RE
 from xrun_contract.errors import XrunError
 from xrun_contract.k8s import Labels
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 AUTOSCALER_STATUS = ("kube-system", "cluster-autoscaler-status")
+# Where JobSet's release manifests install the controller (config/default: namespace
+# jobset-system, namePrefix jobset-, Deployment controller-manager).
+JOBSET_CONTROLLER = ("jobset-system", "jobset-controller-manager")
+# jobset.sigs.k8s.io/job-global-index (XRUN_SLICE_INDEX, MEGASCALE_SLICE_ID) arrived in v0.6.0;
+# the webhook rules manifests.admission mirrors are v0.12's.
+JOBSET_MIN, JOBSET_TARGET = (0, 6), (0, 12)
+PROBE_TIMEOUT_S = 300.0
+GCS_SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",
+              "https://www.googleapis.com/auth/devstorage.full_control",
+              "https://www.googleapis.com/auth/cloud-platform")
 
 
 @dataclass
@@ -86,6 +105,119 @@ def _jobset_by_discovery(backend: KubeBackend) -> Check:
                                "the CRD itself is not readable with your RBAC)")
 
 
+def _version(tag: str) -> tuple[int, ...] | None:
+    import re
+
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", tag)
+    return tuple(int(x) for x in m.groups("0")) if m else None
+
+
+def check_jobset_controller(backend: KubeBackend) -> Check:
+    """The controller's release, from its Deployment's image tag (the CRD does not carry it)."""
+    ns, name = JOBSET_CONTROLLER
+    try:
+        dep = backend.deployment(ns, name)
+    except XrunError as e:
+        if e.exit_code == 1 and "forbidden" in str(e):
+            return Check("jobset-controller", WARN, f"RBAC forbids reading Deployment {ns}/{name}, so its version is "
+                                                    f"unchecked (needs get on deployments.apps in {ns}); xrun needs "
+                                                    f"JobSet >= {'.'.join(map(str, JOBSET_MIN))}, targets "
+                                                    f"{'.'.join(map(str, JOBSET_TARGET))}")
+        return Check("jobset-controller", FAIL, str(e), e.exit_code)
+    if dep is None:
+        return Check("jobset-controller", FAIL, f"no JobSet controller: Deployment {ns}/{name} not found, so JobSets "
+                                                f"would never get Jobs; {INSTALL_HINT}", 1)
+    containers = (((dep.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
+    image = next((c.get("image", "") for c in containers if "jobset" in c.get("image", "")),
+                 containers[0].get("image", "") if containers else "")
+    tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
+    version = _version(tag)
+    ready = (dep.get("status") or {}).get("readyReplicas") or 0
+    where = f"{ns}/{name} runs {image or '?'} ({ready} ready)"
+    if version is None:
+        return Check("jobset-controller", WARN, f"{where}: no release in the image tag; xrun targets "
+                                                f"v{'.'.join(map(str, JOBSET_TARGET))}")
+    if version[:2] < JOBSET_MIN:
+        return Check("jobset-controller", FAIL, f"{where}: older than v{'.'.join(map(str, JOBSET_MIN))}, which "
+                                                f"sets the job-global-index label every pod reads; {INSTALL_HINT}", 1)
+    if not ready:
+        return Check("jobset-controller", FAIL, f"{where}: no ready replica, JobSets would not be reconciled", 1)
+    if version[:2] < JOBSET_TARGET:
+        return Check("jobset-controller", WARN, f"{where}: works, but xrun's admission rules are v"
+                                                f"{'.'.join(map(str, JOBSET_TARGET))}'s; upgrade ({INSTALL_HINT})")
+    return Check("jobset-controller", OK, where)
+
+
+def check_pod_storage(backend: KubeBackend, spec: RunSpec, timeout_s: float = PROBE_TIMEOUT_S) -> Check:
+    """Run the probe JobSet (``manifests.probe``) and report what its pod saw."""
+    from manifests.probe import probe_jobset, probe_name
+    from orchestrator.services.runs import admit
+
+    name = probe_name(spec, uuid.uuid4().hex)
+    manifest = probe_jobset(spec, name)
+    admit(manifest)
+    try:
+        backend.submit(manifest)
+    except XrunError as e:
+        return Check("pod-storage", FAIL, f"cannot create the probe JobSet {name}: {e}", e.exit_code)
+    try:
+        return _await_probe(backend, spec, name, timeout_s)
+    finally:
+        with contextlib.suppress(XrunError):  # the TTL removes it anyway
+            backend.delete(name, wait=False)
+
+
+def _await_probe(backend: KubeBackend, spec: RunSpec, name: str, timeout_s: float) -> Check:
+    deadline = time.monotonic() + timeout_s
+    where = f"on {node_selector(spec.shape) or 'any node'}" if spec.shape.kind != "cpu" else "in the cluster"
+    why = "no pod yet"
+    while time.monotonic() < deadline:
+        pods, _ = backend.list_pods(name)
+        for pod in pods:
+            status = pod.get("status") or {}
+            state = ((status.get("containerStatuses") or [{}])[0].get("state")) or {}
+            waiting = (state.get("waiting") or {})
+            if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
+                return Check("pod-storage", FAIL, f"probe pod cannot pull {spec.image}: {waiting.get('reason')} "
+                                                  f"{waiting.get('message', '')}".strip(), 1)
+            if status.get("phase") in ("Succeeded", "Failed"):
+                return _probe_verdict(backend, spec, pod, where)
+            cond = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"
+                         and c.get("status") == "False"), None)
+            why = f"pod Pending: {cond.get('message', '')}" if cond else f"pod {status.get('phase', 'Pending')}"
+        time.sleep(backend.poll_seconds)
+    return Check("pod-storage", WARN, f"probe pod {where} did not finish within {timeout_s:.0f} s ({why}); "
+                                      "GCS access from the node pool is unproven")
+
+
+def _probe_verdict(backend: KubeBackend, spec: RunSpec, pod: dict[str, Any], where: str) -> Check:
+    import json
+
+    pod_name = pod["metadata"]["name"]
+    text = backend.pod_log(pod_name)
+    result = next((json.loads(m[1]) for m in map(PROBE_RE.match, text.splitlines()) if m), None)
+    if result is None:
+        tail = " | ".join(text.strip().splitlines()[-3:])[:300]
+        return Check("pod-storage", FAIL, f"probe pod {pod_name} ended {pod['status'].get('phase')} without a "
+                                          f"result (is {spec.image} an image with xrun's workload package?): {tail}", 1)
+    account, scopes = result.get("account", "unknown"), result.get("scopes") or []
+    who = f"as {account}" if account != "unknown" else "as the pod's identity"
+    if result.get("ok"):
+        return Check("pod-storage", OK, f"a pod {where} wrote and deleted {spec.storage}/{result.get('key')} {who}")
+    fixes = []
+    if spec.shape.kind in ("tpu", "gpu"):
+        fixes.append("these pods use hostNetwork, where GKE Workload Identity does not apply"
+                     + (f" (service_account {spec.service_account!r} does not grant GCS)" if spec.service_account else "")
+                     + ": GCS sees the node pool's service account")
+    if scopes and not any(s in GCS_SCOPES for s in scopes):
+        fixes.append(f"the node pool's scopes ({', '.join(scopes)}) exclude GCS writes: recreate it with "
+                     "--scopes=https://www.googleapis.com/auth/cloud-platform")
+    fixes.append(f"grant {account if account != 'unknown' else 'the node service account'} "
+                 f"roles/storage.objectUser on the bucket of {spec.storage}")
+    return Check("pod-storage", FAIL, f"a pod {where} cannot write {spec.storage} {who}: {result.get('error')}; "
+                                      + "; ".join(fixes), 1)
+
+
 def check_queue(backend: KubeBackend, queue: str) -> Check:
     try:
         group = backend.api_group(KUEUE_GROUP)
@@ -106,7 +238,8 @@ def check_queue(backend: KubeBackend, queue: str) -> Check:
 def node_selector(shape: Shape) -> str:
     """The label selector matching the nodeSelector the manifest gives this shape's pods."""
     if shape.kind == "tpu":
-        return f"{Labels.TPU_ACCELERATOR}={shape.gke_accelerator},{Labels.TPU_TOPOLOGY}={shape.topology}"
+        return (f"{Labels.TPU_ACCELERATOR}={shape.gke_accelerator},{Labels.TPU_TOPOLOGY}={shape.topology},"
+                f"{Labels.INSTANCE_TYPE}={shape.machine_type}")
     return f"{Labels.GPU_ACCELERATOR}={shape.gke_accelerator}"
 
 
@@ -121,7 +254,7 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int) -> Check:
             return Check("nodes", WARN, f"cannot list nodes to look for {selector}: {e}")
         return Check("nodes", FAIL, str(e), e.exit_code)
     ready = sum(
-        1 for n in nodes
+        1 for n in list(nodes)
         if any(c.get("type") == "Ready" and c.get("status") == "True" for c in (n.get("status") or {}).get("conditions") or [])
     )
     have = f"{len(nodes)} node(s) labelled {selector} ({ready} Ready); {shape.name} needs {needed}"
@@ -162,17 +295,26 @@ def check_storage(root: str, for_cluster: bool = True) -> Check:
 
 
 def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, queue: str,
-               storage_root: str) -> list[Check]:
+               storage_root: str, probe: RunSpec | None = None,
+               probe_timeout_s: float = PROBE_TIMEOUT_S) -> list[Check]:
     checks = [check_api(backend)]
     if checks[0].result == FAIL:
         checks.append(Check("cluster", SKIP, "JobSet, Kueue and node checks skipped: the API is not reachable"))
     else:
         checks.append(check_jobset(backend))
+        checks.append(check_jobset_controller(backend))
         if queue:
             checks.append(check_queue(backend, queue))
         if shape is not None:
             checks.append(check_nodes(backend, shape, needed_nodes))
     checks.append(check_storage(storage_root))
+    if probe is None:
+        checks.append(Check("pod-storage", SKIP, "give the run's image (-f run.yaml or --image) to prove a pod on "
+                                                 "the target node pool can write the storage root"))
+    elif checks[0].result == FAIL or not storage_root.startswith("gs://"):
+        checks.append(Check("pod-storage", SKIP, "needs a reachable API and a gs:// storage root"))
+    else:
+        checks.append(check_pod_storage(backend, probe, probe_timeout_s))
     return checks
 
 
@@ -193,6 +335,8 @@ class DoctorInputs:
     cpu_devices_per_host: int = 2
     queue: str = ""
     storage: str = ""
+    probe: RunSpec | None = None  # the run's spec, for the pod-storage probe
+    probe_timeout_s: float = PROBE_TIMEOUT_S
 
 
 def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
@@ -200,17 +344,34 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
     from orchestrator.runfile import read_run_file
 
     values: dict[str, Any] = {}
+    data: dict[str, Any] = {}
+    flags = dict(flags)
+    probe_timeout = flags.pop("probe_timeout", None)
     if run_file:
         data = read_run_file(run_file)
         values = {k: data[k] for k in ("accelerator", "num_slices", "nodes", "cpu_devices_per_host",
                                        "queue", "namespace", "context", "storage") if data.get(k) is not None}
-    values.update({k: v for k, v in flags.items() if v is not None})
+    values.update({k: v for k, v in flags.items() if v is not None and k not in ("image", "service_account")})
     for key in ("num_slices", "nodes"):
         value = values.get(key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise XrunError(f"{key}: must be an integer >= 1, got {value!r}")
     values["storage"] = settings.storage_root(values.get("storage"))
-    return DoctorInputs(**{k: v for k, v in values.items() if k in DoctorInputs.__dataclass_fields__})
+    out = DoctorInputs(**{k: v for k, v in values.items() if k in DoctorInputs.__dataclass_fields__})
+    if probe_timeout is not None:
+        out.probe_timeout_s = float(probe_timeout)
+    image = flags.get("image") or (data.get("image") if run_file else None)
+    if image and out.accelerator:
+        from manifests.spec import FIELDS, build_spec
+
+        file_values = {k: v for k, v in data.items() if k in FIELDS} if run_file else {}
+        overrides = {k: v for k, v in {**values, "image": image,
+                                       "service_account": flags.get("service_account")}.items()
+                     if k in FIELDS and v is not None}
+        overrides.setdefault("name", file_values.get("name") or "probe")
+        overrides["backend"] = "kube"
+        out.probe = build_spec(file_values, overrides)
+    return out
 
 
 def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
@@ -226,5 +387,5 @@ def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
         needed = shape.vms * v.num_slices if shape.kind == "tpu" else v.nodes
     backend = KubeBackend(v.context or None, v.namespace or "default")
     results = run_checks(backend, shape=shape, needed_nodes=needed, queue=v.queue,
-                         storage_root=v.storage)
+                         storage_root=v.storage, probe=v.probe, probe_timeout_s=v.probe_timeout_s)
     return results, exit_code(results)

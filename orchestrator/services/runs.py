@@ -164,21 +164,26 @@ class Submitted:
         return self.storage.url(Layout.run(self.spec.name))
 
 
-def submit(spec: RunSpec, *, replace: bool = False) -> Submitted:
+def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Submitted:
     """Write manifest.yaml and run.json under the run's folder, then hand the manifest to the
-    backend. ``replace`` removes a finished run of the same name first."""
+    backend. ``replace`` removes an earlier run of the same name first (its stored data and
+    checkpoints with it), and only once that run is over as its backend and state.json say;
+    ``force`` replaces a live one too, stopping it before its data goes."""
+    if force and not replace:
+        raise XrunError("--force: only with --replace (it replaces a run that is still live)")
     manifest = render(spec)
     storage = _open(spec.storage)
     backend = backend_for_spec(spec)
     existing = _read(storage, Layout.state(spec.name)) or _read(storage, Layout.run_json(spec.name))
     if existing is not None:
-        live = observe(storage, spec.name, backend) if spec.backend_name == "local" else None
-        if live is not None and not is_terminal(live.state):
-            raise XrunError(f"name: run {spec.name!r} is {live.state}; choose another name or "
-                            f"'xrun delete {spec.name}'")
         if not replace:
+            live = observe(storage, spec.name, backend) if spec.backend_name == "local" else None
+            if live is not None and not is_terminal(live.state):
+                raise XrunError(f"name: run {spec.name!r} is {live.state}; choose another name or "
+                                f"'xrun delete {spec.name}'")
             raise XrunError(f"name: run {spec.name!r} already exists under {storage.root}; "
                             "use --replace or another name")
+        _retire(storage, spec, force)
         storage.delete_prefix(Layout.run(spec.name))
     record = {
         "name": spec.name, "spec": spec.to_dict(), "submitted_at": time.time(),
@@ -192,6 +197,36 @@ def submit(spec: RunSpec, *, replace: bool = False) -> Submitted:
         raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
     backend.submit(manifest, replace=replace)
     return Submitted(spec, manifest, storage, backend)
+
+
+def _retire(storage: Storage, spec: RunSpec, force: bool) -> None:
+    """Make sure the stored run ``spec.name`` is over before --replace removes its data.
+
+    Asks the backend the run was submitted to (run.json's backend, context and namespace):
+    no such run there (finished and removed, e.g. by the JobSet's TTL) or a terminal state is
+    over. A live run is refused unless ``force``, which stops it first (its pods would go on
+    writing checkpoints into the replacement's folder). When the backend cannot be asked,
+    state.json decides: a recorded terminal state is over, anything else is refused (exit 3)."""
+    name = spec.name
+    recorded = (_read(storage, Layout.state(name)) or {}).get("state", "")
+    try:
+        old = backend_of(storage, name)
+    except XrunError:
+        old = backend_for_spec(spec)
+    try:
+        live = old.status(name)
+    except XrunError as e:
+        if is_terminal(recorded):
+            return
+        raise XrunError(f"name: cannot tell whether run {name!r} is over ({e}); --replace removes its "
+                        "checkpoints only once it is: retry when the cluster answers", e.exit_code) from None
+    if live is None or is_terminal(live.state):
+        return
+    record_state(storage, name, live, old.name)
+    if not force:
+        raise XrunError(f"name: run {name!r} is {live.state} on the {old.name} backend; --replace would delete "
+                        f"its checkpoints: wait for it to end, 'xrun delete {name}', or add --force")
+    old.delete(name, wait=True)
 
 
 def _open(root: str) -> Storage:

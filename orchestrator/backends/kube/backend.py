@@ -19,6 +19,7 @@ Errors are :class:`~xrun_contract.errors.XrunError` with a one-line message and 
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import threading
@@ -354,9 +355,25 @@ class KubeBackend:
                          KUEUE_GROUP, version, self.namespace, "localqueues", queue_name,
                          name=queue_name, missing_ok=True)
 
-    def nodes(self, label_selector: str) -> list[dict[str, Any]]:
+    def nodes(self, label_selector: str) -> builtins.list[dict[str, Any]]:
         _, core = self._apis()
         return (self.call("list", "nodes", core.list_node, label_selector=label_selector) or {}).get("items") or []
+
+    def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes import client
+
+        apps = client.AppsV1Api(self.api_client)
+        return self.call("get", "deployments.apps", apps.read_namespaced_deployment, name, namespace,
+                         name=name, missing_ok=True)
+
+    def pod_log(self, pod: str) -> str:
+        """A (finished) pod's whole log, for doctor's probe."""
+        _, core = self._apis()
+        resp = self._raw(core.read_namespaced_pod_log, pod, self.namespace)
+        try:
+            return resp.data.decode("utf-8", errors="replace")
+        finally:
+            resp.release_conn()
 
     def config_map(self, namespace: str, name: str) -> dict[str, Any] | None:
         _, core = self._apis()

@@ -92,7 +92,8 @@ def host_status(pod: dict[str, Any]) -> HostStatus:
         reason = state["terminated"].get("reason", "")
     if phase == "Pending":
         waiting = state.get("waiting") or {}
-        scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+        scheduled: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
         if waiting.get("reason"):
             reason = waiting["reason"] + (f": {waiting['message']}" if waiting.get("message") else "")
         elif scheduled.get("status") == "False":
