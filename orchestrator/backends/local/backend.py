@@ -90,7 +90,7 @@ class LocalBackend:
         if not state or state.get("state") in TERMINAL_STATES:
             return False
         pid = state.get("supervisor_pid")
-        if not _pid_alive(pid):
+        if not isinstance(pid, int) or not _pid_alive(pid):
             return False
         os.kill(pid, signal.SIGTERM)
         if wait:

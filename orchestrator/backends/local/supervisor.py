@@ -454,7 +454,7 @@ class Supervisor:
             done = [p for p in self.pods if p.exited_at is not None]
             failed = [p for p in done if p.exit_code != 0]
             if failed:
-                return min(failed, key=lambda p: p.exited_at)
+                return min(failed, key=lambda p: p.exited_at or 0.0)
             if len(done) == len(self.pods):
                 return None
             time.sleep(POLL_SECONDS)
