@@ -236,7 +236,7 @@ def build(spec: RunSpec) -> t.JobSet:
     """The typed JobSet for ``spec``."""
     shape = spec.shape
     hosts = spec.hosts_per_slice
-    metadata = t.ObjectMeta(name=spec.name, namespace=spec.namespace, labels=labels(spec))
+    metadata = t.ObjectMeta(name=spec.name, namespace=spec.namespace or None, labels=labels(spec))
     if shape.kind == "tpu":
         metadata.annotations = {Annotations.EXCLUSIVE_TOPOLOGY: Labels.NODEPOOL}
     run_label = {Labels.RUN: spec.name}

@@ -69,7 +69,8 @@ class RunSpec:
     # Where to submit: "" (local unless a context is named), "local" or "kube".
     backend: str = ""
     context: str = ""  # kubeconfig context
-    namespace: str = "default"
+    # "" = the kubeconfig context's namespace (the manifest then names none, as kubectl expects)
+    namespace: str = ""
 
     # --- derived -----------------------------------------------------------------
     @property
@@ -278,8 +279,6 @@ def validate(spec: RunSpec) -> None:
         value = getattr(spec, opt)
         if value and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63:
             raise XrunError(f"{opt}: {value!r} is not a valid label value / DNS-1123 label")
-    if not spec.namespace:
-        raise XrunError("namespace: must not be empty")
     if spec.backend not in ("", "local", "kube"):
         raise XrunError(f"backend: must be local or kube, got {spec.backend!r}")
     if spec.backend == "local" and spec.context:

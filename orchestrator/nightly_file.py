@@ -12,7 +12,7 @@ Example file::
       main: {image: us-docker.pkg.dev/p/r/xrun:main-abc1234, commit: abc1234}
       feat/x: {image: us-docker.pkg.dev/p/r/xrun:feat-x-def5678, commit: def5678}
     configs:
-      tiny: {command: "python3 -m workload.train --preset tiny steps=200"}
+      tiny: {command: "python3 -m workload.train --preset tiny steps=200", repeats: 5}
     threshold: 5%
     backend: kube
     namespace: team
@@ -37,7 +37,8 @@ TOP_KEYS = ("prefix", "base", "branches", "configs", "slice", "storage", "schedu
             "threshold", "alpha", "warmup", "backend", "context", "namespace", "run", "timeout", "cronjob")
 SLICE_KEYS = ("accelerator", "num_slices", "nodes", "cpu_devices_per_host")
 BRANCH_KEYS = ("image", "commit", "env")
-CONFIG_KEYS = ("command", "env")
+CONFIG_KEYS = ("command", "env", "repeats")
+MAX_REPEATS = 50
 CRONJOB_KEYS = ("name", "namespace", "image", "service_account", "gcp_service_account", "time_zone", "suspend")
 # RunSpec fields a nightly sets itself; the rest may be given for every run under `run:`.
 NIGHTLY_SET = {"name", "image", "command", "branch", "commit", "storage", "backend", "context",
@@ -70,6 +71,7 @@ class Config:
     name: str
     command: str
     env: dict[str, str] = field(default_factory=dict)
+    repeats: int = 1  # runs per branch; a verdict on runs needs >= 4 per side (benchstat)
 
 
 @dataclass
@@ -210,7 +212,12 @@ def load_nightly(path: str) -> NightlyConfig:
             raise XrunError(f"{where}: config names are letters, digits, '.', '_' and '-'")
         c = _mapping(c, where)
         _keys(c, CONFIG_KEYS, where)
-        configs.append(Config(str(name), _str(c.get("command"), f"{where}.command"), _env(c.get("env"), f"{where}.env")))
+        repeats = c.get("repeats", 1)
+        if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+            raise XrunError(f"{where}.repeats: must be a whole number of runs per branch, 1 to {MAX_REPEATS}, "
+                            f"got {repeats!r}")
+        configs.append(Config(str(name), _str(c.get("command"), f"{where}.command"), _env(c.get("env"), f"{where}.env"),
+                              repeats))
     slice_ = _mapping(d.get("slice") or {}, "slice")
     _keys(slice_, SLICE_KEYS, "slice")
     _str(slice_.get("accelerator"), "slice.accelerator")
@@ -258,6 +265,7 @@ class PlannedRun:
     name: str
     run_file: dict[str, Any]
     spec: RunSpec
+    repeat: int = 0  # 0-based repeat of this (config, branch)
 
 
 def run_name(prefix: str, branch: Branch, stamp: str, index: int, limit: int) -> str:
@@ -269,33 +277,35 @@ def run_name(prefix: str, branch: Branch, stamp: str, index: int, limit: int) ->
 
 
 def plan_runs(cfg: NightlyConfig, when: _dt.datetime | None = None) -> list[PlannedRun]:
-    """Every (config, branch) run in submission order, base first within each config."""
+    """Every (config, repeat, branch) run in submission order, base first within each round.
+
+    Repeats are interleaved (A B A B ..., not A A B B) so a drift of the machine during the
+    night (thermal, a noisy neighbour, a cache filling) hits every branch alike."""
     stamp = (when or _dt.datetime.now(_dt.UTC)).strftime(STAMP)
     planned: list[PlannedRun] = []
-    index = 0
-    for config in cfg.configs:
-        for branch in cfg.branches:
-            values: dict[str, Any] = {
-                **cfg.run, **cfg.slice, "image": branch.image, "command": config.command,
-                "storage": cfg.storage, "branch": branch.name, "commit": branch.commit,
-                "namespace": cfg.namespace,
-                "env": {**(cfg.run.get("env") or {}), **config.env, **branch.env},
-            }
-            if cfg.backend:
-                values["backend"] = cfg.backend
-            if cfg.context:
-                values["context"] = cfg.context
-            if not values["env"]:
-                del values["env"]
-            where = f"branches.{branch.name} x configs.{config.name}"
-            try:
-                limit = max_name_length(build_spec({**values, "name": "x"}, {}))
-                values["name"] = run_name(cfg.prefix, branch, stamp, index, limit)
-                spec = build_spec(values, {})
-            except XrunError as e:
-                raise XrunError(f"{where}: {e}") from None
-            planned.append(PlannedRun(index, branch, config, values["name"], values, spec))
-            index += 1
+    rounds = [(config, r, branch) for config in cfg.configs for r in range(config.repeats)
+              for branch in cfg.branches]
+    for index, (config, repeat, branch) in enumerate(rounds):
+        values: dict[str, Any] = {
+            **cfg.run, **cfg.slice, "image": branch.image, "command": config.command,
+            "storage": cfg.storage, "branch": branch.name, "commit": branch.commit,
+            "namespace": cfg.namespace,
+            "env": {**(cfg.run.get("env") or {}), **config.env, **branch.env},
+        }
+        if cfg.backend:
+            values["backend"] = cfg.backend
+        if cfg.context:
+            values["context"] = cfg.context
+        if not values["env"]:
+            del values["env"]
+        where = f"branches.{branch.name} x configs.{config.name}"
+        try:
+            limit = max_name_length(build_spec({**values, "name": "x"}, {}))
+            values["name"] = run_name(cfg.prefix, branch, stamp, index, limit)
+            spec = build_spec(values, {})
+        except XrunError as e:
+            raise XrunError(f"{where}: {e}") from None
+        planned.append(PlannedRun(index, branch, config, values["name"], values, spec, repeat))
     return planned
 
 

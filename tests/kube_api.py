@@ -15,9 +15,17 @@ is refused at create too (``job_template_errors = "reject"``), or played as a re
 plays it (``"event"``: stored, JobCreationFailed, no pods).
 
 The world changes through methods (``put_pod``, ``set_jobset_status``, ``log``...), each
-mutation getting a resourceVersion and a watch event. ``script(phases, hold)`` plays a
-controller: phase 0 runs when the JobSet is created, and each later phase once the JobSet
-has been read ``hold`` times in the phase before, so a poller sees every state.
+mutation getting a resourceVersion and a watch event. ``JobSetController(api, Program(...))``
+is the cluster: JobSet, Job and scheduler controllers and kubelets on their own clock
+(restarts after the old pods' grace period, failure policies, TTL, Kueue's suspend, GKE's
+TPU webhook), each rule citing its upstream source. ``script(phases, hold)`` is the older,
+read-driven player (phase 0 at create, each later phase once the JobSet was read ``hold``
+times): kept for tests that walk a poller through every state, not for timing behaviour.
+
+Strict where the real server is: watches list first without a resourceVersion, expire with
+410 (in-stream or HTTP), send BOOKMARKs; pod logs answer 400 before a node is assigned and
+500 while the node's kubelet is unreachable; events expire and are selected by field;
+cluster-scoped reads can be RBAC-forbidden; an object's namespace must match the URL's.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -139,6 +147,43 @@ def match_labels(selector: str, labels: dict[str, str]) -> bool:
     return True
 
 
+# The field labels events can be selected on (kubernetes pkg/registry/core/event/strategy.go
+# ``ToSelectableFields``); any other label is refused with 400 "field label not supported".
+EVENT_FIELDS = ("metadata.name", "metadata.namespace", "involvedObject.kind", "involvedObject.namespace",
+                "involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
+                "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
+                "reportingComponent", "source", "type")
+
+
+def parse_field_selector(selector: str, allowed: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """(field, op, value) terms of a field selector (apimachinery pkg/fields/selector.go:
+    ``=``, ``==``, ``!=`` joined by commas); an unsupported field is a ValueError."""
+    terms = []
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        m = re.fullmatch(r"([^=!]+)(!=|==|=)(.*)", term)
+        if not m:
+            raise ValueError(f"invalid selector: '{selector}'; can't understand '{term}'")
+        if m[1] not in allowed:
+            raise ValueError(f"field label not supported: {m[1]}")
+        terms.append((m[1], "!=" if m[2] == "!=" else "=", m[3]))
+    return terms
+
+
+def match_fields(terms: list[tuple[str, str, str]], fields: dict[str, str]) -> bool:
+    return all((fields.get(f, "") == v) == (op == "=") for f, op, v in terms)
+
+
+def event_fields(ev: dict[str, Any]) -> dict[str, str]:
+    obj, meta = ev.get("involvedObject") or {}, ev.get("metadata") or {}
+    out = {f"involvedObject.{k}": str(obj.get(k, "")) for k in
+           ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")}
+    out.update({"metadata.name": meta.get("name", ""), "metadata.namespace": meta.get("namespace", ""),
+                "reason": ev.get("reason", ""), "type": ev.get("type", ""),
+                "reportingComponent": ev.get("reportingComponent", ""),
+                "source": (ev.get("source") or {}).get("component", "")})
+    return out
+
+
 def deployment(namespace: str, name: str, image: str, ready: int = 1) -> dict[str, Any]:
     """An apps/v1 Deployment with one container, as the API returns it."""
     return {"apiVersion": "apps/v1", "kind": "Deployment",
@@ -191,7 +236,10 @@ def make_pod(jobset: str, slice_index: int, host_index: int, attempt: int, phase
         "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": labels,
                      "annotations": {"batch.kubernetes.io/job-completion-index": str(host_index)},
                      "creationTimestamp": now_rfc3339()},
-        "spec": {"containers": [{"name": "workload", "image": "img"}]},
+        # A pod past scheduling has a node (the scheduler's binding sets spec.nodeName); log
+        # requests go to that node's kubelet.
+        "spec": {"containers": [{"name": "workload", "image": "img"}],
+                 **({} if phase == "Pending" and not waiting else {"nodeName": f"node-{slice_index}-{host_index}"})},
         "status": status,
     }
 
@@ -260,9 +308,32 @@ class KubeAPI:
         self.drop_log_after: dict[str, int] = {}  # pod -> lines on its first follow stream
         self.watch_connections: dict[str, int] = {}
         self.watch_sent: list[tuple[str, int, int]] = []  # kind, connection, resourceVersion
+        self.bookmarks_sent: list[tuple[str, int, int]] = []  # the same, for BOOKMARK events
         self.expire_next_watches = 0  # that many watches get 410 Gone (as after compaction)
         self.log_connections: dict[str, int] = {}
         self.log_sent: list[tuple[str, int, str]] = []  # pod, connection, line
+        # Watch cache history (k8s.io/apiserver pkg/storage/cacher/watch_cache.go): a watch
+        # from a resourceVersion at or below ``compacted_rv`` is too old. The cacher answers it
+        # in-stream (cacher.go Watch -> newErrWatcher: a 200 stream with one ERROR event holding
+        # a 410 Expired Status); with the watch cache off the etcd3 store's watcher does the
+        # same, and ``expired_as_status`` plays a server (or proxy) answering a plain HTTP 410.
+        self.compacted_rv = 0
+        self.expired_as_status = False
+        self.expired_sent = 0  # watches answered 410
+        # cacher.go dispatchEvents: with allowWatchBookmarks, a BOOKMARK (only
+        # metadata.resourceVersion) reaches quiet watchers; real period ~1 min, here short.
+        self.bookmark_seconds = 0.1
+        # kube-apiserver --event-ttl (default 1h): events are stored with an etcd lease and
+        # vanish after it (pkg/registry/core/event/storage/storage.go TTLFunc).
+        self.event_ttl = 3600.0
+        # RBAC: cluster-scoped resources this user may not read (e.g. "nodes",
+        # "customresourcedefinitions"); the authorizer's refusal is a 403 Forbidden.
+        self.forbidden: set[str] = set()
+        self.user = "tester"
+        # Nodes whose kubelet the apiserver cannot reach: pod log requests proxied to it fail.
+        self.kubelets_down: set[str] = set()
+        self.log_refused: list[tuple[str, int]] = []  # (pod, status) of log requests answered 5xx
+        self.controller: JobSetController | None = None
         self.stopping = False
         self._server: _Server | None = None
         self.ca_pem: bytes | None = None  # set when serving TLS
@@ -287,6 +358,8 @@ class KubeAPI:
         return self
 
     def stop(self) -> None:
+        if self.controller:
+            self.controller.stop()
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
@@ -388,13 +461,18 @@ class KubeAPI:
             self.cond.notify_all()
 
     def add_event(self, kind: str, name: str, reason: str, message: str, etype: str = "Warning",
-                  namespace: str = "default") -> None:
+                  namespace: str = "default", uid: str | None = None) -> None:
         with self.cond:
             self.rv += 1
+            involved = {"kind": kind, "name": name, "namespace": namespace}
+            if uid:
+                involved["uid"] = uid
             self.events.append({
                 "apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{name}.{self.rv}", "namespace": namespace, "resourceVersion": str(self.rv)},
-                "involvedObject": {"kind": kind, "name": name, "namespace": namespace},
+                "metadata": {"name": f"{name}.{self.rv}", "namespace": namespace, "resourceVersion": str(self.rv),
+                             "creationTimestamp": now_rfc3339()},
+                "_stored_at": time.monotonic(),
+                "involvedObject": involved,
                 "reason": reason, "message": message, "type": etype, "count": 1,
                 "lastTimestamp": rfc3339(time.time_ns() // 10**9 * 10**9 + self.rv),
             })
@@ -478,6 +556,9 @@ class KubeAPI:
         if p.rstrip("/") == "/apis":
             return self._send(h, 200, self._groups())
         if p == CRD_PATH:
+            if "customresourcedefinitions" in self.forbidden:
+                return self._send(h, 403, self.rbac_denied("get", "customresourcedefinitions", "apiextensions.k8s.io",
+                                                           "jobsets.jobset.x-k8s.io"))
             if not self.crd_installed:
                 return self._send(h, 404, not_found("customresourcedefinitions", "jobsets.jobset.x-k8s.io",
                                                     "apiextensions.k8s.io"))
@@ -494,6 +575,8 @@ class KubeAPI:
                 return self._send(h, 200, lq) if lq else self._send(h, 404, not_found("localqueues", mm[3], "kueue.x-k8s.io"))
             return self._send(h, 404, "404 page not found\n")
         if p == "/api/v1/nodes":
+            if "nodes" in self.forbidden:
+                return self._send(h, 403, self.rbac_denied("list", "nodes", ""))
             sel = q.get("labelSelector", "")
             items = [n for n in self.nodes if match_labels(sel, n["metadata"].get("labels", {}))]
             return self._send(h, 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)}, "items": items})
@@ -507,8 +590,15 @@ class KubeAPI:
             return self._send(h, 200, cm) if cm else self._send(h, 404, not_found("configmaps", mm[2]))
         mm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/events", p)
         if mm and m == "GET":
+            try:
+                fields = parse_field_selector(q.get("fieldSelector", ""), EVENT_FIELDS)
+            except ValueError as e:
+                return self._send(h, 400, status(400, "BadRequest", str(e)))
             with self.cond:
-                items = [copy.deepcopy(e) for e in self.events if e["metadata"]["namespace"] == mm[1]]
+                now = time.monotonic()
+                self.events = [e for e in self.events if now - e["_stored_at"] < self.event_ttl]
+                items = [{k: v for k, v in copy.deepcopy(e).items() if k != "_stored_at"} for e in self.events
+                         if e["metadata"]["namespace"] == mm[1] and match_fields(fields, event_fields(e))]
             return self._send(h, 200, {"kind": "EventList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)}, "items": items})
         mm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods", p)
         if mm and m == "GET":
@@ -529,6 +619,17 @@ class KubeAPI:
         if mm and m == "GET":
             return self._log(h, mm[1], mm[2], q)
         return self._send(h, 404, "404 page not found\n")
+
+    def rbac_denied(self, verb: str, resource: str, group: str, name: str = "") -> dict[str, Any]:
+        """The authorizer's refusal of a cluster-scoped request as kube-apiserver words it
+        (k8s.io/apiserver pkg/endpoints/handlers/responsewriters/errors.go ``forbiddenMessage``
+        + ``apierrors.NewForbidden``)."""
+        what = f'resource "{resource}" in API group "{group}" at the cluster scope'
+        who = f'User "{self.user}" cannot {verb} {what}'
+        full = f"{resource}.{group}" if group else resource
+        msg = f'{full} "{name}" is forbidden: {who}' if name else f"{full} is forbidden: {who}"
+        return status(403, "Forbidden", msg, {"name": name, "group": group, "kind": resource} if name
+                      else {"group": group, "kind": resource})
 
     # --- discovery ------------------------------------------------------------------
     def _groups(self) -> dict[str, Any]:
@@ -624,7 +725,15 @@ class KubeAPI:
         with self.cond:
             if name is None and m == "POST":
                 body = req.body
+                # k8s.io/apiserver pkg/registry/rest/meta.go
+                # EnsureObjectNamespaceMatchesRequestNamespace: an object without a namespace
+                # takes the request's; a different one is refused.
+                body_ns = (body.get("metadata") or {}).get("namespace") if isinstance(body, dict) else None
+                if body_ns and body_ns != ns:
+                    return self._send(h, 400, status(400, "BadRequest", "the namespace of the provided object "
+                                                                        "does not match the namespace sent on the request"))
                 js, refusal, job_errors = self.admit_jobset(body)
+                js.setdefault("metadata", {})["namespace"] = ns
                 if refusal is not None:
                     return self._send(h, refusal["code"], refusal)
                 key = (ns, body["metadata"]["name"])
@@ -633,6 +742,12 @@ class KubeAPI:
                                                      f'jobsets.jobset.x-k8s.io "{key[1]}" already exists',
                                                      {"name": key[1], "group": "jobset.x-k8s.io", "kind": "jobsets"}))
                 js["metadata"].update(uid=f"uid-{key[1]}", creationTimestamp=now_rfc3339(), generation=1)
+                labels = js["metadata"].get("labels") or {}
+                if self.kueue_versions and labels.get("kueue.x-k8s.io/queue-name"):
+                    # Kueue's JobSet webhook (kueue pkg/controller/jobs/jobset/jobset_webhook.go
+                    # Default -> jobframework.ApplyDefaultForSuspend): a queued JobSet is created
+                    # suspended; Kueue's workload controller unsuspends it on admission.
+                    js["spec"]["suspend"] = True
                 js["status"] = {"restarts": 0}
                 self.jobsets[key] = js
                 self._record("jobsets", ns, "ADDED", js)
@@ -657,13 +772,34 @@ class KubeAPI:
                 self.reads_in_phase += 1
                 return self._send(h, 200, copy.deepcopy(self.jobsets[(ns, name)]))
             if m == "DELETE":
-                if not js["metadata"].get("deletionTimestamp"):
-                    js["metadata"]["deletionTimestamp"] = now_rfc3339()
-                    js["metadata"]["finalizers"] = ["foregroundDeletion"]
-                    self._record("jobsets", ns, "MODIFIED", js)
-                    threading.Thread(target=self._collect, args=(ns, name), daemon=True).start()
+                self.delete_jobset(name, ns)
                 return self._send(h, 200, copy.deepcopy(js))
         return self._send(h, 405, status(405, "MethodNotAllowed", f"{m} not allowed"))
+
+    def delete_jobset(self, name: str, namespace: str = "default") -> None:
+        """Foreground deletion (the API call, or the JobSet controller's TTL after finishing)."""
+        with self.cond:
+            js = self.jobsets.get((namespace, name))
+            if js is None or js["metadata"].get("deletionTimestamp"):
+                return
+            js["metadata"]["deletionTimestamp"] = now_rfc3339()
+            js["metadata"]["finalizers"] = ["foregroundDeletion"]
+            self._record("jobsets", namespace, "MODIFIED", js)
+            threading.Thread(target=self._collect, args=(namespace, name), daemon=True).start()
+
+    def kueue_admit(self, name: str, namespace: str = "default") -> None:
+        """Kueue admits the JobSet's Workload: spec.suspend goes false (the JobSet controller
+        then resumes it and creates its Jobs)."""
+        with self.cond:
+            js = self.jobsets[(namespace, name)]
+            js["spec"]["suspend"] = False
+            js["metadata"]["generation"] = js["metadata"].get("generation", 1) + 1
+            self._record("jobsets", namespace, "MODIFIED", js)
+
+    def compact(self) -> None:
+        """etcd compaction: every resourceVersion up to now is too old to watch from."""
+        with self.cond:
+            self.compacted_rv = self.rv
 
     def _collect(self, ns: str, name: str) -> None:
         """Foreground deletion as the garbage collector does it: pods terminate, go, then the JobSet."""
@@ -681,28 +817,68 @@ class KubeAPI:
 
     # --- watch ----------------------------------------------------------------------
     def _watch(self, h: _Handler, kind: str, ns: str, q: dict[str, str]) -> None:
+        """A watch as the watch cache serves it (k8s.io/apiserver pkg/storage/cacher).
+
+        ``resourceVersion`` unset or "0": synthetic ADDED events for every object that exists,
+        then changes (the "Get State and Start at Most Recent" semantics of the API concepts
+        doc; cacher.go Watch -> watch_cache.go getAllEventsSinceLocked with the cache's
+        current state); a resourceVersion at or below the compacted one: 410 Expired; with
+        ``allowWatchBookmarks``, BOOKMARK events while nothing happens.
+        """
         sel = q.get("labelSelector", "")
-        since = int(q.get("resourceVersion") or self.rv)
+        rv_param = q.get("resourceVersion") or ""
+        bookmarks = q.get("allowWatchBookmarks") in ("true", "True", "1")
         deadline = time.monotonic() + float(q.get("timeoutSeconds") or 300)
         with self.cond:
             self.watch_connections[kind] = conn = self.watch_connections.get(kind, 0) + 1
             drop_after = self.drop_watch_after.get(kind) if conn == 1 else None
             expire = self.expire_next_watches > 0
             self.expire_next_watches -= int(expire)
-        self._start_stream(h, "application/json")
+            initial: list[tuple[int, str, dict[str, Any]]] = []
+            if rv_param in ("", "0"):
+                since = self.rv
+                store = self.pods if kind == "pods" else self.jobsets
+                initial = [(int(o["metadata"]["resourceVersion"]), "ADDED", copy.deepcopy(o))
+                           for (n, _), o in sorted(store.items())
+                           if n == ns and match_labels(sel, o["metadata"].get("labels", {}))]
+            else:
+                since = int(rv_param)
+                expire = expire or since <= self.compacted_rv
+            current = self.rv
         if expire:
-            err = status(410, "Expired", f"too old resource version: {since} ({self.rv})")
+            with self.cond:
+                self.expired_sent += 1
+            err = status(410, "Expired", f"too old resource version: {since} ({current})")
+            if self.expired_as_status:
+                return self._send(h, 410, err)
+            self._start_stream(h, "application/json")
             self._chunk(h, json.dumps({"type": "ERROR", "object": err}).encode() + b"\n")
             return self._end_stream(h)
-        sent = 0
+        self._start_stream(h, "application/json")
+        sent, last_sent = 0, time.monotonic()
+        batch = initial
         while True:
-            with self.cond:
-                batch = [(rv, t, o) for rv, k, n, t, o in self.history
-                         if rv > since and k == kind and n == ns and match_labels(sel, o["metadata"].get("labels", {}))]
-                if not batch:
-                    if self.stopping or time.monotonic() >= deadline:
-                        break
-                    self.cond.wait(timeout=min(0.2, max(0.0, deadline - time.monotonic())))
+            mark = None
+            if not batch:
+                with self.cond:
+                    batch = [(rv, t, o) for rv, k, n, t, o in self.history
+                             if rv > since and k == kind and n == ns and match_labels(sel, o["metadata"].get("labels", {}))]
+                    if not batch:
+                        if self.stopping or time.monotonic() >= deadline:
+                            break
+                        if bookmarks and time.monotonic() - last_sent >= self.bookmark_seconds:
+                            mark = {"kind": "Pod" if kind == "pods" else "JobSet",
+                                    "apiVersion": "v1" if kind == "pods" else "jobset.x-k8s.io/v1alpha2",
+                                    "metadata": {"resourceVersion": str(self.rv)}}
+                            since = self.rv
+                        else:
+                            self.cond.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+                            continue
+                if mark is not None:
+                    self._chunk(h, json.dumps({"type": "BOOKMARK", "object": mark}).encode() + b"\n")
+                    with self.cond:
+                        self.bookmarks_sent.append((kind, conn, since))
+                    last_sent = time.monotonic()
                     continue
             for rv, etype, obj in batch:
                 if drop_after is not None and sent >= drop_after:
@@ -710,7 +886,8 @@ class KubeAPI:
                 self._chunk(h, json.dumps({"type": etype, "object": obj}).encode() + b"\n")
                 with self.cond:
                     self.watch_sent.append((kind, conn, rv))
-                since, sent = rv, sent + 1
+                since, sent = max(since, rv), sent + 1
+            batch, last_sent = [], time.monotonic()
         self._end_stream(h)
 
     # --- logs -----------------------------------------------------------------------
@@ -719,6 +896,17 @@ class KubeAPI:
             pod = self.pods.get((ns, name))
             if pod is None:
                 return self._send(h, 404, not_found("pods", name))
+            # kubernetes pkg/registry/core/pod/strategy.go streamLocation: no node yet -> 400.
+            node = (pod.get("spec") or {}).get("nodeName")
+            if not node:
+                return self._send(h, 400, status(400, "BadRequest", f"pod {name} does not have a host assigned"))
+            # The apiserver proxies the request to the node's kubelet (pod/rest/log.go,
+            # LocationStreamer); a dial failure is not an API error: 500 with Go's error text.
+            if node in self.kubelets_down:
+                self.log_refused.append((name, 500))
+                return self._send(h, 500, status(500, "InternalError", (
+                    f'Get "https://{node}:10250/containerLogs/{ns}/{name}/workload": '
+                    f"dial tcp {node}:10250: connect: connection refused")))
             state = ((pod["status"].get("containerStatuses") or [{}])[0].get("state")) or {}
             if not (state.get("running") or state.get("terminated")):
                 reason = (state.get("waiting") or {}).get("reason", "PodInitializing")
@@ -742,7 +930,7 @@ class KubeAPI:
         sent = 0
         while True:
             for ts, line in pending:
-                if drop_after is not None and sent >= drop_after:
+                if (drop_after is not None and sent >= drop_after) or node in self.kubelets_down:
                     raise _Drop
                 text = f"{rfc3339(ts)} {line}" if stamps else line
                 self._chunk(h, (text + "\n").encode())
@@ -760,9 +948,372 @@ class KubeAPI:
                 st = ((pod or {}).get("status", {}).get("containerStatuses") or [{}])[0].get("state") or {}
                 if pod is None or st.get("terminated") or self.stopping:
                     break
-                self.cond.wait(timeout=0.2)
+                if node in self.kubelets_down:
+                    raise _Drop  # the kubelet went away under an open stream
+                self.cond.wait(timeout=0.05)
                 pending = []
         self._end_stream(h)
+
+
+@dataclass
+class Program:
+    """What each pod's container does once it runs, played by the fake kubelet: ``lines``
+    log lines, one per ``line_every`` seconds, then exit ``exit_code``. ``fail`` makes the
+    pod of (host "<slice>-<host>", restart attempt) exit with a code after that many lines
+    (137: SIGKILLed). On SIGTERM (pod deletion) it exits ``sigterm_code`` after
+    ``sigterm_seconds`` (xrun's workload checkpoints and exits 42), unless the grace period
+    ends first (then 137)."""
+
+    lines: int = 5
+    line_every: float = 0.02
+    exit_code: int = 0
+    fail: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    sigterm_seconds: float = 0.05
+    sigterm_code: int = 42
+
+    def text(self, host: str, attempt: int, i: int) -> str:
+        return f"host {host} attempt {attempt} line {i}"
+
+
+class JobSetController:
+    """The JobSet, Job and scheduler controllers and the kubelets, on their own clock.
+
+    Every ``tick`` it reconciles each JobSet from the objects alone, whatever the client
+    does (kubernetes-sigs/jobset pkg/controllers/jobset_controller.go ``reconcile``):
+
+    * Suspended (``spec.suspend``, e.g. by Kueue): no Jobs; condition Suspended
+      (SuspendedJobs / "jobset is suspended"), resumed with ResumeJobs when unsuspended.
+    * Jobs of an older restart attempt are deleted (``deleteJobs``, foreground): their pods
+      get a deletionTimestamp and their containers SIGTERM, and are gone when the container
+      exits or ``terminationGracePeriodSeconds`` (× ``time_scale``) ends. The next attempt's
+      Jobs have the same names, so they are created only once the old ones are gone.
+    * A Job fails as the Job controller decides (kubernetes pkg/controller/job/
+      pod_failure_policy.go ``matchPodFailurePolicy``: a FailJob rule -> reason
+      PodFailurePolicy; else failures beyond ``backoffLimit`` -> BackoffLimitExceeded), and
+      the JobSet applies its failurePolicy (``executeFailurePolicy``: the first rule whose
+      onJobFailureReasons/targetReplicatedJobs match, default RestartJobSet; restarts beyond
+      maxRestarts -> Failed ReachedMaxRestarts; no failurePolicy -> Failed FailedJobs).
+    * All Jobs succeeded (successPolicy All) -> Completed (AllJobsCompleted); a finished
+      JobSet is deleted ``ttlSecondsAfterFinished`` later (``ttl_after_finished`` overrides:
+      a day is long for a test).
+
+    Pods are scheduled (spec.nodeName) ``schedule_after`` seconds after creation and start
+    ``start_after`` later; GKE's TPU webhook runs at pod creation (see ``gke_tpu_env``).
+    ``create_error`` makes the Job controller fail every pod creation (quota, a webhook),
+    recording FailedCreate on the Job (job_controller.go: "Error creating: <err>").
+    """
+
+    def __init__(self, api: KubeAPI, program: Program | None = None, *, tick: float = 0.01,
+                 time_scale: float = 0.002, schedule_after: float = 0.03, start_after: float = 0.03,
+                 ttl_after_finished: float | None = None, create_error: str | None = None):
+        self.api, self.program = api, program or Program()
+        self.tick, self.time_scale = tick, time_scale
+        self.schedule_after, self.start_after = schedule_after, start_after
+        self.ttl_after_finished, self.create_error = ttl_after_finished, create_error
+        self.rt: dict[str, dict[str, Any]] = {}  # pod uid -> what the kubelet knows
+        self.finished: dict[str, float] = {}  # JobSet uid -> when it finished
+        self.failed_create: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="jobset-controller")
+
+    def start(self) -> JobSetController:
+        self.api.controller = self
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            with self.api.cond:
+                for (ns, name) in list(self.api.jobsets):
+                    self._reconcile(ns, name)
+            self._stop.wait(self.tick)
+
+    # --- helpers ----------------------------------------------------------------------
+    def _event(self, js: dict[str, Any], reason: str, message: str, etype: str = "Normal") -> None:
+        m = js["metadata"]
+        self.api.add_event("JobSet", m["name"], reason, message, etype, namespace=m["namespace"], uid=m["uid"])
+
+    def _condition(self, js: dict[str, Any], ctype: str, value: bool, reason: str, message: str) -> None:
+        conds = js["status"].setdefault("conditions", [])
+        old = next((c for c in conds if c["type"] == ctype), None)
+        new = {"type": ctype, "status": "True" if value else "False", "reason": reason, "message": message,
+               "lastTransitionTime": now_rfc3339()}
+        if old and old["status"] == new["status"]:
+            return
+        if old:
+            conds.remove(old)
+        conds.append(new)
+        self.api._record("jobsets", js["metadata"]["namespace"], "MODIFIED", js)
+        self._event(js, reason, message, "Normal" if ctype != "Failed" else "Warning")
+
+    def _pods(self, ns: str, name: str) -> list[dict[str, Any]]:
+        return [p for (n, _), p in list(self.api.pods.items()) if n == ns
+                and p["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name]
+
+    # --- the JobSet controller ---------------------------------------------------------
+    def _reconcile(self, ns: str, name: str) -> None:
+        js = self.api.jobsets[(ns, name)]
+        meta, spec = js["metadata"], js["spec"]
+        st = js.setdefault("status", {})
+        if meta.get("deletionTimestamp"):
+            return  # the garbage collector's (KubeAPI._collect)
+        now = time.monotonic()
+        pods = self._pods(ns, name)
+        for pod in pods:
+            self._kubelet(pod, now)
+        pods = self._pods(ns, name)
+        done = {c["type"] for c in st.get("conditions", []) if c["status"] == "True"} & {"Completed", "Failed"}
+        if done:
+            finished = self.finished.setdefault(meta["uid"], now)
+            ttl = self.ttl_after_finished
+            if ttl is None and spec.get("ttlSecondsAfterFinished") is not None:
+                ttl = spec["ttlSecondsAfterFinished"] * self.time_scale
+            if ttl is not None and now - finished >= ttl:
+                self.api.delete_jobset(name, ns)
+            return
+        if spec.get("suspend"):
+            self._condition(js, "Suspended", True, "SuspendedJobs", "jobset is suspended")
+            return
+        if any(c["type"] == "Suspended" and c["status"] == "True" for c in st.get("conditions", [])):
+            self._condition(js, "Suspended", False, "ResumeJobs", "jobset is resumed")
+        attempt = int(st.get("restarts") or 0)
+        old = [p for p in pods if int(p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"]) < attempt]
+        for pod in old:
+            if not pod["metadata"].get("deletionTimestamp"):
+                self._terminate(pod, now)
+        if old:
+            return
+        current = [p for p in pods if int(p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"]) == attempt]
+        if not current:
+            self._create_pods(js, attempt)
+            return
+        failed, succeeded, ready, total, rj_status = [], 0, 0, 0, []
+        global_index = 0
+        for rj in spec["replicatedJobs"]:
+            job_spec = rj["template"]["spec"]
+            parallelism = int(job_spec.get("parallelism", 1))
+            counts = {"name": rj["name"], "ready": 0, "succeeded": 0, "failed": 0, "active": 0, "suspended": 0}
+            for j in range(int(rj.get("replicas", 1))):
+                total += 1
+                mine = [p for p in current if p["metadata"]["labels"]["jobset.sigs.k8s.io/job-global-index"]
+                        == str(global_index + j)]
+                reason = job_failure(job_spec, mine)
+                if reason:
+                    failed.append((rj["name"], f"{name}-{rj['name']}-{j}", reason))
+                    counts["failed"] += 1
+                elif len(mine) == parallelism and all(p["status"]["phase"] == "Succeeded" for p in mine):
+                    succeeded += 1
+                    counts["succeeded"] += 1
+                else:
+                    counts["active"] += 1
+                    if len(mine) == parallelism and all(p["status"]["phase"] == "Running" for p in mine):
+                        ready += 1
+                        counts["ready"] += 1
+            global_index += int(rj.get("replicas", 1))
+            rj_status.append(counts)
+        if st.get("replicatedJobsStatus") != rj_status:
+            st["replicatedJobsStatus"] = rj_status
+            self.api._record("jobsets", ns, "MODIFIED", js)
+        if failed:
+            self._failure_policy(js, failed)
+        elif succeeded == total:
+            self._condition(js, "Completed", True, "AllJobsCompleted", "jobset completed successfully")
+
+    def _failure_policy(self, js: dict[str, Any], failed: list[tuple[str, str, str]]) -> None:
+        policy = js["spec"].get("failurePolicy")
+        st = js["status"]
+        if policy is None:
+            self._condition(js, "Failed", True, "FailedJobs", "jobset failed due to one or more job failures")
+            return
+        rj_name, job_name, reason = failed[0]
+        action = "RestartJobSet"
+        for rule in policy.get("rules") or []:
+            reasons, targets = rule.get("onJobFailureReasons") or [], rule.get("targetReplicatedJobs") or []
+            if (not reasons or reason in reasons) and (not targets or rj_name in targets):
+                action = rule["action"]
+                break
+        if action == "FailJobSet":
+            self._condition(js, "Failed", True, "FailJobSetFailurePolicyAction",
+                            f"applying FailJobSet failure policy action (first failed job: {job_name})")
+            return
+        restarts = int(st.get("restarts") or 0)
+        if action == "RestartJobSet" and restarts >= int(policy.get("maxRestarts", 0)):
+            self._condition(js, "Failed", True, "ReachedMaxRestarts",
+                            "jobset failed due to reaching max number of restarts")
+            return
+        st["restarts"] = restarts + 1
+        if action == "RestartJobSet":
+            st["restartsCountTowardsMax"] = int(st.get("restartsCountTowardsMax") or 0) + 1
+        self.api._record("jobsets", js["metadata"]["namespace"], "MODIFIED", js)
+        self._event(js, "Restarting", f"restarting jobset, attempt {restarts + 1}", "Warning")
+
+    def _create_pods(self, js: dict[str, Any], attempt: int) -> None:
+        """The Jobs' pods as JobSet's constructJob and the Job controller make them."""
+        meta, spec = js["metadata"], js["spec"]
+        name, ns = meta["name"], meta["namespace"]
+        network = spec.get("network") or {}
+        subdomain = network.get("subdomain") or name if network.get("enableDNSHostnames", True) else ""
+        global_index = 0
+        for rj in spec["replicatedJobs"]:
+            job_spec = rj["template"]["spec"]
+            for j in range(int(rj.get("replicas", 1))):
+                job = f"{name}-{rj['name']}-{j}"
+                if self.create_error:
+                    if job not in self.failed_create:
+                        self.failed_create.add(job)
+                        self.api.add_event("Job", job, "FailedCreate", f"Error creating: {self.create_error}",
+                                           namespace=ns, uid=f"uid-{job}-{attempt}")
+                    continue
+                for p in range(int(job_spec.get("parallelism", 1))):
+                    self.api.put_pod(self._pod(js, rj, job, global_index + j, j, p, attempt, subdomain))
+            global_index += int(rj.get("replicas", 1))
+
+    def _pod(self, js: dict[str, Any], rj: dict[str, Any], job: str, global_index: int, j: int, p: int,
+             attempt: int, subdomain: str) -> dict[str, Any]:
+        name, ns = js["metadata"]["name"], js["metadata"]["namespace"]
+        job_spec = rj["template"]["spec"]
+        tmpl = copy.deepcopy(job_spec["template"])
+        suffix = hashlib.md5(f"{job}/{attempt}/{p}".encode()).hexdigest()[:5]
+        pod_name_ = f"{job}-{p}-{suffix}"
+        labels = {**(tmpl.get("metadata") or {}).get("labels", {}),
+                  "jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rj["name"],
+                  "jobset.sigs.k8s.io/job-index": str(j), "jobset.sigs.k8s.io/job-global-index": str(global_index),
+                  "jobset.sigs.k8s.io/restart-attempt": str(attempt), "job-name": job,
+                  "batch.kubernetes.io/job-completion-index": str(p)}
+        annotations = {**(tmpl.get("metadata") or {}).get("annotations", {}),
+                       "batch.kubernetes.io/job-completion-index": str(p)}
+        pod_spec = tmpl["spec"]
+        if job_spec.get("completionMode") == "Indexed":
+            pod_spec["hostname"] = f"{job}-{p}"  # job controller: $(job-name)-$(index)
+        if subdomain:
+            pod_spec["subdomain"] = subdomain
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": pod_name_, "namespace": ns, "uid": f"uid-{pod_name_}", "labels": labels,
+                            "annotations": annotations, "creationTimestamp": now_rfc3339()},
+               "spec": pod_spec, "status": {"phase": "Pending"}}
+        gke_tpu_env(pod, job_spec, job)
+        return pod
+
+    # --- scheduler + kubelet ------------------------------------------------------------
+    def _terminate(self, pod: dict[str, Any], now: float) -> None:
+        grace = float(pod["spec"].get("terminationGracePeriodSeconds", 30)) * self.time_scale
+        pod["metadata"]["deletionTimestamp"] = now_rfc3339()
+        pod["metadata"]["deletionGracePeriodSeconds"] = int(pod["spec"].get("terminationGracePeriodSeconds", 30))
+        rt = self.rt.setdefault(pod["metadata"]["uid"], {"created": now, "emitted": 0})
+        if self.program.sigterm_seconds < grace:
+            rt["exit_at"], rt["exit_code"] = now + self.program.sigterm_seconds, self.program.sigterm_code
+        else:
+            rt["exit_at"], rt["exit_code"] = now + grace, 137  # SIGKILL at the end of the grace period
+        self.api.put_pod(pod)
+
+    def _kubelet(self, pod: dict[str, Any], now: float) -> None:
+        meta, status_ = pod["metadata"], pod["status"]
+        rt = self.rt.setdefault(meta["uid"], {"created": now, "emitted": 0})
+        phase = status_["phase"]
+        if meta.get("deletionTimestamp"):
+            if phase in ("Succeeded", "Failed") or phase == "Pending":
+                self.api.remove_pod(meta["name"], meta["namespace"])
+            elif now >= rt["exit_at"]:
+                self._exit(pod, rt["exit_code"])
+            return
+        if phase == "Pending":
+            if "scheduled" not in rt and now - rt["created"] >= self.schedule_after:
+                rt["scheduled"] = now
+                pod["spec"]["nodeName"] = f"gke-node-{meta['labels']['jobset.sigs.k8s.io/job-global-index']}-" \
+                                          f"{meta['labels']['batch.kubernetes.io/job-completion-index']}"
+                status_["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+                status_["containerStatuses"] = [{"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""),
+                                                 "state": {"waiting": {"reason": "ContainerCreating"}}}
+                                                for c in pod["spec"]["containers"]]
+                self.api.put_pod(pod)
+            elif "scheduled" in rt and now - rt["scheduled"] >= self.start_after:
+                rt["started"] = now
+                status_["phase"] = "Running"
+                for cs in status_["containerStatuses"]:
+                    cs.update(ready=True, state={"running": {"startedAt": now_rfc3339()}})
+                self.api.put_pod(pod)
+            return
+        if phase != "Running":
+            return
+        host = f"{meta['labels']['jobset.sigs.k8s.io/job-global-index']}-{meta['labels']['batch.kubernetes.io/job-completion-index']}"
+        attempt = int(meta["labels"]["jobset.sigs.k8s.io/restart-attempt"])
+        fail = self.program.fail.get((host, attempt))
+        due = int((now - rt["started"]) / self.program.line_every)
+        while rt["emitted"] < min(due, self.program.lines):
+            if fail and rt["emitted"] >= fail[0]:
+                break
+            self.api.log(meta["name"], self.program.text(host, attempt, rt["emitted"]))
+            rt["emitted"] += 1
+        if fail and rt["emitted"] >= fail[0]:
+            self._exit(pod, fail[1])
+        elif rt["emitted"] >= self.program.lines and due > self.program.lines:
+            self._exit(pod, self.program.exit_code)
+
+    def _exit(self, pod: dict[str, Any], code: int) -> None:
+        status_ = pod["status"]
+        status_["phase"] = "Succeeded" if code == 0 else "Failed"
+        for cs in status_.get("containerStatuses") or []:
+            started = (cs.get("state") or {}).get("running", {}).get("startedAt", now_rfc3339())
+            cs.update(ready=False, state={"terminated": {
+                "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                "startedAt": started, "finishedAt": now_rfc3339()}})
+        self.api.put_pod(pod)
+
+
+def job_failure(job_spec: dict[str, Any], pods: list[dict[str, Any]]) -> str | None:
+    """Why the Job controller fails a Job with these pods, or None (kubernetes
+    pkg/controller/job/pod_failure_policy.go ``matchPodFailurePolicy`` and
+    job_controller.go: failures counted against ``backoffLimit``, default 6)."""
+    counted = 0
+    for pod in pods:
+        if pod["status"]["phase"] != "Failed":
+            continue
+        action = "Count"
+        for cs in pod["status"].get("containerStatuses") or []:
+            code = ((cs.get("state") or {}).get("terminated") or {}).get("exitCode")
+            for rule in (job_spec.get("podFailurePolicy") or {}).get("rules") or []:
+                on = rule.get("onExitCodes")
+                if not on or code in (None, 0) or (on.get("containerName") not in (None, cs["name"])):
+                    continue
+                if (code in on.get("values", [])) == (on.get("operator") == "In"):
+                    action = rule["action"]
+                    break
+            if action != "Count":
+                break
+        if action == "FailJob":
+            return "PodFailurePolicy"
+        counted += action == "Count"
+    return "BackoffLimitExceeded" if counted > int(job_spec.get("backoffLimit", 6)) else None
+
+
+TPU_RESOURCE = "google.com/tpu"
+
+
+def gke_tpu_env(pod: dict[str, Any], job_spec: dict[str, Any], job_name: str) -> bool:
+    """GKE's TPU mutating webhook: TPU_WORKER_ID and TPU_WORKER_HOSTNAMES, only "when a Job is
+    created with the completionMode: Indexed, subdomain, parallelism > 1, and requesting
+    google.com/tpu properties" (GKE docs, "Deploy TPU workloads in GKE Standard", multi-host
+    slices). TPU_WORKER_ID is the completion index; the hostnames are the Indexed Job's pod
+    hostnames ``<job>-<i>.<subdomain>``, in index order. Returns whether it injected."""
+    spec = pod["spec"]
+    parallelism = int(job_spec.get("parallelism", 1))
+    subdomain = spec.get("subdomain")
+    tpu = [c for c in spec.get("containers", [])
+           if TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {})
+           or TPU_RESOURCE in ((c.get("resources") or {}).get("limits") or {})]
+    if job_spec.get("completionMode") != "Indexed" or parallelism <= 1 or not subdomain or not tpu:
+        return False
+    index = pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
+    hosts = ",".join(f"{job_name}-{i}.{subdomain}" for i in range(parallelism))
+    for c in tpu:
+        env = c.setdefault("env", [])
+        names = {e.get("name") for e in env}
+        env.extend(e for e in ({"name": "TPU_WORKER_ID", "value": index},
+                               {"name": "TPU_WORKER_HOSTNAMES", "value": hosts}) if e["name"] not in names)
+    return True
 
 
 def _self_signed_cert() -> tuple[bytes, bytes]:

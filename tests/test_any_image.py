@@ -26,14 +26,25 @@ from orchestrator.runfile import spec_from_inputs
 from orchestrator.services.runs import render
 from workload.failures import NATIVE_FATAL_TEXT, classify_output
 from workload.sidecar import Shipper, run
-from xrun_contract import EXIT_CODE_RE, FAILURE_RE, WRAPPER_END_RE, WRAPPER_START_RE, Layout
+from xrun_contract import (
+    EXIT_CODE_RE,
+    FAILURE_RE,
+    WRAPPER_END_RE,
+    WRAPPER_START_RE,
+    Layout,
+    split_stamp,
+)
 from xrun_contract.storage import LocalStorage, read_chunks
 
 XRUN_MODULES = ("workload", "xrun_contract", "orchestrator", "manifests", "xrun-wrapper")
 
 
 def shipped_text(storage: LocalStorage, name: str = "r", host: str = "0-0", attempt: int = 0) -> str:
-    return "".join(d.decode() for _, d in read_chunks(storage, Layout.host_logs(name, host, attempt)))
+    """The stored log without its stamps; every stored line must carry one."""
+    stored = "".join(d.decode() for _, d in read_chunks(storage, Layout.host_logs(name, host, attempt)))
+    lines = [split_stamp(ln) for ln in stored.splitlines(keepends=True)]
+    assert all(t is not None for t, _ in lines)
+    return "".join(text for _, text in lines)
 
 
 def writer_for(storage: LocalStorage, name: str = "r"):

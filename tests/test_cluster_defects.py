@@ -27,7 +27,7 @@ from manifests.jobset import jobset
 from manifests.spec import build_spec
 from orchestrator.backends.kube.backend import KubeBackend
 from orchestrator.services import doctor
-from xrun_contract import EXIT_CODE_LINE, Env, Layout
+from xrun_contract import EXIT_CODE_LINE, Env, Layout, split_stamp
 from xrun_contract.storage import gcs_client, open_storage, read_chunks
 
 
@@ -78,7 +78,7 @@ def test_exit_code_survives_unreachable_storage(gcs_proxy, gcs_bucket, mode, tmp
     side.terminate()
     assert side.wait(timeout=60) == 0
     shipped = "".join(d.decode() for _, d in read_chunks(storage, Layout.host_logs("wr", "0-0", 0)))
-    assert shipped == written
+    assert "".join(split_stamp(ln)[1] for ln in shipped.splitlines(keepends=True)) == written
 
 
 # --- catalogue: both v6e-8s, the machine type pinned -------------------------------------

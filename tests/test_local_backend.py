@@ -48,8 +48,10 @@ def test_success_logs_status_list(tmp_path):
     r = xrun("logs", "ok", "--host", "0-1", storage=store)
     assert "[0-1] host 0-1/2" in r.stdout and "[0-0]" not in r.stdout
     assert r.stdout.strip().endswith("[0-1] EXIT_CODE=0")
-    r = xrun("logs", "ok", "--tail", "1", "--no-prefix", storage=store)
+    r = xrun("logs", "ok", "--tail-per-host", "1", "--no-prefix", storage=store)
     assert r.stdout.splitlines() == ["EXIT_CODE=0", "EXIT_CODE=0"]
+    r = xrun("logs", "ok", "--tail", "1", "--no-prefix", storage=store)  # N lines in total
+    assert r.stdout.splitlines() == ["EXIT_CODE=0"]
     r = xrun("list", "-o", "json", storage=store)
     assert [(x["name"], x["state"]) for x in json.loads(r.stdout)] == [("ok", "Succeeded")]
     # Same name again: refused (exit 2, nothing written) unless --replace.

@@ -1,6 +1,8 @@
-"""`xrun report`: one self-contained HTML file, checked in headless Chromium (Debian's
-`chromium`, installed by .ci/install-chromium.sh): it renders, the tables and charts have
-real size, checkpoint events are marked, and a screenshot shows them (pixels, not blank)."""
+"""`xrun report`: one self-contained HTML file (plotly.js inlined), checked in headless
+Chromium (Debian's `chromium`, installed by .ci/install-chromium.sh): it renders, the tables
+and charts have real size and data, checkpoint saves are marked on each run's series, nothing
+is fetched from the network, hovering a point shows its value, the smoothing control and the
+log switch work, and a screenshot shows them (pixels, not blank)."""
 
 from __future__ import annotations
 
@@ -24,22 +26,39 @@ from orchestrator.readers.loaders import load_run
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars"]
+                  "--hide-scrollbars", "--virtual-time-budget=10000"]
 
 PROBE = """<script>
-(function () {
+window.addEventListener('load', function () { setTimeout(function () {
   const q = s => Array.from(document.querySelectorAll(s));
   const box = e => { const b = e.getBoundingClientRect(); return [Math.round(b.width), Math.round(b.height)]; };
-  const tables = q('table.cmp:not(.runs)');
+  const tables = q('table.cmp:not(.runs):not(.runset)');
+  const plots = q('.plot').map(d => ({id: d.id, box: box(d), svg: d.querySelectorAll('.main-svg').length,
+    traces: (d.data || []).map(t => ({name: t.name, type: t.type, n: (t.y || []).length, kind: (t.meta || {}).kind || '',
+                                     raw: (t.meta || {}).raw === undefined ? -1 : t.meta.raw,
+                                     legend: t.showlegend !== false})),
+    buttons: d.querySelectorAll('.updatemenu-button').length, legendItems: d.querySelectorAll('.legend .traces').length,
+    legendRight: (() => { const l = d.querySelector('.legend'), p = d.querySelector('.nsewdrag');
+                          return l && p ? l.getBoundingClientRect().left >= p.getBoundingClientRect().right : false; })()}));
+  // Hover: plotly's own hover on the first point of the first step-time series.
+  const st = q('.plot').find(d => d.id.startsWith('steptime'));
+  Plotly.Fx.hover(st, [{curveNumber: 0, pointNumber: 5}]);
+  const hover = st.querySelector('.hoverlayer').textContent;
+  const hovered = st.data[0].y[5];
+  // Smoothing 0 makes the smoothed line the raw points; log switch changes the axis type.
+  const loss = q('.plot').find(d => d.id.startsWith('loss'));
+  xrunApplySmoothing(0);
+  const sm = loss.data.find(t => t.meta && t.meta.raw !== undefined);
+  const unsmoothed = JSON.stringify(sm.y) === JSON.stringify(loss.data[sm.meta.raw].y);
+  Plotly.relayout(loss, {'yaxis.type': 'log'});
   document.body.setAttribute('data-probe', JSON.stringify({
     tables: tables.map(t => ({box: box(t), rows: Array.from(t.rows).map(r => Array.from(r.cells).map(c => c.textContent))})),
-    charts: q('svg.chart').map(s => ({id: s.id, box: box(s), series: s.querySelectorAll('polyline.series').length,
-                                     ckpt: s.querySelectorAll('line.ckpt').length,
-                                     clipped: s.querySelectorAll('path').length})),
+    plots: plots, hover: hover, hovered: hovered, unsmoothed: unsmoothed, logType: loss.layout.yaxis.type,
+    requests: performance.getEntriesByType('resource').map(e => e.name),
     warnings: q('ul.warnings li').map(li => [li.textContent, box(li)[1]]),
     verdicts: q('.verdict').map(v => v.textContent),
   }));
-})();
+}, 200); });
 </script>"""
 
 
@@ -102,25 +121,34 @@ def report_file(tmp_path_factory) -> tuple[Path, object]:
     return out, r
 
 
+def _page_without_library(text: str) -> str:
+    """The page with plotly.js's own (inlined) source cut out: what we generate."""
+    start = text.index("<script>") + len("<script>")
+    return text[:start] + text[text.index("</script>", start):]
+
+
 def test_the_report_is_one_self_contained_file(report_file):
     out, _ = report_file
     text = out.read_text()
     assert text.startswith("<!DOCTYPE html>")
-    assert not re.search(r"<(script|link|img|iframe)\b", text, re.I)  # nothing to fetch or run
-    assert not re.search(r"\b(src|href)\s*=", text, re.I)
-    assert set(re.findall(r"https?://[^\s\"'<>]+", text)) <= {"http://www.w3.org/2000/svg"}
-    assert text.count('<svg class="chart"') == 3
+    assert "plotly.js v" in text[:20000]  # the library is in the file, not fetched
+    ours = _page_without_library(text)
+    assert not re.search(r"<(link|img|iframe)\b", ours, re.I)
+    assert not re.search(r"\b(src|href)\s*=", ours, re.I)  # no script src, no stylesheet: nothing to fetch
+    assert not re.findall(r"https?://[^\s\"'<>]+", ours)
+    assert re.findall(r'<div class="plot" id="([a-z]+)-0"', ours) == ["loss", "steptime", "goodput"]
 
 
 def test_the_report_renders_in_chromium_with_tables_charts_and_warnings(report_file, tmp_path):
     out, _ = report_file
     probe = tmp_path / "probe.html"
     probe.write_text(out.read_text().replace("</body>", PROBE + "</body>"))
-    r = chromium("--dump-dom", probe.as_uri(), tmp=tmp_path)
+    r = chromium("--dump-dom", "--window-size=1280,2000", probe.as_uri(), tmp=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     m = re.search(r'data-probe="([^"]*)"', r.stdout)
     assert m, "the page did not run to the end"
     got = json.loads(html.unescape(m[1]))
+    assert got["requests"] == []  # no network request of any kind
     assert len(got["tables"]) == 2  # one per candidate
     for t in got["tables"]:
         assert t["box"][0] > 400 and t["box"][1] > 200
@@ -130,13 +158,23 @@ def test_the_report_renders_in_chromium_with_tables_charts_and_warnings(report_f
     assert head == ["Metric", "main abc1234", "slow def5678", "Diff (slow def5678 − main abc1234)"]
     steady = next(row for row in got["tables"][0]["rows"] if row[0].startswith("Steady"))
     assert "regressed" in steady[3]
-    charts = {c["id"].split("-")[0]: c for c in got["charts"]}
-    assert set(charts) == {"loss", "steptime", "goodput"}
-    for c in got["charts"]:
-        assert c["box"][0] >= 900 and c["box"][1] >= 100, c
-    assert charts["loss"]["series"] == 3 and charts["steptime"]["series"] == 3
-    assert charts["steptime"]["ckpt"] == 3 * 3 * 2  # 3 runs x 3 saves x (started, blocked) marks
-    assert charts["steptime"]["clipped"] > 0  # compilation and stalls drawn on the top edge
+    plots = {p["id"].split("-")[0]: p for p in got["plots"]}
+    assert set(plots) == {"loss", "steptime", "goodput"}
+    for p in got["plots"]:
+        assert p["svg"] >= 1 and p["box"][0] >= 900 and p["box"][1] >= 200, p
+        assert p["legendRight"], p  # the legend sits outside (right of) the plot area
+    loss = plots["loss"]["traces"]
+    smoothed = [t for t in loss if t["raw"] >= 0]
+    assert [t["name"] for t in smoothed] == ["main abc1234", "slow def5678", "same 0badcaf"]
+    assert all(loss[t["raw"]]["n"] == t["n"] > 50 for t in smoothed)  # smoothed over every raw point
+    assert got["unsmoothed"] and got["logType"] == "log"
+    assert plots["loss"]["buttons"] == 2 and plots["steptime"]["buttons"] == 2  # linear / log
+    st = plots["steptime"]["traces"]
+    assert [t["type"] for t in st].count("box") == 3  # one distribution per run next to the series
+    ckpt = [t for t in st if t["kind"] == "checkpoint"]
+    assert len(ckpt) == 3 and all(t["n"] == 3 * 2 for t in ckpt)  # 3 saves x (started, blocked) per run
+    assert plots["steptime"]["legendItems"] == 3  # a run's series, marks and box toggle together
+    assert f"{got['hovered']:.4g}" in got["hover"] and "main abc1234" in got["hover"]
     warnings = [w for w, height in got["warnings"] if height > 0]
     assert any("different JAX: main abc1234 ran 0.10.2, slow def5678 ran 0.9.2" in w for w in warnings)
     assert any("dominated by checkpoint stalls" in w for w in warnings)
@@ -156,7 +194,7 @@ def test_a_screenshot_of_the_report_is_not_blank(report_file, tmp_path):
     assert white < 0.9 * w * h, "the page is (nearly) blank"
     assert len(colors) > 200  # text, lines and bars, not a flat fill
     # The goodput bars and the warning box are solid fills of known colours.
-    assert colors[bytes.fromhex(GOODPUT_COLORS["productive"][1:])] > 500
+    assert colors[bytes.fromhex(GOODPUT_COLORS["productive"][1:])] > 200
     assert colors[bytes.fromhex("fff4e5")] > 5000
     # The chart lines are thin and anti-aliased: look for pixels near each run's colour.
     for color in COLORS[:3]:
@@ -170,8 +208,10 @@ def test_strings_from_runs_are_escaped(tmp_path):
     write_stored_run(root, "evil", RunShape(commit="abc1234aaaa"), branch="<img src=x onerror=alert(1)>")
     write_stored_run(root, "good", RunShape(commit="def5678bbbb", seed=3), branch="main")
     base, cand = load_run("good", str(root)), load_run("evil", str(root))
-    page = render_report([Section("runs & <things>", [base, cand], [compare(base, cand)])])
+    page = _page_without_library(render_report([Section("runs & <things>", [base, cand], [compare(base, cand)])]))
     assert "<img" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "onerror=alert" not in re.sub(r"&lt;img src=x onerror=alert\(1\)&gt;", "", page.replace(
+        "\\u0026lt;img src=x onerror=alert(1)\\u0026gt;", ""))  # in chart JSON: escaped, then \\u-coded
     assert "runs &amp; &lt;things&gt;" in page
 
 
@@ -180,7 +220,9 @@ def test_compare_html_and_report_cli_bad_input(tmp_path):
     out = tmp_path / "r.html"
     r = xrun("report", str(base), str(tmp_path / "missing.log"), "-o", str(out), storage=tmp_path / "root")
     assert r.returncode == 2 and "CANDIDATE: no such file" in r.stderr and not out.exists()
-    r = xrun("report", str(base), "-o", str(out), storage=tmp_path / "root")
-    assert r.returncode == 2 and "CANDIDATE" in r.stderr and not out.exists()
+    r = xrun("report", str(base), "-o", str(out), storage=tmp_path / "root")  # a single-run report
+    assert r.returncode == 0 and "single run: no comparison" in out.read_text()
+    assert re.findall(r'<div class="plot" id="([a-z]+)-0"', out.read_text()) == ["loss", "steptime", "goodput"]
+    out.unlink()
     r = xrun("report", str(base), str(base), "-o", str(out), storage=tmp_path / "root")
     assert r.returncode == 0 and "the same run on both sides" in out.read_text()

@@ -10,7 +10,8 @@
 #     $XRUN_POD_DIR/output.log: each write lands in the file (an emptyDir) at once, with no
 #     pipe in between, so a SIGKILL of any process loses no line that was written; xrun's
 #     log-shipping sidecar ships the file to storage, and after this container ends;
-#   * copies the file to its own stdout (kubectl logs) with `tail -f` when the image has tail;
+#   * copies the file to its own stdout (kubectl logs) with `tail -f` when the image has tail
+#     and wc; its own lines go to stdout directly, as JSON with XRUN_LOG_FORMAT=json;
 #   * forwards SIGTERM/SIGINT to every process of its process group (the container: the
 #     runtime starts PID 1 as a session leader; the local backend starts each pod with
 #     setsid), so a pipeline's python gets it too;
@@ -59,13 +60,26 @@ now() {
 }
 
 mkdir -p "$dir" || exit 127
-printf 'xrun-wrapper: start host=%s-%s attempt=%s argv=[%s, %s, %s]\n' "$slice" "$host" "$attempt" \
-  '"/bin/sh"' '"-c"' "$(json "$cmd")" >>"$out"
+# xrun's own lines: plain into the file (storage); on stdout plain, or one JSON object per line
+# with XRUN_LOG_FORMAT=json (Cloud Logging reads "severity"). The user's lines stay as written.
+emit() {
+  printf '%s\n' "$1" >>"$out"
+  if [ "${XRUN_LOG_FORMAT:-}" = json ]; then
+    printf '{"severity": "%s", "message": %s, "host": "%s-%s", "attempt": %d}\n' "$2" "$(json "$1")" \
+      "$slice" "$host" "$attempt"
+  else
+    printf '%s\n' "$1"
+  fi
+}
+emit "$(printf 'xrun-wrapper: start host=%s-%s attempt=%s argv=[%s, %s, %s]' "$slice" "$host" \
+  "$attempt" '"/bin/sh"' '"-c"' "$(json "$cmd")")" INFO
 start=$(now)
 
+# kubectl logs: the user's output, from the file, from after the start line on.
 echo_pid=
-if command -v tail >/dev/null 2>&1; then
-  (trap '' TERM INT; exec tail -n +1 -f "$out") &
+if command -v tail >/dev/null 2>&1 && command -v wc >/dev/null 2>&1; then
+  from=$(($(wc -c <"$out") + 1))
+  (trap '' TERM INT; exec tail -c "+$from" -f "$out") &
   echo_pid=$!
 else
   echo "xrun-launch: no tail in this image; the output is in storage only (xrun logs)" >&2
@@ -88,19 +102,21 @@ while :; do
   kill -0 "$child" 2>/dev/null || break  # wait was interrupted by a trapped signal
 done
 
-if [ "$code" -eq 1 ] && command -v grep >/dev/null 2>&1 && grep -qF \
-    "Terminating process because the JAX distributed service detected fatal errors" "$out"; then
-  code=${XRUN_RESTARTABLE_EXIT_CODE:-42}
-  echo "xrun failure: infrastructure: JAX distributed service detected fatal errors (a peer or the coordinator died); exit code $code" >>"$out"
-fi
-end=$(now)
-secs=$((end - start))
-printf 'xrun-wrapper: end host=%s-%s exit_code=%s seconds=%d.%02d\n' "$slice" "$host" "$code" \
-  $((secs / 100)) $((secs % 100)) >>"$out"
-echo "EXIT_CODE=$code" >>"$out"
 if [ -n "$echo_pid" ]; then
   sleep 1  # let tail print the last lines (busybox tail polls once a second)
   kill -KILL "$echo_pid" 2>/dev/null
   wait "$echo_pid" 2>/dev/null
 fi
+severity=INFO
+[ "$code" -eq 0 ] || severity=ERROR
+if [ "$code" -eq 1 ] && command -v grep >/dev/null 2>&1 && grep -qF \
+    "Terminating process because the JAX distributed service detected fatal errors" "$out"; then
+  code=${XRUN_RESTARTABLE_EXIT_CODE:-42}
+  emit "xrun failure: infrastructure: JAX distributed service detected fatal errors (a peer or the coordinator died); exit code $code" ERROR
+fi
+end=$(now)
+secs=$((end - start))
+emit "$(printf 'xrun-wrapper: end host=%s-%s exit_code=%s seconds=%d.%02d' "$slice" "$host" "$code" \
+  $((secs / 100)) $((secs % 100)))" "$severity"
+emit "EXIT_CODE=$code" "$severity"
 exit "$code"

@@ -24,15 +24,15 @@ from xrun_contract import (
     CKPT_START_LINE,
     CKPT_WAIT_PREVIOUS_LINE,
     CKPT_WRITE_FAILED_LINE,
-    FLOPS_LINE,
     HEADER_LINE,
     HEADER_VERSIONS_KEY,
     MEMORY_LINE,
-    PARAMS_LINE,
     PHASE_ACTIVITY,
     PHASE_LINE,
     Layout,
+    format_flops_line,
     format_header_fields,
+    format_params_line,
     format_step_line,
     records,
 )
@@ -134,14 +134,13 @@ class Metrics:
 
     def params(self, count: int) -> None:
         if self.primary:
-            say(PARAMS_LINE.format(billions=count / 1e9))
+            say(format_params_line(count / 1e9))
             self.record(records.Params(params=count))
 
     def flops(self, tflops_per_step: float, learnable_pct: float, attention_pct: float,
               tflops_per_device: float) -> None:
         if self.primary:
-            say(FLOPS_LINE.format(total=tflops_per_device, learnable_pct=learnable_pct,
-                                  attention_pct=attention_pct))
+            say(format_flops_line(tflops_per_device, learnable_pct, attention_pct))
             self.record(records.Flops(tflops_per_step=tflops_per_step, learnable_pct=learnable_pct,
                                       attention_pct=attention_pct,
                                       tflops_per_device=tflops_per_device))

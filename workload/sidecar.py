@@ -37,9 +37,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from xrun_contract import Env, Layout, PodFiles, host_id
+from xrun_contract import Env, Layout, PodFiles, host_id, stamp_line
 
-MAX_CHUNK_BYTES = 8 << 20  # one storage object at most (after an outage the backlog is split)
+MAX_CHUNK_BYTES = 8 << 20  # read at once at most (after an outage the backlog is split)
+READ_SECONDS = 0.2  # how often new lines are read and stamped
 LAUNCHER_SOURCE = Path(__file__).with_name("launcher.sh")
 
 
@@ -53,7 +54,12 @@ def install(pod_dir: Path) -> Path:
 
 
 class Shipper:
-    """Ships ``output.log`` from its last recorded offset, one chunk object per call."""
+    """Ships ``output.log`` from its last recorded offset, one chunk object per call.
+
+    Lines are stored stamped with the time this shipper read them
+    (``xrun_contract.stamp_line``; it reads every READ_SECONDS, so a stamp is at most that
+    late), which ``xrun logs --since`` and the readers use.
+    """
 
     def __init__(self, pod_dir: Path, write: Callable[[int, bytes], None]):
         self.out = pod_dir / PodFiles.OUTPUT
@@ -63,27 +69,40 @@ class Shipper:
         if self.state_path.exists():
             state.update(json.loads(self.state_path.read_text()))
         self.offset, self.seq = int(state["offset"]), int(state["seq"])
+        self.read_to = self.offset  # bytes read and stamped into ``pending``
+        self.pending: list[str] = []
 
-    def ship_once(self, final: bool) -> int:
-        """Ship what is new; while running only whole lines. Returns the bytes shipped."""
+    def read(self, final: bool = False) -> int:
+        """Stamp what is new in the file (while running, whole lines only)."""
         try:
             with open(self.out, "rb") as f:
-                f.seek(self.offset)
+                f.seek(self.read_to)
                 data = f.read(MAX_CHUNK_BYTES)
         except FileNotFoundError:
             return 0
-        if not final or len(data) == MAX_CHUNK_BYTES:
+        if not final:
             data = data[: data.rfind(b"\n") + 1]
         if not data:
             return 0
-        payload = data if data.endswith(b"\n") else data + b"\n"
-        self.write(self.seq, payload)  # may raise: nothing recorded, retried from the same offset
-        self.offset += len(data)
-        self.seq += 1
+        now = time.time()
+        text = data.decode("utf-8", errors="replace")
+        self.pending += [stamp_line(now, ln if ln.endswith("\n") else ln + "\n")
+                         for ln in text.splitlines(keepends=True)]
+        self.read_to += len(data)
+        return len(data)
+
+    def ship_once(self, final: bool) -> int:
+        """Ship what is read and not yet shipped. Returns the file bytes it covered."""
+        self.read(final)
+        if not self.pending:
+            return 0
+        self.write(self.seq, "".join(self.pending).encode())  # may raise: retried as is
+        covered = self.read_to - self.offset
+        self.pending, self.offset, self.seq = [], self.read_to, self.seq + 1
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"offset": self.offset, "seq": self.seq}))
         os.replace(tmp, self.state_path)
-        return len(data)
+        return covered
 
     def drain(self) -> None:
         """Everything to the end of the file (after the workload container ended)."""
@@ -93,10 +112,16 @@ class Shipper:
 
 def run(pod_dir: Path, write: Callable[[int, bytes], None], interval: float,
         stop: threading.Event) -> None:
-    """Ship every ``interval`` seconds until ``stop``; then drain, retrying until it worked
-    (the kubelet's SIGKILL at the end of the grace period bounds the retries)."""
+    """Read every READ_SECONDS and ship every ``interval`` seconds until ``stop``; then drain,
+    retrying until it worked (the kubelet's SIGKILL at the end of the grace period bounds
+    the retries)."""
     shipper = Shipper(pod_dir, write)
-    while not stop.wait(interval):
+    due = time.monotonic() + interval
+    while not stop.wait(min(READ_SECONDS, interval)):
+        shipper.read()
+        if time.monotonic() < due:
+            continue
+        due = time.monotonic() + interval
         try:
             while shipper.ship_once(final=False):
                 pass

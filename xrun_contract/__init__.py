@@ -68,6 +68,9 @@ class Env:
     BRANCH = "XRUN_BRANCH"
     # Log shipping interval of the wrapper, seconds (gs:// chunk cadence).
     LOG_FLUSH_SECONDS = "XRUN_LOG_FLUSH_SECONDS"
+    # "json": the wrapper's own stdout lines are JSON objects with "severity" and "message"
+    # (what Cloud Logging's agent parses into a structured entry); anything else: plain text.
+    LOG_FORMAT = "XRUN_LOG_FORMAT"
     # JAX persistent compilation cache folder: <root>/cache/jax-compilation, set in the
     # manifest for gs:// roots and by the local backend for folders.
     COMPILATION_CACHE = "XRUN_COMPILATION_CACHE"
@@ -175,8 +178,18 @@ class Layout:
         return "cache/jax-compilation"
 
     @staticmethod
-    def report(date: str) -> str:
-        return f"reports/{date}"
+    def report(stamp: str) -> str:
+        """One folder per nightly, ``<YYYY-mm-dd>-<HHMMSS>`` (a suffix if two share a second):
+        a second nightly on the same day never overwrites the first's report."""
+        return f"reports/{stamp}"
+
+    HISTORY = "history"
+
+    @staticmethod
+    def history(stamp: str) -> str:
+        """One JSONL object per nightly (a record per run): GCS has no append, and one object
+        per writer needs no lock or generation check; readers list the prefix."""
+        return f"history/{stamp}.jsonl"
 
 
 ATTEMPT_RE = re.compile(r"attempt-(\d+)")
@@ -221,12 +234,32 @@ def format_step_line(step: int, seconds: float, tflops: float, tokens: float,
                             loss=significant(loss, 5))
 
 
+def fixed_or_significant(x: float, decimals: int, digits: int = 3) -> str:
+    """``x`` with MaxText's fixed ``decimals`` unless that would hide it (0.000): then with
+    ``digits`` significant digits, so a small model reads 0.000123, not 0.000."""
+    fixed = f"{x:.{decimals}f}"
+    return significant(x, digits) if x and float(fixed) == 0 else fixed
+
+
 PARAMS_LINE = "number parameters: {billions:.3f} billion"
 PARAMS_RE = re.compile(r"number parameters: (?P<billions>[\d.]+) billion")
 FLOPS_LINE = (
     "Per train step: Total TFLOPs: {total:.2f} split as {learnable_pct:.2f}% learnable "
     "weight flops and {attention_pct:.2f}% attention flops"
 )
+
+
+def format_params_line(billions: float) -> str:
+    """PARAMS_LINE, never '0.000 billion' (PARAMS_RE reads both)."""
+    return PARAMS_LINE.replace("{billions:.3f}", fixed_or_significant(billions, 3))
+
+
+def format_flops_line(total: float, learnable_pct: float, attention_pct: float) -> str:
+    """FLOPS_LINE, never 'Total TFLOPs: 0.00' (FLOPS_RE reads both)."""
+    return FLOPS_LINE.replace("{total:.2f}", fixed_or_significant(total, 2)).format(
+        learnable_pct=learnable_pct, attention_pct=attention_pct)
+
+
 FLOPS_RE = re.compile(
     r"Per train step: Total TFLOPs: (?P<total>[\d.]+) split as (?P<learnable_pct>[\d.]+)% "
     r"learnable weight flops and (?P<attention_pct>[\d.]+)% attention flops"
@@ -370,6 +403,36 @@ EXIT_CODE_RE = re.compile(r"^EXIT_CODE=(?P<code>-?\d+)\s*$")
 from xrun_contract import records as records  # noqa: E402  (the typed records, re-exported)
 
 METRIC_KINDS = tuple(records.KINDS)
+
+# Stored log lines carry the time the wrapper read them, as kubelet's CRI log files do
+# (``kuberuntime_logs.go``: RFC3339Nano then one space): "2026-12-03T10:39:13.123456Z text".
+# Only the storage copy is stamped (stdout stays as the program wrote it); readers take
+# unstamped lines (chunks written before stamping) as they are and date them by the chunk.
+LOG_STAMP_RE = re.compile(
+    r"^(?P<ts>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?Z) (?P<text>.*)$", re.S
+)
+
+
+def stamp_line(t: float, text: str) -> str:
+    """``text`` (one line, its newline kept) stamped with epoch time ``t`` in UTC."""
+    import datetime
+
+    ts = datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return f"{ts} {text}"
+
+
+def split_stamp(line: str) -> tuple[float | None, str]:
+    """(epoch seconds, text) of a stored line; (None, line) for an unstamped one."""
+    import datetime
+
+    m = LOG_STAMP_RE.match(line)
+    if not m:
+        return None, line
+    ts = m["ts"][:-1]
+    whole, _, frac = ts.partition(".")
+    t = datetime.datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.UTC)
+    return t.timestamp() + (float(f"0.{frac}") if frac else 0.0), m["text"]
+
 
 # How `xrun logs` prefixes a host's line: "[0-1] ..." (attempt 0) or "[0-1 #2] ...".
 HOST_PREFIX_RE = re.compile(r"\[(?P<host>\d+-\d+)(?: #(?P<attempt>\d+))?\] ")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -707,3 +708,133 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
         for note in rec.notes[:5]:
             n.append(f"{lab}: {note}.")
     return n
+
+
+# ---------------------------------------------------------------------------------------
+# Repeated runs: the verdict on per-run values
+
+
+MIN_RUNS = MIN_SAMPLES  # benchstat: "need >= 4 samples" per side before it reports a p-value
+
+# (key, table label, better, gating, decimals): one figure per run; also the history record's
+# "figures" and the metrics `xrun history --metric` accepts. Gating as in the per-step table:
+# the steady-state step time, the loss and checkpoint stalls decide; throughput (the same
+# measurement as step time, inverted) and the mean step time are marked, never gate.
+RUN_METRICS: tuple[tuple[str, str, str, bool, int], ...] = (
+    ("steady_s_per_step", "Steady-state s/step (median)", "lower", True, 3),
+    ("tokens_per_s", "Tok/s (steady median)", "higher", False, 1),
+    ("tflops_per_device", "TFLOP/s (steady median)", "higher", False, 3),
+    ("avg_s_per_step", "Avg s/step", "lower", False, 3),
+    ("final_loss", "Final loss", "lower", True, 4),
+    ("checkpoint_stall_s", "Checkpoint stall total", "lower", True, 3),
+    ("time_to_first_step_s", "Time to first step", "lower", False, 1),
+    ("goodput_pct", "Goodput %", "higher", False, 1),
+)
+RUN_METRIC_KEYS = tuple(m[0] for m in RUN_METRICS)
+
+
+def run_values(fig: RunFigures) -> dict[str, float | None]:
+    """One run's figures, one number each: what the run-level test and the history use."""
+    def med(xs: list[float]) -> float | None:
+        return statistics.median(xs) if xs else None
+
+    return {
+        "steady_s_per_step": fig.steady_median,
+        "tokens_per_s": med(fig.steady_tokens),
+        "tflops_per_device": med(fig.steady_tflops),
+        "avg_s_per_step": statistics.fmean(fig.avg_seconds) if fig.avg_seconds else None,
+        "final_loss": fig.final_loss,
+        "checkpoint_stall_s": fig.stall_total if fig.steps_executed else None,
+        "time_to_first_step_s": fig.time_to_first_step,
+        "goodput_pct": fig.goodput.get("goodput_pct") if fig.steps_executed else None,
+    }
+
+
+@dataclass
+class RunSetComparison:
+    """CANDIDATE's repeated runs against BASE's: a row per figure tested on per-run values
+    (each run one sample: between-run noise is what a nightly must beat), and the per-step
+    comparison of the first pair as supporting detail."""
+
+    base_label: str
+    cand_label: str
+    base_values: list[dict[str, float | None]]
+    cand_values: list[dict[str, float | None]]
+    rows: list[Row]
+    per_step: Comparison | None
+    threshold_pct: float
+    alpha: float
+
+    @property
+    def n_base(self) -> int:
+        return len(self.base_values)
+
+    @property
+    def n_cand(self) -> int:
+        return len(self.cand_values)
+
+    @property
+    def on_runs(self) -> bool:
+        """Enough runs per side for the run-level test to decide (benchstat's n >= 4)."""
+        return self.n_base >= MIN_RUNS and self.n_cand >= MIN_RUNS
+
+    @property
+    def regressions(self) -> list[Row]:
+        if self.on_runs:
+            return [r for r in self.rows if r.gating and r.beyond_threshold]
+        return self.per_step.regressions if self.per_step else []
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.regressions) or bool(self.per_step and self.per_step.candidate_failed)
+
+    @property
+    def basis(self) -> str:
+        """One sentence: what the verdict rests on."""
+        n = f"n={self.n_base}/{self.n_cand} runs"
+        if self.on_runs:
+            return (f"verdict on per-run values ({n}, two-sided Mann-Whitney U at alpha={self.alpha:g}); "
+                    "the per-step test of the first pair is supporting detail")
+        return (f"verdict on per-step samples of the first pair: {n} is below benchstat's n >= {MIN_RUNS} "
+                "runs per side, so between-run noise is not measured; use repeats >= 4")
+
+    def markdown(self) -> str:
+        b, k = _md_cell(self.base_label), _md_cell(self.cand_label)
+        out = [f"Basis: {self.basis}.", "",
+               f"| Metric (per-run median) | {b} | {k} | Diff ({k} − {b}) |", "|---|---|---|---|"]
+        out += [f"| {_md_cell(r.metric)} | {_md_cell(r.base)} | {_md_cell(r.cand)} | {_md_cell(r.diff)} |"
+                for r in self.rows]
+        return "\n".join(out) + "\n"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "base_label": self.base_label, "candidate_label": self.cand_label,
+            "n_base_runs": self.n_base, "n_candidate_runs": self.n_cand, "on_runs": self.on_runs,
+            "basis": self.basis, "base_values": self.base_values, "candidate_values": self.cand_values,
+            "rows": [asdict(r) for r in self.rows],
+            "regressions": [r.metric for r in self.regressions], "regressed": self.regressed,
+            "per_step": self.per_step.to_dict() if self.per_step else None,
+        }
+
+
+def compare_runs(base: list[RunRecord], cand: list[RunRecord], threshold_pct: float = DEFAULT_THRESHOLD_PCT,
+                 alpha: float = DEFAULT_ALPHA, warmup: int = DEFAULT_WARMUP) -> RunSetComparison:
+    """Repeated runs of two branches: each figure tested on the per-run values."""
+    bv = [run_values(figures(r, warmup)) for r in base]
+    cv = [run_values(figures(r, warmup)) for r in cand]
+    per_step = compare(base[0], cand[0], threshold_pct, alpha, warmup) if base and cand else None
+    lb, lc = (per_step.base_label, per_step.cand_label) if per_step else ("base", "candidate")
+    cmp = Comparator(threshold_pct, alpha)
+    rows = []
+    for key, label, better, gating, decimals in RUN_METRICS:
+        xb = _finite_values(v[key] for v in bv)
+        xc = _finite_values(v[key] for v in cv)
+        row = cmp.sampled(label, xb, xc, "median", better, decimals, gating=gating, what="runs")
+        if row.verdict == "not tested" and (len(xb) < MIN_RUNS or len(xc) < MIN_RUNS):
+            row.diff = row.diff.replace("too few samples", f"benchstat needs n >= {MIN_RUNS} runs per side")
+        rows.append(row)
+    return RunSetComparison(lb, lc, bv, cv, rows, per_step, threshold_pct, alpha)
+
+
+def _finite_values(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]

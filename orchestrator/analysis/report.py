@@ -1,22 +1,28 @@
-"""The comparison report as one self-contained HTML file (inline CSS and SVG, no scripts).
+"""The comparison report as one self-contained HTML file: tables, and interactive plotly
+charts with plotly.js inlined (no CDN, nothing fetched: people read it offline or from a
+bucket).
 
-People read it every morning, often offline or from a bucket, so nothing is fetched: the
-tables, warnings, loss curves, step-time plots (checkpoint events marked) and goodput bars
-are all in the file. Step-time plots clip their y axis above the bulk of the samples so one
-checkpoint stall cannot flatten every other step; clipped points are drawn at the top edge
-and the caption says how many there were.
+Charts people read: zoom, hover values and series toggles (click a legend entry) come with
+plotly; loss is a smoothed line over faint raw points with a smoothing slider (TensorBoard's
+debiased exponential moving average) and a linear/log switch; legends sit outside the plot;
+each run's checkpoint saves are markers on its own step-time series; next to the step-time
+series, each run's distribution as a box. Nightly reports add a trend chart per metric over
+past nights, each night's runs as points, change points on the base marked.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 import html
+import json
 import math
 import re
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from orchestrator.analysis.compare import Comparison, Row
+from orchestrator.analysis.compare import Comparison, Row, RunSetComparison
 from orchestrator.analysis.goodput import CATEGORIES, format_goodput
 from orchestrator.readers.record import RunRecord
 
@@ -25,8 +31,9 @@ GOODPUT_COLORS = {
     "productive": "#2ca02c", "startup": "#7f7f7f", "compilation": "#bcbd22", "checkpoint": "#ff7f0e",
     "restarts": "#d62728", "redone_steps": "#e377c2", "other": "#c7c7c7",
 }
-MAX_POINTS = 600  # per series in a chart
+MAX_POINTS = 2000  # per series in a chart
 MAX_EVENTS = 200  # checkpoint markers per run
+DEFAULT_SMOOTHING = 0.6
 
 CSS = """
 body{font-family:-apple-system,"Segoe UI",Roboto,"DejaVu Sans",Arial,sans-serif;margin:24px;color:#1b1b1b;background:#fff;max-width:1200px}
@@ -43,49 +50,55 @@ ul.warnings li{margin:2px 0}ul.notes{color:#333;font-size:.88em}
 .verdict.bad{background:#fde7ea;color:#b00020}.verdict.good{background:#e8f5e9;color:#1b7f2a}
 figure{margin:12px 0}figcaption{font-size:.85em;color:#444;margin-top:2px}
 svg.chart{background:#fff;border:1px solid #e0e0e0}svg text{font-size:11px;fill:#333}
-.runs td{font-size:.85em}
+.runs td{font-size:.85em}\n.plot{width:100%}.controls{font-size:.85em;color:#333;margin:4px 0}\n.chartrow{display:flex;gap:8px}.chartrow>.plot{flex:1}
+"""
+
+# Smoothing as TensorBoard does it (tensorboard/webapp/widgets/line_chart_v2/lib/
+# data_transformer_utils.ts, classicSmoothing): a debiased EMA over the raw points. Each
+# smoothed trace names its raw trace in meta.raw; the slider restyles every chart on the page.
+SCRIPT = """
+function xrunSmooth(ys, w) {
+  var last = 0, n = 0, out = [];
+  for (var i = 0; i < ys.length; i++) {
+    var y = ys[i];
+    if (y === null || !isFinite(y)) { out.push(null); continue; }
+    last = last * w + (1 - w) * y; n++;
+    out.push(w === 1 ? ys[0] : last / (1 - Math.pow(w, n)));
+  }
+  return out;
+}
+function xrunApplySmoothing(w) {
+  document.querySelectorAll('.plot[data-smooth]').forEach(function (div) {
+    if (!div.data) return;
+    var idx = [], ys = [];
+    div.data.forEach(function (t, i) {
+      if (t.meta && t.meta.raw !== undefined) { idx.push(i); ys.push(xrunSmooth(div.data[t.meta.raw].y, w)); }
+    });
+    if (idx.length) Plotly.restyle(div, {y: ys}, idx);
+  });
+  document.querySelectorAll('.smoothing-value').forEach(function (e) { e.textContent = w.toFixed(2); });
+}
 """
 
 
 @dataclass
 class Section:
-    """One group of runs (a nightly config): the runs and each candidate's comparison."""
+    """One group of runs (a nightly config): the runs, each candidate's per-step comparison,
+    and (nightly) the run-level comparisons of repeated runs and each run's final state."""
 
     title: str
     runs: list[RunRecord]
     comparisons: list[Comparison] = field(default_factory=list)
+    run_sets: list[RunSetComparison] = field(default_factory=list)
+    states: dict[str, tuple[str, str]] = field(default_factory=dict)  # run name -> (state, message)
 
 
 def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-# ---------------------------------------------------------------------------------------
-# SVG charts
-
-
-def _nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
-        hi = lo + 1 if math.isfinite(lo) else 1.0
-        lo = lo if math.isfinite(lo) else 0.0
-    raw = (hi - lo) / count
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.ceil(lo / step) * step
-    ticks = []
-    t = start
-    while t <= hi + step * 1e-9:
-        ticks.append(round(t, 12))
-        t += step
-    return ticks
-
-
-def _tick_label(v: float) -> str:
-    if v == 0:
-        return "0"
-    if abs(v) >= 1000:
-        return f"{v:,.0f}"
-    return f"{v:.4g}"
+def _finite(v: Any) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)
 
 
 def _thin(points: list[tuple[float, float]], limit: int = MAX_POINTS) -> list[tuple[float, float]]:
@@ -102,118 +115,204 @@ def _thin(points: list[tuple[float, float]], limit: int = MAX_POINTS) -> list[tu
     return out
 
 
-@dataclass
-class Series:
-    label: str
-    color: str
-    points: list[tuple[float, float]]
-    events: list[tuple[float, str]] = field(default_factory=list)  # (x, tooltip)
+def smooth(ys: Sequence[float], weight: float) -> list[float]:
+    """The same debiased EMA as the page's slider (first draw without waiting for JS)."""
+    out, last = [], 0.0
+    for n, y in enumerate(ys, 1):
+        last = last * weight + (1 - weight) * y
+        out.append(last / (1 - weight ** n) if weight < 1 else ys[0])
+    return out
 
 
-def line_chart(chart_id: str, series: Sequence[Series], x_label: str, y_label: str,
-               width: int = 1000, height: int = 320, clip_quantile: float | None = None) -> tuple[str, str]:
-    """An SVG line chart; returns (svg, caption addition). Clipping keeps outliers on the top
-    edge (drawn as triangles) instead of letting them set the scale."""
-    ml, mr, mt, mb = 64, 16, 26, 40
-    pw, ph = width - ml - mr, height - mt - mb
-    xs = [p[0] for s in series for p in s.points]
-    ys = [p[1] for s in series for p in s.points if math.isfinite(p[1])]
-    if not xs or not ys:
-        return (f'<svg class="chart" id="{esc(chart_id)}" width="{width}" height="80" role="img">'
-                f'<text x="{ml}" y="40">no data</text></svg>', "")
-    x0, x1 = min(xs), max(xs)
-    if x1 == x0:
-        x1 = x0 + 1
-    y0, y1 = min(ys), max(ys)
-    caption = ""
-    if clip_quantile is not None and len(ys) >= 20:
-        srt = sorted(ys)
-        q = srt[int(clip_quantile * (len(srt) - 1))]
-        limit = q * 1.5 if q > 0 else y1
-        if y1 > limit:
-            clipped = sum(1 for y in ys if y > limit)
-            caption = (f" The y axis is cut at {_tick_label(limit)} s (1.5 x the {int(clip_quantile * 100)}th "
-                       f"percentile); {clipped} slower step(s) are drawn as triangles on the top edge.")
-            y1 = limit
-    pad = (y1 - y0) * 0.05 or abs(y1) * 0.05 or 1.0
-    y0, y1 = (max(0.0, y0 - pad) if y0 >= 0 else y0 - pad), y1 + pad
+def _plot(div_id: str, data: list[dict], layout: dict, smooth_ctl: bool = False, css_class: str = "plot",
+          height: int = 380) -> str:
+    """A div and the script that draws it; the figure's JSON is escaped for a <script> body."""
+    base = {"height": height, "margin": {"l": 64, "r": 16, "t": 36, "b": 48}, "hovermode": "closest",
+            "legend": {"x": 1.02, "xanchor": "left", "y": 1, "yanchor": "top"},  # outside the plot
+            "template": None, "plot_bgcolor": "#fff", "paper_bgcolor": "#fff"}
+    fig = json.dumps({"data": data, "layout": {**base, **layout}}, allow_nan=False, separators=(",", ":"))
+    fig = fig.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    attr = ' data-smooth="1"' if smooth_ctl else ""
+    return (f'<div class="{css_class}" id="{esc(div_id)}"{attr}></div>'
+            f'<script>(function(){{var f={fig};Plotly.newPlot("{esc(div_id)}",f.data,f.layout,'
+            '{responsive:true,displaylogo:false});})();</script>')
 
-    def sx(x: float) -> float:
-        return ml + (x - x0) / (x1 - x0) * pw
 
-    def sy(y: float) -> float:
-        return mt + ph - (min(y, y1) - y0) / (y1 - y0) * ph
+def _axis_buttons(axis: str = "yaxis") -> list[dict]:
+    """A linear / log switch for the y axis (plotly's own relayout buttons)."""
+    return [{"type": "buttons", "direction": "right", "x": 0, "xanchor": "left", "y": 1.12, "yanchor": "top",
+             "showactive": True, "buttons": [
+                 {"label": "linear", "method": "relayout", "args": [{f"{axis}.type": "linear"}]},
+                 {"label": "log", "method": "relayout", "args": [{f"{axis}.type": "log"}]}]}]
 
-    out = [f'<svg class="chart" id="{esc(chart_id)}" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-           f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="{esc(y_label)} by {esc(x_label)}">']
-    for t in _nice_ticks(y0, y1):
-        y = sy(t)
-        out.append(f'<line x1="{ml}" y1="{y:.1f}" x2="{ml + pw}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{ml - 6}" y="{y + 4:.1f}" text-anchor="end">{esc(_tick_label(t))}</text>')
-    for t in _nice_ticks(x0, x1, 8):
-        x = sx(t)
-        out.append(f'<line x1="{x:.1f}" y1="{mt + ph}" x2="{x:.1f}" y2="{mt + ph + 4}" stroke="#999"/>'
-                   f'<text x="{x:.1f}" y="{mt + ph + 16}" text-anchor="middle">{esc(_tick_label(t))}</text>')
-    out.append(f'<rect x="{ml}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
-    out.append(f'<text x="{ml + pw / 2}" y="{height - 6}" text-anchor="middle">{esc(x_label)}</text>')
-    out.append(f'<text x="14" y="{mt + ph / 2}" text-anchor="middle" transform="rotate(-90 14 {mt + ph / 2})">'
-               f'{esc(y_label)}</text>')
-    for s in series:
-        for x, tip in s.events[:MAX_EVENTS]:
-            px = sx(x)
-            out.append(f'<line class="ckpt" x1="{px:.1f}" y1="{mt}" x2="{px:.1f}" y2="{mt + ph}" '
-                       f'stroke="{s.color}" stroke-opacity="0.45" stroke-dasharray="4 3">'
-                       f'<title>{esc(s.label)}: {esc(tip)}</title></line>')
-    for s in series:
-        pts = [(x, y) for x, y in _thin(s.points) if math.isfinite(y)]
-        if not pts:
+
+# ---------------------------------------------------------------------------------------
+# Charts of runs
+
+
+def _label_map(section: Section) -> dict[int, str]:
+    labels: dict[int, str] = {}
+    for c in section.comparisons:
+        labels.setdefault(id(c.base), c.base_label)
+        labels.setdefault(id(c.cand), c.cand_label)
+    for r in section.runs:
+        labels.setdefault(id(r), r.label)
+    seen: dict[str, int] = {}
+    for r in section.runs:  # repeats of one branch share a label: number them
+        seen[labels[id(r)]] = seen.get(labels[id(r)], 0) + 1
+    count: dict[str, int] = {}
+    for r in section.runs:
+        lab = labels[id(r)]
+        if seen[lab] > 1:
+            count[lab] = count.get(lab, 0) + 1
+            labels[id(r)] = f"{lab} #{count[lab]}"
+    return labels
+
+
+def _colors(section: Section) -> dict[int, str]:
+    """Repeats of one branch share its colour (nightly); otherwise one colour per run."""
+    if section.run_sets:
+        branches: dict[str, str] = {}
+        for r in section.runs:
+            branches.setdefault(r.branch or r.label, COLORS[len(branches) % len(COLORS)])
+        return {id(r): branches[r.branch or r.label] for r in section.runs}
+    return {id(r): COLORS[i % len(COLORS)] for i, r in enumerate(section.runs)}
+
+
+def charts_html(section: Section, key: str) -> str:
+    labels, colors = _label_map(section), _colors(section)
+    loss: list[dict[str, Any]] = []
+    times: list[dict[str, Any]] = []
+    boxes: list[dict[str, Any]] = []
+    bulk: list[float] = []
+    for rec in section.runs:
+        color, label = colors[id(rec)], esc(labels[id(rec)])
+        final = rec.final_mask()
+        lp = _thin(sorted((float(s), v) for s, v, f in zip(rec.steps.step, rec.steps.loss, final, strict=True)
+                          if f and math.isfinite(v)))
+        if lp:
+            raw_i = len(loss)
+            xs, ys = [p[0] for p in lp], [p[1] for p in lp]
+            loss.append({"type": "scatter", "mode": "markers", "x": xs, "y": ys, "name": f"{label} (raw)",
+                         "legendgroup": label, "showlegend": False, "opacity": 0.25,
+                         "marker": {"color": color, "size": 4},
+                         "hovertemplate": f"{label}<br>step %{{x}}<br>loss %{{y:.5g}} (raw)<extra></extra>"})
+            loss.append({"type": "scatter", "mode": "lines", "x": xs, "y": smooth(ys, DEFAULT_SMOOTHING),
+                         "name": label, "legendgroup": label, "line": {"color": color, "width": 2},
+                         "meta": {"raw": raw_i},
+                         "hovertemplate": f"{label}<br>step %{{x}}<br>loss %{{y:.5g}} (smoothed)<extra></extra>"})
+        tp = _thin([(float(s), v) for s, v in zip(rec.steps.step, rec.steps.seconds, strict=True)
+                    if math.isfinite(v)])
+        if not tp:
             continue
-        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-        out.append(f'<polyline class="series" fill="none" stroke="{s.color}" stroke-width="1.6" '
-                   f'points="{coords}"><title>{esc(s.label)}</title></polyline>')
-        for x, y in pts:
-            if y > y1:
-                px, py = sx(x), mt + 1
-                out.append(f'<path d="M{px - 4:.1f},{py + 7:.1f} L{px + 4:.1f},{py + 7:.1f} L{px:.1f},{py:.1f} Z" '
-                           f'fill="{s.color}"><title>{esc(s.label)} step {x:g}: {y:.3f}</title></path>')
-    lx = ml + 8
-    for i, s in enumerate(series):
-        y = mt + 8 + 18 * i
-        out.append(f'<rect class="legend" x="{lx}" y="{y}" width="18" height="12" fill="{s.color}"/>'
-                   f'<text x="{lx + 24}" y="{y + 10}">{esc(s.label)}</text>')
-    out.append("</svg>")
-    return "".join(out), caption
+        bulk += [p[1] for p in tp]
+        times.append({"type": "scatter", "mode": "lines", "x": [p[0] for p in tp], "y": [p[1] for p in tp],
+                      "name": label, "legendgroup": label, "line": {"color": color, "width": 1.5},
+                      "xaxis": "x", "yaxis": "y",
+                      "hovertemplate": f"{label}<br>step %{{x}}<br>%{{y:.4g}} s<extra></extra>"})
+        at = dict(tp)
+        ev_x, ev_y, ev_t = [], [], []
+        for ev in rec.checkpoints[:MAX_EVENTS]:
+            if ev["event"] in ("blocked", "waited", "started"):
+                sec = f" {ev['seconds']:.3f} s" if ev.get("seconds") is not None else ""
+                ev_x.append(float(ev["step"]))
+                ev_y.append(at.get(float(ev["step"]), tp[-1][1]))
+                ev_t.append(esc(f"checkpoint {ev['event']} at step {ev['step']}{sec}"))
+        if ev_x:
+            times.append({"type": "scatter", "mode": "markers", "x": ev_x, "y": ev_y, "text": ev_t,
+                          "name": f"{label} checkpoints", "legendgroup": label, "showlegend": False,
+                          "marker": {"color": color, "symbol": "diamond-open", "size": 10, "line": {"width": 2}},
+                          "xaxis": "x", "yaxis": "y", "meta": {"kind": "checkpoint"},
+                          "hovertemplate": f"{label}<br>%{{text}}<extra></extra>"})
+        boxes.append({"type": "box", "y": [p[1] for p in tp], "name": label, "legendgroup": label, "showlegend": False,
+                      "marker": {"color": color}, "boxpoints": "outliers", "xaxis": "x2", "yaxis": "y2",
+                      "hovertemplate": f"{label}<br>%{{y:.4g}} s<extra></extra>"})
+    parts = []
+    if loss:
+        parts.append(
+            '<figure><div class="controls">Smoothing <input type="range" class="smoothing" min="0" max="0.99" '
+            f'step="0.01" value="{DEFAULT_SMOOTHING}" oninput="xrunApplySmoothing(parseFloat(this.value))"> '
+            f'<span class="smoothing-value">{DEFAULT_SMOOTHING:.2f}</span></div>'
+            + _plot(f"loss-{key}", loss, {"title": {"text": "Loss"}, "xaxis": {"title": {"text": "step"}},
+                                           "yaxis": {"title": {"text": "loss"}}, "updatemenus": _axis_buttons()},
+                    smooth_ctl=True)
+            + "<figcaption>Loss by step (the last run of each step after restarts): smoothed line over faint "
+              "raw points; drag to zoom, double-click to reset, click a legend entry to hide a run.</figcaption>"
+              "</figure>")
+    if times:
+        top = statistics.quantiles(bulk, n=10)[-1] * 1.5 if len(bulk) >= 10 else None
+        yaxis = {"title": {"text": "seconds per step"}, "domain": [0, 1]}
+        if top:  # compilation and stalls would flatten every other step: start zoomed on the bulk
+            yaxis["range"] = [0, top]
+        parts.append(
+            "<figure>" + _plot(f"steptime-{key}", times + boxes, {
+                "title": {"text": "Seconds per step"}, "xaxis": {"title": {"text": "step"}, "domain": [0, 0.72]},
+                "yaxis": yaxis, "xaxis2": {"domain": [0.78, 1], "anchor": "y2", "showticklabels": False,
+                           "title": {"text": "each run (hover)"}},
+                "yaxis2": {"anchor": "x2", "title": {"text": "distribution"}, "matches": "y"},
+                "updatemenus": _axis_buttons()})
+            + "<figcaption>Every executed step; diamonds mark each run's checkpoint saves on its own series "
+              "(hover for blocking time). Right: each run's step-time distribution. The y axis starts zoomed "
+              "on the bulk of the steps; double-click to see compilation and stalls.</figcaption></figure>")
+    gp = [(labels[id(r)], _gp(section, r)) for r in section.runs if r.steps.count]
+    if gp:
+        data = [{"type": "bar", "orientation": "h", "name": cat.replace("_", " "),
+                 "y": [esc(lab) for lab, _ in gp], "x": [round(g["categories"].get(cat, 0.0), 3) for _, g in gp],
+                 "marker": {"color": GOODPUT_COLORS[cat]},
+                 "hovertemplate": "%{y}<br>" + cat.replace("_", " ") + " %{x:.1f} s<extra></extra>"}
+                for cat in CATEGORIES]
+        parts.append("<figure>" + _plot(f"goodput-{key}", data, {
+            "barmode": "stack", "title": {"text": "Where the wall time went (goodput)"},
+            "xaxis": {"title": {"text": "seconds"}}, "yaxis": {"automargin": True}},
+            height=max(300, 90 + 28 * len(gp))) + "</figure>")
+    return "".join(parts)
 
 
-def goodput_chart(chart_id: str, runs: Sequence[tuple[str, dict]], width: int = 1000) -> str:
-    """Stacked horizontal bars: each run's wall time split by goodput category."""
-    row_h, ml, mr, mt = 26, 220, 16, 10
-    height = mt + row_h * len(runs) + 36
-    pw = width - ml - mr
-    longest = max((gp["wall_s"] for _, gp in runs), default=0) or 1.0
-    out = [f'<svg class="chart" id="{esc(chart_id)}" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-           f'height="{height}" viewBox="0 0 {width} {height}" role="img" aria-label="goodput">']
-    for i, (label, gp) in enumerate(runs):
-        y = mt + i * row_h
-        out.append(f'<text x="{ml - 8}" y="{y + 15}" text-anchor="end">{esc(label[:34])}</text>')
-        x = float(ml)
-        for cat in CATEGORIES:
-            sec = gp["categories"].get(cat, 0.0)
-            if sec <= 0:
-                continue
-            w = sec / longest * pw
-            out.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{max(w, 0.5):.1f}" height="{row_h - 8}" '
-                       f'fill="{GOODPUT_COLORS[cat]}"><title>{esc(label)}: {cat} {sec:.1f} s</title></rect>')
-            x += w
-        out.append(f'<text x="{min(x + 4, width - 60):.1f}" y="{y + 15}">{gp["goodput_pct"]:.0f}%</text>')
-    ly = mt + row_h * len(runs) + 20
-    lx = ml
-    for cat in CATEGORIES:
-        out.append(f'<rect x="{lx}" y="{ly - 9}" width="10" height="10" fill="{GOODPUT_COLORS[cat]}"/>'
-                   f'<text x="{lx + 14}" y="{ly}">{cat.replace("_", " ")}</text>')
-        lx += 14 + 8 * len(cat) + 16
-    out.append("</svg>")
-    return "".join(out)
+def _gp(section: Section, rec: RunRecord) -> dict:
+    for c in section.comparisons:
+        if c.base is rec:
+            return c.base_fig.goodput
+        if c.cand is rec:
+            return c.cand_fig.goodput
+    from orchestrator.analysis.goodput import goodput
+
+    return goodput(rec)
+
+
+# ---------------------------------------------------------------------------------------
+# Trend over nights
+
+
+def trend_html(trend: dict[str, Any], key: str) -> str:
+    """One metric over the last nights: each night's runs as points, the median as a line per
+    branch; the base's change points as dashed lines with the bracketing commits."""
+    data = []
+    for i, (branch, ns) in enumerate(trend["nights"].items()):
+        color = COLORS[i % len(COLORS)]
+        b = esc(branch)
+        px = [n["nightly"] for n in ns for _ in n["values"]]
+        py = [v for n in ns for v in n["values"]]
+        pt = [esc(f"{r} ({n['commit'][:7]})") for n in ns for r in n["runs"]]
+        data.append({"type": "scatter", "mode": "markers", "x": px, "y": py, "text": pt, "name": f"{b} runs",
+                     "legendgroup": b, "showlegend": False, "opacity": 0.45, "marker": {"color": color, "size": 6},
+                     "hovertemplate": f"{b}<br>%{{x}}<br>%{{y:.5g}}<br>%{{text}}<extra></extra>"})
+        med = [(n["nightly"], statistics.median(n["values"])) for n in ns if n["values"]]
+        data.append({"type": "scatter", "mode": "lines+markers", "x": [m[0] for m in med], "y": [m[1] for m in med],
+                     "name": b, "legendgroup": b, "line": {"color": color, "width": 2},
+                     "hovertemplate": f"{b} median<br>%{{x}}<br>%{{y:.5g}}<extra></extra>"})
+    shapes, notes = [], []
+    for cp in trend["change_points"]:
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": cp["nightly"], "x1": cp["nightly"],
+                       "y0": 0, "y1": 1, "line": {"dash": "dash", "color": "#b00020", "width": 1.5}})
+        notes.append({"x": cp["nightly"], "y": 1, "yref": "paper", "showarrow": False, "yanchor": "bottom",
+                      "text": esc(f"{cp['delta_pct']:+.1f}% ({cp['before_commit'][:7]} → {cp['after_commit'][:7]})"),
+                      "font": {"color": "#b00020"}})
+    return ("<figure>" + _plot(f"trend-{key}", data, {
+        "title": {"text": esc(f"{trend['label']} over nights ({trend['config']})")},
+        "xaxis": {"type": "category", "title": {"text": "nightly"}}, "yaxis": {"title": {"text": esc(trend['label'])}},
+        "shapes": shapes, "annotations": notes, "updatemenus": _axis_buttons()}, height=320)
+        + "<figcaption>" + esc(" ".join(cp["text"] + "." for cp in trend["change_points"])
+                               or "No step change beyond noise between nights on the base.") + "</figcaption></figure>")
 
 
 # ---------------------------------------------------------------------------------------
@@ -245,55 +344,16 @@ def comparison_html(c: Comparison) -> str:
     return "".join(parts)
 
 
-def _label_map(section: Section) -> dict[int, str]:
-    labels: dict[int, str] = {}
-    for c in section.comparisons:
-        labels.setdefault(id(c.base), c.base_label)
-        labels.setdefault(id(c.cand), c.cand_label)
-    for r in section.runs:
-        labels.setdefault(id(r), r.label)
-    return labels
-
-
-def charts_html(section: Section, key: str) -> str:
-    labels = _label_map(section)
-    loss, times = [], []
-    for i, rec in enumerate(section.runs):
-        color = COLORS[i % len(COLORS)]
-        label = labels[id(rec)]
-        final = rec.final_mask()
-        lp = sorted((float(s), v) for s, v, f in zip(rec.steps.step, rec.steps.loss, final, strict=True)
-                    if f and math.isfinite(v))
-        loss.append(Series(label, color, lp))
-        tp = [(float(s), v) for s, v in zip(rec.steps.step, rec.steps.seconds, strict=True) if math.isfinite(v)]
-        events = []
-        for ev in rec.checkpoints:
-            if ev["event"] in ("blocked", "waited", "started"):
-                sec = f" {ev['seconds']:.3f} s" if ev.get("seconds") is not None else ""
-                events.append((float(ev["step"]), f"checkpoint {ev['event']} at step {ev['step']}{sec}"))
-        times.append(Series(label, color, tp, events))
-    loss_svg, _ = line_chart(f"loss-{key}", loss, "step", "loss")
-    time_svg, clip_note = line_chart(f"steptime-{key}", times, "step", "seconds per step", clip_quantile=0.95)
-    gp = [(labels[id(r)], _gp(section, r)) for r in section.runs]
-    return (
-        f'<figure><div>{loss_svg}</div><figcaption>Loss by step (the last run of each step after restarts).'
-        f'</figcaption></figure>'
-        f'<figure><div>{time_svg}</div><figcaption>Seconds per step, every executed step; dashed lines mark '
-        f'checkpoint saves (hover for blocking time).{esc(clip_note)}</figcaption></figure>'
-        f'<figure><div>{goodput_chart(f"goodput-{key}", gp)}</div><figcaption>Where the wall time went '
-        f'(goodput).</figcaption></figure>'
-    )
-
-
-def _gp(section: Section, rec: RunRecord) -> dict:
-    for c in section.comparisons:
-        if c.base is rec:
-            return c.base_fig.goodput
-        if c.cand is rec:
-            return c.cand_fig.goodput
-    from orchestrator.analysis.goodput import goodput
-
-    return goodput(rec)
+def run_set_html(rs: RunSetComparison) -> str:
+    """The run-level table of repeated runs (what the nightly verdict rests on)."""
+    head = (f"<tr><th>Metric (per-run median)</th><th>{esc(rs.base_label)}</th><th>{esc(rs.cand_label)}</th>"
+            f"<th>Diff ({esc(rs.cand_label)} − {esc(rs.base_label)})</th></tr>")
+    body = "".join(
+        f"<tr><td>{esc(r.metric)}</td><td class=\"num\">{esc(r.base)}</td><td class=\"num\">{esc(r.cand)}</td>"
+        f"{_diff_html(r)}</tr>" for r in rs.rows)
+    return (f'<h3>{esc(rs.cand_label)} vs {esc(rs.base_label)}: {rs.n_base} vs {rs.n_cand} runs</h3>'
+            f'<p class="meta">Basis: {esc(rs.basis)}.</p>'
+            f'<table class="cmp runset"><thead>{head}</thead><tbody>{body}</tbody></table>')
 
 
 def runs_table(section: Section) -> str:
@@ -301,40 +361,69 @@ def runs_table(section: Section) -> str:
     rows = []
     for rec in section.runs:
         v = rec.versions
+        state, msg = section.states.get(rec.name, (rec.outcome, ""))
+        outcome = f"{state}: {msg}" if msg and state != "Succeeded" else state
         rows.append(
-            f"<tr><td>{esc(labels[id(rec)])}</td><td>{esc(rec.name)}</td><td>{esc(rec.outcome)}</td>"
+            f"<tr><td>{esc(labels[id(rec)])}</td><td>{esc(rec.name)}</td><td>{esc(outcome)}</td>"
             f"<td>{esc(rec.restarts)}</td><td>{esc(rec.steps.count)}</td>"
             f"<td>{esc(v.get('jax', '?'))} / {esc(v.get('jaxlib', '?'))}</td>"
             f"<td>{esc(rec.accelerator or '?')} ({esc(rec.devices or '?')} devices)</td>"
             f"<td>{esc(format_goodput(_gp(section, rec)))}</td><td>{esc(rec.source)}</td></tr>")
+    shown = {rec.name for rec in section.runs}
+    for name, (state, msg) in section.states.items():  # runs with no record (never started)
+        if name not in shown:
+            rows.append(f"<tr><td>-</td><td>{esc(name)}</td><td>{esc(f'{state}: {msg}' if msg else state)}</td>"
+                        + "<td>-</td>" * 6 + "</tr>")
     return ('<table class="cmp runs"><thead><tr><th>Run</th><th>Name</th><th>Outcome</th><th>Restarts</th>'
             '<th>Steps</th><th>JAX / jaxlib</th><th>Accelerator</th><th>Goodput</th><th>Source</th></tr></thead>'
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
-def render_report(sections: Sequence[Section], title: str = "xrun comparison report",
-                  subtitle: str = "") -> str:
-    """The whole page. Every string from a run is escaped."""
+def _plotly_js() -> str:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs().replace("</script", "<\\/script")
+
+
+def render_report(sections: Sequence[Section], title: str = "xrun comparison report", subtitle: str = "",
+                  trends: Sequence[dict[str, Any]] = (), verdict: tuple[str, str] | None = None) -> str:
+    """The whole page, plotly.js inlined. Every string from a run is escaped."""
     now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    regressed = [c for s in sections for c in s.comparisons if c.regressed]
-    summary = (f'<div class="verdict bad">{len(regressed)} comparison(s) regressed</div>' if regressed
-               else '<div class="verdict good">nothing regressed beyond the threshold</div>')
+    if verdict is not None:
+        summary = f'<div class="verdict {"good" if verdict[0] == "within noise" else "bad"}">{esc(verdict[1])}</div>'
+    else:
+        regressed = [c for s in sections for c in s.comparisons if c.regressed]
+        compared = any(s.comparisons for s in sections)
+        summary = (f'<div class="verdict bad">{len(regressed)} comparison(s) regressed</div>' if regressed
+                   else '<div class="verdict good">nothing regressed beyond the threshold</div>' if compared
+                   else '<div class="verdict good">single run: no comparison</div>')
     body = [f"<h1>{esc(title)}</h1>", f'<p class="meta">{esc(subtitle + " · " if subtitle else "")}generated {now}</p>',
             summary]
     for i, s in enumerate(sections):
         body.append(f'<section id="section-{i}"><h2>{esc(s.title)}</h2>')
+        for rs in s.run_sets:
+            body.append(run_set_html(rs))
+        if s.run_sets and s.comparisons:
+            body.append("<h3>Per-step detail (first run of each side)</h3>")
         for c in s.comparisons:
             body.append(comparison_html(c))
         body.append(charts_html(s, str(i)))
         body.append(runs_table(s))
         body.append("</section>")
+    if trends:
+        body.append('<section id="trends"><h2>Trend over nights</h2>')
+        body += [trend_html(t, str(i)) for i, t in enumerate(trends)
+                 if any(n["values"] for ns in t["nights"].values() for n in ns)]
+        body.append("</section>")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
+            f"<title>{esc(title)}</title><style>{CSS}</style>"
+            f"<script>{_plotly_js()}</script><script>{SCRIPT}</script></head><body>{''.join(body)}</body></html>\n")
 
 
 def report_for(base: RunRecord, candidates: Sequence[RunRecord], comparisons: Sequence[Comparison],
                title: str = "xrun comparison report") -> str:
-    """``xrun report``: one section with every run and each candidate's comparison."""
+    """``xrun report``: one section with every run and each candidate's comparison; with no
+    candidate, a single-run report (charts and the run's table)."""
     return render_report([Section("Runs", [base, *candidates], list(comparisons))], title,
-                         subtitle=f"base {comparisons[0].base_label}" if comparisons else "")
+                         subtitle=f"base {comparisons[0].base_label}" if comparisons else base.label)

@@ -131,3 +131,44 @@ def iqr(values: list[float]) -> float | None:
     return q[2] - q[0]
 
 
+
+
+def change_points(groups: list[list[float]], alpha: float = 0.05, threshold_pct: float = 5.0,
+                  max_window: int = 7, min_n: int = 4) -> list[tuple[int, float, float, int, int]]:
+    """Step changes between consecutive groups (nights) of samples (each night's runs).
+
+    For every boundary k (between group k-1 and k) the nights just before are tested against
+    the nights just after with the two-sided Mann-Whitney U test, taking as few nights a side
+    (up to ``max_window``) as give ``min_n`` samples (below 4 a side no rank test reaches a
+    useful p: benchstat's rule). A boundary is a change point when p < alpha and the medians
+    moved by at least ``threshold_pct``. One step change makes its neighbours significant
+    too, so boundaries are taken best first (smallest p, then largest shift) and any closer
+    than the window to a taken one is dropped. Returns (k, p, delta_pct, n_before, n_after).
+    """
+    found: list[tuple[float, float, int, int, int, int]] = []
+    for k in range(1, len(groups)):
+        w = 1
+        while w < max_window and (sum(map(len, groups[max(0, k - w):k])) < min_n
+                                  or sum(map(len, groups[k:k + w])) < min_n):
+            w += 1
+        before = [x for g in groups[max(0, k - w):k] for x in g]
+        after = [x for g in groups[k:k + w] for x in g]
+        if len(before) < min_n or len(after) < min_n:
+            continue
+        mb, ma = statistics.median(before), statistics.median(after)
+        if mb == 0:
+            continue
+        delta = 100 * (ma - mb) / abs(mb)
+        _u, p = mann_whitney_u(before, after)
+        if p < alpha and abs(delta) >= threshold_pct:
+            found.append((p, -abs(delta), k, w, len(before), len(after)))
+    taken: list[tuple[int, float, float, int, int]] = []
+    spans: list[tuple[int, int]] = []
+    for p, neg, k, w, nb, na in sorted(found):
+        if all(abs(k - tk) >= max(w, tw) for tk, tw in spans):
+            spans.append((k, w))
+            before = [x for g in groups[max(0, k - w):k] for x in g]
+            after = [x for g in groups[k:k + w] for x in g]
+            sign = 1 if statistics.median(after) >= statistics.median(before) else -1
+            taken.append((k, p, sign * -neg, nb, na))
+    return sorted(taken)

@@ -73,7 +73,8 @@ def _common(fn):
 @click.argument("base")
 @click.argument("candidate")
 @_common
-@click.option("--format", "fmt", type=click.Choice(["md", "json", "html"]), default="md", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "md", "json", "html"]), default=None,
+              help="table (aligned, coloured: the default on a terminal), md (the default otherwise), json, html.")
 @click.option("-o", "--output", help="Write to this file instead of stdout.")
 @click.option("--label-a", help="BASE's branch@commit (e.g. main@574ad3fb9), branch, or @commit: "
               "names the column and feeds the same-commit warning.")
@@ -99,7 +100,24 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
     result = analysis.compare(base, candidate, settings.storage_root(storage),
                               threshold_pct=threshold, alpha=alpha, warmup=warmup,
                               label_a=label_a, label_b=label_b)
-    if fmt == "json":
+    if fmt is None:
+        to_terminal = (output is None or output == "-") and click.get_text_stream("stdout").isatty()
+        fmt = "table" if to_terminal else "md"
+    if fmt == "table":
+        from rich.console import Console
+
+        from orchestrator.cli.screen import comparison_screen
+
+        if output is None or output == "-":
+            console = Console(soft_wrap=True)
+            if not console.is_terminal:
+                console = Console(soft_wrap=True, width=4000)
+            console.print(comparison_screen(result))
+            return result.exit_code
+        console = Console(record=True, width=160, file=open(os.devnull, "w"))  # noqa: SIM115
+        console.print(comparison_screen(result))
+        text = console.export_text()
+    elif fmt == "json":
         text = result.json()
     elif fmt == "html":
         text = analysis.comparison_html(result)
@@ -111,22 +129,23 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
 
 @click.command()
 @click.argument("base")
-@click.argument("candidates", nargs=-1, required=True, metavar="CANDIDATE [CANDIDATE...]")
+@click.argument("candidates", nargs=-1, metavar="[CANDIDATE...]")
 @_common
 @click.option("-o", "--output", default="xrun-report.html", show_default=True,
               help="HTML file to write ('-' for stdout).")
 @click.option("--title", default="xrun comparison report", show_default=True)
 def report(base: str, candidates: tuple[str, ...], storage: str | None, threshold: float, alpha: float,
            warmup: int, output: str, title: str) -> int:
-    """Write a self-contained HTML report: tables, loss and step-time charts, goodput.
+    """Write a self-contained HTML report: tables, interactive loss and step-time charts, goodput.
 
-    Every CANDIDATE is compared with BASE. Exit code as `xrun compare`: 1 when any
+    Every CANDIDATE is compared with BASE; with no CANDIDATE, a single-run report of BASE. Exit code as `xrun compare`: 1 when any
     candidate regressed, 2 bad input (nothing written).
 
     \b
     Examples:
       xrun report main-run feat-a-run feat-b-run -o report.html
       xrun report main.log feat.log.gz -o - > report.html
+      xrun report my-run -o my-run.html
     """
     _check_output(output)
     page, results = analysis.report(base, candidates, settings.storage_root(storage),
@@ -148,9 +167,11 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
     """Run every (branch, config) on the same slice, compare each candidate with the base.
 
     Runs are named <prefix>-<branch>-<YYYYmmdd-HHMMSS>-<i> and run one after another.
-    Writes reports/<date>/summary.md, summary.json and index.html under the storage root.
-    Exit code: 0 nothing regressed, 1 a regression or a failed run, 2 bad nightly file,
-    3 storage or cluster unreachable.
+    Each config's `repeats` runs per branch are interleaved (A B A B ...); with >= 4 runs a
+    side the verdict rests on per-run figures. Appends history/<nightly>.jsonl and writes
+    reports/<YYYY-mm-dd-HHMMSS>/summary.md, summary.json and index.html under the storage
+    root. Exit code: 0 within noise, 1 a regression, an INCOMPLETE comparison or a failed
+    run, 2 bad nightly file, 3 storage or cluster unreachable.
 
     \b
     Examples:
@@ -177,10 +198,49 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
             click.echo("---")
             click.echo(yaml.safe_dump(run.run_file, sort_keys=False), nl=False)
         return EXIT_OK
-    result = run_nightly(cfg, log=lambda msg: click.echo(f"xrun: {msg}", err=True))
+    from rich.console import Console
+
+    from orchestrator.cli.progress import ProgressScreen
+
+    console = Console(stderr=True)
+    with ProgressScreen(console, interval=30.0) as screen:
+        def show(index: int, total: int, view: dict[str, Any]) -> None:
+            screen.update({**view, "name": f"[{index}/{total}] {view['name']}"})
+
+        result = run_nightly(cfg, log=lambda msg: screen.note(msg), on_view=show)
     click.echo(result.summary_md, nl=False)
     click.echo(f"xrun: report {result.report_url}", err=True)
     return result.exit_code
 
 
-COMMANDS = (compare, report, nightly)
+@click.command()
+@click.option("--storage", help="Storage root the nightlies wrote to. Default: $XRUN_STORAGE or ~/.local/share/xrun.")
+@click.option("--branch", default="main", show_default=True, help="Branch whose nights to show.")
+@click.option("--metric", default="steady_s_per_step", show_default=True,
+              help="A per-run figure: steady_s_per_step, tokens_per_s, tflops_per_device, avg_s_per_step, "
+                   "final_loss, checkpoint_stall_s, time_to_first_step_s, goodput_pct.")
+@click.option("--config", help="Only this nightly config (default: each config in turn).")
+@click.option("--last", type=click.IntRange(1, 10_000), default=30, show_default=True, help="Nights to show.")
+@click.option("--threshold", type=Percent(), default="5%", show_default=True,
+              help="Smallest step change between nights reported as a change point.")
+@click.option("--alpha", type=click.FloatRange(0.0001, 0.5), default=0.05, show_default=True)
+def history(storage: str | None, branch: str, metric: str, config: str | None, last: int,
+            threshold: float, alpha: float) -> int:
+    """Print a branch's trend over nights and the change points in it.
+
+    One line per nightly (its runs' median, min, max of --metric); a change point is a step
+    change beyond noise between nights (Mann-Whitney on the runs either side), named by the
+    night and the commits that bracket it. Exit code 0; 2 bad input; 3 storage unreachable.
+
+    \b
+    Examples:
+      xrun history --branch main --metric steady_s_per_step
+      xrun history --storage gs://b/xrun --metric tokens_per_s --last 60
+    """
+    text, _cps = analysis.history(settings.storage_root(storage), branch=branch, metric=metric,
+                                  config=config, last=last, alpha=alpha, threshold_pct=threshold)
+    click.echo(text, nl=False)
+    return EXIT_OK
+
+
+COMMANDS = (compare, report, nightly, history)

@@ -16,7 +16,30 @@ from xrun_contract.storage import Storage
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+# Keys whose epoch-seconds values are written as RFC3339 times in JSON and YAML output.
+TIME_KEYS = frozenset({"submitted_at", "written_at", "time", "start_time", "end_time", "updated",
+                       "created", "started_at", "ended_at", "committed_at"})
+
+
+def rfc3339(t: float) -> str:
+    """Epoch seconds -> '2026-12-03T10:39:13.123Z' (UTC, milliseconds), kubectl's style."""
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def with_times(obj: Any) -> Any:
+    """``obj`` with every epoch value under a TIME_KEYS key as an RFC3339 string."""
+    if isinstance(obj, dict):
+        return {k: (rfc3339(v) if k in TIME_KEYS and isinstance(v, int | float)
+                    and not isinstance(v, bool) and v > 0 else with_times(v)) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [with_times(x) for x in obj]
+    return obj
+
+
 def dump(obj: Any, fmt: str) -> str:
+    obj = with_times(obj)
     if fmt == "json":
         return json.dumps(obj, indent=2, default=str) + "\n"
     return dump_yaml(obj)
@@ -28,6 +51,16 @@ def plain_table(*columns: str) -> Table:
     for col in columns:
         table.add_column(col)
     return table
+
+
+def print_table(table: Any) -> None:
+    """Print a table whole: on a terminal at its width, piped never cut (kubectl's way)."""
+    from rich.console import Console
+
+    console = Console(soft_wrap=True)
+    if not console.is_terminal:
+        console = Console(soft_wrap=True, width=4000)
+    console.print(table)
 
 
 def warn(message: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.text import Text
 
 from manifests.spec import RunSpec
 from orchestrator.cli.common import (
@@ -20,17 +21,24 @@ from orchestrator.cli.common import (
     info,
     open_storage,
     plain_table,
+    print_table,
     storage_option,
     warn,
 )
 from orchestrator.cli.screen import _duration, render_table, summary_lines
-from orchestrator.readers.logs import parse_duration
+from orchestrator.readers.loaders import StoredRun
 from orchestrator.runfile import spec_from_inputs
 from orchestrator.services import follow as following
 from orchestrator.services import logs as logs_service
 from orchestrator.services import runs
-from xrun_contract import SUCCEEDED, host_prefix
+from xrun_contract import SUCCEEDED
 from xrun_contract.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, XrunError
+
+VERBOSE = click.option("-v", "--verbose", is_flag=True,
+                       help="Show every line: Gloo/absl chatter, wrapper lines, every header.")
+PROGRESS_INTERVAL = click.option(
+    "--progress-interval", type=click.FloatRange(0.5, 3600), default=10.0, show_default=True,
+    help="Seconds between plain progress lines when not on a terminal.")
 
 # ---------------------------------------------------------------------------------------
 # Run spec options, shared by render and submit.
@@ -61,7 +69,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--commit",), {"help": "Commit the image was built from (for reports)."}),
     (("--backend",), {"type": click.Choice(["local", "kube"]), "help": "Default: kube when a --context is named, else local."}),
     (("--context",), {"help": "kubeconfig context (selects the GKE backend)."}),
-    (("-n", "--namespace"), {"help": "Kubernetes namespace. Default 'default'."}),
+    (("-n", "--namespace"), {"help": "Kubernetes namespace. Default: the kubeconfig context's."}),
 ]
 
 
@@ -115,12 +123,19 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--dry-run", is_flag=True, help="Print the manifest that would be submitted; submit and write nothing.")
 @click.option("--replace", is_flag=True, help="Replace a finished run of the same name (its stored data is removed).")
 @click.option("--force", is_flag=True, help="With --replace: also when the old run is still live (it is stopped first).")
-def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force: bool, **opts: Any) -> int:
+@VERBOSE
+@PROGRESS_INTERVAL
+def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force: bool, verbose: bool,
+           progress_interval: float, **opts: Any) -> int:
     """Submit a run and follow it until it ends.
 
     Without --context the run executes on this machine: the rendered JobSet's pods become
-    local host processes with the env a pod would get. Exit code: 0 Succeeded, 1 Failed,
-    2 bad input, 3 cluster or storage unreachable, 130 interrupted (the run goes on).
+    local host processes with the env a pod would get. With --follow the hosts' lines
+    stream above a progress line (phase, step/total, loss, tokens/s, ETA, checkpoint);
+    without a terminal a plain progress line every --progress-interval seconds. Exit code:
+    0 Succeeded, 1 Failed, 2 bad input, 3 cluster or storage unreachable, 130 interrupted
+    (the run goes on). Scripts: `xrun submit --detach` then `xrun wait NAME` (0
+    succeeded, 124 timed out, 125 failed, as xpk).
 
     \b
     Examples:
@@ -139,48 +154,62 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
     if detach:
         info(f"follow with: xrun logs {spec.name} -f   |   xrun status {spec.name}")
         return EXIT_OK
-    return follow_run(sub, follow_logs)
+    return follow_run(sub, follow_logs, verbose=verbose, interval=progress_interval)
 
 
-def follow_run(sub: runs.Submitted, show_logs: bool) -> int:
-    """Follow a run to its end: live status (TTY) or progress lines, logs when asked."""
+def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
+               interval: float = 10.0) -> int:
+    """Follow a run to its end. With logs: the hosts' lines above a pinned progress line
+    (TTY) or plain progress lines every ``interval`` seconds; without logs on a TTY the
+    live status table."""
     from rich.live import Live
 
+    from orchestrator.cli.progress import ProgressScreen
+
     name, started = sub.spec.name, time.time()
-    console = Console(stderr=True)
-    live_screen = console.is_terminal and not show_logs
-    live_ctx = Live(console=console, refresh_per_second=4, transient=False) if live_screen else None
-    last_state, last_report = None, 0.0
+    out = Console()
+    table_screen = out.is_terminal and not show_logs
+    live_ctx = Live(console=out, refresh_per_second=4, transient=False) if table_screen else None
+    # Quiet on a terminal only: piped, every line goes through as stored (kubectl logs' way).
+    screen = None if table_screen else ProgressScreen(out, interval=interval,
+                                                      verbose=verbose or not out.is_terminal)
+    last_state = None
     seen_events: set[str] = set()
     view: dict[str, Any] = {}
     try:
         if live_ctx:
             live_ctx.start()
+        if screen:
+            screen.__enter__()
         for event in following.follow(sub.storage, name, sub.backend, logs=show_logs, warn=warn):
             if isinstance(event, following.Line):
-                click.echo(f"{host_prefix(event.host, event.attempt)} {event.text}")
+                if screen:
+                    screen.line(event.host, event.attempt, event.text)
                 continue
             view = event.view
+            if isinstance(event, following.Done):
+                break  # the summary says how it ended (once)
             if live_ctx:
                 live_ctx.update(render_table(view))
                 continue
+            assert screen is not None
             reasons = [f"host {h.get('host')} {h.get('state')}: {h['reason']}"
-                       for h in view["hosts"] if h.get("reason")]
+                       for h in view["hosts"] if h.get("reason") and h.get("state") != SUCCEEDED]
             for ev in [*reasons, *(view.get("events") or [])]:  # why pods wait, once each
                 if ev not in seen_events:
                     seen_events.add(ev)
-                    info(f"{name} event: {ev}")
+                    screen.note(f"{name} event: {ev}")
             if view["state"] != last_state:
                 msg = f" ({view['message']})" if view["message"] else ""
-                info(f"{name} {view['state']}{msg}")
+                screen.note(f"{name} {view['state']}{msg}")
                 last_state = view["state"]
-            elif not show_logs and view["step"] is not None and time.time() - last_report > 10:
-                info(f"{name} step {view['step']} loss {view['loss']:.4f}")
-                last_report = time.time()
+            screen.update(view)
     except KeyboardInterrupt:
         if live_ctx:
             live_ctx.stop()
             live_ctx = None
+        if screen:
+            screen.stop()
         if sys.stdin.isatty():
             choice = click.prompt("\nStop the run, or detach and leave it running?",
                                   type=click.Choice(["stop", "detach"]), default="detach")
@@ -193,6 +222,8 @@ def follow_run(sub: runs.Submitted, show_logs: bool) -> int:
     finally:
         if live_ctx:
             live_ctx.stop()
+        if screen:
+            screen.stop()
     for line in summary_lines(view, started):
         click.echo(line, err=True)
     return EXIT_OK if view["state"] == SUCCEEDED else EXIT_FAILED
@@ -225,40 +256,126 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @click.command()
 @click.argument("name")
 @storage_option
-@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines (and new restart attempts).")
+@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines (and new restart attempts) under a progress line.")
 @click.option("--host", "hosts", multiple=True, metavar="S-H", help="Only this host, e.g. 0-1 (repeatable).")
-@click.option("--since", help="Only chunks written in the last 30s/10m/2h/1d.")
-@click.option("--tail", type=int, help="Only the last N lines of each host (before following).")
+@click.option("--since", help="Only lines newer than a duration (30s, 10m, 1h30m, 2d) or an RFC3339 time.")
+@click.option("--since-time", help="Only lines at or after this RFC3339 time (2026-01-02T15:04:05Z).")
+@click.option("--tail", type=int, help="Only the last N lines in total (of the merged stream, before following).")
+@click.option("--tail-per-host", type=int, metavar="N", help="Only the last N lines of each host (stern's --tail).")
+@click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax).")
+@click.option("--timestamps", is_flag=True, help="Start each line with its RFC3339 time (when the wrapper read it).")
 @click.option("--prefix/--no-prefix", default=True, show_default=True, help="Prefix lines with [slice-host].")
+@click.option("--color", "colour", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True, help="Per-host colours (auto: on a terminal).")
+@VERBOSE
+@PROGRESS_INTERVAL
 def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
-         since: str | None, tail: int | None, prefix: bool) -> int:
+         since: str | None, since_time: str | None, tail: int | None, tail_per_host: int | None,
+         pattern: str | None, timestamps: bool, prefix: bool, colour: str, verbose: bool,
+         progress_interval: float) -> int:
     """Print every host's log from storage, merged, each line prefixed by its host.
+
+    On a terminal Gloo/absl chatter and wrapper lines are hidden (-v shows them); piped,
+    every line is printed. With -f a progress line follows the run.
 
     \b
     Examples:
       xrun logs mt-07 -f
       xrun logs mt-07 --host 0-1 --tail 50
-      xrun logs mt-07 --since 10m
+      xrun logs mt-07 --since 1h30m --grep 'loss' --timestamps
+      xrun logs mt-07 --since-time 2026-01-02T15:04:05Z --tail-per-host 5
     """
+    import datetime
+
+    from orchestrator.cli.progress import ProgressScreen
+    from orchestrator.readers.logs import parse_since, parse_time
+
     for h in hosts:
         if not re.fullmatch(r"\d+-\d+", h):
             raise XrunError(f"--host: {h!r} is not <slice>-<host>, e.g. 0-1")
-    if tail is not None and tail < 0:
-        raise XrunError("--tail: must be >= 0")
+    for flag, value in (("--tail", tail), ("--tail-per-host", tail_per_host)):
+        if value is not None and value < 0:
+            raise XrunError(f"{flag}: must be >= 0")
+    if since and since_time:
+        raise XrunError("--since, --since-time: give only one")
     try:
-        since_s = parse_duration(since) if since else None
+        since_ts = parse_since(since, time.time()) if since else (parse_time(since_time) if since_time else None)
+        grep = re.compile(pattern) if pattern is not None else None
     except ValueError as e:
         raise XrunError(str(e)) from None
+    except re.error as e:
+        raise XrunError(f"--grep: {pattern!r} is not a regular expression: {e}") from None
     st = open_storage(storage)
+    runs.run_info(st, name)
+    logs_service.check_hosts(st, name, set(hosts) or None)
     backend = runs.backend_of(st, name)
+    tty = Console().is_terminal
+    use_colour = colour == "always" or (colour == "auto" and tty)
+    out = Console(force_terminal=True if colour == "always" else None, no_color=colour == "never")
+    screen = ProgressScreen(out, interval=progress_interval, verbose=verbose or not tty,
+                            prefix=prefix, colour=use_colour, tty=tty)
+
+    def stamp_of(t: float) -> str:
+        if not timestamps:
+            return ""
+        return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    items = logs_service.stamped_log_lines(
+        st, name, backend, follow=follow, hosts=set(hosts) or None, since=since_ts,
+        tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn)
     try:
-        for host, attempt, line in logs_service.log_lines(
-                st, name, backend, follow=follow, hosts=set(hosts) or None,
-                since_seconds=since_s, tail=tail, warn=warn):
-            click.echo(f"{host_prefix(host, attempt)} {line}" if prefix else line)
+        if not follow:
+            for host, attempt, t, line in items:
+                screen.line(host, attempt, line, stamp_of(t))
+            return EXIT_OK
+        with screen:
+            reader = StoredRun(st, name)
+            for item in _with_ticks(items, 1.0):
+                if item is not None:
+                    host, attempt, t, line = item
+                    screen.line(host, attempt, line, stamp_of(t))
+                else:
+                    screen.update(runs.live_view(reader, backend, warn))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     return EXIT_OK
+
+
+def _with_ticks(items: Any, every: float) -> Any:
+    """The items of a blocking iterator, with ``None`` at least every ``every`` seconds
+    (the progress line is refreshed through the silence of compilation)."""
+    import queue
+    import threading
+
+    q: queue.Queue[Any] = queue.Queue(maxsize=10_000)
+    end = object()
+
+    def pump() -> None:
+        try:
+            for x in items:
+                q.put(x)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the reading thread
+            q.put(e)
+        q.put(end)
+
+    threading.Thread(target=pump, daemon=True, name="xrun-logs").start()
+    yield None
+    last = time.monotonic()
+    while True:
+        try:
+            x = q.get(timeout=every)
+        except queue.Empty:
+            last = time.monotonic()
+            yield None
+            continue
+        if x is end:
+            return
+        if isinstance(x, BaseException):
+            raise x
+        yield x
+        if time.monotonic() - last >= every:
+            last = time.monotonic()
+            yield None
 
 
 @click.command()
@@ -290,35 +407,77 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
 
 @click.command("list")
 @storage_option
-@OUTPUT
+@click.option("-o", "--output", "fmt", type=click.Choice(["table", "wide", "json", "yaml"]),
+              default="table", show_default=True, help="wide: also backend, accelerator, restarts, submit time.")
 @click.option("--context", default=None, help="Also list xrun JobSets in this cluster context.")
-@click.option("-n", "--namespace", default="default", show_default=True)
+@click.option("-n", "--namespace", default=None, help="Default: the kubeconfig context's namespace.")
 def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str) -> int:
-    """List runs under the storage root, newest first, with their state.
+    """List runs under the storage root, newest first: state, step/total, loss, age.
 
     \b
     Examples:
       xrun list
+      xrun list -o wide
       xrun list --storage gs://bucket/xrun -o json
       xrun list --context gke_p_z_c -n team
     """
-    import datetime
+    from orchestrator.cli.common import rfc3339
+    from orchestrator.cli.screen import STATE_STYLE, age
+    from xrun_contract import significant
 
     st = open_storage(storage)
     cluster = runs.backend_for("kube", st.root, context, namespace) if context else None
     items = runs.list_runs(st, cluster)
-    if fmt != "table":
+    if fmt in ("json", "yaml"):
         click.echo(dump(items, fmt), nl=False)
         return EXIT_OK
-    table = plain_table("NAME", "STATE", "BACKEND", "ACCELERATOR", "RESTARTS", "SUBMITTED")
+    wide = fmt == "wide"
+    cols = ["NAME", "STATE", "STEP", "LOSS", "AGE"]
+    if wide:
+        cols += ["RESTARTS", "BACKEND", "ACCELERATOR", "SUBMITTED"]
+    table = plain_table(*cols)
     for r in items:
         ts = r.get("submitted_at")
-        when = (datetime.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
-                if isinstance(ts, int | float) else str(ts or "-"))
-        table.add_row(r["name"], r["state"], r.get("backend", ""), r.get("accelerator", ""),
-                      str(r.get("restarts", 0)), when)
-    Console(soft_wrap=True).print(table)
+        step = "-" if r.get("step") is None else str(r["step"])
+        if r.get("total_steps"):
+            step += f"/{r['total_steps']}"
+        loss = "-" if r.get("loss") is None else significant(float(r["loss"]), 5)
+        row = [r["name"], Text(r["state"], style=STATE_STYLE.get(r["state"], "")), step, loss,
+               age(ts) if isinstance(ts, int | float) else "-"]
+        if wide:
+            row += [str(r.get("restarts", 0)), r.get("backend", ""), r.get("accelerator", ""),
+                    rfc3339(ts) if isinstance(ts, int | float) else str(ts or "-")]
+        table.add_row(*row)
+    print_table(table)
     return EXIT_OK
+
+
+@click.command()
+@click.argument("name")
+@storage_option
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0, None), default=None,
+              help="Give up after this many seconds (exit 124). Default: wait until the run ends.")
+@click.option("--context", default=None, help="Override the kubeconfig context recorded at submit.")
+@click.option("-n", "--namespace", default=None)
+def wait(name: str, storage: str | None, timeout_s: float | None, context: str | None,
+         namespace: str | None) -> int:
+    """Wait for a run to end, for scripts; exit codes as xpk's: 0 succeeded, 124 timed out,
+    125 failed (or deleted); 2 no such run; 3 cluster or storage unreachable.
+
+    \b
+    Examples:
+      xrun submit -f run.yaml --detach && xrun wait mt-07 --timeout 3600
+      xrun wait mt-07; echo $?
+    """
+    from xrun_contract.errors import EXIT_WAIT_FAILED, EXIT_WAIT_TIMEOUT
+
+    st = open_storage(storage)
+    outcome = runs.wait(st, name, timeout_s, context, namespace, warn=warn)
+    if outcome is None:
+        info(f"{name}: still running after {timeout_s:g}s")
+        return EXIT_WAIT_TIMEOUT
+    info(f"{name}: {outcome}")
+    return EXIT_OK if outcome == SUCCEEDED else EXIT_WAIT_FAILED
 
 
 @click.command()
@@ -348,4 +507,4 @@ def delete(name: str, storage: str | None, purge: bool, yes: bool, no_wait: bool
     return EXIT_OK
 
 
-COMMANDS = (render, submit, status, logs, checkpoints, list_cmd, delete)
+COMMANDS = (wait, render, submit, status, logs, checkpoints, list_cmd, delete)

@@ -13,13 +13,33 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.analysis.goodput import format_goodput
-from xrun_contract import DELETED, FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED
+from xrun_contract import (
+    DELETED,
+    FAILED,
+    PENDING,
+    RESTARTING,
+    RUNNING,
+    SUCCEEDED,
+    is_terminal,
+    significant,
+)
 
 
 def _fmt(value: Any, spec: str = "", missing: str = "-") -> str:
     if value is None:
         return missing
     return format(value, spec) if spec else str(value)
+
+
+def _sig(value: Any, digits: int = 4) -> str:
+    """A figure with significant digits (0.001234, 12.35, 123457), never '0.000'."""
+    return "-" if value is None else significant(float(value), digits)
+
+
+def _rate(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.0f}" if value >= 100 else significant(float(value), 3)
 
 
 def _duration(seconds: float | None) -> str:
@@ -29,6 +49,27 @@ def _duration(seconds: float | None) -> str:
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def age(t: float, now: float | None = None) -> str:
+    """kubectl's AGE column (``duration.HumanDuration``): 45s, 12m, 3h20m, 5d, 2y."""
+    s = max(0, int((time.time() if now is None else now) - t))
+    if s < 120:
+        return f"{s}s"
+    m = s // 60
+    if m < 10:
+        return f"{m}m{s % 60}s" if s % 60 else f"{m}m"
+    if m < 180:
+        return f"{m}m"
+    h = m // 60
+    if h < 8:
+        return f"{h}h{m % 60}m" if m % 60 else f"{h}h"
+    if h < 48:
+        return f"{h}h"
+    d = h // 24
+    if d < 8:
+        return f"{d}d{h % 24}h" if h % 24 else f"{d}d"
+    return f"{d}d" if d < 365 * 2 else f"{d // 365}y"
 
 
 STATE_STYLE = {SUCCEEDED: "green", FAILED: "red", RESTARTING: "yellow", RUNNING: "cyan",
@@ -43,18 +84,21 @@ def render_table(view: dict[str, Any]) -> Group:
     head.add_row("Run", f"{view['name']}  ({view['backend'] or '?'} backend, {view['accelerator'] or '?'})")
     head.add_row("State", Text.assemble(state, f"   restarts {view['restarts']}",
                                         f"   {view['message']}" if view["message"] else ""))
+    if view.get("phase") and not is_terminal(view["state"]):
+        head.add_row("Phase", Text(str(view["phase"]), style="bold cyan"))
     step = _fmt(view["step"])
     if view["total_steps"]:
         step += f" / {view['total_steps']}"
-    head.add_row("Step", f"{step}   loss {_fmt(view['loss'], '.4f')}   "
-                         f"tok/s {_fmt(view['tokens_per_s'], ',.0f')}   "
-                         f"s/step {_fmt(view['step_seconds'], '.3f')}   ETA {_duration(view['eta_seconds'])}")
+    eta = "" if is_terminal(view["state"]) else f"   ETA {_duration(view['eta_seconds'])}"
+    head.add_row("Step", f"{step}   loss {_sig(view['loss'], 5)}   "
+                         f"tokens/s (total) {_rate(view['tokens_per_s'])}   "
+                         f"s/step {_sig(view['step_seconds'])}{eta}")
     ck = view["latest_checkpoint"]
     ck_text = "none committed"
     if ck:
         ck_text = f"step {ck['step']} committed {_duration(ck['age_seconds'])} ago"
         if ck.get("write_seconds") is not None:
-            ck_text += f" (write {ck['write_seconds']:.1f}s)"
+            ck_text += f" (write {_sig(ck['write_seconds'], 3)}s)"
     if view["checkpoints_in_progress"]:
         ck_text += f"; in progress: {', '.join(map(str, view['checkpoints_in_progress']))}"
     head.add_row("Checkpoint", ck_text)
@@ -80,8 +124,8 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
     if view["step"] is not None:
         lines.append(
             f"  steps {view['step']}" + (f"/{view['total_steps']}" if view["total_steps"] else "")
-            + f", final loss {_fmt(view['loss'], '.4f')}, median s/step {_fmt(view['step_seconds'], '.3f')}, "
-            f"tok/s {_fmt(view['tokens_per_s'], ',.0f')}"
+            + f", final loss {_sig(view['loss'], 5)}, median s/step {_sig(view['step_seconds'])}, "
+            f"tokens/s (total) {_rate(view['tokens_per_s'])}"
         )
     lines.append(f"  restarts {view['restarts']}")
     ck = view["latest_checkpoint"]
@@ -92,3 +136,62 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
         lines.append(f"  wall time {_duration(time.time() - started)}")
     lines.append(f"  storage {view['storage']}")
     return lines
+
+
+VERDICT_STYLE = {"improved": "green", "regressed": "red", "within noise": "dim",
+                 "differs": "yellow", "missing": "yellow"}
+
+
+def _delta(r: Any) -> str:
+    if r.delta_pct is not None:
+        return f"{r.delta_pct:+.1f}%"
+    if r.verdict in ("identical", "same") or r.diff in ("—", "0", ""):
+        return "~"
+    return r.diff.replace("**", "") if len(r.diff) <= 24 else ""
+
+
+def _verdict(r: Any, threshold_pct: float) -> str:
+    v = r.verdict or ""
+    if v == "regressed" and r.gating and not r.beyond_threshold:
+        v += f" (under {threshold_pct:g}%)"
+    if r.p_value is not None:
+        n = f", n={r.n_base}/{r.n_cand}" if r.n_base is not None else ""
+        v += f"  p={r.p_value:.3f}{n}" if r.p_value >= 0.001 else f"  p<0.001{n}"
+    return v
+
+
+def verdict_line(c: Any) -> Text:
+    """The one line a reader needs first: regressed or not, and by what."""
+    improved = [r.metric for r in c.rows if r.verdict == "improved"]
+    regressed = [r.metric for r in c.rows if r.verdict == "regressed"]
+    if c.candidate_failed:
+        return Text(f"FAILED: the candidate {c.cand_label} did not finish", style="bold red")
+    if c.regressions:
+        worst = ", ".join(f"{r.metric} {_delta(r)}" for r in c.regressions)
+        return Text(f"REGRESSED beyond {c.threshold_pct:g}%: {worst}", style="bold red")
+    bits = [f"{len(improved)} improved" if improved else "", f"{len(regressed)} regressed under "
+            f"{c.threshold_pct:g}%" if regressed else ""]
+    tail = "; ".join(b for b in bits if b)
+    return Text(f"OK: no significant regression beyond {c.threshold_pct:g}%" + (f" ({tail})" if tail else ""),
+                style="bold green")
+
+
+def comparison_screen(c: Any) -> Group:
+    """benchstat's shape: the verdict first, then one aligned row per metric (base, candidate,
+    delta, verdict with p and n), coloured by verdict (improved green, regressed red, within
+    noise dim); warnings above, notes below."""
+    parts: list[Any] = [verdict_line(c)]
+    parts += [Text(f"warning: {w}", style="yellow") for w in c.warnings]
+    table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
+    table.add_column("METRIC", no_wrap=True)
+    table.add_column(c.base_label, justify="right", no_wrap=True)
+    table.add_column(c.cand_label, justify="right", no_wrap=True)
+    table.add_column("DELTA", justify="right", no_wrap=True)
+    table.add_column("VERDICT", no_wrap=True)
+    for r in c.rows:
+        style = VERDICT_STYLE.get(r.verdict, "")
+        table.add_row(r.metric, r.base, r.cand, Text(_delta(r), style=style),
+                      Text(_verdict(r, c.threshold_pct), style=style))
+    parts += [Text(""), table, Text("")]
+    parts += [Text(f"note: {n}", style="dim") for n in c.notes]
+    return Group(*parts)

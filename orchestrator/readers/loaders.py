@@ -20,7 +20,7 @@ from typing import Any
 
 from orchestrator.readers.logparse import READ_CHARS, LogParser
 from orchestrator.readers.record import RunRecord, _maybe_json, format_params
-from xrun_contract import ATTEMPT_RE, TERMINAL_STATES, Env, Layout, records
+from xrun_contract import ATTEMPT_RE, TERMINAL_STATES, Env, Layout, records, split_stamp
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import Storage, open_storage, read_chunks
 
@@ -65,6 +65,8 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
     elif isinstance(r, records.Phase):
         rec.phases.append({"phase": r.phase, "activity": r.activity, "seconds": r.seconds,
                            "step": r.step, "time": t})
+        rec.phase = {"phase": r.phase, "activity": r.activity, "step": r.step,
+                     "seconds": r.seconds, "attempt": attempt, "time": t}
         if rec.start_time is None and t is not None:
             rec.start_time = t - r.seconds  # the process start the phases count from
     elif isinstance(r, records.End):
@@ -274,7 +276,8 @@ def _read_stored_logs(storage: Storage, name: str, rec: RunRecord) -> bool:
             continue
         parser.set_attempt(int(m[1]))
         for _key, data in read_chunks(storage, ap):
-            parser.feed(data.decode("utf-8", errors="replace"))
+            text = data.decode("utf-8", errors="replace")
+            parser.feed("".join(split_stamp(line)[1] for line in text.splitlines(keepends=True)))
     out = parser.finish()
     if out.steps.count:
         rec.notes.append(f"no step metrics stored: read from host {host}'s log")

@@ -157,6 +157,8 @@ class RunRecord:
     # Raw run.json and state.json of a stored run (xrun backend, context, hosts, message).
     run_info: dict[str, Any] = field(default_factory=dict)
     state_info: dict[str, Any] = field(default_factory=dict)
+    # The latest startup "phase" record (phase, activity, step, seconds, attempt, time).
+    phase: dict[str, Any] | None = None
 
     # -- identity -------------------------------------------------------------------
     @property

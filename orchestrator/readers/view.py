@@ -13,7 +13,15 @@ from typing import Any
 from orchestrator.backends.base import BackendStatus
 from orchestrator.readers.checkpoints import latest_committed, list_checkpoints
 from orchestrator.readers.record import RunRecord
-from xrun_contract import FAILED, PENDING, SUCCEEDED, Layout, is_terminal
+from xrun_contract import (
+    FAILED,
+    PENDING,
+    RESTARTING,
+    RUNNING,
+    SUCCEEDED,
+    Layout,
+    is_terminal,
+)
 from xrun_contract.storage import Storage
 
 RECENT_STEPS = 20  # the step time shown is the median of this many latest steps
@@ -39,6 +47,61 @@ def progress(rec: RunRecord) -> dict[str, Any]:
     return out
 
 
+def phase(rec: RunRecord, state: str, restarts: int, hosts: list[dict[str, Any]],
+          checkpoints_in_progress: list[int]) -> str:
+    """What the run is doing now, in words: scheduling / starting / the workload's startup
+    activity (``PHASE_ACTIVITY``: initializing distributed, restoring step N, compiling) /
+    training / checkpointing / restarting attempt K; the state itself once it ended."""
+    if is_terminal(state):
+        return state.lower()
+    if state == RESTARTING:
+        return f"restarting attempt {restarts}"
+    attempt = restarts
+    started = [h for h in hosts if h.get("state") in (RUNNING, SUCCEEDED, FAILED)]
+    if state == PENDING and not started:
+        return "scheduling"
+    steps = rec.steps
+    trained = bool(len(steps)) and steps.attempt[-1] >= attempt
+    ph = rec.phase if rec.phase and rec.phase.get("attempt", 0) >= attempt else None
+    if not trained and ph is None:
+        return "starting"
+    if not trained and ph is not None and ph.get("activity") not in ("training", "first step done"):
+        return str(ph.get("activity") or "starting")
+    # Checkpointing while no step finished after the save began (training waits on it, or
+    # the last save commits before exit); an async write under later steps is "training".
+    latest = steps.step[-1] if len(steps) else None
+    if checkpoints_in_progress and latest is not None and latest <= max(checkpoints_in_progress):
+        return "checkpointing"
+    last = next((c for c in reversed(rec.checkpoints) if c.get("attempt", 0) >= attempt), None)
+    if last and last["event"] == "exit_wait":
+        return "checkpointing"
+    return "training"
+
+
+def host_reason(h: dict[str, Any]) -> str:
+    """Why a host is where it is, when the backend gave no reason: kubelet's terminated
+    reasons (``Completed``, ``Error``, ``OOMKilled``) and the exit code's signal."""
+    if h.get("reason"):
+        return str(h["reason"])
+    code = h.get("exit_code")
+    if code is None:
+        return ""
+    if code == 0:
+        return "Completed"
+    sig = _signal_name(int(code))
+    return f"Error: exit code {code}" + (f" ({sig})" if sig else "")
+
+
+def _signal_name(exit_code: int) -> str:
+    """'SIGKILL' for 137 (128 + N, as kubelet reports a signalled container), else ''."""
+    import signal
+
+    try:
+        return signal.Signals(exit_code - 128).name if exit_code > 128 else ""
+    except ValueError:
+        return ""
+
+
 def _state_from_end(rec: RunRecord) -> str | None:
     if rec.exit_code is None:
         return None
@@ -60,6 +123,9 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         hosts = [{"host": h, **v} for h, v in sorted((state_info.get("hosts") or {}).items())]
         events = []
     rec.state = current  # the ETA and goodput read the state as shown
+    for h in hosts:
+        h["reason"] = host_reason(h)
+    in_progress = [c.step for c in checkpoints if c.state != "committed"]
     view: dict[str, Any] = {
         "name": rec.name,
         "state": current,
@@ -73,7 +139,8 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         "hosts": hosts,
         **progress(rec),
         "latest_checkpoint": latest.as_dict() if latest else None,
-        "checkpoints_in_progress": [c.step for c in checkpoints if c.state != "committed"],
+        "checkpoints_in_progress": in_progress,
+        "phase": phase(rec, current, restarts, hosts, in_progress),
         "transitions": list(state_info.get("transitions", [])),
         "goodput": _goodput(rec),
     }

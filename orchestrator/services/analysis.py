@@ -76,10 +76,43 @@ def comparison_html(result: Comparison) -> str:
 
 def report(base: str, candidates: Sequence[str], storage_root: str, *, threshold_pct: float,
            alpha: float, warmup: int, title: str) -> tuple[str, list[Comparison]]:
-    """The self-contained HTML report of every candidate against the base."""
-    b = load(base, storage_root, "BASE")
+    """The self-contained HTML report of every candidate against the base (no candidate: a
+    single-run report)."""
+    b = load(base, storage_root, "BASE" if candidates else "RUN")
     cands = [load(c, storage_root, f"CANDIDATE {i + 1}" if len(candidates) > 1 else "CANDIDATE")
              for i, c in enumerate(candidates)]
     results = [compare_records(b, c, threshold_pct=threshold_pct, alpha=alpha, warmup=warmup)
                for c in cands]
     return report_for(b, cands, results, title=title), results
+
+
+def history(storage_root: str, *, branch: str, metric: str, config: str | None, last: int,
+            alpha: float, threshold_pct: float) -> tuple[str, list]:
+    """`xrun history`: the branch's nights of one figure and the change points in them."""
+    from orchestrator.analysis.compare import RUN_METRIC_KEYS
+    from orchestrator.analysis.history import detect, nights, trend_text
+    from orchestrator.readers.history import read_history
+    from xrun_contract.storage import open_storage
+
+    if metric not in RUN_METRIC_KEYS:
+        raise XrunError(f"--metric: {metric!r} is not a history figure; one of {', '.join(RUN_METRIC_KEYS)}")
+    try:
+        storage = open_storage(storage_root)
+    except ValueError as e:
+        raise XrunError(f"--storage: {e}") from None
+    records = read_history(storage)
+    if not records:
+        raise XrunError(f"--storage: no nightly history under {storage.url('history')} (run xrun nightly first)")
+    branches = sorted({str(r.get("branch")) for r in records})
+    if branch not in branches:
+        raise XrunError(f"--branch: no history for {branch!r}; branches with history: {', '.join(branches)}")
+    configs = sorted({str(r.get("config")) for r in records if r.get("branch") == branch})
+    if config is not None and config not in configs:
+        raise XrunError(f"--config: no history for {config!r} on {branch}; configs: {', '.join(configs)}")
+    out, cps_all = [], []
+    for cfg in [config] if config else configs:
+        ns = nights(records, branch, metric, cfg, last)
+        cps = detect(ns, metric, alpha, threshold_pct)
+        cps_all += cps
+        out.append(f"config {cfg}: " + trend_text(ns, metric, branch, cps))
+    return "\n".join(out), cps_all

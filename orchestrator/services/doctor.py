@@ -328,7 +328,7 @@ class DoctorInputs:
     """The few run fields doctor needs: file values, flags over them, defaults under both."""
 
     context: str = ""
-    namespace: str = "default"
+    namespace: str = ""  # "": the kubeconfig context's
     accelerator: str = ""
     num_slices: int = 1
     nodes: int = 1
@@ -385,7 +385,7 @@ def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
         except catalogue.UnknownAccelerator as e:
             raise XrunError(f"accelerator: {e}") from None
         needed = shape.vms * v.num_slices if shape.kind == "tpu" else v.nodes
-    backend = KubeBackend(v.context or None, v.namespace or "default")
+    backend = KubeBackend(v.context or None, v.namespace or None)
     results = run_checks(backend, shape=shape, needed_nodes=needed, queue=v.queue,
                          storage_root=v.storage, probe=v.probe, probe_timeout_s=v.probe_timeout_s)
     return results, exit_code(results)

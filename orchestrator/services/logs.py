@@ -8,11 +8,12 @@ with live pods are streamed from them. Following ends when the run is over.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterator
 
 from orchestrator.backends.base import Backend, LogItem
-from orchestrator.readers.logs import LogFollower
+from orchestrator.readers.logs import LogFollower, StampedLine, known_hosts
 from orchestrator.services.runs import observe
 from xrun_contract import is_terminal
 from xrun_contract.errors import XrunError
@@ -21,7 +22,7 @@ from xrun_contract.storage import Storage
 POLL_SECONDS = 0.5
 
 
-def _tail(items: list[LogItem], tail: int) -> list[LogItem]:
+def _tail(items: list[StampedLine], tail: int) -> list[StampedLine]:
     """The last ``tail`` lines of each host."""
     per_host: dict[str, list[int]] = {}
     for i, item in enumerate(items):
@@ -30,11 +31,44 @@ def _tail(items: list[LogItem], tail: int) -> list[LogItem]:
     return [x for i, x in enumerate(items) if i in keep]
 
 
+def check_hosts(storage: Storage, name: str, hosts: set[str] | None) -> None:
+    """An unknown ``--host`` is bad input (exit 2) naming the hosts that exist; nothing is
+    checked before any host has logged (a pending run)."""
+    if not hosts:
+        return
+    known = known_hosts(storage, name)
+    unknown = sorted(hosts - set(known))
+    if known and unknown:
+        raise XrunError(f"--host: no host {', '.join(unknown)} in run {name}; "
+                        f"hosts: {', '.join(known)}")
+
+
 def log_lines(storage: Storage, name: str, backend: Backend, *, follow: bool = False,
               hosts: set[str] | None = None, since_seconds: float | None = None,
               tail: int | None = None,
               warn: Callable[[str], None] | None = None) -> Iterator[LogItem]:
-    """(host, attempt, line) of a run, in order; with ``follow`` until the run ends."""
+    """(host, attempt, line) of a run, in order; ``tail`` lines per host."""
+    since = time.time() - since_seconds if since_seconds is not None else None
+    for host, attempt, _t, line in stamped_log_lines(
+            storage, name, backend, follow=follow, hosts=hosts, since=since,
+            tail_per_host=tail, warn=warn):
+        yield host, attempt, line
+
+
+def stamped_log_lines(storage: Storage, name: str, backend: Backend, *, follow: bool = False,
+                      hosts: set[str] | None = None, since: float | None = None,
+                      tail: int | None = None, tail_per_host: int | None = None,
+                      grep: re.Pattern[str] | None = None,
+                      warn: Callable[[str], None] | None = None) -> Iterator[StampedLine]:
+    """(host, attempt, time, line) of a run, in order; with ``follow`` until the run ends.
+
+    ``since`` (epoch seconds) filters per line; ``grep`` keeps matching lines; ``tail`` is
+    the last N matching lines in total (kubectl's ``--tail`` over one merged stream),
+    ``tail_per_host`` the last N of each host (stern's ``--tail``). Lines from live pods are
+    dated when received."""
+    def keep(item: StampedLine) -> bool:
+        return (grep is None or grep.search(item[3]) is not None) and (since is None or item[2] >= since)
+
     live: set[int] = set()
     from_pods = False
     if backend.serves_logs:
@@ -47,26 +81,35 @@ def log_lines(storage: Storage, name: str, backend: Backend, *, follow: bool = F
             live, status = set(), None
         from_pods = bool(live) or (status is not None and not is_terminal(status.state))
     first_live = min(live) if live else None
-    since_ts = time.time() - since_seconds if since_seconds is not None else None
-    follower = LogFollower(storage, name, hosts, since_ts)
-    stored = [x for x in follower.poll() if not from_pods or first_live is None or x[1] < first_live]
-    if tail is not None and live:
+    follower = LogFollower(storage, name, hosts, since)
+    stored = [x for x in follower.poll_stamped()
+              if (not from_pods or first_live is None or x[1] < first_live) and keep(x)]
+    if (tail is not None or tail_per_host is not None) and live:
         stored = []  # the last lines of each host are its live pod's
+    if tail_per_host is not None:
+        stored = _tail(stored, tail_per_host)
     if tail is not None:
-        stored = _tail(stored, tail)
+        stored = stored[len(stored) - tail:] if tail else []
     yield from stored
     if from_pods:
-        yield from backend.stream_logs(
-            name, follow=follow, since_seconds=int(since_seconds) if since_seconds is not None else None,
-            tail_lines=tail, hosts=hosts,
-        )
+        pod_tail = tail_per_host if tail_per_host is not None else tail
+        since_s = int(max(0.0, time.time() - since)) if since is not None else None
+        pod_items = (
+            (h, a, time.time(), line) for h, a, line in backend.stream_logs(
+                name, follow=follow, since_seconds=since_s, tail_lines=pod_tail, hosts=hosts))
+        if tail is not None and not follow:
+            got = [x for x in pod_items if keep(x)]
+            yield from (got[len(got) - tail:] if tail else [])
+            return
+        yield from (x for x in pod_items if keep(x))
         return
     if not follow:
         return
     while True:  # storage only: poll new chunks until the run is over (or the backend lost it)
         status = observe(storage, name, backend, warn)
-        yield from follower.poll()
+        yield from (x for x in follower.poll_stamped() if keep(x))
         if status is None or is_terminal(status.state):
-            yield from follower.poll()  # the last chunks are written before the pods exit
+            # the last chunks are written before the pods exit
+            yield from (x for x in follower.poll_stamped() if keep(x))
             return
         time.sleep(POLL_SECONDS)

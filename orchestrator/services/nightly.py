@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import functools
 import json
 import re
 import time
@@ -43,9 +44,17 @@ def submit_run(run: PlannedRun) -> None:
         raise XrunError(f"submit {run.name}: {e}", e.exit_code) from None
 
 
-def follow(run: PlannedRun, timeout_s: float, poll_s: float) -> RunOutcome:
-    """Poll the backend until the run ends; past the timeout it is deleted."""
+def follow(run: PlannedRun, timeout_s: float, poll_s: float,
+           on_view: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
+    """Poll the backend until the run ends; past the timeout it is deleted. ``on_view``
+    gets the run's status view (phase, step, loss, ...) at each poll."""
     backend = runs.backend_for_spec(run.spec)
+    reader = None
+    if on_view is not None:
+        from orchestrator.readers.loaders import StoredRun
+        from xrun_contract.storage import open_storage
+
+        reader = StoredRun(open_storage(run.spec.storage), run.name)
     started = time.monotonic()
     missing_since: float | None = None
     while True:
@@ -55,6 +64,11 @@ def follow(run: PlannedRun, timeout_s: float, poll_s: float) -> RunOutcome:
             if e.exit_code == EXIT_UNREACHABLE:
                 raise XrunError(f"follow {run.name}: {e}", EXIT_UNREACHABLE) from None
             status = None
+        if reader is not None and on_view is not None and status is not None:
+            from orchestrator.readers.view import run_view
+
+            with contextlib.suppress(XrunError, OSError):
+                on_view(run_view(reader.storage, reader.poll(), status))
         elapsed = time.monotonic() - started
         if status is not None:
             missing_since = None
@@ -81,10 +95,13 @@ class NightlyResult:
 
 
 def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
-                now: _dt.datetime | None = None) -> NightlyResult:
-    """Submit and follow every run, compare, write reports/<date>/ under the storage root."""
-    from orchestrator.analysis.compare import compare
+                now: _dt.datetime | None = None,
+                on_view: Callable[[int, int, dict[str, Any]], None] | None = None) -> NightlyResult:
+    """Submit and follow every run, compare, append the history, write the report folder.
+    ``on_view(i, n, view)``: run i of the plan's n, as it goes (its phase, step, loss)."""
+    from orchestrator.analysis.compare import compare_runs, figures, run_values
     from orchestrator.analysis.report import Section, render_report
+    from orchestrator.readers.history import read_history
     from orchestrator.readers.loaders import load_run
     from xrun_contract import Layout
     from xrun_contract.storage import open_storage
@@ -96,10 +113,11 @@ def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
         storage = open_storage(cfg.storage)
     except ValueError as e:
         raise XrunError(f"storage: {e}") from None
-    poll_s = 0.5 if planned[0].spec.backend_name == "local" else 10.0
+    poll_s = 0.2 if planned[0].spec.backend_name == "local" else 10.0
     outcomes: list[RunOutcome] = []
-    for run in planned:
-        log(f"nightly: {run.name} ({run.branch.name}, {run.config.name}) submitting")
+    for index, run in enumerate(planned, 1):
+        log(f"nightly: [{index}/{len(planned)}] {run.name} ({run.branch.name}, {run.config.name}, "
+            f"run {run.repeat + 1}/{run.config.repeats}) submitting")
         try:
             submit_run(run)
         except XrunError as e:
@@ -108,61 +126,98 @@ def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
             outcomes.append(RunOutcome(run, "NotSubmitted", str(e)))
             log(f"nightly: {run.name} not submitted: {e}")
             continue
-        out = follow(run, cfg.timeout_s, poll_s)
+        out = follow(run, cfg.timeout_s, poll_s, on_view=None if on_view is None else
+                     functools.partial(on_view, index, len(planned)))
         outcomes.append(out)
         log(f"nightly: {run.name} {out.state} after {out.seconds:.0f}s{f' ({out.message})' if out.message else ''}")
-    by_key = {(o.planned.config.name, o.planned.branch.name): o for o in outcomes}
-    sections, comparisons, entries = [], [], []
+    stamp = _report_stamp(storage, started)
+    records: dict[str, Any] = {}
+    for o in outcomes:
+        if o.state == "NotSubmitted":
+            continue
+        try:
+            records[o.planned.name] = load_run(o.planned.name, cfg.storage, f"run {o.planned.name}")
+        except XrunError as e:
+            o.message = f"{o.message}; {e}".strip("; ")
+    for o in outcomes:  # a run that "succeeded" without a single step did not measure anything
+        rec = records.get(o.planned.name)
+        if o.state == "Succeeded" and (rec is None or not rec.steps.count):
+            o.state, o.message = "Failed", (o.message + "; " if o.message else "") + "no step recorded"
+    history = [_history_record(cfg, o, records.get(o.planned.name), stamp, started, figures, run_values)
+               for o in outcomes]
+    sections, entries = [], []
     for config in cfg.configs:
-        records = {}
-        for branch in cfg.branches:
-            o = by_key[(config.name, branch.name)]
-            if o.state == "NotSubmitted":
-                continue
-            try:
-                records[branch.name] = load_run(o.planned.name, cfg.storage, f"run {o.planned.name}")
-            except XrunError as e:
-                o.message = f"{o.message}; {e}".strip("; ")
-        base = records.get(cfg.base)
-        section_cmps = []
+        mine = [o for o in outcomes if o.planned.config.name == config.name]
+        side = {b.name: [o for o in mine if o.planned.branch.name == b.name] for b in cfg.branches}
+        base_ok = [records[o.planned.name] for o in side[cfg.base] if o.state == "Succeeded"]
+        section_sets = []
         for cand in cfg.candidates:
-            o = by_key[(config.name, cand.name)]
-            entry: dict[str, Any] = {"config": config.name, "candidate": cand.name, "run": o.planned.name,
-                                     "base_run": by_key[(config.name, cfg.base)].planned.name,
-                                     "state": o.state}
-            rec = records.get(cand.name)
-            if base is None or rec is None:
-                entry["verdict"] = "not compared: " + ("the base run has no record" if base is None
-                                                       else f"the candidate run {o.state}")
-                entry["regressed"] = True
+            cand_ok = [records[o.planned.name] for o in side[cand.name] if o.state == "Succeeded"]
+            bad = [o for o in side[cfg.base] + side[cand.name] if o.state != "Succeeded"]
+            entry: dict[str, Any] = {
+                "config": config.name, "candidate": cand.name, "repeats": config.repeats,
+                "runs": [o.planned.name for o in side[cand.name]],
+                "base_runs": [o.planned.name for o in side[cfg.base]],
+                "incomplete": bool(bad), "regressed": False, "regressions": [],
+            }
+            rs = compare_runs(base_ok, cand_ok, cfg.threshold_pct, cfg.alpha, cfg.warmup) \
+                if base_ok and cand_ok else None
+            if rs is not None:
+                section_sets.append(rs)
+                entry.update(comparison=rs.to_dict(), basis=rs.basis,
+                             warnings=rs.per_step.warnings if rs.per_step else [])
+            if bad:
+                reasons = "; ".join(f"{o.planned.name} ({o.planned.branch.name}) {o.state}"
+                                    + (f": {o.message}" if o.message else "") for o in bad)
+                entry.update(state="INCOMPLETE", verdict=f"INCOMPLETE: {reasons}")
+                if rs is not None and rs.regressed:  # what the runs that did finish already show
+                    entry.update(regressed=True, regressions=[r.metric for r in rs.regressions])
+                    entry["verdict"] += (f"; the {rs.n_base}/{rs.n_cand} runs that succeeded already regressed: "
+                                         + ", ".join(_delta(r, rs.on_runs) for r in rs.regressions))
+            elif rs is not None and rs.regressed:
+                entry.update(state="REGRESSED", regressed=True, regressions=[r.metric for r in rs.regressions],
+                             verdict="REGRESSED: " + ", ".join(_delta(r, rs.on_runs) for r in rs.regressions))
+            elif rs is None:  # unreachable: every run succeeded, so both sides have records
+                entry.update(state="INCOMPLETE", incomplete=True, verdict="INCOMPLETE: no run to compare")
             else:
-                c = compare(base, rec, threshold_pct=cfg.threshold_pct, alpha=cfg.alpha, warmup=cfg.warmup)
-                section_cmps.append(c)
-                comparisons.append((config, c))
-                entry.update(regressed=c.regressed, regressions=[r.metric for r in c.regressions],
-                             warnings=c.warnings, comparison=c.to_dict(),
-                             verdict=("REGRESSED: " + (", ".join(_delta(r) for r in c.regressions)
-                                                       or "candidate failed")) if c.regressed
-                             else "no regression beyond the threshold")
+                entry.update(state="within noise",
+                             verdict=f"within noise: no regression beyond {cfg.threshold_pct:g}% "
+                                     f"({'per-run test' if rs.on_runs else 'per-step test only'}, "
+                                     f"n={rs.n_base}/{rs.n_cand} runs)")
             entries.append(entry)
-        runs = [records[b.name] for b in cfg.branches if b.name in records]
-        sections.append(Section(f"Config {config.name}", runs, section_cmps))
+        runs_in = [(o, records.get(o.planned.name)) for o in mine]
+        sections.append(Section(f"Config {config.name}", [r for _, r in runs_in if r is not None],
+                                [rs.per_step for rs in section_sets if rs.per_step], run_sets=section_sets,
+                                states={o.planned.name: (o.state, o.message) for o in mine}))
     failed = [o for o in outcomes if o.state != "Succeeded"]
     regressed = any(e["regressed"] for e in entries)
-    exit_code = EXIT_FAILED if regressed or failed else EXIT_OK
+    incomplete = any(e["incomplete"] for e in entries)
+    exit_code = EXIT_FAILED if regressed or incomplete or failed else EXIT_OK
+    overall = "INCOMPLETE" if incomplete else "REGRESSED" if regressed else "within noise"
     summary = {
-        "date": date, "started": started.isoformat(), "prefix": cfg.prefix, "base": cfg.base,
-        "threshold_pct": cfg.threshold_pct, "alpha": cfg.alpha, "slice": cfg.slice,
+        "date": date, "started": started.isoformat(), "nightly": stamp, "prefix": cfg.prefix,
+        "base": cfg.base, "threshold_pct": cfg.threshold_pct, "alpha": cfg.alpha, "slice": cfg.slice,
+        "verdict": overall,
         "runs": [{"name": o.planned.name, "branch": o.planned.branch.name, "commit": o.planned.branch.commit,
-                  "config": o.planned.config.name, "state": o.state, "message": o.message,
-                  "seconds": round(o.seconds, 1)} for o in outcomes],
-        "comparisons": entries, "regressed": regressed, "failed_runs": [o.planned.name for o in failed],
-        "exit_code": exit_code,
+                  "config": o.planned.config.name, "repeat": o.planned.repeat, "state": o.state,
+                  "message": o.message, "seconds": round(o.seconds, 1)} for o in outcomes],
+        "comparisons": entries, "regressed": regressed, "incomplete": incomplete,
+        "failed_runs": [o.planned.name for o in failed], "exit_code": exit_code,
     }
-    md = summary_markdown(cfg, summary, comparisons, outcomes)
-    page = render_report(sections, title=f"xrun nightly {date}",
-                         subtitle=f"base {cfg.base} · threshold {cfg.threshold_pct:g}% · {cfg.slice.get('accelerator')}")
-    prefix = Layout.report(date)
+    try:
+        storage.write_text(Layout.history(stamp), "".join(json.dumps(h, default=str) + "\n" for h in history))
+        past = read_history(storage)
+    except XrunError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any client error: storage is unreachable
+        raise XrunError(f"storage: cannot write {storage.url(Layout.history(stamp))}: {e}", EXIT_UNREACHABLE) from None
+    trends = _trends(cfg, past)
+    summary["change_points"] = [t for tr in trends for t in tr["change_points"]]
+    md = summary_markdown(cfg, summary, outcomes, sections)
+    page = render_report(sections, title=f"xrun nightly {stamp}",
+                         subtitle=f"base {cfg.base} · threshold {cfg.threshold_pct:g}% · {cfg.slice.get('accelerator')}",
+                         trends=trends, verdict=(overall, _overall_line(summary)))
+    prefix = Layout.report(stamp)
     try:
         storage.write_text(f"{prefix}/summary.md", md)
         storage.write_text(f"{prefix}/summary.json", json.dumps(summary, indent=2, default=str) + "\n")
@@ -172,25 +227,99 @@ def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
     return NightlyResult(exit_code, md, summary, storage.url(f"{prefix}/index.html"), outcomes)
 
 
-def _delta(row: Any) -> str:
-    return f"{row.metric} {row.delta_pct:+.1f}%" if row.delta_pct is not None else row.metric
+TREND_NIGHTS = 30  # nights shown in the report's trend charts
 
 
-def summary_markdown(cfg: NightlyConfig, summary: dict[str, Any], comparisons: list, outcomes: list[RunOutcome]) -> str:
-    lines = [f"# xrun nightly {summary['date']}", ""]
-    verdict = "**REGRESSED**" if summary["regressed"] else "no regression"
-    if summary["failed_runs"]:
-        verdict += f"; {len(summary['failed_runs'])} run(s) did not succeed"
-    lines += [f"Base `{cfg.base}`, threshold {cfg.threshold_pct:g}%, slice {cfg.slice.get('accelerator')}: {verdict}.", ""]
-    lines += ["| Config | Candidate | Run | Verdict |", "|---|---|---|---|"]
+def _report_stamp(storage: Any, started: _dt.datetime) -> str:
+    """``YYYY-mm-dd-HHMMSS``, with ``-2``, ``-3`` ... when a nightly of the same second left a
+    report already: reports are never overwritten."""
+    from xrun_contract import Layout
+
+    base = started.strftime("%Y-%m-%d-%H%M%S")
+    stamp, n = base, 1
+    try:
+        while storage.exists(f"{Layout.report(stamp)}/summary.json") or storage.exists(Layout.history(stamp)):
+            n += 1
+            stamp = f"{base}-{n}"
+    except Exception as e:  # noqa: BLE001 - any client error: storage is unreachable
+        raise XrunError(f"storage: cannot read {storage.url()}: {e}", EXIT_UNREACHABLE) from None
+    return stamp
+
+
+def _history_record(cfg: NightlyConfig, o: RunOutcome, rec: Any, stamp: str, started: _dt.datetime,
+                    figures: Callable, run_values: Callable) -> dict[str, Any]:
+    """One run of tonight, as the history keeps it (schema 1)."""
+    figs = run_values(figures(rec, cfg.warmup)) if rec is not None and rec.steps.count else {}
+    return {
+        "schema": 1, "nightly": stamp, "date": started.strftime("%Y-%m-%d"), "started": started.isoformat(),
+        "prefix": cfg.prefix, "branch": o.planned.branch.name, "commit": o.planned.branch.commit,
+        "image": o.planned.branch.image, "config": o.planned.config.name, "repeat": o.planned.repeat,
+        "run": o.planned.name, "state": o.state, "message": o.message,
+        "accelerator": cfg.slice.get("accelerator"),
+        "versions": dict(rec.versions) if rec is not None else {}, "figures": figs,
+    }
+
+
+def _trends(cfg: NightlyConfig, past: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per config and metric: every branch's nights (last TREND_NIGHTS) and the base's change points."""
+    from orchestrator.analysis.compare import RUN_METRICS
+    from orchestrator.analysis.history import detect, nights
+
+    out = []
+    mine = [r for r in past if r.get("prefix") == cfg.prefix]
+    for config in cfg.configs:
+        for key, label, _better, _gating, _d in RUN_METRICS:
+            per_branch = {b.name: nights(mine, b.name, key, config.name, TREND_NIGHTS) for b in cfg.branches}
+            cps = detect(per_branch[cfg.base], key, cfg.alpha, cfg.threshold_pct)
+            out.append({"config": config.name, "metric": key, "label": label,
+                        "nights": {b: [{"nightly": n.nightly, "date": n.date, "commit": n.commit,
+                                        "values": n.values, "runs": n.runs} for n in ns]
+                                   for b, ns in per_branch.items()},
+                        "change_points": [{"config": config.name, "metric": key, "branch": cfg.base,
+                                           "nightly": cp.night.nightly, "after_commit": cp.night.commit,
+                                           "before_commit": cp.previous.commit, "delta_pct": cp.delta_pct,
+                                           "p_value": cp.p_value, "text": cp.sentence(key)} for cp in cps]})
+    return out
+
+
+def _delta(row: Any, on_runs: bool = True) -> str:
+    basis = "runs" if on_runs else "steps"
+    return (f"{row.metric} {row.delta_pct:+.1f}% ({basis} p={row.p_value:.3g})"
+            if row.delta_pct is not None and row.p_value is not None else row.metric)
+
+
+def _overall_line(summary: dict[str, Any]) -> str:
+    v = summary["verdict"]
+    n_inc = sum(e["incomplete"] for e in summary["comparisons"])
+    n_reg = sum(e["regressed"] for e in summary["comparisons"])
+    if v == "INCOMPLETE":
+        return (f"INCOMPLETE: {n_inc} comparison(s) lack runs that succeeded; no verdict for them"
+                + (f"; {n_reg} regressed" if n_reg else ""))
+    if v == "REGRESSED":
+        return f"REGRESSED: {n_reg} comparison(s)"
+    return "within noise: no regression beyond the threshold"
+
+
+def summary_markdown(cfg: NightlyConfig, summary: dict[str, Any], outcomes: list[RunOutcome],
+                     sections: list) -> str:
+    lines = [f"# xrun nightly {summary['nightly']}", ""]
+    lines += [f"Base `{cfg.base}`, threshold {cfg.threshold_pct:g}%, slice {cfg.slice.get('accelerator')}: "
+              f"**{_overall_line(summary)}**.", ""]
+    lines += ["| Config | Candidate | Runs | Verdict |", "|---|---|---|---|"]
     for e in summary["comparisons"]:
-        lines.append(f"| {e['config']} | {e['candidate']} | {e['run']} | {e['verdict']} |")
-    lines += ["", "| Run | Branch | Config | State | Seconds |", "|---|---|---|---|---|"]
+        lines.append(f"| {e['config']} | {e['candidate']} | {', '.join(e['runs'])} | {e['verdict']} |")
+    lines += ["", "| Run | Branch | Config | Repeat | State | Seconds |", "|---|---|---|---|---|---|"]
     for o in outcomes:
         state = o.state + (f" ({o.message})" if o.message and o.state != "Succeeded" else "")
-        lines.append(f"| {o.planned.name} | {o.planned.branch.name} | {o.planned.config.name} | {state} | {o.seconds:.0f} |")
-    for config, c in comparisons:
-        lines += ["", f"## {config.name}: {c.cand_label} vs {c.base_label}", "", c.markdown().rstrip()]
+        lines.append(f"| {o.planned.name} | {o.planned.branch.name} | {o.planned.config.name} | "
+                     f"{o.planned.repeat + 1} | {state} | {o.seconds:.0f} |")
+    for cp in summary.get("change_points", []):
+        lines += ["", f"**Change point on {cp['branch']}** ({cp['config']}): {cp['text']}."]
+    for section in sections:
+        for rs in section.run_sets:
+            lines += ["", f"## {section.title}: {rs.cand_label} vs {rs.base_label}", "", rs.markdown().rstrip()]
+            if rs.per_step is not None:
+                lines += ["", "Per-step detail (first run of each side):", "", rs.per_step.markdown().rstrip()]
     return "\n".join(lines) + "\n"
 
 
@@ -210,7 +339,7 @@ def render_cronjob_yaml(cfg: NightlyConfig, text: str) -> str:
     suspend = cron.get("suspend", False)
     if not isinstance(suspend, bool):
         raise XrunError("cronjob.suspend: must be true or false")
-    runs = len(cfg.configs) * len(cfg.branches)
+    runs = sum(c.repeats for c in cfg.configs) * len(cfg.branches)
     spec = CronJobSpec(
         name=name, namespace=_str(cron.get("namespace", cfg.namespace), "cronjob.namespace"),
         schedule=cfg.schedule,

@@ -48,12 +48,13 @@ def dump_yaml(obj: Any) -> str:
 # Backends
 
 
-def backend_for(kind: str, storage_root: str, context: str = "", namespace: str = "default") -> Backend:
-    """The backend a run was (or is to be) submitted to."""
+def backend_for(kind: str, storage_root: str, context: str = "", namespace: str | None = None) -> Backend:
+    """The backend a run was (or is to be) submitted to; no namespace means the kubeconfig
+    context's (as kubectl)."""
     if kind == "kube":
         from orchestrator.backends.kube.backend import KubeBackend
 
-        return KubeBackend(context or None, namespace or "default")
+        return KubeBackend(context or None, namespace or None)
     from orchestrator.backends.local import LocalBackend
 
     return LocalBackend(storage_root)
@@ -77,7 +78,7 @@ def backend_of(storage: Storage, name: str, context: str | None = None,
     run = run_info(storage, name)
     kind = run.get("backend", "local")
     ctx = context if context is not None else run.get("context", "")
-    ns = namespace or run.get("namespace", "default")
+    ns = namespace or run.get("namespace") or None
     return backend_for(kind, storage.root, ctx, ns)
 
 
@@ -105,7 +106,11 @@ def record_state(storage: Storage, name: str, status: BackendStatus, backend: st
     if current.get("state") == status.state and current.get("restarts", 0) == status.restarts:
         return
     now = time.time()
-    current.update(state=status.state, restarts=status.restarts, message=status.message, updated=now)
+    # Restarts only grow: a view rebuilt after the JobSet is gone (from its events) may know fewer.
+    restarts = max(status.restarts, int(current.get("restarts") or 0))
+    if current.get("state") == status.state and current.get("restarts", 0) == restarts:
+        return
+    current.update(state=status.state, restarts=restarts, message=status.message, updated=now)
     if status.hosts and backend != "local":
         current["hosts"] = {h.host: {k: v for k, v in h.as_dict().items() if k != "host"}
                             for h in status.hosts}
@@ -196,6 +201,9 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Subm
     except Exception as e:  # noqa: BLE001
         raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
     backend.submit(manifest, replace=replace)
+    resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
+    if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
+        storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
     return Submitted(spec, manifest, storage, backend)
 
 
@@ -249,6 +257,22 @@ def status(storage: Storage, name: str, context: str | None = None,
     return run_view(storage, rec, live)
 
 
+def wait(storage: Storage, name: str, timeout_s: float | None = None, context: str | None = None,
+         namespace: str | None = None, warn: Any = None, poll_seconds: float = 1.0) -> str | None:
+    """The run's end state once it ended, or None when ``timeout_s`` passed first."""
+    run_info(storage, name)  # no such run: exit 2 at once
+    backend = backend_of(storage, name, context, namespace)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        live = observe(storage, name, backend, warn)
+        state = live.state if live is not None else (read_stored_run(storage, name, metrics=False).state or "")
+        if is_terminal(state):
+            return state
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_seconds if deadline is None else max(0.0, min(poll_seconds, deadline - time.monotonic())))
+
+
 def live_view(reader: StoredRun, backend: Backend, warn: Any = None) -> dict[str, Any]:
     """One refresh of a followed run: the backend's view, then storage's (incrementally)."""
     live = observe(reader.storage, reader.name, backend, warn)
@@ -264,14 +288,21 @@ def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str
             records.append(read_stored_run(storage, p.rsplit("/", 1)[-1], metrics=False))
         except XrunError:
             continue  # a folder with nothing of a run in it
-    runs = [{
-        "name": r.name,
-        "state": r.state or ("Pending" if r.run_info else "Unknown"),
-        "backend": r.run_info.get("backend", ""),
-        "accelerator": r.spec.get("accelerator", ""),
-        "submitted_at": r.submitted_at,
-        "restarts": r.restarts,
-    } for r in records]
+    runs = []
+    for r in records:
+        _latest_steps(storage, r)
+        last = len(r.steps) > 0
+        runs.append({
+            "name": r.name,
+            "state": r.state or ("Pending" if r.run_info else "Unknown"),
+            "backend": r.run_info.get("backend", ""),
+            "accelerator": r.spec.get("accelerator", ""),
+            "submitted_at": r.submitted_at,
+            "restarts": r.restarts,
+            "step": r.steps.step[-1] if last else None,
+            "total_steps": r.total_steps,
+            "loss": r.steps.loss[-1] if last else None,
+        })
     if cluster is not None:
         by_name = {r["name"]: r for r in runs}
         for item in cluster.list():
@@ -284,6 +315,19 @@ def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str
                              "restarts": item.get("restarts", 0), "in_cluster": True})
     runs.sort(key=lambda r: r.get("submitted_at") or 0, reverse=True)
     return runs
+
+
+def _latest_steps(storage: Storage, rec: RunRecord) -> None:
+    """Fold only the first metrics chunk (the header: total steps) and the last one (the
+    latest step and loss) into ``rec``: two reads per run however long it trained."""
+    from orchestrator.readers.loaders import read_jsonl_lines
+
+    objects, _ = storage.list(Layout.metrics(rec.name))
+    keys = sorted(o.key for o in objects)
+    for key in dict.fromkeys(keys[:1] + keys[-1:]):
+        data = storage.read_bytes(key)
+        if data is not None:
+            read_jsonl_lines(rec, data.decode("utf-8", errors="replace").splitlines())
 
 
 def checkpoints(storage: Storage, name: str, sizes: bool = False) -> list[CheckpointInfo]:

@@ -32,13 +32,16 @@ from orchestrator.backends.kube.logs import _LogSession
 from orchestrator.backends.kube.state import (
     PENDING,
     RESTARTING,
+    JobSetEvents,
     _epoch,
     container_started,
+    expected_jobs,
     jobset_state,
     latest_hosts,
     one_line,
     pod_host,
     summarize_events,
+    true_conditions,
 )
 from xrun_contract.errors import EXIT_FAILED, EXIT_UNREACHABLE, EXIT_USAGE, XrunError
 from xrun_contract.k8s import (
@@ -47,6 +50,7 @@ from xrun_contract.k8s import (
     JOBSET_PLURAL,
     JOBSET_VERSION,
     KUEUE_GROUP,
+    Conditions,
     Labels,
 )
 
@@ -58,6 +62,9 @@ INSTALL_HINT = (
     "https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml"
 )
 __all__ = ["KUEUE_GROUP", "KubeBackend"]
+# Event lists for a waiting run: at most this often, and Pending pods asked about by name.
+EVENTS_SECONDS = 2.0
+MAX_PENDING_PODS_ASKED = 3
 
 
 class KubeBackend:
@@ -69,7 +76,7 @@ class KubeBackend:
     def __init__(
         self,
         context: str | None,
-        namespace: str = "default",
+        namespace: str | None = None,
         kubeconfig: str | None = None,
         *,
         poll_seconds: float = 1.0,
@@ -78,7 +85,9 @@ class KubeBackend:
         request_timeout: tuple[float, float] = (10.0, 60.0),
     ):
         self.context = context or None
-        self.namespace = namespace or "default"
+        # None: the kubeconfig context's namespace (else "default"), as kubectl resolves it
+        # (client-go tools/clientcmd ClientConfig.Namespace); known once the client is built.
+        self._namespace = namespace or None
         self.kubeconfig = kubeconfig
         self.poll_seconds = poll_seconds
         self.watch_timeout_seconds = watch_timeout_seconds
@@ -87,6 +96,18 @@ class KubeBackend:
         self._client = None
         self._client_lock = threading.Lock()
         self.context_name = context or ""
+        self._jobset_uids: dict[str, str] = {}  # JobSets seen, to find their events once gone
+        self._events_cache: tuple[float, Any, list[dict[str, Any]]] | None = None
+
+    @property
+    def namespace(self) -> str:
+        if self._namespace is None:
+            self.api_client  # noqa: B018 - building the client reads the context's namespace
+        return self._namespace or "default"
+
+    @namespace.setter
+    def namespace(self, value: str) -> None:
+        self._namespace = value or None
 
     # --- client ---------------------------------------------------------------------
     @property
@@ -109,9 +130,13 @@ class KubeBackend:
             api = config.new_client_from_config(
                 config_file=path, context=self.context, persist_config=False, client_configuration=cfg,
             )
-            if not self.context:
-                _, active = config.list_kube_config_contexts(config_file=path)
+            contexts, active = config.list_kube_config_contexts(config_file=path)
+            if self.context:
+                active = next((c for c in contexts if c.get("name") == self.context), active)
+            else:
                 self.context_name = (active or {}).get("name", "")
+            if self._namespace is None:
+                self._namespace = ((active or {}).get("context") or {}).get("namespace") or "default"
         except ConfigException as e:
             if self.context and "Expected object with name" in str(e):
                 raise XrunError(f"--context: no context {self.context!r} in kubeconfig {path}", EXIT_USAGE) from None
@@ -172,7 +197,7 @@ class KubeBackend:
         """Map an ApiException to the one-line message and exit code of the module docstring."""
         status_obj = _status_body(e)
         msg = one_line(status_obj.get("message") or (e.body or "").strip() or e.reason or "")
-        ns, what = self.namespace, f"{resource} {name!r}" if name else resource
+        ns, what = self._namespace or "default", f"{resource} {name!r}" if name else resource
         if e.status == 0:
             return XrunError(f"TLS error talking to {self._where()}: {one_line(e.reason or '', 200)}", EXIT_UNREACHABLE)
         if e.status == 401:
@@ -235,14 +260,60 @@ class KubeBackend:
                          label_selector=f"{Labels.JOBSET_NAME}={name}")
         return data.get("items") or [], (data.get("metadata") or {}).get("resourceVersion", "")
 
-    def list_events(self) -> list[dict[str, Any]]:
+    def list_events(self, field_selector: str) -> list[dict[str, Any]]:
+        """Events about one kind of object or one object (a field selector on involvedObject:
+        the server filters, so a busy namespace costs nothing)."""
         _, core = self._apis()
-        return (self.call("list", "events", core.list_namespaced_event, self.namespace) or {}).get("items") or []
+        return (self.call("list", "events", core.list_namespaced_event, self.namespace,
+                          field_selector=field_selector) or {}).get("items") or []
+
+    def run_events(self, jobset: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The events that explain a wait: the JobSet's, its Jobs' (FailedCreate: quota, a
+        webhook), a few Pending pods' (FailedScheduling) and, while Kueue holds the JobSet,
+        its Workload's. A handful of selected lists, at most one round every EVENTS_SECONDS."""
+        meta = jobset.get("metadata") or {}
+        name = meta.get("name", "")
+        pending = sorted((p.get("metadata") or {}).get("name", "") for p in pods
+                         if (p.get("status") or {}).get("phase") == "Pending")[:MAX_PENDING_PODS_ASKED]
+        queued = bool((jobset.get("spec") or {}).get("suspend")) or Conditions.SUSPENDED in true_conditions(jobset)
+        key = (name, meta.get("uid"), tuple(pending), queued)
+        now = time.monotonic()
+        if self._events_cache and self._events_cache[1] == key and now - self._events_cache[0] < EVENTS_SECONDS:
+            return self._events_cache[2]
+        selectors = [f"involvedObject.kind=JobSet,involvedObject.name={name}", "involvedObject.kind=Job"]
+        selectors += [f"involvedObject.kind=Pod,involvedObject.name={p}" for p in pending]
+        if queued:
+            selectors.append("involvedObject.kind=Workload")
+        events: list[dict[str, Any]] = []
+        for sel in selectors:
+            events += self.list_events(sel)
+        self._events_cache = (now, key, events)
+        return events
+
+    def ended_from_events(self, name: str) -> BackendStatus | None:
+        """How a JobSet that is gone (its TTL after finishing deleted it) ended, from the
+        events its controller recorded (they outlive it: kube-apiserver --event-ttl, 1 h by
+        default); None when they say nothing of an end (deleted while running, or expired)."""
+        uid = self._jobset_uids.get(name)
+        sel = f"involvedObject.uid={uid}" if uid else f"involvedObject.kind=JobSet,involvedObject.name={name}"
+        try:
+            events = self.list_events(sel)
+        except XrunError:
+            return None
+        events.sort(key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "",
+                                   int((e.get("metadata") or {}).get("resourceVersion") or 0)))
+        restarts = sum(1 for e in events if e.get("reason") == JobSetEvents.RESTARTING)
+        for ev in reversed(events):
+            state = JobSetEvents.TERMINAL.get(ev.get("reason", ""))
+            if state:
+                return BackendStatus(state=state, restarts=restarts, hosts=[], message=one_line(ev.get("message", "")))
+        return None
 
     def status(self, name: str) -> BackendStatus | None:
         jobset = self.get_jobset(name)
         if jobset is None:
-            return None
+            return self.ended_from_events(name)
+        self._jobset_uids[name] = (jobset.get("metadata") or {}).get("uid", "")
         pods, _ = self.list_pods(name)
         hosts = latest_hosts(pods)
         state, message = jobset_state(jobset, hosts)
@@ -250,7 +321,7 @@ class KubeBackend:
         if state in (PENDING, RESTARTING) or any(h.state == "Pending" for h in hosts):
             pod_names = {(p.get("metadata") or {}).get("name", "") for p in pods}
             try:
-                events = summarize_events(self.list_events(), name, pod_names)
+                events = summarize_events(self.run_events(jobset, pods), name, pod_names, expected_jobs(jobset))
             except XrunError as e:  # events are a hint; RBAC may hide them
                 events = [f"(events unavailable: {e})"]
         status = jobset.get("status") or {}

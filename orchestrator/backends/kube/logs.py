@@ -38,6 +38,10 @@ LOG_RESUME_SLACK_SECONDS = 10
 # A followed log silent this long is reopened (from its last line): cheap, and it notices a
 # connection that died without a FIN.
 FOLLOW_READ_TIMEOUT = 300.0
+# A pod log request the apiserver could not proxy to the node's kubelet (5xx: the node is
+# rebooting, being repaired, or its kubelet is overloaded) is retried, from the last line,
+# for this long while the pod exists; then the run is reported unreachable.
+KUBELET_RETRY_SECONDS = 300.0
 
 
 _DONE = object()
@@ -227,6 +231,8 @@ class _LogSession:
         last: tuple[int, int] | None = None  # timestamp of the last line passed on
         at_last = 0  # lines passed on with exactly that timestamp
         first, follow, failures = True, self.follow, 0
+        failing_since: float | None = None  # first of a run of 5xx answers
+        kubelet_failures = 0
         while not self.stop.is_set():
             kwargs: dict[str, Any] = {"container": CONTAINER, "follow": follow, "timestamps": True}
             if first:
@@ -243,7 +249,7 @@ class _LogSession:
                 resp = self._open(core.read_namespaced_pod_log, pod_name, self.b.namespace,
                                   timeout=(self.b.request_timeout[0], FOLLOW_READ_TIMEOUT if follow
                                            else self.b.request_timeout[1]), **kwargs)
-                failures, skip = 0, at_last
+                failures, skip, failing_since, kubelet_failures = 0, at_last, None, 0
                 try:
                     for raw in iter_resp_lines(resp):
                         stamp, _, text = raw.partition(" ")
@@ -269,7 +275,21 @@ class _LogSession:
                     with self.lock:  # container not started after all: a later event retries
                         self.started.discard(uid)
                     return
-                raise self.b.api_error(e, "get", "pods/log", pod_name) from None
+                if e.status < 500:
+                    raise self.b.api_error(e, "get", "pods/log", pod_name) from None
+                # The kubelet is unreachable: retry from the last line passed on while the pod
+                # lives (the next read resumes by timestamp, so nothing repeats or is lost).
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since > KUBELET_RETRY_SECONDS:
+                    raise self.b.api_error(e, "get", "pods/log", pod_name) from None
+                kubelet_failures += 1
+                current = self.b.call("get", "pods", core.read_namespaced_pod, pod_name, self.b.namespace,
+                                      name=pod_name, missing_ok=True)
+                if current is None:
+                    return
+                self.stop.wait(min(0.05 * 2 ** min(kubelet_failures, 6), 2.0))
+                continue
             except (HTTPError, OSError) as e:
                 if self.stop.is_set():
                     return

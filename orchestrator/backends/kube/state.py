@@ -123,6 +123,28 @@ def latest_hosts(pods: list[dict[str, Any]]) -> list[HostStatus]:
     return [best[h][1] for h in sorted(best, key=_host_key)]
 
 
+class JobSetEvents:
+    """Event reasons the JobSet controller records (kubernetes-sigs/jobset pkg/constants/
+    constants.go), and the run state each terminal one means."""
+
+    RESTARTING = "Restarting"  # JobSetRestartReason
+    TERMINAL = {
+        "AllJobsCompleted": SUCCEEDED,  # AllJobsCompletedReason
+        "FailedJobs": FAILED,  # FailedJobsReason
+        "ReachedMaxRestarts": FAILED,  # ReachedMaxRestartsReason
+        "FailJobSetFailurePolicyAction": FAILED,  # FailJobSetActionReason
+        "DeadlineExceeded": FAILED,  # DeadlineExceededReason
+    }
+
+
+def expected_jobs(jobset: dict[str, Any]) -> set[str]:
+    """The names of the JobSet's Jobs: ``<jobset>-<replicatedJob>-<index>`` (jobset
+    controller ``placeholderJobName``/constructJob)."""
+    name = (jobset.get("metadata") or {}).get("name", "")
+    return {f"{name}-{rj.get('name')}-{j}" for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []
+            for j in range(int(rj.get("replicas", 1)))}
+
+
 def expected_pods(jobset: dict[str, Any]) -> int:
     total = 0
     for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
@@ -172,13 +194,21 @@ def jobset_state(jobset: dict[str, Any], hosts: list[HostStatus] | None) -> tupl
     return PENDING, ""
 
 
-def summarize_events(events: list[dict[str, Any]], jobset_name: str, pod_names: set[str]) -> list[str]:
-    """The recent events about this JobSet, its pods and its Kueue workload, one line each."""
+def summarize_events(events: list[dict[str, Any]], jobset_name: str, pod_names: set[str],
+                     job_names: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The recent events about this JobSet, its Jobs, its pods and its Kueue workload, one
+    line each."""
     mine = []
+    seen: set[str] = set()
     for ev in events:
         obj = ev.get("involvedObject") or ev.get("regarding") or {}
         name = obj.get("name", "")
-        if name == jobset_name or name in pod_names or name.startswith(f"jobset-{jobset_name}-"):
+        uid = (ev.get("metadata") or {}).get("uid") or (ev.get("metadata") or {}).get("name", "")
+        if uid in seen:
+            continue
+        seen.add(uid)
+        if (name == jobset_name or name in pod_names or name.startswith(f"jobset-{jobset_name}-")
+                or (obj.get("kind") == "Job" and name in job_names)):
             when = ev.get("lastTimestamp") or ev.get("eventTime") or (ev.get("metadata") or {}).get("creationTimestamp")
             mine.append((when or "", obj.get("kind", ""), name, ev.get("reason", ""), one_line(ev.get("message", ""), 200)))
     mine.sort(key=lambda e: e[0])

@@ -1,0 +1,184 @@
+"""The terminal while a run is followed: host lines above one pinned progress line.
+
+``submit --follow`` and ``logs -f`` print every host's line; on a terminal a rich ``Live``
+keeps one progress line pinned under them (phase, step N/M with a bar, loss, tokens/s over
+all devices, ETA, last checkpoint). Without a terminal the same facts are one plain line
+every ``interval`` seconds (and at each phase change), so a CI log stays readable.
+
+Quiet by default on a terminal: Gloo/absl chatter, the wrapper's start and ``EXIT_CODE=``
+lines and a repeated run header stay in storage but are not shown; ``-v`` shows every line,
+and so does any output that is not a terminal (a pipe or a file gets the stream as stored).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import zlib
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from orchestrator.cli.screen import _duration
+from xrun_contract import HEADER_RE, host_prefix, significant
+
+# Lines that are noise on a terminal: Gloo's connection chatter (gloo/transport), absl /
+# glog-prefixed INFO and WARNING lines from C++ (``I1203 10:39:13.123456 123 file.cc:12]``),
+# absl's pre-init notice, and the wrapper's own bookkeeping (its end line stays).
+NOISE_RE = re.compile(
+    r"^(?:\[Gloo\]|\s*\[?gloo|[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]|"
+    r"WARNING: All log messages before absl::InitializeLog\(\)|E0000 |"
+    r"xrun-wrapper: start |EXIT_CODE=)"
+)
+# Rich colours for host prefixes (stern's idea: one stable colour per host).
+HOST_COLOURS = ("cyan", "green", "magenta", "yellow", "blue", "bright_cyan", "bright_green",
+                "bright_magenta", "bright_yellow", "bright_blue", "red", "bright_red")
+
+
+def host_colour(host: str) -> str:
+    return HOST_COLOURS[zlib.crc32(host.encode()) % len(HOST_COLOURS)]
+
+
+class LineFilter:
+    """Quiet mode: drops noise and every header line already shown (one header per run)."""
+
+    def __init__(self, verbose: bool = False):
+        self.verbose = verbose
+        self.headers: set[str] = set()
+
+    def keep(self, text: str) -> bool:
+        if self.verbose:
+            return True
+        if NOISE_RE.search(text):
+            return False
+        m = HEADER_RE.search(text)
+        if m:
+            if m["key"] in self.headers:
+                return False
+            self.headers.add(m["key"])
+        return True
+
+
+def _num(x: float | None, digits: int = 4) -> str:
+    return "-" if x is None else significant(float(x), digits)
+
+
+def _tokens(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.0f}" if x >= 100 else significant(x, 3)
+
+
+def progress_parts(view: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, value) pairs of the progress line, in order; shared by both renderings."""
+    parts: list[tuple[str, str]] = [("", str(view.get("phase") or view["state"].lower()))]
+    if view.get("step") is not None:
+        total = view.get("total_steps")
+        parts.append(("step", f"{view['step']}/{total}" if total else str(view["step"])))
+        parts.append(("loss", _num(view.get("loss"), 5)))
+        parts.append(("tokens/s (total)", _tokens(view.get("tokens_per_s"))))
+        if view.get("eta_seconds") is not None:
+            parts.append(("ETA", _duration(view["eta_seconds"])))
+    ck = view.get("latest_checkpoint")
+    saving = view.get("checkpoints_in_progress") or []
+    parts.append(("checkpoint", (f"step {ck['step']}" if ck else "none")
+                  + (f" (saving {max(saving)})" if saving else "")))
+    if view.get("restarts"):
+        parts.append(("restarts", str(view["restarts"])))
+    return parts
+
+
+def plain_progress(view: dict[str, Any]) -> str:
+    """One line for a log file: 'xrun: NAME training | step 4/10 | loss 3.2 | ...'."""
+    bits = [f"{k} {v}" if k else v for k, v in progress_parts(view)]
+    return f"xrun: {view['name']} " + " | ".join(bits)
+
+
+def rich_progress(view: dict[str, Any], width: int = 20) -> Text:
+    """The pinned line: the phase in colour, a bar for step N/M, the figures."""
+    text = Text()
+    phase = str(view.get("phase") or view["state"].lower())
+    text.append(f"{view['name']} ", style="bold")
+    text.append(phase, style="bold cyan")
+    total, step = view.get("total_steps"), view.get("step")
+    if total and step is not None:
+        done = max(0, min(width, round(width * step / total)))
+        text.append("  ")
+        text.append("━" * done, style="green")
+        text.append("━" * (width - done), style="grey37")
+        text.append(f" {100 * step / total:.0f}%")
+    for label, value in progress_parts(view)[1:]:
+        text.append("  ")
+        text.append(f"{label} ", style="dim")
+        text.append(value)
+    return text
+
+
+class ProgressScreen:
+    """Host lines above a pinned progress line (TTY) or plain progress lines (no TTY)."""
+
+    def __init__(self, console: Console, *, interval: float = 10.0, verbose: bool = False,
+                 prefix: bool = True, colour: bool | None = None, tty: bool | None = None):
+        self.console = console
+        self.tty = console.is_terminal if tty is None else tty
+        self.colour = self.tty if colour is None else colour
+        self.filter = LineFilter(verbose)
+        self.interval, self.prefix = interval, prefix
+        self.live: Live | None = None
+        self._last_plain, self._last_phase = 0.0, ""
+
+    def __enter__(self) -> ProgressScreen:
+        if self.tty:
+            self.live = Live(Text(""), console=self.console, refresh_per_second=4,
+                             transient=True, auto_refresh=True)
+            self.live.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+
+    def line(self, host: str, attempt: int, text: str, stamp: str = "") -> None:
+        if not self.filter.keep(text):
+            return
+        out = Text()
+        if stamp:
+            out.append(stamp + " ", style="dim" if self.colour else "")
+        if self.prefix:
+            out.append(host_prefix(host, attempt), style=host_colour(host) if self.colour else "")
+            out.append(" ")
+        out.append(text)
+        if self.colour:
+            self.console.print(out, soft_wrap=True, highlight=False)
+        else:
+            print(out.plain, flush=True)
+
+    def note(self, message: str) -> None:
+        """An orchestrator line (state change, why a pod waits): above the progress line on
+        a terminal, on stderr otherwise."""
+        if self.live is not None:
+            self.console.print(Text(f"xrun: {message}", style="yellow"), soft_wrap=True, highlight=False)
+        else:
+            print(f"xrun: {message}", file=_stderr(), flush=True)
+
+    def update(self, view: dict[str, Any], *, force: bool = False) -> None:
+        if self.live is not None:
+            self.live.update(rich_progress(view))
+            return
+        now = time.monotonic()
+        phase = str(view.get("phase") or "")
+        if force or phase != self._last_phase or now - self._last_plain >= self.interval:
+            self._last_plain, self._last_phase = now, phase
+            print(plain_progress(view), file=_stderr(), flush=True)
+
+
+def _stderr():
+    import sys
+
+    return sys.stderr
