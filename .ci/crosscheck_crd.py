@@ -25,6 +25,11 @@ OPTIONS = [
     {},
     {"service_account": "trainer", "priority_class": "high", "queue": "team-a", "kueue_priority": "prod",
      "privileged": True, "max_restarts": 0, "env": {"A": "$x", "EMPTY": ""}},
+    {"queue": "lq", "capacity": "flex-start", "priority": "high", "node_selector": {"example.com/pool": "a"},
+     "tolerations": [{"key": "d", "operator": "Equal", "value": "x", "effect": "NoExecute", "toleration_seconds": 30}],
+     "pod_labels": {"team": "ml"}, "pod_annotations": {"example.com/o": "a"},
+     "mounts": [{"bucket": "data-b", "path": "/data", "read_only": True}, {"pvc": "ds", "path": "/ds"}],
+     "scheduler": "gke.io/topology-aware-auto", "kueue_topology": "required:cloud.google.com/gce-topology-block"},
 ]
 
 
@@ -49,7 +54,7 @@ def main(crd_path: Path) -> int:
             try:
                 obj = jobset(build_spec(values, {}))
             except Exception as e:  # noqa: BLE001 - a shape the spec refuses (e.g. multislice) is fine
-                if "num_slices" in str(e) or "nodes" in str(e):
+                if "num_slices" in str(e) or "nodes" in str(e) or "capacity" in str(e):
                     continue
                 raise
             errors = sorted(validator.iter_errors(obj), key=lambda e: list(e.path))

@@ -4,7 +4,7 @@ device, MFU against the catalogue peak, and the checkpoint blocking ratio; writt
 Runs ``python -m workload.train`` standalone on the first visible device (one GPU; without
 a GPU, JAX's CPU). If the model does not fit, it halves the layers (then the batch) until
 it does, and says so in ``reduced``. Peak: ``--peak-tflops``, else
-``XRUN_PEAK_TFLOPS_PER_DEVICE``, else 989 for H100/H200 (dense bf16), else MFU is null.
+``XRUN_PEAK_TFLOPS_PER_DEVICE``, else 989 for H100/H200, 2250 for B200 (dense bf16), else MFU is null.
 
     python bench/gpu_bench.py [--preset 1b] [--steps 30] [--warmup 5] [--checkpoint-every 10]
                               [--peak-tflops 989] [--out result.json] [key=value ...]
@@ -28,7 +28,7 @@ from bench_workload import REPO, run_workload, steady_steps  # noqa: E402
 
 sys.path.insert(0, str(REPO))
 
-KNOWN_PEAKS = {"H100": 989.0, "H200": 989.0}  # dense bf16 TFLOP/s per GPU
+KNOWN_PEAKS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0}  # dense bf16 TFLOP/s per GPU
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 
 

@@ -12,8 +12,11 @@ import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
+
+from manifests import types as t
 
 _TABLE = Path(__file__).with_name("accelerators.yaml")
 _CPU_RE = re.compile(r"^cpu-(\d+)$")
@@ -23,6 +26,22 @@ MAX_CPU_HOSTS = 64
 
 class UnknownAccelerator(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class Networking:
+    """A GPU networking stack (accelerators.yaml ``networking``): what a pod of a family
+    needs beyond its GPUs, typed through ``manifests.types`` so a typo in the table fails
+    at load, not on a cluster."""
+
+    name: str  # tcpx | tcpxo | rdma
+    networks: tuple[str, ...]  # GKE Network objects for eth1.. (eth0 is "default")
+    annotations: dict[str, str]
+    tolerations: tuple[t.Toleration, ...]
+    volumes: tuple[t.Volume, ...]
+    sidecars: tuple[t.Container, ...]
+    mounts: tuple[t.VolumeMount, ...]
+    env: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -37,6 +56,8 @@ class Shape:
     peak_bf16_tflops: float  # per device
     hbm_bytes: int  # per device
     machine_type: str = ""  # GCE machine type of the node pool (TPU: label node.kubernetes.io/instance-type)
+    nics: int = 0  # GPU: every NIC of the VM
+    networking: Networking | None = None  # GPU: the stack its pods need
 
     @property
     def single_host(self) -> bool:
@@ -58,9 +79,34 @@ def _bytes(text: str) -> int:
     return int(float(m[1]) * (2**30 if m[2] == "GiB" else 10**9))
 
 
+def _networking(name: str, data: dict[str, Any]) -> Networking:
+    known = {"networks", "annotations", "tolerations", "volumes", "sidecars", "mounts", "env"}
+    if set(data) - known:
+        raise ValueError(f"accelerators.yaml: networking {name}: unknown keys {sorted(set(data) - known)}")
+    where = f"accelerators.yaml networking.{name}"
+    return Networking(
+        name=name,
+        networks=tuple(data.get("networks", ())),
+        annotations={str(k): str(v) for k, v in (data.get("annotations") or {}).items()},
+        tolerations=tuple(t.from_dict(t.Toleration, x, f"{where}.tolerations") for x in data.get("tolerations", ())),
+        volumes=tuple(t.from_dict(t.Volume, x, f"{where}.volumes") for x in data.get("volumes", ())),
+        sidecars=tuple(t.from_dict(t.Container, x, f"{where}.sidecars") for x in data.get("sidecars", ())),
+        mounts=tuple(t.from_dict(t.VolumeMount, x, f"{where}.mounts") for x in data.get("mounts", ())),
+        env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
+    )
+
+
+@functools.cache
+def networking() -> dict[str, Networking]:
+    """Every GPU networking stack of the table, by name."""
+    table = yaml.safe_load(_TABLE.read_text())
+    return {name: _networking(name, data) for name, data in (table.get("networking") or {}).items()}
+
+
 @functools.cache
 def shapes() -> dict[str, Shape]:
     table = yaml.safe_load(_TABLE.read_text())
+    stacks = networking()
     out: dict[str, Shape] = {}
     for family, fam in table["families"].items():
         for name, s in fam["shapes"].items():
@@ -75,6 +121,8 @@ def shapes() -> dict[str, Shape]:
                 peak_bf16_tflops=float(fam["peak_bf16_tflops"]),
                 hbm_bytes=_bytes(fam["hbm"]),
                 machine_type=s.get("machine_type", fam.get("machine_type", "")),
+                nics=int(fam.get("nics", 0)),
+                networking=stacks[fam["networking"]] if fam.get("networking") else None,
             )
     return out
 

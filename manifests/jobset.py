@@ -8,11 +8,15 @@ them), never set to None or "".
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any
 
 from manifests import types as t
-from manifests.spec import RunSpec
-from xrun_contract import Env, Layout, PodFiles
+from manifests.catalogue import Networking, Shape
+from manifests.spec import TOPOLOGY_AWARE_SCHEDULER, RunSpec
+from xrun_contract import GKE_NVIDIA_LIB64, JAX_PLATFORMS_FOR, Env, Layout, PodFiles
+from xrun_contract.errors import XrunError
 from xrun_contract.k8s import (
     JOBSET_API_VERSION,
     JOBSET_KIND,
@@ -36,6 +40,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # match jobset_webhook.go validateFailurePolicy's ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$.
 FAIL_ON_USER_ERROR_RULE = "FailOnUserError"
 SHM_VOLUME = "dshm"
+GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
 
 
 def coordinator_host(spec: RunSpec) -> str:
@@ -126,9 +131,63 @@ def container_env(spec: RunSpec) -> list[t.EnvVar]:
     if shape.kind == "gpu":  # one slice: the process id is the completion index
         env.append(_field_env(Env.NODE_RANK, FieldPaths.COMPLETION_INDEX))
     env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in static.items()]
+    # Platform env (driver path, JAX platform, the networking stack's NCCL settings): the
+    # user's env of the same name replaces it rather than appearing twice.
+    env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in platform_env(shape).items()
+            if k not in spec.env]
     # An empty value is expressed by leaving "value" out (Kubernetes reads it as "").
     env += [t.EnvVar(name=k, value=k8s_escape(v) if v else None) for k, v in spec.env.items()]
     return env
+
+
+def platform_env(shape: Shape) -> dict[str, str]:
+    """What a GPU container needs to find its driver and NCCL plugin and to refuse CPU:
+    ``LD_LIBRARY_PATH`` with GKE's driver mount, ``JAX_PLATFORMS`` pinned, and the
+    networking stack's env (accelerators.yaml)."""
+    if shape.kind != "gpu":
+        return {}
+    out = {"LD_LIBRARY_PATH": GKE_NVIDIA_LIB64, "JAX_PLATFORMS": JAX_PLATFORMS_FOR["gpu"]}
+    if shape.networking:
+        out.update(shape.networking.env)
+    return out
+
+
+def interfaces_annotation(stack: Networking) -> str:
+    """GKE multi-networking: eth0 on the pod network, eth1.. on the stack's Networks."""
+    nics = [{"interfaceName": "eth0", "network": "default"}]
+    nics += [{"interfaceName": f"eth{i}", "network": n} for i, n in enumerate(stack.networks, 1)]
+    return json.dumps(nics, separators=(",", ":"))
+
+
+def pod_annotations(spec: RunSpec) -> dict[str, str]:
+    """Pod-template annotations: the GPU networking stack's (interfaces, device access),
+    the GCS FUSE driver's, Kueue's topology request, then the run file's."""
+    stack = spec.shape.networking
+    out: dict[str, str] = {}
+    if stack is not None:
+        out.update(stack.annotations)
+        if stack.networks:
+            out[Annotations.DEFAULT_INTERFACE] = "eth0"
+            out[Annotations.NETWORK_INTERFACES] = interfaces_annotation(stack)
+    if any("bucket" in m for m in spec.mounts):
+        out[Annotations.GCSFUSE_VOLUMES] = "true"
+    if spec.kueue_topology:
+        mode, _, level = spec.kueue_topology.partition(":")
+        key = Annotations.KUEUE_REQUIRED_TOPOLOGY if mode == "required" else Annotations.KUEUE_PREFERRED_TOPOLOGY
+        out[key] = level
+    return merge_keys("pod_annotations", out, spec.pod_annotations,
+                      "from accelerator, mounts and kueue_topology")
+
+
+def decorate_gpu(pod: t.PodSpec, container: t.Container, stack: Networking) -> None:
+    """Add a networking stack's volumes, native sidecars, mounts and tolerations (copies:
+    the catalogue's objects are shared)."""
+    pod.volumes += copy.deepcopy(list(stack.volumes))
+    for sidecar in copy.deepcopy(list(stack.sidecars)):
+        sidecar.restart_policy = "Always"  # a native sidecar: the Job ends with the workload
+        pod.init_containers.append(sidecar)
+    container.volume_mounts += copy.deepcopy(list(stack.mounts))
+    pod.tolerations += copy.deepcopy(list(stack.tolerations))
 
 
 def pod_failure_policy(spec: RunSpec) -> t.PodFailurePolicy:
@@ -211,16 +270,100 @@ def pod_spec(spec: RunSpec) -> t.PodSpec:
         container.resources = _accelerator_resources(GPU_RESOURCE, shape.devices_per_vm)
         pod.node_selector = {Labels.GPU_ACCELERATOR: shape.gke_accelerator}
         pod.tolerations = [t.Toleration(key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")]
-    if shape.kind in ("tpu", "gpu"):
+        if shape.networking:
+            decorate_gpu(pod, container, shape.networking)
+    # A GPU stack attaches its NICs through networking.gke.io annotations: no hostNetwork.
+    if shape.kind == "tpu" or (shape.kind == "gpu" and not (shape.networking and shape.networking.networks)):
         pod.host_network = True
         pod.dns_policy = "ClusterFirstWithHostNet"
     if spec.service_account:
         pod.service_account_name = spec.service_account
-    if spec.priority_class:
-        pod.priority_class_name = spec.priority_class
+    if spec.priority_class_name:
+        pod.priority_class_name = spec.priority_class_name
     if spec.privileged:
         container.security_context = t.SecurityContext(privileged=True)
+    apply_capacity(spec, pod)
+    apply_placement(spec, pod)
+    apply_mounts(spec, pod, container)
+    if spec.scheduler == TOPOLOGY_AWARE_SCHEDULER:
+        # GKE's topology-aware scheduler releases pods gated so (xpk get_gpu_scheduler).
+        pod.scheduling_gates = [t.PodSchedulingGate(name=f"{TOPOLOGY_AWARE_SCHEDULER}-{spec.name}")]
+    elif spec.scheduler:
+        pod.scheduler_name = spec.scheduler
     return pod
+
+
+def _toleration(key: str) -> t.Toleration:
+    return t.Toleration(key=key, operator="Equal", value="true", effect="NoSchedule")
+
+
+def capacity_placement(capacity: str) -> tuple[dict[str, str], list[t.Toleration]]:
+    """The node selector and tolerations a ``capacity`` value needs.
+
+    spot: GKE labels and taints Spot nodes ``cloud.google.com/gke-spot=true`` (GKE "Spot
+    VMs"; xpk capacity.py get_capacity_node_selectors_from_capacity_type). reservation:
+    ``cloud.google.com/reservation-name`` with ``reservation-affinity: specific`` (GKE
+    "Consuming reserved zonal resources"). flex-start: queued-provisioning nodes carry
+    ``cloud.google.com/gke-queued=true`` as label and NoSchedule taint (xpk selects it; the
+    JobSet waits suspended for Kueue's ProvisioningRequest admission check).
+    """
+    if capacity == "spot":
+        return {Labels.SPOT: "true"}, [_toleration(Labels.SPOT)]
+    if capacity.startswith("reservation:"):
+        name = capacity.removeprefix("reservation:")
+        return {Labels.RESERVATION_NAME: name, Labels.RESERVATION_AFFINITY: "specific"}, []
+    if capacity == "flex-start":
+        return {Labels.QUEUED: "true"}, [_toleration(Labels.QUEUED)]
+    return {}, []
+
+
+def apply_capacity(spec: RunSpec, pod: t.PodSpec) -> None:
+    selector, tolerations = capacity_placement(spec.capacity)
+    pod.node_selector.update(selector)
+    pod.tolerations += tolerations
+
+
+def merge_keys(field: str, ours: dict[str, str], theirs: dict[str, str], why: str) -> dict[str, str]:
+    """``theirs`` (the run file's) over ``ours`` (xrun's): equal values merge, a different
+    value for one of xrun's keys is bad input naming both."""
+    for key, value in theirs.items():
+        if key in ours and ours[key] != value:
+            raise XrunError(f"{field}: {key}={value!r} conflicts with xrun's {key}={ours[key]!r} ({why})")
+    return {**ours, **theirs}
+
+
+def apply_placement(spec: RunSpec, pod: t.PodSpec) -> None:
+    """The run file's node_selector and tolerations on top of what xrun renders."""
+    pod.node_selector = merge_keys("node_selector", pod.node_selector, spec.node_selector,
+                                   f"from accelerator: {spec.accelerator}, capacity: {spec.capacity}")
+    for tol in spec.tolerations:
+        typed = t.Toleration(key=tol.get("key") or None, operator=tol.get("operator", "Equal"),
+                             value=tol.get("value") or None, effect=tol.get("effect") or None,
+                             toleration_seconds=tol.get("toleration_seconds"))
+        if typed not in pod.tolerations:
+            pod.tolerations.append(typed)
+
+
+def apply_mounts(spec: RunSpec, pod: t.PodSpec, container: t.Container) -> None:
+    """GCS buckets through the GCS FUSE CSI driver (an ephemeral CSI volume; the pod
+    annotation makes GKE inject the driver's sidecar) and existing PVCs."""
+    taken = {m.mount_path.rstrip("/"): m.name for m in container.volume_mounts}
+    for i, mount in enumerate(spec.mounts):
+        path = mount["path"].rstrip("/") or "/"
+        if path in taken:
+            raise XrunError(f"mounts[{i}].path: {path} is where xrun mounts its volume {taken[path]!r}")
+        name = f"mount-{i}"
+        read_only = bool(mount.get("read_only", False))
+        if "bucket" in mount:
+            attributes = {"bucketName": mount["bucket"]}
+            if mount.get("options"):
+                attributes["mountOptions"] = mount["options"]
+            pod.volumes.append(t.Volume(name=name, csi=t.CSIVolumeSource(
+                driver=GCSFUSE_DRIVER, read_only=read_only or None, volume_attributes=attributes)))
+        else:
+            pod.volumes.append(t.Volume(name=name, persistent_volume_claim=t.PersistentVolumeClaimVolumeSource(
+                claim_name=mount["pvc"], read_only=read_only or None)))
+        container.volume_mounts.append(t.VolumeMount(name=name, mount_path=mount["path"], read_only=read_only or None))
 
 
 def labels(spec: RunSpec) -> dict[str, str]:
@@ -240,6 +383,7 @@ def build(spec: RunSpec) -> t.JobSet:
     if shape.kind == "tpu":
         metadata.annotations = {Annotations.EXCLUSIVE_TOPOLOGY: Labels.NODEPOOL}
     run_label = {Labels.RUN: spec.name}
+    pod_labels = merge_keys("pod_labels", run_label, spec.pod_labels, "xrun's run label")
     job = t.JobTemplateSpec(
         metadata=t.ObjectMeta(labels=dict(run_label)),
         spec=t.JobSpec(
@@ -248,7 +392,8 @@ def build(spec: RunSpec) -> t.JobSet:
             completion_mode="Indexed",
             backoff_limit=0,
             pod_failure_policy=pod_failure_policy(spec),
-            template=t.PodTemplateSpec(metadata=t.ObjectMeta(labels=dict(run_label)),
+            template=t.PodTemplateSpec(metadata=t.ObjectMeta(labels=pod_labels,
+                                                             annotations=pod_annotations(spec)),
                                        spec=pod_spec(spec)),
         ),
     )
@@ -269,6 +414,9 @@ def build(spec: RunSpec) -> t.JobSet:
             success_policy=t.SuccessPolicy(operator="All", target_replicated_jobs=[REPLICATED_JOB]),
             network=t.Network(enable_dns_hostnames=True, subdomain=spec.name),
             ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
+            # flex-start: created suspended; Kueue unsuspends it once its ProvisioningRequest
+            # admission check has the nodes (Kueue's jobframework suspends Kueue jobs the same way).
+            suspend=True if spec.capacity == "flex-start" else None,
             replicated_jobs=[t.ReplicatedJob(name=REPLICATED_JOB, replicas=spec.slices, template=job)],
         ),
     )

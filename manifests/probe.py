@@ -55,6 +55,10 @@ def probe_jobset(spec: RunSpec, name: str) -> dict[str, Any]:
     container.command = list(PROBE_COMMAND)
     container.resources = None
     container.ports = []
+    # No GPU networking daemons (they need the GPUs the probe does not request) and no
+    # flex-start suspension (nothing would admit a probe outside Kueue).
+    pod.init_containers = []
+    js.spec.suspend = None
     js.spec.failure_policy = t.FailurePolicy(max_restarts=0)
     out = t.to_dict(js)
     check_no_empty(out)

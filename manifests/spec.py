@@ -16,6 +16,11 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from manifests import catalogue
+from manifests.k8s_names import (
+    is_dns1123_subdomain,
+    is_qualified_name,
+    is_valid_label_value,
+)
 from xrun_contract import RESTARTABLE_EXIT_CODE, XRUN_VERSION, Env
 from xrun_contract.errors import XrunError
 
@@ -29,6 +34,19 @@ DEFAULT_RESTARTABLE_EXIT_CODES = (RESTARTABLE_EXIT_CODE, *range(127, 256))
 # shipper run it, whatever ``image`` the user's container runs. Push it to your registry
 # and set ``xrun_image`` to that name.
 DEFAULT_XRUN_IMAGE = f"xrun-workload:{XRUN_VERSION}"
+# capacity: what GKE provisions the nodes from (rendered by manifests.jobset.capacity_*).
+CAPACITIES = ("on-demand", "spot", "reservation:<name>", "flex-start")
+# priority: xpk's PriorityClass ladder (xpk templates/kueue_config.yaml.j2 creates these classes).
+PRIORITY_LADDER = {"very-low": 100, "low": 250, "medium": 500, "high": 750, "very-high": 1000}
+# scheduler: GKE's topology-aware scheduler is asked for with a pod scheduling gate, as xpk
+# renders it (its workload.py get_gpu_scheduler); any other name is the pod's schedulerName.
+TOPOLOGY_AWARE_SCHEDULER = "gke.io/topology-aware-auto"
+# kueue_topology: Kueue's topology-aware scheduling (pod template annotations).
+KUEUE_TOPOLOGY_MODES = ("required", "preferred")
+TOLERATION_KEYS = {"key", "operator", "value", "effect", "toleration_seconds"}
+MOUNT_KEYS = {"bucket", "pvc", "path", "read_only", "options"}
+# Label/annotation prefixes the JobSet and Job controllers own on pods.
+CONTROLLER_PREFIXES = ("jobset.sigs.k8s.io/", "batch.kubernetes.io/", "controller-uid", "job-name")
 # Flags only libtpu defines. jaxlib parses XLA_FLAGS itself and aborts on a flag it does not
 # know (xla/parse_flags_from_env.cc ParseFlagsFromEnvAndDieIfUnknown: "Unknown flags in
 # XLA_FLAGS"), so these must travel in LIBTPU_INIT_ARGS, which libtpu parses.
@@ -71,6 +89,16 @@ class RunSpec:
     context: str = ""  # kubeconfig context
     # "" = the kubeconfig context's namespace (the manifest then names none, as kubectl expects)
     namespace: str = ""
+    # --- GKE operator knobs (README "GKE knobs"; xpk flag names alongside) -------------
+    capacity: str = "on-demand"  # on-demand | spot | reservation:<name> | flex-start
+    node_selector: dict[str, str] = field(default_factory=dict)  # merged with xrun's
+    tolerations: list[dict[str, Any]] = field(default_factory=list)  # added to xrun's
+    pod_annotations: dict[str, str] = field(default_factory=dict)
+    pod_labels: dict[str, str] = field(default_factory=dict)
+    priority: str = ""  # very-low..very-high (xpk's ladder) or a PriorityClass name
+    mounts: list[dict[str, Any]] = field(default_factory=list)  # GCS buckets, PVCs
+    scheduler: str = ""  # schedulerName, or gke.io/topology-aware-auto (a scheduling gate)
+    kueue_topology: str = ""  # required:<node label> | preferred:<node label>
 
     # --- derived -----------------------------------------------------------------
     @property
@@ -85,6 +113,16 @@ class RunSpec:
     @property
     def slices(self) -> int:
         return self.num_slices if self.shape.kind == "tpu" else 1
+
+    @property
+    def priority_class_name(self) -> str:
+        """The pod's priorityClassName: ``priority`` (a ladder name is xpk's class of that
+        name) or the older raw ``priority_class``."""
+        return self.priority or self.priority_class
+
+    @property
+    def reservation(self) -> str:
+        return self.capacity.removeprefix("reservation:") if self.capacity.startswith("reservation:") else ""
 
     @property
     def backend_name(self) -> str:
@@ -132,6 +170,10 @@ def _coerce(name: str, value: Any) -> Any:
         if not isinstance(value, dict):
             raise XrunError(f"{name}: must be a mapping of NAME: value")
         return env_values(value, name)
+    if kind == "list[dict[str, Any]]":
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise XrunError(f"{name}: must be a list of mappings")
+        return [dict(v) for v in value]
     if kind == "list[int]":
         if not isinstance(value, list) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
@@ -143,7 +185,8 @@ def _coerce(name: str, value: Any) -> Any:
 
 def build_spec(file_values: dict[str, Any], flag_values: dict[str, Any],
                storage_default: str = "") -> RunSpec:
-    """Merge run-file values and CLI flags (flags win; env maps merge, flags win per key).
+    """Merge run-file values and CLI flags (flags win; maps merge, flags win per key; the
+    tolerations and mounts of flags add to the file's).
 
     ``storage_default`` is the root used when neither names one (the orchestrator resolves
     it from ``$XRUN_STORAGE`` or the per-user folder: this module reads no environment).
@@ -161,8 +204,10 @@ def build_spec(file_values: dict[str, Any], flag_values: dict[str, Any],
     for name, value in flag_values.items():
         if value is None:
             continue
-        if name == "env":
-            merged["env"] = {**merged.get("env", {}), **value}
+        if FIELDS[name].type == "dict[str, str]":  # env, node_selector, pod_*: per key
+            merged[name] = {**merged.get(name, {}), **_coerce(name, value)}
+        elif FIELDS[name].type == "list[dict[str, Any]]":  # tolerations, mounts: added
+            merged[name] = merged.get(name, []) + _coerce(name, value)
         else:
             merged[name] = _coerce(name, value)
     if not merged.get("storage") and storage_default:
@@ -292,7 +337,117 @@ def validate(spec: RunSpec) -> None:
         raise XrunError(f"storage: {root!r} is not a valid gs://bucket/prefix")
     if spec.backend_name == "kube" and not root.startswith("gs://"):
         raise XrunError("storage: cluster runs need a gs://bucket/prefix storage root (pods cannot see your local folder)")
+    validate_gke_knobs(spec)
     for label_field in ("branch", "commit"):
         value = getattr(spec, label_field)
         if value and ("\n" in value or len(value) > 200):
             raise XrunError(f"{label_field}: must be one line of at most 200 characters")
+
+
+def _key_value_map(name: str, mapping: dict[str, str], values_are_labels: bool) -> None:
+    """Keys qualified names (ValidateLabels / ValidateAnnotations); label values when asked."""
+    for key, value in mapping.items():
+        for m in is_qualified_name(key):
+            raise XrunError(f"{name}: key {key!r}: {m}")
+        if key.startswith(CONTROLLER_PREFIXES):
+            raise XrunError(f"{name}: {key!r} is set by the JobSet/Job controllers on every pod; choose another key")
+        if values_are_labels:
+            for m in is_valid_label_value(value):
+                raise XrunError(f"{name}: {key}={value!r}: {m}")
+
+
+def _toleration(i: int, tol: dict[str, Any]) -> None:
+    """core validation.go ValidateTolerations, on the run-file form (snake_case keys)."""
+    where = f"tolerations[{i}]"
+    unknown = sorted(set(tol) - TOLERATION_KEYS)
+    if unknown:
+        raise XrunError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(TOLERATION_KEYS))}")
+    key, op = str(tol.get("key", "")), str(tol.get("operator", "Equal"))
+    value, effect = tol.get("value", ""), str(tol.get("effect", ""))
+    if not isinstance(value, str):
+        raise XrunError(f"{where}.value: must be a string (quote \"true\")")
+    for m in is_qualified_name(key) if key else []:
+        raise XrunError(f"{where}.key: {key!r}: {m}")
+    if op not in ("Equal", "Exists"):
+        raise XrunError(f"{where}.operator: must be Equal or Exists, got {op!r}")
+    if not key and op != "Exists":
+        raise XrunError(f"{where}.operator: must be Exists when key is empty")
+    if op == "Exists" and value:
+        raise XrunError(f"{where}.value: must be empty with operator Exists")
+    for m in is_valid_label_value(value) if op == "Equal" else []:
+        raise XrunError(f"{where}.value: {value!r}: {m}")
+    if effect not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
+        raise XrunError(f"{where}.effect: must be NoSchedule, PreferNoSchedule or NoExecute, got {effect!r}")
+    seconds = tol.get("toleration_seconds")
+    if seconds is not None and (effect != "NoExecute" or isinstance(seconds, bool) or not isinstance(seconds, int)):
+        raise XrunError(f"{where}.toleration_seconds: an integer, only with effect NoExecute")
+
+
+def _mount(i: int, mount: dict[str, Any]) -> None:
+    where = f"mounts[{i}]"
+    unknown = sorted(set(mount) - MOUNT_KEYS)
+    if unknown:
+        raise XrunError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(MOUNT_KEYS))}")
+    if ("bucket" in mount) == ("pvc" in mount):
+        raise XrunError(f"{where}: give exactly one of bucket (a GCS bucket, through the GCS FUSE CSI driver) "
+                        "or pvc (an existing PersistentVolumeClaim)")
+    path = mount.get("path")
+    if not isinstance(path, str) or not path.startswith("/") or ":" in path or "\n" in path:
+        raise XrunError(f"{where}.path: an absolute path in the container, got {path!r}")
+    if not isinstance(mount.get("read_only", False), bool):
+        raise XrunError(f"{where}.read_only: must be true or false")
+    if "bucket" in mount:
+        bucket = mount["bucket"]
+        if not isinstance(bucket, str) or not re.fullmatch(r"[a-z0-9][-a-z0-9_.]{1,221}[a-z0-9]", bucket):
+            raise XrunError(f"{where}.bucket: a GCS bucket name (no gs://), got {bucket!r}")
+        if "options" in mount and not isinstance(mount["options"], str):
+            raise XrunError(f"{where}.options: gcsfuse mount options as one string, e.g. implicit-dirs,only-dir=data")
+    else:
+        if "options" in mount:
+            raise XrunError(f"{where}.options: only for bucket mounts")
+        claim = mount["pvc"]
+        if not isinstance(claim, str) or is_dns1123_subdomain(claim):
+            raise XrunError(f"{where}.pvc: a PersistentVolumeClaim name (DNS-1123 subdomain), got {claim!r}")
+
+
+def validate_gke_knobs(spec: RunSpec) -> None:
+    """capacity, placement, priority, mounts, scheduler and Kueue topology (issue #18)."""
+    cap = spec.capacity
+    if cap.startswith("reservation:"):
+        if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", spec.reservation):
+            raise XrunError(f"capacity: reservation name {spec.reservation!r} is not a Compute Engine name "
+                            "(lowercase letters, digits, '-', at most 63)")
+    elif cap not in ("on-demand", "spot", "flex-start"):
+        raise XrunError(f"capacity: must be one of {' | '.join(CAPACITIES)}, got {cap!r}")
+    if cap == "flex-start" and not spec.queue:
+        raise XrunError("capacity: flex-start needs queue: a Kueue LocalQueue whose ClusterQueue has a "
+                        "ProvisioningRequest admission check (GKE queued provisioning)")
+    if cap != "on-demand" and spec.shape.kind == "cpu":
+        raise XrunError(f"capacity: {cap} is for TPU and GPU node pools, not {spec.accelerator}")
+    _key_value_map("node_selector", spec.node_selector, values_are_labels=True)
+    _key_value_map("pod_labels", spec.pod_labels, values_are_labels=True)
+    _key_value_map("pod_annotations", spec.pod_annotations, values_are_labels=False)
+    for i, tol in enumerate(spec.tolerations):
+        _toleration(i, tol)
+    for i, mount in enumerate(spec.mounts):
+        _mount(i, mount)
+    paths = [m["path"].rstrip("/") or "/" for m in spec.mounts]
+    for path in paths:
+        if paths.count(path) > 1:
+            raise XrunError(f"mounts: {path} is mounted twice")
+    if spec.priority and spec.priority_class:
+        raise XrunError(f"priority: give priority ({spec.priority!r}) or priority_class "
+                        f"({spec.priority_class!r}), not both")
+    if spec.priority and spec.priority not in PRIORITY_LADDER and is_dns1123_subdomain(spec.priority):
+        raise XrunError(f"priority: one of {', '.join(PRIORITY_LADDER)} or a PriorityClass name, "
+                        f"got {spec.priority!r}")
+    if spec.scheduler and spec.scheduler != TOPOLOGY_AWARE_SCHEDULER and is_dns1123_subdomain(spec.scheduler):
+        raise XrunError(f"scheduler: {TOPOLOGY_AWARE_SCHEDULER} or a scheduler name (DNS-1123 subdomain), "
+                        f"got {spec.scheduler!r}")
+    if spec.kueue_topology:
+        mode, _, level = spec.kueue_topology.partition(":")
+        if mode not in KUEUE_TOPOLOGY_MODES or not level or is_qualified_name(level):
+            raise XrunError("kueue_topology: required:<node label> or preferred:<node label> (e.g. "
+                            f"preferred:cloud.google.com/gce-topology-block), got {spec.kueue_topology!r}")
+        if not spec.queue:
+            raise XrunError("kueue_topology: needs queue (Kueue's topology-aware scheduling admits through a LocalQueue)")

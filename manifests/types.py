@@ -145,6 +145,12 @@ class Toleration:
     operator: str | None = None
     value: str | None = None
     effect: str | None = None
+    toleration_seconds: int | None = None
+
+
+@dataclass(kw_only=True)
+class PodSchedulingGate:
+    name: str
 
 
 @dataclass(kw_only=True)
@@ -162,6 +168,7 @@ class PodSpec:
     service_account_name: str | None = None
     priority_class_name: str | None = None
     scheduler_name: str | None = None
+    scheduling_gates: list[PodSchedulingGate] = field(default_factory=list)
     subdomain: str | None = None
     hostname: str | None = None
 

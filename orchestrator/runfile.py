@@ -89,6 +89,47 @@ def parse_env_pairs(pairs: list[str], source: str = "--env") -> dict[str, str]:
     return out
 
 
+def parse_pairs(pairs: list[str], field: str) -> dict[str, str]:
+    """--node-selector/--pod-labels/--pod-annotations KEY=VAL pairs (the run-file key named)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise XrunError(f"{field}: expected KEY=VALUE, got {pair!r}")
+        if key in out:
+            raise XrunError(f"{field}: duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def parse_toleration(text: str) -> dict[str, Any]:
+    """kubectl's taint syntax: KEY=VALUE:EFFECT (Equal), KEY:EFFECT or KEY (Exists)."""
+    head, sep, effect = text.rpartition(":") if ":" in text else (text, "", "")
+    key, eq, value = head.partition("=")
+    out: dict[str, Any] = {"key": key, "operator": "Equal" if eq else "Exists"}
+    if eq:
+        out["value"] = value
+    if sep:
+        out["effect"] = effect
+    return out
+
+
+def parse_mount(text: str) -> dict[str, Any]:
+    """gs://BUCKET:/PATH[:ro] or pvc:CLAIM:/PATH[:ro] -> a ``mounts`` entry."""
+    body, read_only = (text[:-3], True) if text.endswith(":ro") else (text, False)
+    if body.startswith("gs://"):
+        source, sep, path = body[len("gs://"):].partition(":")
+        entry: dict[str, Any] = {"bucket": source}
+    elif body.startswith("pvc:"):
+        source, sep, path = body[len("pvc:"):].partition(":")
+        entry = {"pvc": source}
+    else:
+        raise XrunError(f"mounts: expected gs://BUCKET:/path or pvc:CLAIM:/path (':ro' for read-only), got {text!r}")
+    if not sep:
+        raise XrunError(f"mounts: {text!r} names no path (gs://BUCKET:/path)")
+    return {**entry, "path": path, "read_only": read_only}
+
+
 def read_env_file(path: str) -> dict[str, str]:
     lines = read_text(path, "--env-file").splitlines()
     pairs = [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]

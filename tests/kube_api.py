@@ -282,6 +282,7 @@ class KubeAPI:
         self.nodes: list[dict[str, Any]] = []
         self.config_maps: dict[tuple[str, str], dict[str, Any]] = {}
         self.local_queues: dict[tuple[str, str], dict[str, Any]] = {}
+        self.priority_classes: list[dict[str, Any]] = []  # scheduling.k8s.io/v1 PriorityClass
         # Deployments (apps/v1) by (namespace, name): the JobSet controller as its release
         # manifests install it (config/default: namespace jobset-system, jobset-controller-manager).
         self.deployments: dict[tuple[str, str], dict[str, Any]] = {
@@ -580,6 +581,9 @@ class KubeAPI:
             sel = q.get("labelSelector", "")
             items = [n for n in self.nodes if match_labels(sel, n["metadata"].get("labels", {}))]
             return self._send(h, 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {"resourceVersion": str(self.rv)}, "items": items})
+        if p == "/apis/scheduling.k8s.io/v1/priorityclasses" and m == "GET":
+            return self._send(h, 200, {"kind": "PriorityClassList", "apiVersion": "scheduling.k8s.io/v1",
+                                       "metadata": {"resourceVersion": str(self.rv)}, "items": self.priority_classes})
         mm = re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)", p)
         if mm and m == "GET":
             dep = self.deployments.get((mm[1], mm[2]))
@@ -975,6 +979,56 @@ class Program:
         return f"host {host} attempt {attempt} line {i}"
 
 
+def tolerates(tol: dict[str, Any], taint: dict[str, Any]) -> bool:
+    """kubernetes staging/src/k8s.io/api/core/v1/toleration.go ``ToleratesTaint``."""
+    if tol.get("effect") and tol["effect"] != taint.get("effect"):
+        return False
+    if tol.get("key") and tol["key"] != taint.get("key"):
+        return False
+    op = tol.get("operator") or "Equal"
+    return op == "Exists" or (op == "Equal" and (tol.get("value") or "") == (taint.get("value") or ""))
+
+
+def node_misfit(pod_spec: dict[str, Any], node: dict[str, Any]) -> str:
+    """Why kube-scheduler's filters refuse ``node`` for the pod ('' when it fits):
+    NodeAffinity (pkg/scheduler/framework/plugins/nodeaffinity: every nodeSelector entry
+    equals a node label) and TaintToleration (plugins/tainttoleration:
+    v1helper.FindMatchingUntoleratedTaint over NoSchedule/NoExecute taints)."""
+    labels = node["metadata"].get("labels") or {}
+    if any(labels.get(k) != v for k, v in (pod_spec.get("nodeSelector") or {}).items()):
+        return "node(s) didn't match Pod's node affinity/selector"
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(
+                tolerates(t, taint) for t in pod_spec.get("tolerations") or []):
+            return f"node(s) had untolerated taint {{{taint['key']}: {taint.get('value', '')}}}"
+    return ""
+
+
+def pick_node(api: KubeAPI, pod: dict[str, Any]) -> tuple[str | None, str]:
+    """The node the scheduler binds ``pod`` to, or why none fits (FailedScheduling's
+    "0/N nodes are available: ..."). With no nodes in ``api.nodes`` every pod fits a
+    node of its own (the older tests' world). A pod with schedulingGates is not scheduled
+    (SchedulingGated). One pod per node: xrun's pods take all of a node's chips
+    (NodeResourcesFit: "Insufficient <resource>")."""
+    spec = pod["spec"]
+    if spec.get("schedulingGates"):
+        return None, "pod has schedulingGates"
+    if not api.nodes:
+        return None, ""
+    taken = {p["spec"].get("nodeName") for p in api.pods.values() if p is not pod and p["spec"].get("nodeName")}
+    limits = (spec["containers"][0].get("resources") or {}).get("limits") or {}
+    resource = next((k for k in limits if "/" in k), "cpu")
+    reasons: dict[str, int] = {}
+    for node in api.nodes:
+        name = node["metadata"]["name"]
+        why = node_misfit(spec, node) or (f"Insufficient {resource}" if name in taken else "")
+        if not why:
+            return name, ""
+        reasons[why] = reasons.get(why, 0) + 1
+    return None, f"0/{len(api.nodes)} nodes are available: " + ", ".join(
+        f"{n} {why}" for why, n in sorted(reasons.items())) + "."
+
+
 class JobSetController:
     """The JobSet, Job and scheduler controllers and the kubelets, on their own clock.
 
@@ -1221,9 +1275,18 @@ class JobSetController:
             return
         if phase == "Pending":
             if "scheduled" not in rt and now - rt["created"] >= self.schedule_after:
+                node, why = pick_node(self.api, pod)
+                if why:  # Unschedulable until a node fits (retried every tick, reported once)
+                    if rt.get("unschedulable") != why:
+                        rt["unschedulable"] = why
+                        status_["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                                  "reason": "Unschedulable", "message": why}]
+                        self.api.put_pod(pod)
+                        self.api.add_event("Pod", meta["name"], "FailedScheduling", why, namespace=meta["namespace"])
+                    return
                 rt["scheduled"] = now
-                pod["spec"]["nodeName"] = f"gke-node-{meta['labels']['jobset.sigs.k8s.io/job-global-index']}-" \
-                                          f"{meta['labels']['batch.kubernetes.io/job-completion-index']}"
+                pod["spec"]["nodeName"] = node or f"gke-node-{meta['labels']['jobset.sigs.k8s.io/job-global-index']}-" \
+                                                  f"{meta['labels']['batch.kubernetes.io/job-completion-index']}"
                 status_["conditions"] = [{"type": "PodScheduled", "status": "True"}]
                 status_["containerStatuses"] = [{"name": c["name"], "ready": False, "restartCount": 0, "image": c.get("image", ""),
                                                  "state": {"waiting": {"reason": "ContainerCreating"}}}

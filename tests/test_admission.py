@@ -23,6 +23,14 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "env": {"PRICE": "$5 and $(HOME)", "EMPTY": "", "XRUN_TEST_STEP_DELAY": "0.5"},
         "restartable_exit_codes": [137, 42, 143],
     },
+    "gke-knobs": {
+        "queue": "team-a", "priority": "very-high", "node_selector": {"example.com/pool": "a"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute",
+                         "toleration_seconds": 30}, {"operator": "Exists"}],
+        "pod_labels": {"team": "ml"}, "pod_annotations": {"example.com/owner": "ana"},
+        "mounts": [{"bucket": "training-data", "path": "/data", "read_only": True}, {"pvc": "datasets", "path": "/ds"}],
+        "scheduler": "gke.io/topology-aware-auto", "kueue_topology": "preferred:cloud.google.com/gce-topology-block",
+    },
 }
 
 

@@ -476,7 +476,7 @@ def test_readme_first_run_on_gke_against_the_scripted_cluster(api, gcs_emulator,
     finally:
         kubelet.close()
     assert [ln.split()[1] for ln in outputs["doctor"].stdout.splitlines()] == [
-        "api", "jobset", "jobset-controller", "nodes", "storage", "pod-storage"]
+        "api", "jobset", "jobset-controller", "priority", "nodes", "storage", "pod-storage"]
     assert all(ln.split()[0] == "ok" for ln in outputs["doctor"].stdout.splitlines())
     assert yaml.safe_load(outputs["render"].stdout)["metadata"]["name"] == name
     assert "step 1 loss 2.5" in outputs["logs"].stdout

@@ -163,15 +163,16 @@ def test_doctor_passes_on_a_ready_cluster(api, kubeconfig, gcs_bucket, tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert [ln.split()[:2] for ln in lines] == [["ok", "api"], ["ok", "jobset"], ["ok", "jobset-controller"], ["ok", "kueue"],
-                                                ["ok", "nodes"], ["ok", "storage"], ["skip", "pod-storage"]]
+                                                ["ok", "priority"], ["ok", "nodes"], ["ok", "storage"], ["skip", "pod-storage"]]
     assert "jobset-system/jobset-controller-manager runs registry.k8s.io/jobset/jobset:v0.12.0 (1 ready)" in lines[2]
     del lines[2]
     assert "(context test-ctx, Kubernetes v1.31.4-gke.1000), namespace team" in lines[0]
     assert "served v1alpha2 (storage v1alpha2); xrun uses v1alpha2" in lines[1]
     assert "LocalQueue team/lq exists (ClusterQueue cq-tpu, kueue.x-k8s.io/v1beta1)" in lines[2]
+    assert "PriorityClasses: very-low missing, low missing" in lines[3]
     assert ("4 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=2x4,"
-            "node.kubernetes.io/instance-type=ct6e-standard-4t (4 Ready); v6e-8 needs 4") in lines[3]
-    assert f"storage root {gcs_bucket}/xrun writable" in lines[4]
+            "node.kubernetes.io/instance-type=ct6e-standard-4t (4 Ready); v6e-8 needs 4") in lines[4]
+    assert f"storage root {gcs_bucket}/xrun writable" in lines[5]
     assert r.stderr.strip() == "xrun: doctor: all checks passed"
     assert open_storage(f"{gcs_bucket}/xrun").list("", delimiter=None)[0] == []  # the probe was removed
     (lq,) = api.requests_to("GET", "/localqueues/")

@@ -61,3 +61,34 @@ def test_gpu_nodes_and_forbidden_node_list(api, backend):
     assert check.result == "warn" and "cannot list nodes to look for cloud.google.com/gke-accelerator=" in check.detail
     assert "RBAC must allow verb 'list' on resource 'nodes'" in check.detail
     assert doctor.check_nodes(backend, lookup("cpu-2"), 2).result == "skip"
+
+
+def _priority_class(name: str, value: int) -> dict:
+    return {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value}
+
+
+def test_priority_classes_of_the_ladder_and_the_runs(api, backend):
+    api.priority_classes = [_priority_class("low", 250), _priority_class("high", 750),
+                            _priority_class("system-node-critical", 2000001000), _priority_class("batch", 10)]
+    check = doctor.check_priority(backend, "high")
+    assert (check.result, check.detail) == ("ok", "priority 'high' exists; PriorityClasses: very-low missing, low=250, "
+                                                  "medium missing, high=750, very-high missing; others: batch")
+    check = doctor.check_priority(backend, "very-high")
+    assert (check.result, check.exit_code) == ("FAIL", 1)
+    assert check.detail.startswith("priority 'very-high' has no PriorityClass (pods would be refused); PriorityClasses:")
+    assert api.requests_to("GET", "^/apis/scheduling.k8s.io/v1/priorityclasses$")
+
+
+def test_nodes_of_the_runs_capacity(api, backend):
+    gpu = {"cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb"}
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    api.nodes = [{"metadata": {"name": "od-0", "labels": gpu}, "status": ready},
+                 {"metadata": {"name": "spot-0", "labels": {**gpu, "cloud.google.com/gke-spot": "true"}}, "status": ready}]
+    shape = lookup("h100-mega-80gb-8")
+    check = doctor.check_nodes(backend, shape, 1, "spot")
+    assert (check.result, check.detail) == ("ok", "1 node(s) labelled cloud.google.com/gke-accelerator=nvidia-h100-mega-80gb,"
+                                                  "cloud.google.com/gke-spot=true (1 Ready); h100-mega-80gb-8 needs 1")
+    check = doctor.check_nodes(backend, shape, 2, "flex-start")
+    assert check.result == "warn" and "flex-start nodes are created when Kueue's ProvisioningRequest" in check.detail
+    assert api.requests_to("GET", "^/api/v1/nodes$")[-1].query["labelSelector"] == (
+        "cloud.google.com/gke-accelerator=nvidia-h100-mega-80gb,cloud.google.com/gke-queued=true")

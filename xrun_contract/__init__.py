@@ -21,6 +21,11 @@ DEFAULT_RESTARTABLE_EXIT_CODES = (RESTARTABLE_EXIT_CODE, *range(127, 256))
 # restart lands on the same image and node type, so this code is outside the default
 # restartable set: the Job fails for good (podFailurePolicy FailJob) instead of looping.
 PLATFORM_MISMATCH_EXIT_CODE = 4
+# What JAX_PLATFORMS a pod of each XRUN_PLATFORM pins (GPU pods only: a CUDA jaxlib that
+# cannot load the driver must fail loudly, not fall back to CPU). Local runs map it to cpu.
+JAX_PLATFORMS_FOR = {"gpu": "cuda"}
+# Where GKE's device plugin mounts the NVIDIA driver libraries in a GPU container.
+GKE_NVIDIA_LIB64 = "/usr/local/nvidia/lib64"
 # A Python exception in user code (a bug): never restartable.
 USER_ERROR_EXIT_CODE = 1
 

@@ -43,6 +43,12 @@ class Labels:
     TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
     GPU_ACCELERATOR = "cloud.google.com/gke-accelerator"
     INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+    # GKE capacity (node labels a pod selects; GKE docs "Spot VMs", "Consuming reserved
+    # zonal resources", "flex-start with queued provisioning"; xpk capacity.py).
+    SPOT = "cloud.google.com/gke-spot"
+    RESERVATION_NAME = "cloud.google.com/reservation-name"
+    RESERVATION_AFFINITY = "cloud.google.com/reservation-affinity"
+    QUEUED = "cloud.google.com/gke-queued"
 
 
 class Annotations:
@@ -50,6 +56,15 @@ class Annotations:
     JOB_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
     # One Job (slice) per node pool: JobSet's exclusive placement.
     EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+    # GKE multi-networking (pod annotations): extra NICs without hostNetwork.
+    NETWORK_INTERFACES = "networking.gke.io/interfaces"
+    DEFAULT_INTERFACE = "networking.gke.io/default-interface"
+    # The GCS FUSE CSI driver injects its sidecar into pods annotated so.
+    GCSFUSE_VOLUMES = "gke-gcsfuse/volumes"
+    # Kueue topology-aware scheduling (pod template annotations, kueue apis/kueue/v1beta1
+    # constants.go PodSetRequiredTopologyAnnotation / PodSetPreferredTopologyAnnotation).
+    KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
+    KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 
 
 class FieldPaths:

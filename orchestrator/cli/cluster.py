@@ -18,16 +18,20 @@ from orchestrator.services import doctor as checks
 @click.option("--num-slices", type=int, help="TPU slices (nodes needed = hosts per slice x slices).")
 @click.option("--nodes", type=int, help="GPU nodes.")
 @click.option("--queue", help="Kueue LocalQueue that must exist.")
+@click.option("--capacity", help="on-demand|spot|reservation:NAME|flex-start: count only nodes of that capacity.")
+@click.option("--priority", help="PriorityClass the run uses (very-low..very-high or a class name) that must exist.")
 @click.option("--storage", help="Storage root to write a probe to. Default: $XRUN_STORAGE.")
 @click.option("--image", help="The run's image: doctor runs a probe pod with it on the target node pool.")
 @click.option("--service-account", help="The run's pod service account (for the probe pod).")
 @click.option("--probe-timeout", type=click.IntRange(1, 3600), help="Seconds to wait for the probe pod. Default 300.")
 @click.option("-o", "--output", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def doctor(context: str | None, namespace: str | None, run_file: str | None, accelerator: str | None,
-           num_slices: int | None, nodes: int | None, queue: str | None, storage: str | None,
-           image: str | None, service_account: str | None, probe_timeout: int | None, fmt: str) -> int:
+           num_slices: int | None, nodes: int | None, queue: str | None, capacity: str | None,
+           priority: str | None, storage: str | None, image: str | None, service_account: str | None,
+           probe_timeout: int | None, fmt: str) -> int:
     """Check that a cluster can run xrun's JobSets: API, JobSet CRD and controller version, Kueue
-    queue, nodes, storage from here and (given the run's image) from a pod on the node pool.
+    queue, PriorityClasses, nodes, storage from here and (given the run's image) from a pod on
+    the node pool.
 
     Exit code: 0 all checks passed (warnings allowed), 1 a check failed, 2 bad input,
     3 the API or the storage root cannot be reached.
@@ -40,6 +44,7 @@ def doctor(context: str | None, namespace: str | None, run_file: str | None, acc
     """
     v = checks.inputs(run_file, {"context": context, "namespace": namespace, "accelerator": accelerator,
                                  "num_slices": num_slices, "nodes": nodes, "queue": queue, "storage": storage,
+                                 "capacity": capacity, "priority": priority,
                                  "image": image, "service_account": service_account,
                                  "probe_timeout": probe_timeout})
     results, code = checks.doctor(v)

@@ -27,11 +27,12 @@ from orchestrator.cli.common import (
 )
 from orchestrator.cli.screen import _duration, render_table, summary_lines
 from orchestrator.readers.loaders import StoredRun
-from orchestrator.runfile import spec_from_inputs
+from orchestrator.readers.logs import parse_duration
+from orchestrator.runfile import parse_mount, parse_pairs, parse_toleration, spec_from_inputs
 from orchestrator.services import follow as following
 from orchestrator.services import logs as logs_service
 from orchestrator.services import runs
-from xrun_contract import SUCCEEDED
+from xrun_contract import RUN_STATES, SUCCEEDED
 from xrun_contract.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, XrunError
 
 VERBOSE = click.option("-v", "--verbose", is_flag=True,
@@ -49,7 +50,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--image",), {"help": "The user's container image: xrun's own, MaxText's, any image with /bin/sh."}),
     (("--xrun-image",), {"help": "xrun's image for the pod's init container and log shipper (default xrun-workload:<version>)."}),
     (("--command",), {"help": "Command run in every host (through /bin/sh -c). Default: python3 -m workload.train"}),
-    (("--accelerator", "--tpu", "accelerator"), {"help": "Shape: v6e-1..v6e-256, v5litepod-N, v5p-N, v4-N, h100-80gb-8, h200-141gb-8, cpu-N."}),
+    (("--accelerator", "--tpu", "accelerator"), {"help": "Shape: v6e-1..v6e-256, v5litepod-N, v5p-N, v4-N, h100-80gb-8, h100-mega-80gb-8, h200-141gb-8, b200-8, cpu-N."}),
     (("--num-slices",), {"type": int, "help": "TPU slices (multislice). Default 1."}),
     (("--nodes",), {"type": int, "help": "GPU nodes. Default 1."}),
     (("--cpu-devices-per-host",), {"type": int, "help": "CPU devices per host for cpu-N shapes. Default 2."}),
@@ -60,8 +61,17 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--restartable-exit-codes",), {"metavar": "CODES", "help": "Comma list of exit codes that restart the run (default 42,127-255)."}),
     (("--termination-grace-seconds",), {"type": int, "help": "Pod grace period. Default 120."}),
     (("--ttl-seconds-after-finished",), {"type": int, "help": "JobSet TTL. Default 86400."}),
-    (("--service-account",), {"help": "Pod service account. TPU/GPU pods use hostNetwork, where Workload Identity does not apply: GCS sees the node pool's account ('xrun doctor' checks)."}),
-    (("--priority-class",), {"help": "Pod priorityClassName."}),
+    (("--service-account",), {"help": "Pod service account. TPU pods (and GPU pods without a networking stack) use hostNetwork, where Workload Identity does not apply: GCS sees the node pool's account ('xrun doctor' checks)."}),
+    (("--priority-class",), {"help": "Pod priorityClassName (raw; prefer --priority)."}),
+    (("--priority",), {"help": "very-low|low|medium|high|very-high (xpk's PriorityClasses, 100..1000) or a PriorityClass name."}),
+    (("--capacity",), {"help": "on-demand (default) | spot | reservation:NAME | flex-start (needs --queue)."}),
+    (("--node-selector", "node_selector"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod nodeSelector (repeatable)."}),
+    (("--tolerations", "tolerations"), {"multiple": True, "metavar": "KEY[=VAL][:EFFECT]", "help": "Extra toleration, kubectl taint syntax (repeatable)."}),
+    (("--pod-annotations", "pod_annotations"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod annotation (repeatable)."}),
+    (("--pod-labels", "pod_labels"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod label (repeatable)."}),
+    (("--mounts", "mounts"), {"multiple": True, "metavar": "SOURCE:PATH[:ro]", "help": "gs://BUCKET:/path or pvc:CLAIM:/path, :ro for read-only (repeatable)."}),
+    (("--scheduler",), {"help": "Pod schedulerName, or gke.io/topology-aware-auto (a scheduling gate, like xpk)."}),
+    (("--kueue-topology",), {"metavar": "MODE:LABEL", "help": "Kueue topology-aware scheduling: required:LABEL or preferred:LABEL."}),
     (("--queue",), {"help": "Kueue LocalQueue name."}),
     (("--kueue-priority",), {"help": "Kueue WorkloadPriorityClass name."}),
     (("--privileged",), {"is_flag": True, "default": None, "help": "Run the container privileged."}),
@@ -83,6 +93,10 @@ def spec_options(fn: Any) -> Any:
 def spec_from_options(opts: dict[str, Any]) -> RunSpec:
     """The validated RunSpec of a command's options (file first, flags over it)."""
     opts = dict(opts)
+    for name in ("node_selector", "pod_annotations", "pod_labels"):
+        opts[name] = parse_pairs(list(opts.get(name) or ()), name) or None
+    opts["tolerations"] = [parse_toleration(x) for x in opts.get("tolerations") or ()] or None
+    opts["mounts"] = [parse_mount(x) for x in opts.get("mounts") or ()] or None
     return spec_from_inputs(
         opts.pop("run_file", None), opts, env_file=opts.pop("env_file", None),
         env_pairs=tuple(opts.pop("env_pairs", ()) or ()),
@@ -405,13 +419,39 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
     return EXIT_OK
 
 
+def _filter_options(fn: Any) -> Any:
+    for decl in reversed([
+        click.option("-l", "--selector", default="", help="Label selector, kubectl syntax: team=ml,queue!=x,key,!key."),
+        click.option("--state", "states", multiple=True, type=click.Choice(list(RUN_STATES)),
+                     help="Only runs in this state (repeatable)."),
+        click.option("--older-than", metavar="AGE", help="Only runs submitted more than AGE ago (30s/10m/2h/1d)."),
+        click.option("--newer-than", metavar="AGE", help="Only runs submitted less than AGE ago."),
+    ]):
+        fn = decl(fn)
+    return fn
+
+
+def _run_filter(selector: str, states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> runs.RunFilter:
+    def age(flag: str, text: str | None) -> float | None:
+        if text is None:
+            return None
+        try:
+            return parse_duration(text)
+        except ValueError:
+            raise XrunError(f"{flag}: {text!r} is not a duration like 30s, 10m, 2h or 1d") from None
+    return runs.RunFilter(runs.parse_selector(selector), tuple(states), age("--older-than", older_than),
+                          age("--newer-than", newer_than))
+
+
 @click.command("list")
 @storage_option
 @click.option("-o", "--output", "fmt", type=click.Choice(["table", "wide", "json", "yaml"]),
               default="table", show_default=True, help="wide: also backend, accelerator, restarts, submit time.")
 @click.option("--context", default=None, help="Also list xrun JobSets in this cluster context.")
 @click.option("-n", "--namespace", default=None, help="Default: the kubeconfig context's namespace.")
-def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str) -> int:
+@_filter_options
+def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str | None, selector: str,
+             states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> int:
     """List runs under the storage root, newest first: state, step/total, loss, age.
 
     \b
@@ -420,14 +460,16 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str)
       xrun list -o wide
       xrun list --storage gs://bucket/xrun -o json
       xrun list --context gke_p_z_c -n team
+      xrun list -l team=ml --state Failed --older-than 7d
     """
     from orchestrator.cli.common import rfc3339
     from orchestrator.cli.screen import STATE_STYLE, age
     from xrun_contract import significant
 
+    where = _run_filter(selector, states, older_than, newer_than)
     st = open_storage(storage)
     cluster = runs.backend_for("kube", st.root, context, namespace) if context else None
-    items = runs.list_runs(st, cluster)
+    items = runs.list_runs(st, cluster, where)
     if fmt in ("json", "yaml"):
         click.echo(dump(items, fmt), nl=False)
         return EXIT_OK
@@ -481,29 +523,51 @@ def wait(name: str, storage: str | None, timeout_s: float | None, context: str |
 
 
 @click.command()
-@click.argument("name")
+@click.argument("name", required=False)
 @storage_option
 @click.option("--purge", is_flag=True, help="Also remove the run's stored data (logs, metrics, checkpoints).")
-@click.option("-y", "--yes", is_flag=True, help="Do not ask before purging.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask before purging or deleting several runs.")
 @click.option("--no-wait", is_flag=True, help="Return without waiting for the hosts to be gone.")
-def delete(name: str, storage: str | None, purge: bool, yes: bool, no_wait: bool) -> int:
-    """Stop a live run; with --purge also delete its data.
+@_filter_options
+def delete(name: str | None, storage: str | None, purge: bool, yes: bool, no_wait: bool, selector: str,
+           states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> int:
+    """Stop a live run (NAME, or every run the filters match); with --purge also delete its data.
 
     \b
     Examples:
       xrun delete mt-07
       xrun delete mt-07 --purge --yes
+      xrun delete -l team=ml --state Failed --older-than 7d --purge --yes
     """
+    where = _run_filter(selector, states, older_than, newer_than)
+    if name and not where.empty:
+        raise XrunError("delete: give a run NAME or filters (--selector, --state, --older-than, --newer-than), not both")
+    if not name and where.empty:
+        raise XrunError("delete: give a run NAME or at least one filter (--selector, --state, --older-than, --newer-than)")
     st = open_storage(storage)
-    runs.run_info(st, name)
-    if purge and not yes:
-        if not sys.stdin.isatty():
-            raise XrunError("--purge: refusing to delete data without confirmation; add --yes")
-        click.confirm(f"Delete every stored object of run {name} under {st.url(f'runs/{name}')}?", abort=True)
-    done = runs.delete(st, name, purge=purge, wait=not no_wait)
-    info(f"{'stopped' if done.stopped else 'no live hosts for'} {name}")
-    if done.purged is not None:
-        info(f"purged {done.purged} objects under {done.url}")
+    if name:
+        runs.run_info(st, name)
+        if purge and not yes:
+            if not sys.stdin.isatty():
+                raise XrunError("--purge: refusing to delete data without confirmation; add --yes")
+            click.confirm(f"Delete every stored object of run {name} under {st.url(f'runs/{name}')}?", abort=True)
+        names = [name]
+    else:
+        names = [r["name"] for r in runs.list_runs(st, None, where)]
+        if not names:
+            info("no runs match")
+            return EXIT_OK
+        if not yes:
+            if not sys.stdin.isatty():
+                raise XrunError(f"delete: refusing to {'purge' if purge else 'stop'} {len(names)} run(s) "
+                                f"({', '.join(names)}) without confirmation; add --yes")
+            click.confirm(f"{'Stop and purge' if purge else 'Stop'} {', '.join(names)} under {st.url('runs')}?",
+                          abort=True)
+    for n in names:
+        done = runs.delete(st, n, purge=purge, wait=not no_wait)
+        info(f"{'stopped' if done.stopped else 'no live hosts for'} {n}")
+        if done.purged is not None:
+            info(f"purged {done.purged} objects under {done.url}")
     return EXIT_OK
 
 

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from manifests.catalogue import Shape
+from manifests.jobset import capacity_placement, pod_spec
 from manifests.spec import RunSpec
 from orchestrator.backends.kube.backend import (
     INSTALL_HINT,
@@ -205,7 +206,7 @@ def _probe_verdict(backend: KubeBackend, spec: RunSpec, pod: dict[str, Any], whe
     if result.get("ok"):
         return Check("pod-storage", OK, f"a pod {where} wrote and deleted {spec.storage}/{result.get('key')} {who}")
     fixes = []
-    if spec.shape.kind in ("tpu", "gpu"):
+    if pod_spec(spec).host_network:  # TPU pods; GPU pods whose stack attaches NICs by annotation do not
         fixes.append("these pods use hostNetwork, where GKE Workload Identity does not apply"
                      + (f" (service_account {spec.service_account!r} does not grant GCS)" if spec.service_account else "")
                      + ": GCS sees the node pool's service account")
@@ -235,18 +236,39 @@ def check_queue(backend: KubeBackend, queue: str) -> Check:
     return Check("kueue", OK, f"LocalQueue {backend.namespace}/{queue} exists (ClusterQueue {cq}, {KUEUE_GROUP}/{version})")
 
 
-def node_selector(shape: Shape) -> str:
-    """The label selector matching the nodeSelector the manifest gives this shape's pods."""
+def check_priority(backend: KubeBackend, wanted: str) -> Check:
+    """Which of xpk's ladder PriorityClasses (very-low..very-high) exist, and the run's."""
+    from manifests.spec import PRIORITY_LADDER
+
+    try:
+        classes = {(pc.get("metadata") or {}).get("name", ""): pc.get("value") for pc in backend.priority_classes()}
+    except XrunError as e:
+        if e.exit_code == 1:
+            return Check("priority", WARN, f"cannot list PriorityClasses: {e}")
+        return Check("priority", FAIL, str(e), e.exit_code)
+    ladder = ", ".join(f"{n}={classes[n]}" if n in classes else f"{n} missing" for n in PRIORITY_LADDER)
+    others = sorted(set(classes) - set(PRIORITY_LADDER) - {"system-cluster-critical", "system-node-critical"})
+    detail = f"PriorityClasses: {ladder}" + (f"; others: {', '.join(others)}" if others else "")
+    if wanted and wanted not in classes:
+        return Check("priority", FAIL, f"priority {wanted!r} has no PriorityClass (pods would be refused); {detail}", 1)
+    return Check("priority", OK, (f"priority {wanted!r} exists; " if wanted else "") + detail)
+
+
+def node_selector(shape: Shape, capacity: str = "on-demand") -> str:
+    """The label selector matching the nodeSelector the manifest gives this shape's pods
+    (with the capacity's labels: spot, reservation, queued)."""
+
+    extra = "".join(f",{k}={v}" for k, v in capacity_placement(capacity)[0].items())
     if shape.kind == "tpu":
         return (f"{Labels.TPU_ACCELERATOR}={shape.gke_accelerator},{Labels.TPU_TOPOLOGY}={shape.topology},"
-                f"{Labels.INSTANCE_TYPE}={shape.machine_type}")
-    return f"{Labels.GPU_ACCELERATOR}={shape.gke_accelerator}"
+                f"{Labels.INSTANCE_TYPE}={shape.machine_type}{extra}")
+    return f"{Labels.GPU_ACCELERATOR}={shape.gke_accelerator}{extra}"
 
 
-def check_nodes(backend: KubeBackend, shape: Shape, needed: int) -> Check:
+def check_nodes(backend: KubeBackend, shape: Shape, needed: int, capacity: str = "on-demand") -> Check:
     if shape.kind == "cpu":
         return Check("nodes", SKIP, f"{shape.name} needs no accelerator nodes")
-    selector = node_selector(shape)
+    selector = node_selector(shape, capacity)
     try:
         nodes = backend.nodes(selector)
     except XrunError as e:
@@ -260,6 +282,9 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int) -> Check:
     have = f"{len(nodes)} node(s) labelled {selector} ({ready} Ready); {shape.name} needs {needed}"
     if len(nodes) >= needed:
         return Check("nodes", OK, have)
+    if capacity == "flex-start":
+        return Check("nodes", WARN, f"{have}; flex-start nodes are created when Kueue's ProvisioningRequest is "
+                                    "provisioned (queued provisioning), so none may exist yet")
     try:
         autoscaler = backend.config_map(*AUTOSCALER_STATUS)
     except XrunError:
@@ -296,7 +321,8 @@ def check_storage(root: str, for_cluster: bool = True) -> Check:
 
 def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, queue: str,
                storage_root: str, probe: RunSpec | None = None,
-               probe_timeout_s: float = PROBE_TIMEOUT_S) -> list[Check]:
+               probe_timeout_s: float = PROBE_TIMEOUT_S, priority: str = "",
+               capacity: str = "on-demand") -> list[Check]:
     checks = [check_api(backend)]
     if checks[0].result == FAIL:
         checks.append(Check("cluster", SKIP, "JobSet, Kueue and node checks skipped: the API is not reachable"))
@@ -305,8 +331,9 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
         checks.append(check_jobset_controller(backend))
         if queue:
             checks.append(check_queue(backend, queue))
+        checks.append(check_priority(backend, priority))
         if shape is not None:
-            checks.append(check_nodes(backend, shape, needed_nodes))
+            checks.append(check_nodes(backend, shape, needed_nodes, capacity))
     checks.append(check_storage(storage_root))
     if probe is None:
         checks.append(Check("pod-storage", SKIP, "give the run's image (-f run.yaml or --image) to prove a pod on "
@@ -337,6 +364,8 @@ class DoctorInputs:
     storage: str = ""
     probe: RunSpec | None = None  # the run's spec, for the pod-storage probe
     probe_timeout_s: float = PROBE_TIMEOUT_S
+    priority: str = ""  # the run's PriorityClass (priority or priority_class)
+    capacity: str = "on-demand"  # adds spot / reservation / queued node labels to the node check
 
 
 def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
@@ -350,7 +379,8 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
     if run_file:
         data = read_run_file(run_file)
         values = {k: data[k] for k in ("accelerator", "num_slices", "nodes", "cpu_devices_per_host",
-                                       "queue", "namespace", "context", "storage") if data.get(k) is not None}
+                                       "queue", "namespace", "context", "storage", "capacity")
+                  if data.get(k) is not None}
     values.update({k: v for k, v in flags.items() if v is not None and k not in ("image", "service_account")})
     for key in ("num_slices", "nodes"):
         value = values.get(key, 1)
@@ -358,6 +388,7 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
             raise XrunError(f"{key}: must be an integer >= 1, got {value!r}")
     values["storage"] = settings.storage_root(values.get("storage"))
     out = DoctorInputs(**{k: v for k, v in values.items() if k in DoctorInputs.__dataclass_fields__})
+    out.priority = str(values.get("priority") or data.get("priority_class") or "")
     if probe_timeout is not None:
         out.probe_timeout_s = float(probe_timeout)
     image = flags.get("image") or (data.get("image") if run_file else None)
@@ -387,5 +418,6 @@ def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
         needed = shape.vms * v.num_slices if shape.kind == "tpu" else v.nodes
     backend = KubeBackend(v.context or None, v.namespace or None)
     results = run_checks(backend, shape=shape, needed_nodes=needed, queue=v.queue,
-                         storage_root=v.storage, probe=v.probe, probe_timeout_s=v.probe_timeout_s)
+                         storage_root=v.storage, probe=v.probe, probe_timeout_s=v.probe_timeout_s,
+                         priority=v.priority, capacity=str(v.capacity))
     return results, exit_code(results)

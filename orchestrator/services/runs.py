@@ -9,6 +9,7 @@ pods, the processes or the JobSet are gone.
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
 from xrun_contract import DELETED, FAILED, SUCCEEDED, XRUN_VERSION, Layout, is_terminal
 from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
+from xrun_contract.k8s import Labels
 from xrun_contract.storage import Storage, open_storage
 
 
@@ -279,7 +281,65 @@ def live_view(reader: StoredRun, backend: Backend, warn: Any = None) -> dict[str
     return run_view(reader.storage, reader.poll(), live)
 
 
-def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str, Any]]:
+# kubectl -l syntax, equality-based (apimachinery labels/selector.go Parse): key=value,
+# key==value, key!=value, key (exists), !key (absent), comma-separated and ANDed.
+_REQUIREMENT = re.compile(r"^(?P<neg>!)?(?P<key>[A-Za-z0-9][-A-Za-z0-9_./]*)(?:(?P<op>==|=|!=)(?P<value>[-A-Za-z0-9_.]*))?$")
+
+
+@dataclass
+class RunFilter:
+    """``xrun list`` / ``xrun delete`` filters, like ``kubectl get -l`` and xpk's filters."""
+
+    selector: list[tuple[str, str, str]]  # (key, op, value); op in =, !=, exists, !exists
+    states: tuple[str, ...] = ()
+    older_than: float | None = None  # seconds since submission
+    newer_than: float | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not (self.selector or self.states or self.older_than is not None or self.newer_than is not None)
+
+
+def parse_selector(text: str) -> list[tuple[str, str, str]]:
+    out = []
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        m = _REQUIREMENT.match(part)
+        if not m or (m["neg"] and m["op"]):
+            raise XrunError(f"--selector: {part!r} is not key=value, key!=value, key or !key", EXIT_USAGE)
+        op = ("!exists" if m["neg"] else "exists") if not m["op"] else ("!=" if m["op"] == "!=" else "=")
+        out.append((m["key"], op, m["value"] or ""))
+    return out
+
+
+def run_labels(spec: dict[str, Any], name: str) -> dict[str, str]:
+    """The labels a run carries (its JobSet's and pods'): xrun's run label, the Kueue queue
+    and priority, and the run file's pod_labels."""
+    out = {Labels.RUN: name, **(spec.get("pod_labels") or {})}
+    if spec.get("queue"):
+        out[Labels.QUEUE_NAME] = spec["queue"]
+    if spec.get("kueue_priority"):
+        out[Labels.KUEUE_PRIORITY] = spec["kueue_priority"]
+    return out
+
+
+def matches(run: dict[str, Any], f: RunFilter, now: float) -> bool:
+    labels = run.get("labels") or {}
+    for key, op, value in f.selector:
+        if (op == "exists" and key not in labels) or (op == "!exists" and key in labels):
+            return False
+        if (op == "=" and labels.get(key) != value) or (op == "!=" and labels.get(key) == value):
+            return False
+    if f.states and run.get("state") not in f.states:
+        return False
+    submitted = run.get("submitted_at")
+    age = now - submitted if isinstance(submitted, int | float) else None
+    if f.older_than is not None and (age is None or age < f.older_than):
+        return False
+    return not (f.newer_than is not None and (age is None or age > f.newer_than))
+
+
+def list_runs(storage: Storage, cluster: Backend | None = None,
+              where: RunFilter | None = None) -> list[dict[str, Any]]:
     """Every run under the root, newest first; with ``cluster`` its JobSets are merged in."""
     _, prefixes = storage.list(Layout.RUNS)
     records: list[RunRecord] = []
@@ -302,6 +362,7 @@ def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str
             "step": r.steps.step[-1] if last else None,
             "total_steps": r.total_steps,
             "loss": r.steps.loss[-1] if last else None,
+            "labels": run_labels(r.spec, r.name),
         })
     if cluster is not None:
         by_name = {r["name"]: r for r in runs}
@@ -312,8 +373,12 @@ def list_runs(storage: Storage, cluster: Backend | None = None) -> list[dict[str
             else:
                 runs.append({"name": item["name"], "state": item.get("state", ""), "backend": "kube",
                              "accelerator": "", "submitted_at": item.get("created"),
-                             "restarts": item.get("restarts", 0), "in_cluster": True})
+                             "restarts": item.get("restarts", 0), "in_cluster": True,
+                             "labels": item.get("labels") or {}})
     runs.sort(key=lambda r: r.get("submitted_at") or 0, reverse=True)
+    if where is not None and not where.empty:
+        now = time.time()
+        runs = [r for r in runs if matches(r, where, now)]
     return runs
 
 

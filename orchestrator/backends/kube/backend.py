@@ -367,6 +367,7 @@ class KubeBackend:
                 "created": _epoch(meta.get("creationTimestamp")),
                 "restarts": int((js.get("status") or {}).get("restarts") or 0),
                 "namespace": meta.get("namespace", self.namespace),
+                "labels": dict(meta.get("labels") or {}),
             })
         out.sort(key=lambda r: r["created"] or 0, reverse=True)
         return out
@@ -429,6 +430,13 @@ class KubeBackend:
     def nodes(self, label_selector: str) -> builtins.list[dict[str, Any]]:
         _, core = self._apis()
         return (self.call("list", "nodes", core.list_node, label_selector=label_selector) or {}).get("items") or []
+
+    def priority_classes(self) -> builtins.list[dict[str, Any]]:
+        """Every PriorityClass (scheduling.k8s.io/v1, cluster-scoped)."""
+        from kubernetes import client
+
+        api = client.SchedulingV1Api(self.api_client)
+        return (self.call("list", "priorityclasses.scheduling.k8s.io", api.list_priority_class) or {}).get("items") or []
 
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes import client

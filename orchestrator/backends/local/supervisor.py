@@ -226,6 +226,8 @@ def _localise(env: dict[str, str], port: int) -> None:
     if Env.JAX_COORDINATOR_PORT in env:
         env[Env.JAX_COORDINATOR_PORT] = str(port)
     env[Env.PLATFORM] = "cpu"
+    if "JAX_PLATFORMS" in env:  # a GPU pod pins cuda (xrun_contract.JAX_PLATFORMS_FOR)
+        env["JAX_PLATFORMS"] = "cpu"
     env.setdefault(Env.LOG_FLUSH_SECONDS, LOCAL_LOG_FLUSH_SECONDS)
 
 
@@ -347,11 +349,19 @@ class Supervisor:
             for c in pod.init:
                 if pod.stopping:
                     break
+                try:
+                    c.proc = self._popen(c.argv, {**base, **c.env}, sidecar=c.sidecar)
+                except OSError as e:
+                    # A node daemon of a GPU networking stack (its binary is in its image)
+                    # has nothing to do here: skipped. An init container must run.
+                    print(f"pod {pod.name}: container {c.name} cannot run locally: {e}", flush=True)
+                    if c.sidecar:
+                        continue
+                    code, who = 127, c.name
+                    break
                 if c.sidecar:
-                    c.proc = self._popen(c.argv, {**base, **c.env}, sidecar=True)
                     sidecars.append(c)
                     continue
-                c.proc = self._popen(c.argv, {**base, **c.env})
                 rc = exit_code_of_returncode(c.proc.wait())
                 if rc != 0:
                     code, who = rc, c.name

@@ -1,0 +1,246 @@
+"""GKE operator knobs (capacity, placement, priority, mounts, scheduler, Kueue topology):
+each renders what GKE/Kueue document, passes admission, and bad values are exit 2 naming
+the field; on the scripted cluster a spot pod lands only on a spot node and a flex-start
+run waits suspended until Kueue admits it."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import yaml
+from cli_helpers import xrun
+from kube_api import JobSetController, Program
+
+from manifests.admission import violations
+from manifests.jobset import jobset
+from manifests.spec import build_spec
+from orchestrator.backends.kube.backend import KubeBackend
+from xrun_contract.errors import EXIT_USAGE, XrunError
+
+BASE = {"name": "knobs", "accelerator": "v6e-16", "image": "example.com/xrun:1"}
+STORAGE = "gs://bucket-a/xrun"
+
+
+def render(**values: Any) -> dict[str, Any]:
+    obj = jobset(build_spec({**BASE, **values}, {}, storage_default=STORAGE))
+    assert violations(obj) == []
+    return obj
+
+
+def tmpl(obj: dict[str, Any]) -> dict[str, Any]:
+    return obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+
+
+def refused(**values: Any) -> str:
+    with pytest.raises(XrunError) as e:
+        render(**values)
+    assert e.value.exit_code == EXIT_USAGE
+    return str(e.value)
+
+
+def test_spot_selects_and_tolerates_gke_spot_nodes():
+    pod = tmpl(render(capacity="spot"))["spec"]
+    assert pod["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_reservation_selects_the_named_reservation():
+    pod = tmpl(render(capacity="reservation:res-a3-1"))["spec"]
+    assert pod["nodeSelector"]["cloud.google.com/reservation-name"] == "res-a3-1"
+    assert pod["nodeSelector"]["cloud.google.com/reservation-affinity"] == "specific"
+
+
+def test_flex_start_is_queued_and_suspended():
+    obj = render(accelerator="h200-141gb-8", nodes=2, capacity="flex-start", queue="dws")
+    pod = tmpl(obj)["spec"]
+    assert obj["spec"]["suspend"] is True and obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "dws"
+    assert pod["nodeSelector"]["cloud.google.com/gke-queued"] == "true"
+    assert {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in pod["tolerations"]
+    assert "flex-start needs queue" in refused(capacity="flex-start")
+
+
+@pytest.mark.parametrize("accelerator", ["v6e-32", "v5p-16", "h100-80gb-8", "h100-mega-80gb-8", "h200-141gb-8", "b200-8"])
+@pytest.mark.parametrize("capacity", ["on-demand", "spot", "reservation:res-1", "flex-start"])
+def test_every_capacity_on_every_family_is_admitted(accelerator, capacity):
+    render(accelerator=accelerator, capacity=capacity, queue="lq")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("preemptible", "capacity: must be one of on-demand | spot | reservation:<name> | flex-start, got 'preemptible'"),
+    ("reservation:Bad_Name", "capacity: reservation name 'Bad_Name' is not a Compute Engine name"),
+])
+def test_bad_capacity(value, message):
+    assert refused(capacity=value).startswith(message)
+
+
+def test_placement_merges_and_conflicts_name_both_sides():
+    obj = render(node_selector={"pool": "a", "cloud.google.com/gke-tpu-topology": "4x4"},
+                 tolerations=[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+                              {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
+                 pod_labels={"team": "ml"}, pod_annotations={"example.com/owner": "ana"})
+    t = tmpl(obj)
+    assert t["spec"]["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                                         "cloud.google.com/gke-tpu-topology": "4x4",
+                                         "node.kubernetes.io/instance-type": "ct6e-standard-4t", "pool": "a"}
+    assert t["spec"]["tolerations"] == [  # xrun's TPU toleration once, the user's added
+        {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]
+    assert t["metadata"]["labels"] == {"xrun.dev/run": "knobs", "team": "ml"}
+    assert t["metadata"]["annotations"] == {"example.com/owner": "ana"}
+    assert refused(node_selector={"cloud.google.com/gke-tpu-topology": "2x2"}) == (
+        "node_selector: cloud.google.com/gke-tpu-topology='2x2' conflicts with xrun's "
+        "cloud.google.com/gke-tpu-topology='4x4' (from accelerator: v6e-16, capacity: on-demand)")
+    assert refused(pod_labels={"xrun.dev/run": "other"}).startswith(
+        "pod_labels: xrun.dev/run='other' conflicts with xrun's xrun.dev/run='knobs'")
+    assert refused(accelerator="h100-80gb-8", pod_annotations={"networking.gke.io/default-interface": "eth1"}).startswith(
+        "pod_annotations: networking.gke.io/default-interface='eth1' conflicts with xrun's "
+        "networking.gke.io/default-interface='eth0'")
+    assert refused(pod_labels={"jobset.sigs.k8s.io/job-index": "0"}).startswith(
+        "pod_labels: 'jobset.sigs.k8s.io/job-index' is set by the JobSet/Job controllers")
+    assert refused(node_selector={"bad key!": "x"}).startswith("node_selector: key 'bad key!':")
+    assert refused(tolerations=[{"key": "a", "operator": "Exists", "value": "x"}]) == (
+        "tolerations[0].value: must be empty with operator Exists")
+    assert refused(tolerations=[{"key": "a", "effect": "NoRun"}]).startswith("tolerations[0].effect: must be NoSchedule")
+
+
+def test_priority_ladder_raw_names_and_both():
+    assert tmpl(render(priority="very-high"))["spec"]["priorityClassName"] == "very-high"
+    assert tmpl(render(priority="team-a-batch"))["spec"]["priorityClassName"] == "team-a-batch"
+    assert tmpl(render(priority_class="legacy"))["spec"]["priorityClassName"] == "legacy"
+    assert refused(priority="high", priority_class="legacy").startswith("priority: give priority ('high') or priority_class")
+    assert refused(priority="Urgent!").startswith("priority: one of very-low, low, medium, high, very-high or a PriorityClass name")
+
+
+def test_mounts_gcs_fuse_and_pvc():
+    t = tmpl(render(mounts=[{"bucket": "training-data", "path": "/data", "read_only": True, "options": "implicit-dirs"},
+                            {"pvc": "datasets", "path": "/datasets"}]))
+    assert t["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    vols = {v["name"]: v for v in t["spec"]["volumes"]}
+    assert vols["mount-0"] == {"name": "mount-0", "csi": {
+        "driver": "gcsfuse.csi.storage.gke.io", "readOnly": True,
+        "volumeAttributes": {"bucketName": "training-data", "mountOptions": "implicit-dirs"}}}
+    assert vols["mount-1"] == {"name": "mount-1", "persistentVolumeClaim": {"claimName": "datasets"}}
+    mounts = t["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "mount-0", "mountPath": "/data", "readOnly": True} in mounts
+    assert {"name": "mount-1", "mountPath": "/datasets"} in mounts
+    assert refused(mounts=[{"bucket": "gs://x", "path": "/d"}]).startswith("mounts[0].bucket: a GCS bucket name")
+    assert refused(mounts=[{"bucket": "b-1", "pvc": "c", "path": "/d"}]).startswith("mounts[0]: give exactly one of")
+    assert refused(mounts=[{"pvc": "c", "path": "data"}]).startswith("mounts[0].path: an absolute path")
+    assert refused(mounts=[{"pvc": "c", "path": "/dev/shm"}]) == "mounts[0].path: /dev/shm is where xrun mounts its volume 'dshm'"
+
+
+def test_scheduler_and_kueue_topology():
+    t = tmpl(render(scheduler="gke.io/topology-aware-auto"))
+    assert t["spec"]["schedulingGates"] == [{"name": "gke.io/topology-aware-auto-knobs"}]
+    assert "schedulerName" not in t["spec"]
+    assert tmpl(render(scheduler="my-scheduler"))["spec"]["schedulerName"] == "my-scheduler"
+    t = tmpl(render(queue="lq", kueue_topology="required:cloud.google.com/gce-topology-block"))
+    assert t["metadata"]["annotations"] == {"kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gce-topology-block"}
+    assert refused(kueue_topology="preferred:kubernetes.io/hostname") == (
+        "kueue_topology: needs queue (Kueue's topology-aware scheduling admits through a LocalQueue)")
+    assert refused(queue="lq", kueue_topology="best:x").startswith("kueue_topology: required:<node label> or")
+
+
+def test_flags_have_the_run_file_names(tmp_path):
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(yaml.safe_dump({**BASE, "storage": STORAGE, "node_selector": {"pool": "a"},
+                                        "mounts": [{"pvc": "ds", "path": "/ds"}]}))
+    r = xrun("render", "-f", str(run_file), "--capacity", "spot", "--node-selector", "zone=b",
+             "--tolerations", "dedicated=ml:NoSchedule", "--pod-labels", "team=ml", "--pod-annotations", "a.io/b=c",
+             "--priority", "low", "--mounts", "gs://training-data:/data:ro", "--scheduler", "my-scheduler",
+             storage=tmp_path)
+    assert r.returncode == 0, r.stderr
+    pod = tmpl(yaml.safe_load(r.stdout))
+    spec = pod["spec"]
+    assert spec["nodeSelector"]["pool"] == "a" and spec["nodeSelector"]["zone"] == "b"
+    assert spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in spec["tolerations"]
+    assert pod["metadata"]["labels"]["team"] == "ml" and pod["metadata"]["annotations"]["a.io/b"] == "c"
+    assert spec["priorityClassName"] == "low" and spec["schedulerName"] == "my-scheduler"
+    assert [m["mountPath"] for m in spec["containers"][0]["volumeMounts"]][-2:] == ["/ds", "/data"]
+    bad = xrun("render", "-f", str(run_file), "--capacity", "cheap", storage=tmp_path)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        "xrun: error: capacity: must be one of on-demand | spot | reservation:<name> | flex-start, got 'cheap'"]
+
+
+# --- the strict fake cluster (tests/kube_api.py JobSetController schedules by node) ----------
+
+def node(name: str, labels: dict[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
+            "spec": {"taints": taints or []}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _tpu_labels(**extra: str) -> dict[str, str]:
+    return {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4",
+            "node.kubernetes.io/instance-type": "ct6e-standard-8t", **extra}
+
+
+def _backend(kubeconfig: str) -> KubeBackend:
+    return KubeBackend(None, "default", kubeconfig, poll_seconds=0.05, watch_timeout_seconds=1)
+
+
+def _wait(predicate, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _submit(backend: KubeBackend, name: str, **values: Any) -> None:
+    backend.submit(jobset(build_spec({**BASE, "name": name, "accelerator": "v6e-8-single-host", "backend": "kube",
+                                      **values}, {}, storage_default=STORAGE)))
+
+
+def _pod(api, name: str) -> dict[str, Any]:
+    (pod,) = api.pods_of(name)
+    return pod
+
+
+def test_a_spot_pod_lands_only_on_the_spot_node(api, kubeconfig):
+    spot_taint = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}
+    api.nodes = [node("on-demand-0", _tpu_labels()),
+                 node("spot-0", _tpu_labels(**{"cloud.google.com/gke-spot": "true"}), [spot_taint])]
+    JobSetController(api, Program(lines=10_000, line_every=0.05)).start()
+    backend = _backend(kubeconfig)
+    _submit(backend, "spot-run", capacity="spot")
+    _wait(lambda: len(api.pods_of("spot-run")) == 1 and _pod(api, "spot-run")["spec"].get("nodeName"))
+    assert _pod(api, "spot-run")["spec"]["nodeName"] == "spot-0"
+    # On demand, the same shape lands on the untainted node, never the spot one.
+    _submit(backend, "od-run")
+    _wait(lambda: len(api.pods_of("od-run")) == 1 and _pod(api, "od-run")["spec"].get("nodeName"))
+    assert _pod(api, "od-run")["spec"]["nodeName"] == "on-demand-0"
+    # A second spot run finds the spot node taken and the other one not spot: Unschedulable.
+    _submit(backend, "spot-two", capacity="spot")
+    message = ("0/2 nodes are available: 1 Insufficient google.com/tpu, "
+               "1 node(s) didn't match Pod's node affinity/selector.")
+    _wait(lambda: len(api.pods_of("spot-two")) == 1 and _pod(api, "spot-two")["status"].get("conditions"))
+    pod = _pod(api, "spot-two")
+    assert "nodeName" not in pod["spec"] and pod["status"]["conditions"][0]["message"] == message
+    assert any(e["reason"] == "FailedScheduling" and e["message"] == message for e in api.events)
+
+
+def test_a_flex_start_run_waits_suspended_until_kueue_admits_it(api, kubeconfig):
+    api.kueue_versions = ["v1beta1"]
+    gpu = {"cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb"}
+    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+    queued_taint = {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}
+    api.nodes = [node("a3mega-on-demand", gpu, [gpu_taint])]
+    JobSetController(api, Program(lines=10_000, line_every=0.05)).start()
+    backend = _backend(kubeconfig)
+    spec = build_spec({**BASE, "name": "flex", "accelerator": "h100-mega-80gb-8", "nodes": 2, "capacity": "flex-start",
+                       "queue": "dws", "backend": "kube"}, {}, storage_default=STORAGE)
+    backend.submit(jobset(spec))
+    (create,) = api.requests_to("POST", "/jobsets$")
+    assert create.body["spec"]["suspend"] is True
+    _wait(lambda: backend.status("flex").message == "suspended: waiting for Kueue admission in queue dws")
+    time.sleep(0.2)  # many controller ticks: still no Jobs, no pods
+    assert api.pods_of("flex") == [] and backend.status("flex").state == "Pending"
+    # The ProvisioningRequest got its queued nodes; Kueue admits; the pods land there only.
+    api.nodes += [node(f"a3mega-queued-{i}", {**gpu, "cloud.google.com/gke-queued": "true"}, [gpu_taint, queued_taint])
+                  for i in range(2)]
+    api.kueue_admit("flex")
+    _wait(lambda: backend.status("flex").state == "Running")
+    assert sorted(p["spec"]["nodeName"] for p in api.pods_of("flex")) == ["a3mega-queued-0", "a3mega-queued-1"]
