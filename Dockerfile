@@ -1,7 +1,9 @@
 # The workload image: what every pod of an xrun JobSet runs. Two targets:
 #   docker build -t REGISTRY/xrun-workload:TAG .                        (TPU: jax[tpu] + libtpu)
 #   docker build --target gpu -t REGISTRY/xrun-workload:TAG-gpu .       (GPU: jax[cuda12] wheels)
-# No ENTRYPOINT: the JobSet's container command (the xrun pod wrapper) runs as written.
+# No ENTRYPOINT: the JobSet's commands run as written. This image is also every pod's
+# `xrun_image` (init container: python3 -m workload.sidecar install; log shipper: ... ship),
+# whatever image the user's own container runs.
 FROM python:3.11-slim AS base
 
 ENV PYTHONUNBUFFERED=1 \

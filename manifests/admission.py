@@ -918,6 +918,27 @@ def containers(obj: dict[str, Any]) -> list[Violation]:
     return out
 
 
+def container_restart_policy(obj: dict[str, Any]) -> list[Violation]:
+    """core validation.go: validateInitContainers / validateInitContainerRestartPolicy: an init
+    container's restartPolicy, when set, is Always (a native sidecar; Never and OnFailure need
+    the alpha ContainerRestartRules gate); validateContainers: a regular container's
+    restartPolicy is Forbidden ("may not be set for non-init containers")."""
+    out = []
+    for pod, base in _pod_specs(obj):
+        for i, ctr in enumerate(_list(pod.get("initContainers"))):
+            policy = _dict(ctr).get("restartPolicy")
+            if policy is not None and policy != "Always":
+                out.append(_job_rule(f"{base}.initContainers[{i}].restartPolicy", "container-restart-policy",
+                                     f"{json.dumps(policy)} is not Always", "validateInitContainerRestartPolicy",
+                                     NOT_SUPPORTED, policy, 'supported values: "Always"'))
+        for i, ctr in enumerate(_list(pod.get("containers"))):
+            if _dict(ctr).get("restartPolicy") is not None:
+                out.append(_job_rule(f"{base}.containers[{i}].restartPolicy", "container-restart-policy",
+                                     "may not be set for non-init containers", "validateContainers", FORBIDDEN,
+                                     detail="may not be set for non-init containers"))
+    return out
+
+
 def env_vars(obj: dict[str, Any]) -> list[Violation]:
     """core validation.go: ValidateEnv: names required and valid (validation.go IsEnvVarName,
     the rule without RelaxedEnvironmentVariableValidation); validateEnvVarValueFrom: value
@@ -1258,6 +1279,6 @@ RULES: tuple[Callable[[dict[str, Any]], list[Violation]], ...] = (
     success_policy_targets, failure_policy_rule_names, failure_policy_targets, failure_policy_reasons,
     coordinator, coordinator_label,
     # kube-apiserver on the child Jobs and pods
-    job_spec, pod_failure_policy, containers, env_vars, container_ports, host_network_ports, volumes,
+    job_spec, pod_failure_policy, containers, container_restart_policy, env_vars, container_ports, host_network_ports, volumes,
     volume_mounts, resources, tolerations, node_selector, pod_spec_fields,
 )

@@ -15,7 +15,7 @@ from typing import Any
 from manifests import types as t
 from manifests.catalogue import Networking, Shape
 from manifests.spec import TOPOLOGY_AWARE_SCHEDULER, RunSpec
-from xrun_contract import GKE_NVIDIA_LIB64, JAX_PLATFORMS_FOR, Env, Layout
+from xrun_contract import GKE_NVIDIA_LIB64, JAX_PLATFORMS_FOR, Env, Layout, PodFiles
 from xrun_contract.errors import XrunError
 from xrun_contract.k8s import (
     JOBSET_API_VERSION,
@@ -27,7 +27,12 @@ from xrun_contract.k8s import (
 )
 
 REPLICATED_JOB = "slice"
-CONTAINER = "workload"
+CONTAINER = "workload"  # the user's container (the podFailurePolicy reads its exit code)
+INIT_CONTAINER = "xrun-init"  # copies the launcher into the shared folder (xrun's image)
+LOGS_CONTAINER = "xrun-logs"  # native sidecar shipping the output to storage (xrun's image)
+POD_VOLUME = "xrun"  # the emptyDir shared by the three, mounted at PodFiles.MOUNT_PATH
+# The log shipper is a small Python process; its requests count towards the pod's.
+LOGS_RESOURCES = {"cpu": "100m", "memory": "128Mi"}
 MANAGED_BY = "xrun"
 TPU_RESOURCE = "google.com/tpu"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -43,13 +48,25 @@ def coordinator_host(spec: RunSpec) -> str:
     return f"{spec.name}-{REPLICATED_JOB}-0-0.{spec.name}"
 
 
-def wrapper_argv(command: str) -> list[str]:
-    """The container command: the pod wrapper running the user's command through /bin/sh.
+def launcher_argv(command: str) -> list[str]:
+    """The user's container command: xrun's POSIX-sh launcher (``workload/launcher.sh``,
+    copied into the shared folder by the init container) running ``/bin/sh -c COMMAND``.
 
-    The command string travels as one argv element, so quotes, ``$``, ``;`` and newlines
-    reach the shell exactly as written; the wrapper forwards SIGTERM to the whole group.
+    Nothing of xrun has to be in the user's image but /bin/sh. The command string travels
+    as one argv element, so quotes, ``$``, ``;`` and newlines reach the shell exactly as
+    written; ``$(XRUN_POD_DIR)`` is expanded by Kubernetes from the container's env.
     """
-    return ["python3", "-u", "-m", "workload.wrapper", "--", "/bin/sh", "-c", k8s_escape(command)]
+    return ["/bin/sh", f"$({Env.POD_DIR})/{PodFiles.LAUNCHER}", k8s_escape(command)]
+
+
+def install_argv() -> list[str]:
+    """The init container's command (xrun's image): copy the launcher into the shared folder."""
+    return ["python3", "-m", "workload.sidecar", "install", f"$({Env.POD_DIR})"]
+
+
+def ship_argv() -> list[str]:
+    """The log shipper's command (xrun's image)."""
+    return ["python3", "-u", "-m", "workload.sidecar", "ship"]
 
 
 def k8s_escape(text: str) -> str:
@@ -65,12 +82,16 @@ def _field_env(name: str, field_path: str) -> t.EnvVar:
 def container_env(spec: RunSpec) -> list[t.EnvVar]:
     """Every env var a pod gets: contract values (static or Downward API), then the user's."""
     shape = spec.shape
+    coordinator = f"{coordinator_host(spec)}:{spec.coordinator_port}"
     static: dict[str, str] = {
         Env.RUN_NAME: spec.name,
         Env.STORAGE: spec.storage,
+        Env.POD_DIR: PodFiles.MOUNT_PATH,
         Env.NUM_SLICES: str(spec.slices),
         Env.HOSTS_PER_SLICE: str(spec.hosts_per_slice),
-        Env.COORDINATOR_ADDRESS: f"{coordinator_host(spec)}:{spec.coordinator_port}",
+        Env.NUM_PROCESSES: str(spec.slices * spec.hosts_per_slice),
+        Env.COORDINATOR_ADDRESS: coordinator,
+        Env.JAX_COORDINATOR_ADDRESS: coordinator,
         Env.PLATFORM: shape.kind,
         Env.ACCELERATOR: shape.name,
         Env.DEVICES_PER_HOST: str(shape.devices_per_vm),
@@ -90,6 +111,10 @@ def container_env(spec: RunSpec) -> list[t.EnvVar]:
         static[Env.COMMIT] = spec.commit
     if spec.branch:
         static[Env.BRANCH] = spec.branch
+    if shape.kind == "gpu":  # MaxText's GPU initialisation reads these (XPK's names)
+        static[Env.JAX_COORDINATOR_IP] = coordinator_host(spec)
+        static[Env.JAX_COORDINATOR_PORT] = str(spec.coordinator_port)
+        static[Env.NNODES] = str(spec.hosts_per_slice)
     multislice = shape.kind == "tpu" and spec.slices > 1
     if multislice:
         static[Env.MEGASCALE_COORDINATOR_ADDRESS] = coordinator_host(spec)
@@ -103,6 +128,8 @@ def container_env(spec: RunSpec) -> list[t.EnvVar]:
     ]
     if multislice:
         env.append(_field_env(Env.MEGASCALE_SLICE_ID, FieldPaths.JOB_GLOBAL_INDEX))
+    if shape.kind == "gpu":  # one slice: the process id is the completion index
+        env.append(_field_env(Env.NODE_RANK, FieldPaths.COMPLETION_INDEX))
     env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in static.items()]
     # Platform env (driver path, JAX platform, the networking stack's NCCL settings): the
     # user's env of the same name replaces it rather than appearing twice.
@@ -178,22 +205,55 @@ def _accelerator_resources(resource: str, count: int) -> t.ResourceRequirements:
     return t.ResourceRequirements(requests={resource: str(count)}, limits={resource: str(count)})
 
 
+def logs_env(spec: RunSpec) -> list[t.EnvVar]:
+    """What the log shipper needs: where to write (run, storage, host, attempt) and the folder."""
+    return [
+        _field_env(Env.HOST_INDEX, FieldPaths.COMPLETION_INDEX),
+        _field_env(Env.SLICE_INDEX, FieldPaths.JOB_GLOBAL_INDEX),
+        _field_env(Env.RESTART_ATTEMPT, FieldPaths.RESTART_ATTEMPT),
+        t.EnvVar(name=Env.RUN_NAME, value=spec.name),
+        t.EnvVar(name=Env.STORAGE, value=k8s_escape(spec.storage)),
+        t.EnvVar(name=Env.POD_DIR, value=PodFiles.MOUNT_PATH),
+    ]
+
+
+def xrun_containers(spec: RunSpec) -> list[t.Container]:
+    """xrun's part of the pod, from xrun's image: the launcher installer (a plain init
+    container: done before anything else starts) and the log shipper (a native sidecar,
+    restartPolicy Always, Kubernetes >= 1.29: started before the workload, restarted if it
+    dies, stopped only after the workload container ended)."""
+    mount = [t.VolumeMount(name=POD_VOLUME, mount_path=PodFiles.MOUNT_PATH)]
+    return [
+        t.Container(name=INIT_CONTAINER, image=spec.xrun_image, image_pull_policy="IfNotPresent",
+                    command=install_argv(),
+                    env=[t.EnvVar(name=Env.POD_DIR, value=PodFiles.MOUNT_PATH)],
+                    volume_mounts=list(mount)),
+        t.Container(name=LOGS_CONTAINER, image=spec.xrun_image, image_pull_policy="IfNotPresent",
+                    command=ship_argv(), env=logs_env(spec), volume_mounts=list(mount),
+                    resources=t.ResourceRequirements(requests=dict(LOGS_RESOURCES)),
+                    restart_policy="Always"),
+    ]
+
+
 def pod_spec(spec: RunSpec) -> t.PodSpec:
     shape = spec.shape
     container = t.Container(
         name=CONTAINER,
         image=spec.image,
         image_pull_policy="IfNotPresent",
-        command=wrapper_argv(spec.command),
+        command=launcher_argv(spec.command),
         env=container_env(spec),
         ports=[t.ContainerPort(name="coordinator", container_port=spec.coordinator_port)],
-        volume_mounts=[t.VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm")],
+        volume_mounts=[t.VolumeMount(name=SHM_VOLUME, mount_path="/dev/shm"),
+                       t.VolumeMount(name=POD_VOLUME, mount_path=PodFiles.MOUNT_PATH)],
     )
     pod = t.PodSpec(
+        init_containers=xrun_containers(spec),
         containers=[container],
         restart_policy="Never",
         termination_grace_period_seconds=spec.termination_grace_seconds,
-        volumes=[t.Volume(name=SHM_VOLUME, empty_dir=t.EmptyDirVolumeSource(medium="Memory"))],
+        volumes=[t.Volume(name=SHM_VOLUME, empty_dir=t.EmptyDirVolumeSource(medium="Memory")),
+                 t.Volume(name=POD_VOLUME, empty_dir=t.EmptyDirVolumeSource())],
     )
     if shape.kind == "tpu":
         container.resources = _accelerator_resources(TPU_RESOURCE, shape.devices_per_vm)

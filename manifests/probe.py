@@ -16,7 +16,7 @@ import hashlib
 from typing import Any
 
 from manifests import types as t
-from manifests.jobset import build, check_no_empty
+from manifests.jobset import POD_VOLUME, build, check_no_empty
 from manifests.spec import RunSpec
 from xrun_contract.k8s import Labels
 
@@ -47,7 +47,11 @@ def probe_jobset(spec: RunSpec, name: str) -> dict[str, Any]:
     job.parallelism = job.completions = 1
     job.pod_failure_policy = None
     pod = job.template.spec
+    # The probe's own command prints its one line; no launcher or log shipper is needed.
+    pod.init_containers = []
+    pod.volumes = [v for v in pod.volumes if v.name != POD_VOLUME]
     container = pod.containers[0]
+    container.volume_mounts = [m for m in container.volume_mounts if m.name != POD_VOLUME]
     container.command = list(PROBE_COMMAND)
     container.resources = None
     container.ports = []

@@ -21,7 +21,7 @@ from manifests.k8s_names import (
     is_qualified_name,
     is_valid_label_value,
 )
-from xrun_contract import RESTARTABLE_EXIT_CODE, Env
+from xrun_contract import RESTARTABLE_EXIT_CODE, XRUN_VERSION, Env
 from xrun_contract.errors import XrunError
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -36,6 +36,10 @@ POD_SUFFIX = 6  # "-xxxxx": the random suffix Kubernetes adds to a Job's pod nam
 MAX_LABEL = 63
 # Exit codes that mean "preempted / restart me" (xpk's convention): 42 and 127-255.
 DEFAULT_RESTARTABLE_EXIT_CODES = (RESTARTABLE_EXIT_CODE, *range(127, 256))
+# xrun's own image (the Dockerfile) at this version: every pod's init container and log
+# shipper run it, whatever ``image`` the user's container runs. Push it to your registry
+# and set ``xrun_image`` to that name.
+DEFAULT_XRUN_IMAGE = f"xrun-workload:{XRUN_VERSION}"
 # capacity: what GKE provisions the nodes from (rendered by manifests.jobset.capacity_*).
 CAPACITIES = ("on-demand", "spot", "reservation:<name>", "flex-start")
 # priority: xpk's PriorityClass ladder (xpk templates/kueue_config.yaml.j2 creates these classes).
@@ -60,8 +64,9 @@ GPU_ONLY_FLAG_PREFIXES = ("--xla_gpu_",)
 @dataclass
 class RunSpec:
     name: str = ""
-    image: str = ""
+    image: str = ""  # the user's container: any image with /bin/sh
     command: str = "python3 -m workload.train"
+    xrun_image: str = DEFAULT_XRUN_IMAGE  # init container + log-shipping sidecar
     accelerator: str = ""  # a catalogue shape (v6e-32, h200-141gb-8) or cpu-N
     num_slices: int = 1  # TPU multislice
     nodes: int = 1  # GPU nodes
@@ -283,6 +288,9 @@ def validate(spec: RunSpec) -> None:
         raise XrunError("image: required (the workload container image, e.g. us-docker.pkg.dev/p/r/xrun:tag)")
     if any(c.isspace() for c in spec.image):
         raise XrunError(f"image: must not contain whitespace, got {spec.image!r}")
+    if not spec.xrun_image.strip() or any(c.isspace() for c in spec.xrun_image):
+        raise XrunError(f"xrun_image: must be an image name without whitespace (default "
+                        f"{DEFAULT_XRUN_IMAGE}), got {spec.xrun_image!r}")
     if not spec.command.strip():
         raise XrunError("command: must not be empty (default: python3 -m workload.train)")
     try:

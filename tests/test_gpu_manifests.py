@@ -23,6 +23,8 @@ FAMILIES = {
     "b200-8": ("nvidia-b200", "a4-highgpu-8g", "rdma", None),
 }
 
+XRUN_CONTAINERS = ("xrun-init", "xrun-logs")  # every pod's, from xrun_image (README "Any image")
+
 
 def render(accelerator: str, nodes: int = 2, **extra: Any) -> dict[str, Any]:
     values = {"name": "gpu-run", "accelerator": accelerator, "nodes": nodes, "image": "example.com/xrun:1-gpu", **extra}
@@ -64,7 +66,9 @@ def test_gpu_pod_has_its_family_decorations(shape):
     assert "/usr/local/nvidia/lib64" in env["LD_LIBRARY_PATH"].split(":")
     assert env["XRUN_PEAK_TFLOPS_PER_DEVICE"] == f"{s.peak_bf16_tflops:g}"
     assert ctr["resources"]["limits"] == {"nvidia.com/gpu": "8"}
-    sidecars = pod.get("initContainers", [])
+    # xrun's own two (launcher installer, log shipper) come first; the stack's daemons after.
+    assert [c["name"] for c in pod["initContainers"][:2]] == list(XRUN_CONTAINERS)
+    sidecars = pod["initContainers"][2:]
     if sidecar:
         (daemon,) = sidecars
         assert daemon["name"] == sidecar and daemon["restartPolicy"] == "Always"
@@ -92,7 +96,8 @@ def test_gpu_pod_has_its_family_decorations(shape):
 def test_tpu_pods_keep_host_network_and_get_no_gpu_env():
     obj = jobset(build_spec({"name": "t", "accelerator": "v6e-16", "image": "i"}, {}, storage_default="gs://bucket-a/x"))
     pod = template(obj)["spec"]
-    assert pod["hostNetwork"] is True and "initContainers" not in pod
+    assert pod["hostNetwork"] is True
+    assert [c["name"] for c in pod["initContainers"]] == list(XRUN_CONTAINERS)  # no stack daemons
     assert "JAX_PLATFORMS" not in workload_env(obj) and "annotations" not in template(obj)["metadata"]
 
 
@@ -109,7 +114,7 @@ def test_a_users_env_replaces_the_stacks_value_once():
 def test_the_catalogues_sidecars_are_not_shared_between_renders():
     first = render("h100-mega-80gb-8")
     render("h100-mega-80gb-8")
-    assert len(template(first)["spec"]["initContainers"]) == 1
+    assert len(template(first)["spec"]["initContainers"]) == len(XRUN_CONTAINERS) + 1
     assert len(catalogue.lookup("h100-mega-80gb-8").networking.sidecars) == 1
 
 

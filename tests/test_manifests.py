@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -134,8 +135,21 @@ def test_issue_example_manifest():
     assert pod["restartPolicy"] == "Never"
     assert "serviceAccountName" not in pod and "priorityClassName" not in pod
     assert "securityContext" not in pod["containers"][0]
-    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory"}},
+                              {"name": "xrun", "emptyDir": {}}]
+    # xrun's part comes from xrun's image: the launcher installer, then the log shipper (a
+    # native sidecar); the user's container runs the launcher with /bin/sh only.
+    init, logs = pod["initContainers"]
+    assert init["name"] == "xrun-init" and "restartPolicy" not in init
+    assert init["command"] == ["python3", "-m", "workload.sidecar", "install", "$(XRUN_POD_DIR)"]
+    assert logs["name"] == "xrun-logs" and logs["restartPolicy"] == "Always"
+    assert logs["command"] == ["python3", "-u", "-m", "workload.sidecar", "ship"]
+    assert init["image"] == logs["image"] == "xrun-workload:0.1.0"
+    assert pod["containers"][0]["command"] == [
+        "/bin/sh", "$(XRUN_POD_DIR)/bin/xrun-launch", "python3 -m workload.train --preset 1b"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["XRUN_NUM_PROCESSES"]["value"] == "16"
+    assert env["JAX_COORDINATOR_ADDRESS"]["value"] == "mt-07-eval-slice-0-0.mt-07-eval:8476"
     assert env["XRUN_HOST_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.annotations['batch.kubernetes.io/job-completion-index']"
     )
@@ -223,52 +237,64 @@ def test_no_empty_fields_in_any_rendered_manifest():
 HARMFUL = "echo 'single' \"double\" $HOME ${X} $(echo sub) `echo tick`; echo a\\b\nprintf '%s' \"$$\" ; echo 'end'"
 
 
+def run_launcher(tmp_path, command: str, env: dict[str, str] | None = None, **kw):
+    """The user's container command as rendered, run here: the launcher installed by the
+    init container's code, ``$(XRUN_POD_DIR)`` expanded as Kubernetes would. Started in its
+    own session, as a container's PID 1 is (the launcher signals its process group)."""
+    from manifests.jobset import launcher_argv
+    from orchestrator.backends.local.k8s_env import expand
+    from workload.sidecar import install
+
+    pod_dir = tmp_path / "pod"
+    install(pod_dir)
+    env = {"PATH": "/usr/bin:/bin", "XRUN_POD_DIR": str(pod_dir), **(env or {})}
+    argv = [expand(a, env) for a in launcher_argv(command)]
+    return subprocess.Popen(argv, env=env, cwd=str(tmp_path), start_new_session=True, **kw), pod_dir
+
+
 def test_command_reaches_child_unchanged(tmp_path):
-    """The wrapper receives the command as one argv element; after Kubernetes' $-expansion
-    (which the local backend reproduces) sh sees exactly the user's text."""
-    from manifests.jobset import wrapper_argv
+    """The launcher receives the command as one argv element; after Kubernetes' $-expansion
+    (which the local backend reproduces) sh sees exactly the user's text, and the start
+    line's JSON argv says exactly that."""
+    from manifests.jobset import launcher_argv
     from orchestrator.backends.local.k8s_env import expand
 
-    argv = [expand(a, {}) for a in wrapper_argv(HARMFUL)]
-    assert argv[-1] == HARMFUL
-    # Run it for real: the wrapper runs sh -c CMD; CMD here echoes its own text back.
+    argv = [expand(a, {}) for a in launcher_argv(HARMFUL)]
+    assert argv[-1] == HARMFUL and argv[0] == "/bin/sh"
+    # Run it for real: the launcher runs sh -c CMD; CMD here echoes its own text back.
     probe = "cat <<'XRUN_EOF'\n" + HARMFUL + "\nXRUN_EOF"
-    argv = [expand(a, {}) for a in wrapper_argv(probe)]
-    argv[0] = sys.executable
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=str(tmp_path),
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    assert lines[0].startswith("xrun-wrapper: start")
-    assert lines[-1] == "EXIT_CODE=0"
-    body = "\n".join(lines[1:-2])
-    assert body == HARMFUL
+    p, pod_dir = run_launcher(tmp_path, probe, stdout=subprocess.PIPE, text=True)
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode == 0
+    lines = (pod_dir / "output.log").read_text().splitlines()
+    assert lines[0].startswith("xrun-wrapper: start host=0-0 attempt=0 argv=")
+    assert json.loads(lines[0].split("argv=", 1)[1]) == ["/bin/sh", "-c", probe]
+    assert lines[-1] == "EXIT_CODE=0" and re.match(r"xrun-wrapper: end host=0-0 exit_code=0 seconds=\d+\.\d\d$", lines[-2])
+    assert "\n".join(lines[1:-2]) == HARMFUL
+    assert out.splitlines() == lines  # kubectl logs shows the same (tail -f of the file)
 
 
-def test_wrapper_exit_code_and_sigterm_forwarding(tmp_path):
-    from manifests.jobset import wrapper_argv
-
-    argv = wrapper_argv("exit 7")
-    argv[0] = sys.executable
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
-    assert proc.returncode == 7 and proc.stdout.splitlines()[-1] == "EXIT_CODE=7"
-    # SIGTERM reaches a grandchild (python under sh) which exits 42 from its handler.
+def test_launcher_exit_code_and_sigterm_forwarding(tmp_path):
+    p, pod_dir = run_launcher(tmp_path, "exit 7")
+    assert p.wait(timeout=30) == 7
+    assert (pod_dir / "output.log").read_text().splitlines()[-1] == "EXIT_CODE=7"
+    # SIGTERM to the launcher only (what the kubelet signals: the container's PID 1) reaches
+    # a grandchild (python under sh), which exits 42 from its handler.
     script = ("import signal,sys,time\n"
               "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
               "print('ready', flush=True)\ntime.sleep(30)\n")
     (tmp_path / "s.py").write_text(script)
-    argv = wrapper_argv(f"{sys.executable} {tmp_path / 's.py'}; echo after")
-    argv[0] = sys.executable
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
-    assert p.stdout.readline().startswith("xrun-wrapper: start")
-    assert p.stdout.readline().strip() == "ready"
+    (tmp_path / "b").mkdir()
+    p, pod_dir = run_launcher(tmp_path / "b", f"{sys.executable} {tmp_path / 's.py'}; echo after")
+    out = pod_dir / "output.log"
+    deadline = time.time() + 20
+    while "ready" not in (out.read_text() if out.exists() else "") and time.time() < deadline:
+        time.sleep(0.05)
     p.terminate()
-    out = p.stdout.read()
     p.wait(timeout=20)
-    assert re.search(r"^EXIT_CODE=\d+$", out, re.M)
-    # sh got SIGTERM too (it is in the group): the wrapper reports what sh returned.
-    assert p.returncode == int(out.strip().splitlines()[-1].split("=")[1])
+    last = out.read_text().splitlines()[-1]
+    assert re.fullmatch(r"EXIT_CODE=\d+", last) and p.returncode == int(last.split("=")[1])
+    # sh got SIGTERM too (it is in the group): the launcher reports what sh returned.
     assert p.returncode in (42, 143)
 
 

@@ -118,13 +118,15 @@ def test_missing_program_fails_for_good_without_restarts(tmp_path):
     assert COMMAND_NOT_FOUND_EXIT_CODE in {h["exit_code"] for h in state["hosts"].values()}
 
 
-def test_wrapper_not_found_codes(tmp_path):
-    for argv in (["/bin/sh", "-c", "no-such-program-xrun"], ["/no/such/program"]):
-        r = subprocess.run([sys.executable, "-m", "workload.wrapper", "--", *argv],
-                           capture_output=True, text=True, timeout=30,
-                           env={k: v for k, v in os.environ.items() if not k.startswith("XRUN_")})
-        assert r.returncode == COMMAND_NOT_FOUND_EXIT_CODE, r.stdout
-        assert f"EXIT_CODE={COMMAND_NOT_FOUND_EXIT_CODE}" in r.stdout
+def test_launcher_not_found_codes(tmp_path):
+    from test_manifests import run_launcher
+
+    for i, command in enumerate(("no-such-program-xrun", "/no/such/program --flag")):
+        (tmp_path / str(i)).mkdir()
+        p, pod_dir = run_launcher(tmp_path / str(i), command)
+        assert p.wait(timeout=30) == COMMAND_NOT_FOUND_EXIT_CODE
+        out = (pod_dir / "output.log").read_text()
+        assert out.endswith(f"EXIT_CODE={COMMAND_NOT_FOUND_EXIT_CODE}\n"), out
 
 
 # ---------------------------------------------------------------------------------------
@@ -263,13 +265,19 @@ def test_forbidden_is_exit_3_at_once(proxied_root, gcs_proxy, capsys):
 # Chunk names
 
 
-def test_a_second_wrapper_incarnation_never_overwrites_chunks(tmp_path):
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("XRUN_")},
-           Env.STORAGE: str(tmp_path), Env.RUN_NAME: "inc", Env.SLICE_INDEX: "0",
-           Env.HOST_INDEX: "0", Env.RESTART_ATTEMPT: "0"}
+def test_a_second_shipper_incarnation_never_overwrites_chunks(tmp_path, monkeypatch):
+    """Two log shippers of the same host and attempt (a replacement pod, a stray process),
+    each starting its numbering at 0, write distinct chunk names."""
+    from workload.sidecar import storage_writer
+
+    for k, v in {Env.STORAGE: str(tmp_path), Env.RUN_NAME: "inc", Env.SLICE_INDEX: "0",
+                 Env.HOST_INDEX: "0", Env.RESTART_ATTEMPT: "0"}.items():
+        monkeypatch.setenv(k, v)
     for word in ("first", "second"):
-        subprocess.run([sys.executable, "-m", "workload.wrapper", "--", "echo", word],
-                       env=env, check=True, capture_output=True, timeout=30)
+        write = storage_writer()
+        assert write is not None
+        write(0, f"{word}\n".encode())
+        time.sleep(0.01)  # distinct write times: the readers order chunks by them
     st = LocalStorage(str(tmp_path))
     objects, _ = st.list(Layout.host_logs("inc", "0-0", 0))
     assert len(objects) == 2 and len({o.key.rsplit("-", 1)[-1] for o in objects}) == 2

@@ -24,7 +24,7 @@ runtime only has a message. The texts are the upstream ones:
   client.h``) then ends the process with ``LOG(QFATAL) << "Terminating process because the
   JAX distributed service detected fatal errors. ..."`` — a native exit that Python never
   sees, so :func:`classify_output` reads that line from the process's output (the pod
-  wrapper uses it).
+  launcher, workload/launcher.sh, looks for it).
 * Gloo (CPU collectives) fails a collective whose peer vanished with ``Connection closed by
   peer`` / ``Connection reset by peer`` / ``Gloo error``; NCCL with ``NCCL error``/
   ``unhandled system error`` / ``remote process exited``.
@@ -170,8 +170,8 @@ def classify(exc: BaseException) -> Failure:
     return Failure("user", f"{type(exc).__name__}: {exc}")
 
 
-# The line the pod wrapper looks for in a child's output tail when the child exited 1
-# without a Python traceback: absl's QFATAL exit after a missed heartbeat (see above).
+# The line the pod launcher (workload/launcher.sh, which must spell it the same) looks for
+# in a child's output when the child exited 1 without a Python traceback: absl's QFATAL exit after a missed heartbeat (see above).
 NATIVE_FATAL_TEXT = "Terminating process because the JAX distributed service detected fatal errors"
 
 

@@ -107,6 +107,24 @@ class Env:
     TEST_FAIL_AT_STEP = "XRUN_TEST_FAIL_AT_STEP"  # "<step>:<exit code>[:<process id>]"
     TEST_STEP_DELAY = "XRUN_TEST_STEP_DELAY"  # seconds added to every step (a "slow branch")
 
+    # The pod's shared folder (an emptyDir mounted in every container of the pod): the
+    # launcher lives there and the user's output goes there for the log shipper (PodFiles).
+    POD_DIR = "XRUN_POD_DIR"
+    # All processes of the run (slices x hosts per slice), static in the manifest.
+    NUM_PROCESSES = "XRUN_NUM_PROCESSES"
+    # This process's id, slice index x hosts per slice + host index: Kubernetes cannot compute
+    # it, so the launcher (PodFiles.LAUNCHER) exports it before the user's command starts.
+    PROCESS_ID = "XRUN_PROCESS_ID"
+    # Read by jax.distributed.initialize() itself when no address is passed (host:port;
+    # jax/_src/distributed.py State.initialize), so a bare initialize() finds process 0.
+    JAX_COORDINATOR_ADDRESS = "JAX_COORDINATOR_ADDRESS"
+    # GPU shapes only: what MaxText's initialize_jax_for_gpu (MaxText max_utils.py) reads,
+    # the names XPK's GPU workloads set (xpk src/xpk/core/docker_resources.py get_env_container).
+    JAX_COORDINATOR_IP = "JAX_COORDINATOR_IP"
+    JAX_COORDINATOR_PORT = "JAX_COORDINATOR_PORT"
+    NNODES = "NNODES"
+    NODE_RANK = "NODE_RANK"
+
     # Multislice (TPU) variables read by libtpu's megascale runtime.
     MEGASCALE_COORDINATOR_ADDRESS = "MEGASCALE_COORDINATOR_ADDRESS"
     MEGASCALE_NUM_SLICES = "MEGASCALE_NUM_SLICES"
@@ -395,7 +413,23 @@ PHASE_RE = re.compile(
     r"xrun phase: (?P<activity>[a-z ]+?)(?: step (?P<step>\d+))?, seconds: (?P<seconds>[\d.]+)"
 )
 
-# Lines of the pod wrapper that runs the user's command.
+class PodFiles:
+    """Files under the pod's shared folder (``$XRUN_POD_DIR``, an emptyDir).
+
+    The init container copies the launcher there from xrun's image; the launcher (in the
+    user's image, /bin/sh only) appends the user's output to OUTPUT; the log-shipping sidecar
+    (xrun's image) ships OUTPUT to storage and records how far it got in SHIPPED, so a
+    restarted sidecar resumes without repeating or losing a line.
+    """
+
+    MOUNT_PATH = "/xrun"  # where the manifest mounts the folder in every container
+    LAUNCHER = "bin/xrun-launch"
+    OUTPUT = "output.log"
+    SHIPPED = "shipped.json"
+
+
+# Lines of the pod launcher that runs the user's command (names kept from the former
+# Python wrapper, so runs of either kind read back the same).
 WRAPPER_START_LINE = "xrun-wrapper: start host={host} attempt={attempt} argv={argv}"  # argv as JSON: one line
 WRAPPER_END_LINE = "xrun-wrapper: end host={host} exit_code={code} seconds={seconds:.3f}"
 WRAPPER_START_RE = re.compile(r"xrun-wrapper: start host=(?P<host>\S+) attempt=(?P<attempt>\d+)")

@@ -1,6 +1,6 @@
 """Storage roots: a local folder or ``gs://bucket/prefix``, behind one small interface.
 
-Both the workload (metrics, run.json, log chunks from the pod wrapper) and the orchestrator
+Both the workload (metrics, run.json, log chunks from the pod's log shipper) and the orchestrator
 readers (status, logs, checkpoints, reports) use this, so a run reads back the same way from
 a laptop folder or from GCS. GCS objects are never appended to: growing files (logs,
 metrics) are written as numbered chunk objects by :class:`ChunkWriter`.

@@ -45,7 +45,7 @@ LogItem = tuple[str, int, str]  # (host "<slice>-<host>", restart attempt, line)
 class Backend(Protocol):
     name: str
     # True when live pods can be asked for their logs (kube); False when every line is
-    # read from storage (local: the wrapper ships each host's output there within 0.5 s).
+    # read from storage (local: the log-shipping sidecar ships each host's output there within 0.5 s).
     serves_logs: bool
 
     def submit(self, manifest: dict[str, Any], *, replace: bool = False) -> None: ...

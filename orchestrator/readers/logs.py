@@ -1,6 +1,6 @@
 """A run's logs as stored: every host's append-only chunks, read each chunk once.
 
-The pod wrapper ships each host's output to ``runs/<name>/logs/<slice>-<host>/attempt-NNN/``
+The pod's log-shipping sidecar ships each host's output to ``runs/<name>/logs/<slice>-<host>/attempt-NNN/``
 as numbered chunk objects; reading them back works from a folder or gs:// after the pods
 are gone. Listing is one delimiter listing per host and attempt folder.
 """

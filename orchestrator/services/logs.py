@@ -2,7 +2,7 @@
 live pods (where the backend serves logs) for the rest.
 
 Restart attempts whose pods are gone (or every attempt, when the JobSet is gone or the
-backend keeps no pods) come from the chunks the pod wrapper shipped to storage; attempts
+backend keeps no pods) come from the chunks the pod's log shipper shipped to storage; attempts
 with live pods are streamed from them. Following ends when the run is over.
 """
 

@@ -7,6 +7,16 @@ for that pod: Downward-API fields (completion index, job-global-index, restart a
 name), ``$(VAR)`` expansion, the coordinator's DNS name mapped to 127.0.0.1 and a free
 port, the accelerator replaced by as many CPU devices per host as the shape has chips.
 
+A pod runs as Kubernetes runs it (kubelet ``kuberuntime_manager.go`` computePodActions and
+``kuberuntime_termination_order.go``): its plain init containers one after the other, each
+to completion; then its native sidecars (init containers with ``restartPolicy: Always``),
+restarted if they die; then the main container. The pod ends when the main container has
+ended and the sidecars, which get SIGTERM only then, have exited (at least 2 s of grace,
+``minimumGracePeriodInSeconds``). Each emptyDir volume is a fresh folder per pod; an env
+value that names a path under the volume's mountPath is rewritten to that folder, and
+``$(VAR)`` in a command then expands to it. A pod's exit code is its main container's
+(or a failed init container's).
+
 JobSet semantics, taken from the manifest itself: success when every pod exits 0; a pod
 whose exit code matches the Job's podFailurePolicy ``FailJob`` rule fails the Job with
 reason PodFailurePolicy, which the JobSet failurePolicy rule turns into FailJobSet; any
@@ -19,11 +29,13 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import signal
 import socket
 import string
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +64,11 @@ from xrun_contract.storage import Storage, open_storage
 
 POLL_SECONDS = 0.2
 LOCAL_LOG_FLUSH_SECONDS = "0.5"
+# kubelet kuberuntime_container.go: minimumGracePeriodInSeconds, the least a sidecar gets.
+MIN_GRACE_SECONDS = 2.0
+# The Job controller adds this env to every container of an Indexed Job's pods
+# (kubernetes pkg/controller/job/indexed_job_utils.go addCompletionIndexEnvVariables).
+JOB_COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 
 def free_port() -> int:
@@ -61,17 +78,34 @@ def free_port() -> int:
 
 
 @dataclass
+class Container:
+    """One container of a pod, as the process it would run."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    sidecar: bool = False  # an init container with restartPolicy Always
+    proc: subprocess.Popen | None = None
+
+
+@dataclass
 class Pod:
-    """One pod of the JobSet, as a local process."""
+    """One pod of the JobSet: its init containers and sidecars, then the main container."""
 
     slice_index: int
     host_index: int
     name: str
     argv: list[str]
     env: dict[str, str]
-    proc: subprocess.Popen | None = None
+    init: list[Container] = field(default_factory=list)
+    container: str = ""  # the main container's name
+    folder: str = ""  # the pod's emptyDir volumes live below
+    proc: subprocess.Popen | None = None  # the main container's process
     exit_code: int | None = None
-    exited_at: float | None = None  # monotonic time the process was reaped
+    failed_container: str = ""  # whose exit code exit_code is
+    exited_at: float | None = None  # monotonic time the pod ended (sidecars stopped)
+    stopping: bool = False
+    deadline: float | None = None  # monotonic SIGKILL time of a stop
 
     @property
     def host(self) -> str:
@@ -111,8 +145,32 @@ def _suffix() -> str:
     return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
 
 
-def plan_pods(manifest: dict[str, Any], attempt: int, port: int) -> list[Pod]:
-    """Every pod of the JobSet with its argv and env as the cluster would give them."""
+def _mounts(container: dict[str, Any], volumes: dict[str, str]) -> dict[str, str]:
+    """mountPath -> host folder for the container's emptyDir mounts (not /dev/shm)."""
+    return {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])
+            if m.get("name") in volumes}
+
+
+def _container(container: dict[str, Any], meta: dict[str, Any], port: int,
+               volumes: dict[str, str], completion_index: int) -> Container:
+    env = {JOB_COMPLETION_INDEX_ENV: str(completion_index), **_resolve_env(container, meta)}
+    _localise(env, port)
+    for mount_path, folder in _mounts(container, volumes).items():
+        for key, value in env.items():
+            if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
+                env[key] = folder + value[len(mount_path.rstrip("/")):]
+    argv = [expand(a, env) for a in container.get("command", []) + container.get("args", [])]
+    if not argv:
+        raise XrunError(f"manifest: container {container.get('name')} has no command; local runs need one",
+                        EXIT_FAILED)
+    if argv[0] in ("python3", "python"):
+        argv[0] = sys.executable  # the image's python is this environment's python
+    return Container(container["name"], argv, env, sidecar=container.get("restartPolicy") == "Always")
+
+
+def plan_pods(manifest: dict[str, Any], attempt: int, port: int, root: str | None = None) -> list[Pod]:
+    """Every pod of the JobSet with its containers' argv and env as the cluster would give
+    them; emptyDir volumes are folders under ``root`` (a temporary folder when None)."""
     name = manifest["metadata"]["name"]
     namespace = manifest["metadata"].get("namespace", "default")
     pods: list[Pod] = []
@@ -121,6 +179,9 @@ def plan_pods(manifest: dict[str, Any], attempt: int, port: int) -> list[Pod]:
         job = rj["template"]["spec"]
         pod_template = job["template"]
         (container,) = pod_template["spec"]["containers"]
+        inits = pod_template["spec"].get("initContainers", [])
+        empty_dirs = [v["name"] for v in pod_template["spec"].get("volumes", [])
+                      if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory"]
         for job_index in range(rj.get("replicas", 1)):
             for completion_index in range(job.get("parallelism", 1)):
                 meta = {
@@ -140,37 +201,45 @@ def plan_pods(manifest: dict[str, Any], attempt: int, port: int) -> list[Pod]:
                         Annotations.JOB_GLOBAL_INDEX: str(global_index),
                     },
                 }
-                env = _resolve_env(container, meta)
-                _localise(env, port)
-                argv = [expand(a, env) for a in container.get("command", []) + container.get("args", [])]
-                if not argv:
-                    raise XrunError("manifest: the container has no command; local runs need one", EXIT_FAILED)
-                if argv[0] in ("python3", "python"):
-                    argv[0] = sys.executable  # the image's python is this environment's python
+                folder = tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=root)
+                volumes = {v: os.path.join(folder, v) for v in empty_dirs}
+                for path in volumes.values():
+                    os.makedirs(path)
+                main = _container(container, meta, port, volumes, completion_index)
+                env = main.env
                 pods.append(Pod(int(env.get(Env.SLICE_INDEX, global_index)),
                                 int(env.get(Env.HOST_INDEX, completion_index)),
-                                meta["name"], argv, env))
+                                meta["name"], main.argv, env,
+                                init=[_container(c, meta, port, volumes, completion_index) for c in inits],
+                                container=container["name"], folder=folder))
             global_index += 1
     return pods
 
 
 def _localise(env: dict[str, str], port: int) -> None:
     """Cluster DNS and accelerators do not exist here: map them to 127.0.0.1 and CPUs."""
-    if Env.COORDINATOR_ADDRESS in env:
-        env[Env.COORDINATOR_ADDRESS] = f"127.0.0.1:{port}"
-    if Env.MEGASCALE_COORDINATOR_ADDRESS in env:
-        env[Env.MEGASCALE_COORDINATOR_ADDRESS] = "127.0.0.1"
+    for name in (Env.COORDINATOR_ADDRESS, Env.JAX_COORDINATOR_ADDRESS):
+        if name in env:
+            env[name] = f"127.0.0.1:{port}"
+    for name in (Env.MEGASCALE_COORDINATOR_ADDRESS, Env.JAX_COORDINATOR_IP):
+        if name in env:
+            env[name] = "127.0.0.1"
+    if Env.JAX_COORDINATOR_PORT in env:
+        env[Env.JAX_COORDINATOR_PORT] = str(port)
     env[Env.PLATFORM] = "cpu"
     if "JAX_PLATFORMS" in env:  # a GPU pod pins cuda (xrun_contract.JAX_PLATFORMS_FOR)
         env["JAX_PLATFORMS"] = "cpu"
     env.setdefault(Env.LOG_FLUSH_SECONDS, LOCAL_LOG_FLUSH_SECONDS)
 
 
-def _fails_job_for_good(job_spec: dict[str, Any], code: int) -> bool:
-    """Does the Job's podFailurePolicy FailJob rule match this exit code?"""
+def _fails_job_for_good(job_spec: dict[str, Any], code: int, container: str = "") -> bool:
+    """Does the Job's podFailurePolicy FailJob rule match this exit code of this container?
+    (A rule's containerName restricts it to that container's code.)"""
     for rule in job_spec.get("podFailurePolicy", {}).get("rules", []):
         on = rule.get("onExitCodes")
         if rule.get("action") != "FailJob" or not on or code == 0:
+            continue
+        if on.get("containerName") and container and on["containerName"] != container:
             continue
         values = set(on.get("values", []))
         if (on.get("operator") == "In") == (code in values):
@@ -212,6 +281,7 @@ class Supervisor:
         if text is None:
             raise XrunError(f"no manifest for run {self.name} under {self.storage.root}", EXIT_FAILED)
         self.manifest = yaml.safe_load(text)
+        self._save_lock = threading.Lock()
         self.state = {
             "backend": "local", "state": PENDING, "restarts": 0, "attempt": 0,
             "supervisor_pid": os.getpid(), "hosts": {}, "transitions": [], "message": "",
@@ -226,6 +296,10 @@ class Supervisor:
         self.save()
 
     def save(self) -> None:
+        with self._save_lock:  # pod runners save too (a main container started)
+            self._save()
+
+    def _save(self) -> None:
         self.state["updated"] = time.time()
         self.state["hosts"] = {
             p.host: {
@@ -251,40 +325,101 @@ class Supervisor:
         base = base_env()
         cache = _compilation_cache(self.storage)
         self.pods = plan_pods(self.manifest, self.state["attempt"], port)
+        self._pod_threads = []
         for pod in self.pods:
-            env = {**base, **pod.env}
-            if cache:
-                env.setdefault(Env.COMPILATION_CACHE, cache)
-            pod.proc = subprocess.Popen(
-                pod.argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True,
-                preexec_fn=_die_with(os.getpid()),
-            )
-            # A waiter per pod stamps the moment it exits: when one host's failure brings
+            extra = {Env.COMPILATION_CACHE: cache} if cache else {}
+            # A runner per pod stamps the moment it ends: when one host's failure brings
             # the others down within milliseconds, the first to fail is the one to blame.
-            threading.Thread(target=self._reap, args=(pod,), daemon=True).start()
+            t = threading.Thread(target=self._run_pod, args=(pod, base, extra), daemon=True)
+            t.start()
+            self._pod_threads.append(t)
         self.save()
 
-    def _reap(self, pod: Pod) -> None:
-        assert pod.proc is not None
-        pod.proc.wait()
-        pod.exited_at = time.monotonic()
+    def _popen(self, argv: list[str], env: dict[str, str], sidecar: bool = False) -> subprocess.Popen:
+        # Every container gets SIGTERM from the kernel if this supervisor dies, however it
+        # dies (even kill -9): the launcher forwards it to its whole process group and a
+        # sidecar ships what is left, so nothing outlives a run (PR_SET_PDEATHSIG).
+        return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True,
+                                preexec_fn=_die_with(os.getpid(), signal.SIGTERM))
+
+    def _run_pod(self, pod: Pod, base: dict[str, str], extra: dict[str, str]) -> None:
+        """Init containers in order, sidecars, the main container; then stop the sidecars."""
+        sidecars: list[Container] = []
+        code, who = None, ""
+        try:
+            for c in pod.init:
+                if pod.stopping:
+                    break
+                try:
+                    c.proc = self._popen(c.argv, {**base, **c.env}, sidecar=c.sidecar)
+                except OSError as e:
+                    # A node daemon of a GPU networking stack (its binary is in its image)
+                    # has nothing to do here: skipped. An init container must run.
+                    print(f"pod {pod.name}: container {c.name} cannot run locally: {e}", flush=True)
+                    if c.sidecar:
+                        continue
+                    code, who = 127, c.name
+                    break
+                if c.sidecar:
+                    sidecars.append(c)
+                    continue
+                rc = exit_code_of_returncode(c.proc.wait())
+                if rc != 0:
+                    code, who = rc, c.name
+                    break
+            if code is None and not pod.stopping:
+                pod.proc = self._popen(pod.argv, {**base, **extra, **pod.env})
+                self.save()
+                while pod.proc.poll() is None:
+                    self._keep_sidecars(pod, sidecars, base)
+                    time.sleep(POLL_SECONDS)
+                code, who = exit_code_of_returncode(pod.proc.returncode), pod.container
+            self._stop_sidecars(pod, sidecars)
+        finally:
+            pod.failed_container = who if code else ""
+            pod.exit_code = code if code is not None else exit_code_of_returncode(-signal.SIGTERM)
+            pod.exited_at = time.monotonic()
+            shutil.rmtree(pod.folder, ignore_errors=True)  # the emptyDirs go with the pod
+
+    def _keep_sidecars(self, pod: Pod, sidecars: list[Container], base: dict[str, str]) -> None:
+        """restartPolicy Always: a sidecar that died while the pod runs is started again."""
+        for c in sidecars:
+            if c.proc is not None and c.proc.poll() is not None and not pod.stopping:
+                c.proc = self._popen(c.argv, {**base, **c.env}, sidecar=True)
+
+    def _stop_sidecars(self, pod: Pod, sidecars: list[Container]) -> None:
+        """After the main container: SIGTERM in reverse order, SIGKILL after the remaining grace
+        (at least MIN_GRACE_SECONDS), as kubelet killContainer does for sidecars."""
+        for c in reversed(sidecars):
+            if c.proc is None or c.proc.poll() is not None:
+                continue
+            left = (pod.deadline - time.monotonic()) if pod.deadline else self.grace_seconds
+            with contextlib.suppress(ProcessLookupError):
+                c.proc.send_signal(signal.SIGTERM)
+            try:
+                c.proc.wait(timeout=max(left, MIN_GRACE_SECONDS))
+            except subprocess.TimeoutExpired:
+                _signal_group(c.proc, signal.SIGKILL)
+                c.proc.wait()
 
     def stop_pods(self) -> None:
-        """SIGTERM every live pod's process group, SIGKILL whatever outlives the grace period."""
-        live = [(p, p.proc) for p in self.pods if p.proc and p.proc.poll() is None]
-        for _, proc in live:
-            _signal_group(proc, signal.SIGTERM)
+        """As the kubelet stops a pod: SIGTERM to each main container's process (its first
+        process, like PID 1 of a container), SIGKILL to its process group after the grace
+        period; the pod's runner then stops its sidecars."""
         deadline = time.monotonic() + self.grace_seconds
-        while time.monotonic() < deadline and any(proc.poll() is None for _, proc in live):
+        for p in self.pods:
+            p.stopping, p.deadline = True, deadline
+            if p.proc and p.proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.proc.send_signal(signal.SIGTERM)
+        while time.monotonic() < deadline and any(p.proc and p.proc.poll() is None for p in self.pods):
             time.sleep(POLL_SECONDS)
-        for p, proc in live:
-            _signal_group(proc, signal.SIGKILL)
-            proc.wait()
-            if p.exited_at is None:
-                p.exited_at = time.monotonic()
-            if p.exit_code is None:
-                p.exit_code = exit_code_of_returncode(proc.returncode)
+        for p in self.pods:
+            if p.proc and p.proc.poll() is None:
+                _signal_group(p.proc, signal.SIGKILL)
+        for t in getattr(self, "_pod_threads", []):
+            t.join(timeout=self.grace_seconds + MIN_GRACE_SECONDS + 5)
 
     # -- main loop --------------------------------------------------------------------
     def run(self) -> int:
@@ -308,7 +443,8 @@ class Supervisor:
             code = failed.exit_code
             assert code is not None
             self.stop_pods()
-            if _fails_job_for_good(job_spec, code) and _jobset_fails_on_policy(self.manifest):
+            if (_fails_job_for_good(job_spec, code, failed.failed_container)
+                    and _jobset_fails_on_policy(self.manifest)):
                 self.transition(FAILED, f"host {failed.host} exited with code {code} (not restartable: podFailurePolicy FailJob)")
                 return 1
             if self.state["restarts"] >= max_restarts:
@@ -319,18 +455,19 @@ class Supervisor:
             self.state["attempt"] += 1
 
     def wait_pods(self) -> Pod | None:
-        """Until every pod succeeded (None), one failed (that pod), or a stop was asked."""
+        """Until every pod succeeded (None), one failed (that pod), or a stop was asked.
+        A pod counts once it has ended (sidecars included)."""
+        reported: set[str] = set()
         while not self.stop_requested:
-            exited = [p for p in self.pods if p.exit_code is None and p.exited_at is not None]
-            for p in exited:
-                assert p.proc is not None  # exited_at is only set for a started pod
-                p.exit_code = exit_code_of_returncode(p.proc.returncode)
+            exited = [p for p in self.pods if p.exited_at is not None and p.name not in reported]
+            reported.update(p.name for p in exited)
             if exited:
                 self.save()
-            failed = [p for p in self.pods if p.exit_code not in (None, 0)]
+            done = [p for p in self.pods if p.exited_at is not None]
+            failed = [p for p in done if p.exit_code != 0]
             if failed:
                 return min(failed, key=lambda p: p.exited_at or 0.0)
-            if all(p.exit_code == 0 for p in self.pods):
+            if len(done) == len(self.pods):
                 return None
             time.sleep(POLL_SECONDS)
         return None
@@ -340,19 +477,18 @@ class Supervisor:
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-PARENT_DEATH_SIGNAL = signal.SIGHUP  # workload.wrapper.PARENT_DEATH_SIGNAL
 
 
-def _die_with(parent: int) -> Callable[[], None]:
-    """preexec_fn: the pod gets PARENT_DEATH_SIGNAL when this supervisor dies, however it dies
-    (prctl(2) PR_SET_PDEATHSIG; the wrapper then kills its child's process group). If the
-    supervisor died between fork and prctl, the pod never starts."""
+def _die_with(parent: int, sig: int) -> Callable[[], None]:
+    """preexec_fn: the child gets ``sig`` when the thread that started it (a pod runner of
+    this supervisor) ends, which a dying supervisor always does (prctl(2) PR_SET_PDEATHSIG).
+    If the supervisor died between fork and prctl, the container never starts."""
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
 
     def preexec() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL))
+        libc.prctl(PR_SET_PDEATHSIG, int(sig))
         if os.getppid() != parent:
             os._exit(EXIT_FAILED)
 

@@ -1,0 +1,129 @@
+#!/bin/sh
+# xrun-launch: xrun's part of the user's container, for ANY image with a POSIX /bin/sh (dash,
+# bash, busybox ash): no python, no xrun module. xrun's init container copies this file into
+# the pod's shared folder; the manifest runs it as
+#     /bin/sh "$XRUN_POD_DIR/bin/xrun-launch" 'the user command'
+# What it does (why: README "Any image"):
+#   * exports XRUN_PROCESS_ID = slice index x hosts per slice + host index (Kubernetes cannot
+#     compute it) and PYTHONUNBUFFERED=1 unless set (a Python child flushes every line);
+#   * runs the command as `/bin/sh -c COMMAND` with stdout and stderr appended straight to
+#     $XRUN_POD_DIR/output.log: each write lands in the file (an emptyDir) at once, with no
+#     pipe in between, so a SIGKILL of any process loses no line that was written; xrun's
+#     log-shipping sidecar ships the file to storage, and after this container ends;
+#   * copies the file to its own stdout (kubectl logs) with `tail -f` when the image has tail
+#     and wc; its own lines go to stdout directly, as JSON with XRUN_LOG_FORMAT=json;
+#   * forwards SIGTERM/SIGINT to every process of its process group (the container: the
+#     runtime starts PID 1 as a session leader; the local backend starts each pod with
+#     setsid), so a pipeline's python gets it too;
+#   * prints the start, end and EXIT_CODE lines (xrun_contract WRAPPER_*_LINE, EXIT_CODE_LINE)
+#     and exits with the command's code (128+N for a signal) - the pod's exit code, which the
+#     Job's podFailurePolicy reads;
+#   * an exit 1 right after JAX's "Terminating process because the JAX distributed service
+#     detected fatal errors" (native QFATAL: a peer died) exits $XRUN_RESTARTABLE_EXIT_CODE
+#     instead (workload/failures.py classify_output; needs grep in the image).
+cmd=${1:?usage: xrun-launch COMMAND}
+dir=${XRUN_POD_DIR:?XRUN_POD_DIR is not set}
+out="$dir/output.log"
+slice=${XRUN_SLICE_INDEX:-0}
+host=${XRUN_HOST_INDEX:-0}
+attempt=${XRUN_RESTART_ATTEMPT:-0}
+XRUN_PROCESS_ID=$((slice * ${XRUN_HOSTS_PER_SLICE:-1} + host))
+export XRUN_PROCESS_ID
+: "${PYTHONUNBUFFERED:=1}"
+export PYTHONUNBUFFERED
+
+# JSON string of $1 (for the start line's argv): backslash, quote and control characters.
+json() {
+  s=$1 r=
+  while [ -n "$s" ]; do
+    rest=${s#?}
+    c=${s%"$rest"}
+    s=$rest
+    case $c in
+      \\) r="$r\\\\" ;;
+      \") r="$r\\\"" ;;
+      *)
+        n=$(printf '%d' "'$c" 2>/dev/null || echo 32)
+        if [ "$n" -lt 32 ] 2>/dev/null; then r="$r$(printf '\\u%04x' "$n")"; else r="$r$c"; fi ;;
+    esac
+  done
+  printf '"%s"' "$r"
+}
+
+# Centiseconds since boot from /proc/uptime (Linux; no date +%N in POSIX).
+now() {
+  if read -r up _ </proc/uptime 2>/dev/null; then
+    echo $(( ${up%.*} * 100 + 1${up#*.} - 100 ))
+  else
+    echo 0
+  fi
+}
+
+mkdir -p "$dir" || exit 127
+# xrun's own lines: plain into the file (storage); on stdout plain, or one JSON object per line
+# with XRUN_LOG_FORMAT=json (Cloud Logging reads "severity"). The user's lines stay as written.
+emit() {
+  printf '%s\n' "$1" >>"$out"
+  if [ "${XRUN_LOG_FORMAT:-}" = json ]; then
+    printf '{"severity": "%s", "message": %s, "host": "%s-%s", "attempt": %d}\n' "$2" "$(json "$1")" \
+      "$slice" "$host" "$attempt"
+  else
+    printf '%s\n' "$1"
+  fi
+}
+emit "$(printf 'xrun-wrapper: start host=%s-%s attempt=%s argv=[%s, %s, %s]' "$slice" "$host" \
+  "$attempt" '"/bin/sh"' '"-c"' "$(json "$cmd")")" INFO
+start=$(now)
+
+# kubectl logs: the user's output, from the file, from after the start line on.
+echo_pid=
+if command -v tail >/dev/null 2>&1 && command -v wc >/dev/null 2>&1; then
+  from=$(($(wc -c <"$out") + 1))
+  (trap '' TERM INT; exec tail -c "+$from" -f "$out") &
+  echo_pid=$!
+else
+  echo "xrun-launch: no tail in this image; the output is in storage only (xrun logs)" >&2
+fi
+
+forwarded=
+forward() {
+  [ -n "$forwarded" ] && return
+  forwarded=1
+  trap '' TERM INT  # the group signal below reaches this shell too
+  kill -TERM 0 2>/dev/null
+}
+trap forward TERM INT
+
+/bin/sh -c "$cmd" </dev/null >>"$out" 2>&1 &
+child=$!
+while :; do
+  wait "$child"
+  code=$?
+  kill -0 "$child" 2>/dev/null || break  # wait was interrupted by a trapped signal
+done
+
+if [ -n "$echo_pid" ]; then
+  sleep 1  # let tail print the last lines (busybox tail polls once a second)
+  kill -KILL "$echo_pid" 2>/dev/null
+  wait "$echo_pid" 2>/dev/null
+fi
+if [ "$code" -eq 127 ]; then
+  # The shell found no such program: a typo is not a preemption. 127 is in the default
+  # restartable set (127-255), so it would crash-loop; xrun_contract
+  # COMMAND_NOT_FOUND_EXIT_CODE (126) is outside it and fails the JobSet at once.
+  emit "xrun failure: user: command not found (shell exit 127); exit code 126" ERROR
+  code=126
+fi
+severity=INFO
+[ "$code" -eq 0 ] || severity=ERROR
+if [ "$code" -eq 1 ] && command -v grep >/dev/null 2>&1 && grep -qF \
+    "Terminating process because the JAX distributed service detected fatal errors" "$out"; then
+  code=${XRUN_RESTARTABLE_EXIT_CODE:-42}
+  emit "xrun failure: infrastructure: JAX distributed service detected fatal errors (a peer or the coordinator died); exit code $code" ERROR
+fi
+end=$(now)
+secs=$((end - start))
+emit "$(printf 'xrun-wrapper: end host=%s-%s exit_code=%s seconds=%d.%02d' "$slice" "$host" "$code" \
+  $((secs / 100)) $((secs % 100)))" "$severity"
+emit "EXIT_CODE=$code" "$severity"
+exit "$code"

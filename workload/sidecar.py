@@ -1,0 +1,179 @@
+"""xrun's own containers in every pod, from xrun's image: the launcher installer and the log shipper.
+
+Every pod of a run has three containers (``manifests.jobset.pod_spec``):
+
+* ``xrun-init`` (init container, xrun's image): ``python3 -m workload.sidecar install DIR``
+  copies the POSIX-sh launcher (``workload/launcher.sh``) into the pod's shared emptyDir.
+* ``xrun-logs`` (native sidecar: an init container with ``restartPolicy: Always``, xrun's
+  image): ``python3 -m workload.sidecar ship`` ships ``DIR/output.log`` to storage as
+  numbered chunks (``Layout.log_chunk``), every ``XRUN_LOG_FLUSH_SECONDS``.
+* ``workload`` (the user's image, anything with /bin/sh): the launcher runs the user's command
+  with its output appended to ``DIR/output.log`` and exits with its exit code.
+
+Why the shipper loses no line: the output file in the emptyDir is the buffer, not this
+process's memory. Only whole lines are shipped while the workload runs; a chunk is written
+first and then ``DIR/shipped.json`` records (offset, next chunk number), so a shipper that
+crashed and was restarted by the kubelet rewrites the same chunk from the same offset
+instead of skipping or repeating lines, and a storage outage only delays shipping. The
+kubelet sends this container SIGTERM only after the workload container has ended (KEP-753:
+kubernetes ``pkg/kubelet/kuberuntime/kuberuntime_termination_order.go`` waitForTurn makes
+sidecars wait for the main containers; ``kuberuntime_container.go`` killContainer then
+gives them at least ``minimumGracePeriodInSeconds`` = 2 s even when the main container used
+the whole grace period and was SIGKILLed), so on SIGTERM the file is complete and the
+shipper drains it to the end, partial last line included, then exits 0.
+
+Imports neither jax nor kubernetes: it must start in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from xrun_contract import Env, Layout, PodFiles, host_id, stamp_line, writer_id
+
+MAX_CHUNK_BYTES = 8 << 20  # read at once at most (after an outage the backlog is split)
+READ_SECONDS = 0.2  # how often new lines are read and stamped
+LAUNCHER_SOURCE = Path(__file__).with_name("launcher.sh")
+
+
+def install(pod_dir: Path) -> Path:
+    """Copy the launcher into the shared folder (the init container's whole job)."""
+    target = pod_dir / PodFiles.LAUNCHER
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(LAUNCHER_SOURCE, target)
+    target.chmod(0o755)
+    return target
+
+
+class Shipper:
+    """Ships ``output.log`` from its last recorded offset, one chunk object per call.
+
+    Lines are stored stamped with the time this shipper read them
+    (``xrun_contract.stamp_line``; it reads every READ_SECONDS, so a stamp is at most that
+    late), which ``xrun logs --since`` and the readers use.
+    """
+
+    def __init__(self, pod_dir: Path, write: Callable[[int, bytes], None]):
+        self.out = pod_dir / PodFiles.OUTPUT
+        self.state_path = pod_dir / PodFiles.SHIPPED
+        self.write = write
+        state = {"offset": 0, "seq": 0}
+        if self.state_path.exists():
+            state.update(json.loads(self.state_path.read_text()))
+        self.offset, self.seq = int(state["offset"]), int(state["seq"])
+        self.read_to = self.offset  # bytes read and stamped into ``pending``
+        self.pending: list[str] = []
+
+    def read(self, final: bool = False) -> int:
+        """Stamp what is new in the file (while running, whole lines only)."""
+        try:
+            with open(self.out, "rb") as f:
+                f.seek(self.read_to)
+                data = f.read(MAX_CHUNK_BYTES)
+        except FileNotFoundError:
+            return 0
+        if not final:
+            data = data[: data.rfind(b"\n") + 1]
+        if not data:
+            return 0
+        now = time.time()
+        text = data.decode("utf-8", errors="replace")
+        self.pending += [stamp_line(now, ln if ln.endswith("\n") else ln + "\n")
+                         for ln in text.splitlines(keepends=True)]
+        self.read_to += len(data)
+        return len(data)
+
+    def ship_once(self, final: bool) -> int:
+        """Ship what is read and not yet shipped. Returns the file bytes it covered."""
+        self.read(final)
+        if not self.pending:
+            return 0
+        self.write(self.seq, "".join(self.pending).encode())  # may raise: retried as is
+        covered = self.read_to - self.offset
+        self.pending, self.offset, self.seq = [], self.read_to, self.seq + 1
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"offset": self.offset, "seq": self.seq}))
+        os.replace(tmp, self.state_path)
+        return covered
+
+    def drain(self) -> None:
+        """Everything to the end of the file (after the workload container ended)."""
+        while self.ship_once(final=True):
+            pass
+
+
+def run(pod_dir: Path, write: Callable[[int, bytes], None], interval: float,
+        stop: threading.Event) -> None:
+    """Read every READ_SECONDS and ship every ``interval`` seconds until ``stop``; then drain,
+    retrying until it worked (the kubelet's SIGKILL at the end of the grace period bounds
+    the retries)."""
+    shipper = Shipper(pod_dir, write)
+    due = time.monotonic() + interval
+    while not stop.wait(min(READ_SECONDS, interval)):
+        shipper.read()
+        if time.monotonic() < due:
+            continue
+        due = time.monotonic() + interval
+        try:
+            while shipper.ship_once(final=False):
+                pass
+        except Exception as e:  # noqa: BLE001 - a storage hiccup: the file keeps the lines
+            print(f"xrun-logs: shipping failed, retrying: {e}", file=sys.stderr, flush=True)
+    while True:
+        try:
+            shipper.drain()
+            return
+        except Exception as e:  # noqa: BLE001
+            print(f"xrun-logs: final shipping failed, retrying: {e}", file=sys.stderr, flush=True)
+            time.sleep(0.5)
+
+
+def storage_writer() -> Callable[[int, bytes], None] | None:
+    """Chunk writes to this host's log under the storage root, or None when not configured."""
+    root, name = os.environ.get(Env.STORAGE), os.environ.get(Env.RUN_NAME)
+    if not root or not name:
+        return None
+    from xrun_contract.storage import open_storage
+
+    storage = open_storage(root)
+    host = host_id(int(os.environ.get(Env.SLICE_INDEX) or 0), int(os.environ.get(Env.HOST_INDEX) or 0))
+    attempt = int(os.environ.get(Env.RESTART_ATTEMPT) or 0)
+
+    tag = writer_id()  # a second shipper of this host and attempt never overwrites our chunks
+
+    def write(seq: int, data: bytes) -> None:
+        storage.write_bytes(Layout.log_chunk(name, host, attempt, seq, tag), data)
+
+    return write
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) == 2 and argv[0] == "install":
+        install(Path(argv[1]))
+        return 0
+    if argv != ["ship"]:
+        print("usage: python -m workload.sidecar install DIR | ship", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    pod_dir = Path(os.environ.get(Env.POD_DIR) or PodFiles.MOUNT_PATH)
+    write = storage_writer()
+    if write is None:
+        print("xrun-logs: no XRUN_STORAGE/XRUN_RUN_NAME; nothing to ship", file=sys.stderr, flush=True)
+        stop.wait()
+        return 0
+    run(pod_dir, write, float(os.environ.get(Env.LOG_FLUSH_SECONDS) or 2), stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
