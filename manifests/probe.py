@@ -53,6 +53,9 @@ def probe_jobset(spec: RunSpec, name: str) -> dict[str, Any]:
     container = pod.containers[0]
     container.volume_mounts = [m for m in container.volume_mounts if m.name != POD_VOLUME]
     container.command = list(PROBE_COMMAND)
+    # xrun's own image runs the probe (the run's image may be MaxText's, with no xrun code);
+    # what is probed is the node's identity and scopes, which every image on it shares.
+    container.image = spec.xrun_image
     container.resources = None
     container.ports = []
     # No GPU networking daemons (they need the GPUs the probe does not request) and no

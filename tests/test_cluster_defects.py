@@ -483,3 +483,17 @@ def test_readme_first_run_on_gke_against_the_scripted_cluster(api, gcs_emulator,
     assert "Succeeded" in outputs["status"].stdout
     stored = open_storage(run_file["storage"]).read_json(Layout.run_json(name))
     assert stored["backend"] == "kube" and stored["context"] == run_file["context"]
+
+
+def test_the_probe_runs_xrun_image_whatever_the_run_image():
+    """The probe's command is xrun's (``python3 -m workload.probe``): a MaxText run's image
+    has no xrun code, so the probe pod runs ``xrun_image`` on the same node settings."""
+    from manifests.probe import PROBE_COMMAND, probe_jobset
+    from manifests.spec import build_spec
+
+    spec = build_spec({"name": "mt", "accelerator": "v6e-16", "image": "maxtext:stock",
+                       "storage": "gs://bkt/xrun", "xrun_image": "us-docker.pkg.dev/p/r/xrun:1"}, {})
+    pod = probe_jobset(spec, "xrun-doctor-1")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == "us-docker.pkg.dev/p/r/xrun:1" and container["command"] == PROBE_COMMAND
+    assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
