@@ -22,6 +22,8 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_checkpoint import plain_read_seconds, plain_write_seconds  # noqa: E402
 
 
 def make_state(mb: int):
@@ -38,32 +40,6 @@ def make_state(mb: int):
 
 def nbytes(state) -> int:
     return sum(x.nbytes for x in state.values())
-
-
-def plain_write(folder: Path, n: int, chunk: int = 64 << 20) -> float:
-    data = os.urandom(min(chunk, n))
-    path = folder / "plain.bin"
-    t = time.perf_counter()
-    with open(path, "wb") as f:
-        left = n
-        while left > 0:
-            f.write(data[:left] if left < len(data) else data)
-            left -= len(data)
-        f.flush()
-        os.fsync(f.fileno())
-    seconds = time.perf_counter() - t
-    return seconds
-
-
-def plain_read(folder: Path) -> float:
-    path = folder / "plain.bin"
-    t = time.perf_counter()
-    with open(path, "rb") as f:
-        while f.read(64 << 20):
-            pass
-    seconds = time.perf_counter() - t
-    path.unlink()
-    return seconds
 
 
 def orbax_variant(folder: Path, state, handler_kwargs: dict, repeat: int) -> tuple[float, float, float]:
@@ -130,8 +106,8 @@ def main() -> None:
     results = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         folder = Path(tmp)
-        w = min(plain_write(folder, n) for _ in range(args.repeat))
-        rd = plain_read(folder)
+        w = min(plain_write_seconds(folder, n) for _ in range(args.repeat))
+        rd = plain_read_seconds(folder, n)
         print(f"{n / 1e6:.0f} MB: plain write+fsync {n / w / 1e6:.0f} MB/s, plain read "
               f"{n / rd / 1e6:.0f} MB/s")
         print(f"{'variant':<40} {'save MB/s':>9} {'ratio':>6} {'blocked s':>9} "
