@@ -69,7 +69,8 @@ def test_exit_code_survives_unreachable_storage(gcs_proxy, gcs_bucket, mode, tmp
     err = side.communicate(timeout=30)[1]
     assert "Traceback" not in err
     if mode == "403":
-        assert "xrun-logs: shipping failed, retrying: 403" in err
+        line = next(ln for ln in err.splitlines() if "xrun-logs: shipping failed, retrying:" in ln)
+        assert "403" in line
     gcs_proxy.clear()
     storage = open_storage(f"{gcs_bucket}/xrun")
     assert storage.list(Layout.run("wr"), delimiter=None)[0] == []
@@ -358,7 +359,8 @@ def test_doctor_proves_a_pod_on_the_node_pool_can_write_storage(api, kubeconfig,
         check = results[-1]
         assert (check.result, code) == ("FAIL", 1)
         assert [c.result for c in results if c.name == "storage"] == ["ok"]
-        assert (f"cannot write {root} as tpu-nodes@proj.iam.gserviceaccount.com: Forbidden: 403 " in check.detail)
+        assert f"cannot write {root} as tpu-nodes@proj.iam.gserviceaccount.com: " in check.detail
+        assert "403" in check.detail
         assert ("these pods use hostNetwork, where GKE Workload Identity does not apply (service_account 'trainer' "
                 "does not grant GCS): GCS sees the node pool's service account") in check.detail
         assert ("the node pool's scopes (https://www.googleapis.com/auth/devstorage.read_only, "

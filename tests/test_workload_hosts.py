@@ -77,8 +77,14 @@ def test_two_hosts_train_and_report(reference):
     assert records[-1]["kind"] == "end" and records[-1]["exit_code"] == 0
     steps = {r["step"]: r for r in records if r["kind"] == "step"}
     assert all(r["total_weights"] == 8 * 64 and r["seconds"] > 0.001 for r in steps.values())
-    assert all((r["checkpoint_blocked_s"] > 0) == (s in (4, 8, 10)) for s, r in steps.items())
-    assert events(records, "started") == events(records, "committed") == [4, 8, 10]
+    # Saves every 4 steps and at the last one; a save due while the previous one is still
+    # being written is deferred (never waited for), so on a slow machine 8 may move later.
+    saved = events(records, "started")
+    assert saved == events(records, "committed") and saved[0] == 4 and saved[-1] == 10
+    assert all(b - a >= 4 for a, b in zip(saved[:-2], saved[1:-1], strict=True))
+    blocked = {s: r["checkpoint_blocked_s"] for s, r in steps.items()}
+    # The forced last save is taken after the loop when step 8's is still being written.
+    assert set(saved[:-1]) <= {s for s, b in blocked.items() if b > 0} <= set(saved), (blocked, saved)
     flops = next(r for r in records if r["kind"] == "flops")
     assert flops["tflops_per_device"] == pytest.approx(flops["tflops_per_step"] / 4)
     # run.json (created by process 0 here: no orchestrator wrote it first).

@@ -104,6 +104,10 @@ class Pod:
     exit_code: int | None = None
     failed_container: str = ""  # whose exit code exit_code is
     exited_at: float | None = None  # monotonic time the pod ended (sidecars stopped)
+    # When its main container (or a failing init container) ended: a host whose failure
+    # brings the others down within milliseconds is the one to blame, however long its
+    # sidecar then takes to drain the log.
+    failed_at: float | None = None
     stopping: bool = False
     deadline: float | None = None  # monotonic SIGKILL time of a stop
 
@@ -367,6 +371,7 @@ class Supervisor:
                 rc = exit_code_of_returncode(c.proc.wait())
                 if rc != 0:
                     code, who = rc, c.name
+                    pod.failed_at = time.monotonic()
                     break
             if code is None and not pod.stopping:
                 pod.proc = self._popen(pod.argv, {**base, **extra, **pod.env})
@@ -375,6 +380,7 @@ class Supervisor:
                     self._keep_sidecars(pod, sidecars, base)
                     time.sleep(POLL_SECONDS)
                 code, who = exit_code_of_returncode(pod.proc.returncode), pod.container
+                pod.failed_at = time.monotonic()  # before the sidecars' drain: blame is by this
             self._stop_sidecars(pod, sidecars)
         finally:
             pod.failed_container = who if code else ""
@@ -466,7 +472,7 @@ class Supervisor:
             done = [p for p in self.pods if p.exited_at is not None]
             failed = [p for p in done if p.exit_code != 0]
             if failed:
-                return min(failed, key=lambda p: p.exited_at or 0.0)
+                return min(failed, key=lambda p: p.failed_at or p.exited_at or 0.0)
             if len(done) == len(self.pods):
                 return None
             time.sleep(POLL_SECONDS)
