@@ -151,6 +151,13 @@ class Transformer(nnx.Module):
         return x if self.act_sharding is None else jax.lax.with_sharding_constraint(x, self.act_sharding)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
+        x = self.hidden(tokens)
+        return jnp.einsum("bsd,dv->bsv", x, self.out[...].astype(x.dtype)).astype(jnp.float32)
+
+    def hidden(self, tokens: jax.Array) -> jax.Array:
+        """tokens [B, S] -> the final-normed residual stream [B, S, d] in the compute dtype:
+        what the output projection takes (the training loss fuses that projection with
+        the cross-entropy, ``workload.loss``)."""
         cfg = self.cfg
         dt = jnp.dtype(cfg.compute_dtype)
         positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)
@@ -162,8 +169,7 @@ class Transformer(nnx.Module):
         if cfg.remat != "none":
             layer = nnx.remat(layer, policy=REMAT[cfg.remat], prevent_cse=False)
         x = nnx.scan(layer, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(x, self.blocks)
-        x = self.final_norm(x)
-        return jnp.einsum("bsd,dv->bsv", x, self.out[...].astype(dt)).astype(jnp.float32)
+        return self.final_norm(x)
 
 
 def abstract_model(cfg: Config) -> Transformer:

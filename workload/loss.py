@@ -1,0 +1,90 @@
+"""The training loss: output projection and token cross-entropy as one differentiable op.
+
+Why not ``cross_entropy(model(tokens))`` through autodiff: the vocabulary-sized tensors are
+most of the memory traffic of a small model's step (bench-21m: logits 256 x 32000 per
+sequence, the 256 x 32000 output weight). Autodiff of ``einsum("bsd,dv->bsv")`` +
+``logsumexp`` + ``take_along_axis`` writes the logits in the compute dtype and again in
+float32, runs the softmax backward as separate passes (exp, a scatter of the one-hot
+gradient, a reduce), and transposes the weight gradient: JAX's dot transpose rule computes
+``dW`` as ``[vocab, d]`` and transposes it afterwards, which XLA:CPU runs as an
+unvectorised copy of the whole weight. Here the forward writes the logits once (float32
+accumulation of compute-dtype inputs, as MaxText's ``cast_logits_to_fp32``), and the
+backward forms ``d logits = (g_nll + 2 g_z lse) softmax - g_nll onehot`` in one pass, then
+two dots whose outputs are already in the layouts wanted (``dx [b, s, d]``, ``dW [d, v]``).
+The FLOPs are the three ``2 b s d V`` dots MaxText's accounting counts, nothing recomputed.
+
+Same function as the reference ``workload.train.cross_entropy(model(tokens))``: mean token
+negative log-likelihood and ``mean(logsumexp^2)`` (the z-loss term); only the rounding
+differs (the logits are not rounded to the compute dtype before the softmax).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def output_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array,
+                         compute_dtype: str) -> tuple[jax.Array, jax.Array]:
+    """``(mean nll, mean lse^2)`` of ``logits = x @ w.astype(compute_dtype)``.
+
+    ``x [b, s, d]`` in the compute dtype, ``w [d, vocab]`` (the parameter, any dtype),
+    ``targets [b, s]`` int. Differentiable in ``x`` and ``w``.
+    """
+    (nll, zsq), _ = _forward(x, w, targets, compute_dtype)
+    return nll, zsq
+
+
+def operand(a: jax.Array, compute_dtype: str) -> jax.Array:
+    """``a`` rounded to the compute dtype, as a dot operand with float32 accumulation.
+
+    On CPU the rounded values are handed over as float32: XLA:CPU's dot kernels (YNNPACK)
+    have no native bf16 arithmetic on CPUs without AVX512-BF16/AMX and run a bf16 x bf16 ->
+    f32 dot 3-4x slower than the same values in float32; XLA does the same for a dot with
+    bf16 output. Same products, same float32 sums: only the speed differs.
+    """
+    a = a.astype(compute_dtype)
+    if jax.default_backend() == "cpu" and a.dtype != jnp.float32:
+        a = a.astype(jnp.float32)
+    return a
+
+
+def _forward(x: jax.Array, w: jax.Array, targets: jax.Array, compute_dtype: str):
+    wc = operand(w, compute_dtype)
+    logits = jnp.einsum("bsd,dv->bsv", operand(x, compute_dtype), wc,
+                        preferred_element_type=jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    nll = jnp.mean(lse - target_logit)
+    return (nll, jnp.mean(lse * lse)), (x, w, wc, logits, lse, targets)
+
+
+def _fwd(x, w, targets, compute_dtype):
+    return _forward(x, w, targets, compute_dtype)
+
+
+def _bwd(compute_dtype, residuals, cotangents):
+    x, w, wc, logits, lse, targets = residuals
+    g_nll, g_z = cotangents
+    count = lse.size
+    # d nll / d logits = (softmax - onehot) / n;  d mean(lse^2) / d logits = 2 lse softmax / n.
+    probs = jnp.exp(logits - lse[..., None])
+    onehot = targets[..., None] == jnp.arange(logits.shape[-1], dtype=targets.dtype)
+    scale = (g_nll + 2.0 * g_z * lse[..., None]) / count
+    dlogits = operand(scale * probs - jnp.where(onehot, g_nll / count, 0.0), compute_dtype)
+    dx = jnp.einsum("bsv,dv->bsd", dlogits, wc, preferred_element_type=jnp.float32)
+    dw = jnp.einsum("bsd,bsv->dv", operand(x, compute_dtype), dlogits,
+                    preferred_element_type=jnp.float32)
+    return dx.astype(x.dtype), dw.astype(w.dtype), None
+
+
+output_cross_entropy.defvjp(_fwd, _bwd)
+
+
+def loss_and_aux(nll: jax.Array, zsq: jax.Array, z_loss: float) -> tuple[jax.Array, dict]:
+    """The training loss from the two terms, as ``workload.train.cross_entropy`` forms it."""
+    loss = nll + z_loss * zsq if z_loss else nll
+    return loss, {"nll": nll}
