@@ -1,11 +1,12 @@
 """Benchmark: xrun's workload against stock MaxText, same model shape and batch, same CPU.
 
 Runs ``python -m workload.train --preset bench-21m`` (vocab 32000, d_model 256, 4 layers,
-4 heads x head_dim 64, MLP 1024, sequence 256, batch 1, float32 params with bfloat16
+4 heads x head_dim 64, MLP 1024, sequence 256, ``--batch-per-device`` sequences per step
+(default 1; ``global_batch=0 batch_per_device=N``), float32 params with bfloat16
 compute, AdamW, no remat, one CPU device, checkpoints off) and MaxText's
 ``maxtext.trainers.pre_train.train`` configured to the same shape (``base_emb_dim=256
 base_num_decoder_layers=4 base_num_query_heads=4 base_num_kv_heads=4 head_dim=64
-base_mlp_dim=1024 vocab_size=32000 max_target_length=256 per_device_batch_size=1
+base_mlp_dim=1024 vocab_size=32000 max_target_length=256 per_device_batch_size=N
 weight_dtype=float32 dtype=bfloat16 remat_policy=minimal_with_context enable_dropout=false``,
 synthetic data, checkpointing off), interleaved A B A B ..., each a fresh process, so that both see the same
 machine load. Both print MaxText's step line (``completed step: N, seconds: S, ...,
@@ -27,7 +28,7 @@ our no-remat is ``minimal_with_context``: it saves every projection output and t
 attention context, so only elementwise ops are recomputed.
 
     python bench/bench_vs_maxtext.py --maxtext-python /work/maxtext-venv/bin/python \
-        [--rounds 3] [--steps 30] [--warmup 5] [--json OUT.json]
+        [--batch-per-device N] [--rounds 3] [--steps 30] [--warmup 5] [--json OUT.json]
 
 Not part of the test suite (it needs a MaxText venv; see tests/data/maxtext/make_logs.sh).
 """
@@ -51,7 +52,7 @@ from xrun_contract import STEP_RE  # noqa: E402  (matches MaxText's step line an
 
 MAXTEXT_MODEL = (
     "hardware=cpu", "skip_jax_distributed_system=true", "dataset_type=synthetic",
-    "per_device_batch_size=1", "base_emb_dim=256", "base_num_decoder_layers=4",
+    "base_emb_dim=256", "base_num_decoder_layers=4",
     "base_num_query_heads=4", "base_num_kv_heads=4", "head_dim=64", "base_mlp_dim=1024",
     "vocab_size=32000", "max_target_length=256", "weight_dtype=float32", "dtype=bfloat16",
     "remat_policy=minimal_with_context", "enable_dropout=false", "enable_checkpointing=false",
@@ -78,21 +79,24 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tuple
     return text, wall
 
 
-def run_ours(steps: int, tmp: str, i: int, timeout: float) -> tuple[str, float]:
+def run_ours(steps: int, batch: int, tmp: str, i: int, timeout: float) -> tuple[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
     env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu", XRUN_PLATFORM="cpu",
                XRUN_DEVICES_PER_HOST="1")
     cmd = [sys.executable, "-m", "workload.train", "--preset", "bench-21m", "--storage", tmp,
-           "--run-name", f"ours-{i}", f"steps={steps}", "checkpoint_every=0"]
+           "--run-name", f"ours-{i}", f"steps={steps}", "checkpoint_every=0", "global_batch=0",
+           f"batch_per_device={batch}"]
     return run(cmd, env, REPO, timeout)
 
 
-def run_maxtext(python: str, steps: int, tmp: str, i: int, timeout: float) -> tuple[str, float]:
+def run_maxtext(python: str, steps: int, batch: int, tmp: str, i: int,
+                timeout: float) -> tuple[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
     env.pop("PYTHONPATH", None)
     env.update(JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE")
     cmd = [python, "-m", "maxtext.trainers.pre_train.train", f"run_name=maxtext-{i}",
-           f"base_output_directory={tmp}", f"steps={steps}", *MAXTEXT_MODEL]
+           f"base_output_directory={tmp}", f"steps={steps}", f"per_device_batch_size={batch}",
+           *MAXTEXT_MODEL]
     return run(cmd, env, Path(tmp), timeout)
 
 
@@ -140,6 +144,8 @@ def steady(rates: list[tuple[int, float, float]], warmup: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--maxtext-python", required=True, help="python of a venv with maxtext installed")
+    p.add_argument("--batch-per-device", type=int, default=1,
+                   help="sequences per step for both (the model shape stays bench-21m's)")
     p.add_argument("--rounds", type=int, default=3, help="A/B pairs, each a fresh process")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5, help="first step lines left out")
@@ -155,26 +161,30 @@ def main() -> None:
         for i in range(args.rounds):
             for name in ("ours", "maxtext"):
                 if name == "ours":
-                    text, wall = run_ours(args.steps, tmp, i, args.timeout)
+                    text, wall = run_ours(args.steps, args.batch_per_device, tmp, i, args.timeout)
                 else:
-                    text, wall = run_maxtext(args.maxtext_python, args.steps, tmp, i, args.timeout)
+                    text, wall = run_maxtext(args.maxtext_python, args.steps,
+                                             args.batch_per_device, tmp, i, args.timeout)
+                load = os.getloadavg()[0]
                 rates = step_rates(text)
                 if len(rates) < args.steps:
                     raise RuntimeError(f"{name} round {i}: {len(rates)} step lines, expected "
                                        f"{args.steps}:\n{text[-3000:]}")
-                r = steady(rates, args.warmup) | {"round": i, "process_wall_s": wall}
+                r = steady(rates, args.warmup) | {"round": i, "process_wall_s": wall,
+                                                  "load_after": load}
                 results[name].append(r)
                 print(f"round {i} {name:<8} {r['steady_tokens_per_s']:8.1f} tok/s  "
                       f"(median line {r['median_line_tokens_per_s']:8.1f} tok/s, median step "
                       f"{r['median_step_s']:.4f} s, {r['tokens_per_step']} tokens/step, "
-                      f"process {wall:5.1f} s)", flush=True)
+                      f"process {wall:5.1f} s, load {load:.2f})", flush=True)
     ours = statistics.median(r["steady_tokens_per_s"] for r in results["ours"])
     theirs = statistics.median(r["steady_tokens_per_s"] for r in results["maxtext"])
     paired = statistics.median(a["steady_tokens_per_s"] / b["steady_tokens_per_s"]
                                for a, b in zip(results["ours"], results["maxtext"], strict=True))
     ours_line = statistics.median(r["median_line_tokens_per_s"] for r in results["ours"])
     theirs_line = statistics.median(r["median_line_tokens_per_s"] for r in results["maxtext"])
-    print(f"median over {args.rounds} rounds of steady-state tokens/s "
+    print(f"batch per device {args.batch_per_device} x sequence 256; "
+          f"median over {args.rounds} rounds of steady-state tokens/s "
           f"(steps after the first {args.warmup} of each process):")
     print(f"  ours (workload.train bench-21m): {ours:9.1f}")
     print(f"  MaxText (same shape):            {theirs:9.1f}")
@@ -184,7 +194,7 @@ def main() -> None:
           f"{theirs_line:.1f}, ratio {ours_line / theirs_line:.3f})")
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"ours": results["ours"], "maxtext": results["maxtext"], "median_ours": ours,
+            {"batch_per_device": args.batch_per_device, "ours": results["ours"], "maxtext": results["maxtext"], "median_ours": ours,
              "median_maxtext": theirs, "ratio": ours / theirs, "median_round_ratio": paired},
             indent=2))
 
