@@ -191,8 +191,10 @@ def read_log_file(path: str | Path, record: RunRecord | None = None) -> RunRecor
     with contextlib.suppress(OSError):
         year = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.UTC).year
     parser = LogParser(rec, year=year)
-    for piece in iter_file_text(path):
-        parser.feed(piece)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:  # the parser takes bytes: it decodes only what it reads
+        while data := f.read(READ_CHARS):
+            parser.feed(data)
     return parser.finish()
 
 
