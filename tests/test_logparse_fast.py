@@ -133,3 +133,19 @@ def test_orbax_statistics_entries_without_evaluating_the_dict():
     assert stats["checkpointer_blocking_duration_secs"] == pytest.approx(0.01685786247253418)
     assert _stats_fields("{'step': 3, 'event_type': None, 'checkpoint_manager_duration_secs': 1e-05}") == {
         "step": 3, "event_type": None, "checkpoint_manager_duration_secs": 1e-05}
+
+
+def test_every_contract_line_begins_with_a_message_start():
+    """A new line format in the contract without a message start would be skipped unseen
+    by the parser (it only looks at lines holding one)."""
+    import xrun_contract
+    from orchestrator.readers.logparse import _HANDLERS, MESSAGE_STARTS
+
+    formats = {name: value for name, value in vars(xrun_contract).items()
+               if name.endswith("_LINE") and isinstance(value, str)}
+    formats.pop("PROBE_LINE")  # xrun doctor reads the probe's output itself, not the parser
+    assert len(formats) >= 15
+    for name, fmt in formats.items():
+        literal = fmt.split("{", 1)[0]
+        assert any(literal.startswith(s) for s in MESSAGE_STARTS), name
+    assert set(_HANDLERS) == set(MESSAGE_STARTS)

@@ -142,7 +142,8 @@ XPK_END_RE = re.compile(r"^XPK End: (?P<date>.+?)\s*$")
 MESSAGE_STARTS = (
     "completed step: ", "number parameters: ", "Using (GB) ", "Per train step:",
     "Total TFLOPs: ", "split as ",
-    "xrun header ", "xrun phase: ", "xrun failure: ", "checkpoint save ", "checkpoint waiting ",
+    "xrun header ", "xrun phase: ", "xrun failure: ", "checkpoint save started: ",
+    "checkpoint save blocked training: ", "checkpoint save deferred: ", "checkpoint waiting ",
     "checkpoint committed: ", "checkpoint restored: ", "checkpoint restore failed: ",
     "checkpoint write failed: ", "xrun-wrapper: ", "EXIT_CODE=", "System Information: ",
     "Waiting for previous save to complete", "Saving checkpoint at step ",
@@ -150,6 +151,28 @@ MESSAGE_STARTS = (
     "Finished async_save", "{'step': ", "Found ", "Restoring checkpoint from ",
     "restoring from this run's directory", "Waited ", "XPK Start: ", "XPK End: ",
 )
+# The handler (a LogParser method) of each message start.
+_HANDLERS = {
+    "completed step: ": "_on_step", "number parameters: ": "_on_params",
+    "Using (GB) ": "_on_memory", "Per train step:": "_on_flops_start",
+    "Total TFLOPs: ": "_on_flops_total", "split as ": "_on_flops_split",
+    "xrun header ": "_on_header", "xrun phase: ": "_on_phase", "xrun failure: ": "_on_failure",
+    "checkpoint save started: ": "_xrun_checkpoint",
+    "checkpoint save blocked training: ": "_xrun_checkpoint",
+    "checkpoint save deferred: ": "_xrun_checkpoint", "checkpoint waiting ": "_xrun_checkpoint",
+    "checkpoint committed: ": "_xrun_checkpoint", "checkpoint restored: ": "_xrun_checkpoint",
+    "checkpoint restore failed: ": "_xrun_checkpoint",
+    "checkpoint write failed: ": "_xrun_checkpoint", "xrun-wrapper: ": "_on_wrapper",
+    "EXIT_CODE=": "_on_exit_code", "System Information: ": "_on_system",
+    "Waiting for previous save to complete": "_on_wait_previous",
+    "Saving checkpoint at step ": "_on_saving", "Started async saving checkpoint": "_on_async_start",
+    "Finished blocking save": "_on_blocking", "Finished save": "_on_saved",
+    "Finished async_save": "_on_saved", "{'step': ": "_stats", "Found ": "_on_found",
+    "Restoring checkpoint from ": "_on_orbax_restoring",
+    "restoring from this run's directory": "_on_maxtext_restoring", "Waited ": "_on_waited",
+    "XPK Start: ": "_on_xpk", "XPK End: ": "_on_xpk",
+}
+assert set(_HANDLERS) == set(MESSAGE_STARTS)
 SEGMENT_RE = re.compile(
     "(?P<absl>" + ABSL_RE.pattern + ")|(?=" + "|".join(re.escape(s) for s in MESSAGE_STARTS) + ")"
 )
@@ -219,6 +242,8 @@ class LogParser:
         self._year = year or _dt.datetime.now(_dt.UTC).year
         self._days: dict[tuple[int, Any, Any], float | None] = {}  # absl MMDD -> its midnight
         self._batched: list[_HostParse] = []  # hosts whose step batch is not converted yet
+        self._handlers = {kind: getattr(self, name) for kind, name in _HANDLERS.items()}
+        self._last_second: tuple[Any, float | None] = (None, None)  # see _absl_time
 
     def set_attempt(self, attempt: int) -> None:
         """The attempt of what comes next (stored logs name it in their path)."""
@@ -542,42 +567,54 @@ class LogParser:
         if len(starts) == 1 and line.find("]", starts[0][1]) < 0:
             # The common case: one message, no absl prefix after its start (an absl prefix
             # needs a "]"); its time is the line's leading absl prefix's, if any.
-            at = starts[0][1]
+            index, at, _ = starts[0]
             m = ABSL_RE.match(line) if at else None
-            ts = self._absl_time(m) if m is not None and m.end() <= at else None
-            if at and m is None and ("] " in line or "]\t" in line):
-                pass  # an absl prefix elsewhere before the message: the general cut below
-            else:
-                self._segment(st, line[at:], ts)
+            if not (at and m is None and ("] " in line or "]\t" in line)):
+                ts = self._absl_time(m) if m is not None and m.end() <= at else None
+                self._segment(st, line[at:], ts, MESSAGE_STARTS[index])
                 return
-        cuts: list[tuple[int, int, re.Match | None]] = [(s, s, None) for _, s, _ in starts]
+            # else an absl prefix elsewhere before the message: the general cut below
+        cuts: list[tuple[int, int, re.Match | None, str]] = [
+            (s, s, None, MESSAGE_STARTS[i]) for i, s, _ in starts]
         if "] " in line or "]\t" in line:
-            cuts += [(m.start(), m.end(), m) for m in ABSL_RE.finditer(line)]
+            cuts += [(m.start(), m.end(), m, "") for m in ABSL_RE.finditer(line)]
         cuts.sort(key=lambda c: (c[0], c[2] is None))
         pos = 0
         seg_time = None
-        message = False  # the piece from pos on begins with a message start
-        for start, end, m in cuts:
+        kind = ""  # the message start the piece from pos on begins with ("": none)
+        for start, end, m, what in cuts:
             if start < pos:
                 continue  # inside an absl prefix already consumed
             if start > pos:
-                if message:
-                    self._segment(st, line[pos:start], seg_time)
+                if kind:
+                    self._segment(st, line[pos:start], seg_time, kind)
                 elif seg_time is not None:
                     self._note_time(st.record, seg_time)
             if m is not None:
                 seg_time = self._absl_time(m)
-            pos, message = end, m is None
-        if pos < len(line) and message:
-            self._segment(st, line[pos:], seg_time)
+            pos, kind = end, what
+        if pos < len(line) and kind:
+            self._segment(st, line[pos:], seg_time, kind)
         elif seg_time is not None:
             self._note_time(st.record, seg_time)
         if len(starts) > 1:
             st.lines_split += 1  # several messages glued into one line
 
     def _absl_time(self, m: re.Match) -> float | None:
-        """An absl prefix's time (str or bytes match): the year is assumed (``_year``)."""
-        return self._time_of(*m.group("month", "day", "h", "m", "s", "us"))
+        """An absl prefix's time (str or bytes match): the year is assumed (``_year``).
+        Lines come in bursts within one second: the last second's start is kept."""
+        at = m.start()
+        key = (self._year, m.string[at + 1:at + 14])  # "MMDD HH:MM:SS": fixed width
+        if key == self._last_second[0]:
+            base = self._last_second[1]
+        else:
+            month, day, h, mi, sec = m.group("month", "day", "h", "m", "s")
+            base = self._time_of(month, day, h, mi, sec, None)
+            self._last_second = (key, base)
+        us = m["us"]
+        if base is None or not us:
+            return base
+        return base + int(us.ljust(6, b"0" if isinstance(us, bytes) else "0")) / 1e6
 
     def _time_of(self, month: Any, day: Any, h: Any, mi: Any, s: Any, us: Any) -> float | None:
         key = (self._year, month, day)
@@ -595,91 +632,89 @@ class LogParser:
         return midnight + int(h) * 3600 + int(mi) * 60 + int(s) + micro / 1e6
 
     # -- one message --------------------------------------------------------------------
-    def _segment(self, st: _HostParse, seg: str, ts: float | None) -> None:
+    def _segment(self, st: _HostParse, seg: str, ts: float | None, kind: str) -> None:
+        """One message: ``kind`` is the message start it begins with (MESSAGE_STARTS)."""
+        self._handlers[kind](st, seg, self._note_time(st.record, ts))
+
+    # -- one handler per message start (_HANDLERS) ---------------------------------------
+    def _on_step(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = STEP_RE.match(seg)
+        if m:
+            self._step(st, int(m["step"]), _float(m["seconds"]), _float(m["tflops"]),
+                       _float(m["tokens"]), _float(m["loss"]), int(m["total_weights"]), ts)
+
+    def _on_header(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = HEADER_RE.match(seg)
+        if m:
+            self._header(st.record, m["key"], m["value"])
+
+    def _on_params(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = PARAMS_RE.match(seg)
+        if m:
+            st.record.params = float(m["billions"]) * 1e9
+            st.record.params_text = f"{m['billions']} billion"
+
+    def _on_memory(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MEMORY_RE.match(seg)
+        if m:
+            st.record.set_memory(float(m["used"]), float(m["total"]), float(m["pct"]), m["device"])
+
+    def _on_flops_start(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        st.flops = {}
+
+    def _on_flops_total(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MAXTEXT_FLOPS_TOTAL_RE.match(seg)
+        if m and st.flops is not None:
+            st.flops["tflops_per_step"] = float(m["total"])
+
+    def _on_flops_split(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MAXTEXT_FLOPS_SPLIT_RE.match(seg)
+        if m and st.flops and "tflops_per_step" in st.flops:
+            st.record.flops = {"tflops_per_step": st.flops["tflops_per_step"],
+                               "learnable_pct": float(m["learnable_pct"]),
+                               "attention_pct": float(m["attention_pct"])}
+            st.flops = None
+
+    def _on_wrapper(self, st: _HostParse, seg: str, ts: float | None) -> None:
         rec = st.record
-        ts = self._note_time(rec, ts)
-        head = seg[:12]
-        if head.startswith("completed st"):
-            m = STEP_RE.search(seg)
-            if m:
-                self._step(st, int(m["step"]), _float(m["seconds"]), _float(m["tflops"]),
-                           _float(m["tokens"]), _float(m["loss"]), int(m["total_weights"]), ts)
+        m = WRAPPER_START_RE.match(seg)
+        if m:
+            st.attempt, st.attempt_known, st.last_step = int(m["attempt"]), True, None
+            if rec.start_time is None and ts is not None:
+                rec.start_time = ts
             return
-        if head.startswith("xrun header"):
-            m = HEADER_RE.search(seg)
-            if m:
-                self._header(rec, m["key"], m["value"])
-            return
-        if head.startswith("checkpoint"):
-            self._xrun_checkpoint(st, seg, ts)
-            return
-        if head.startswith("number param"):
-            m = PARAMS_RE.search(seg)
-            if m:
-                rec.params = float(m["billions"]) * 1e9
-                rec.params_text = f"{m['billions']} billion"
-            return
-        if head.startswith("Using (GB)"):
-            m = MEMORY_RE.search(seg)
-            if m:
-                rec.set_memory(float(m["used"]), float(m["total"]), float(m["pct"]), m["device"])
-            return
-        if head.startswith("Per train st"):
-            st.flops = {}
-            return
-        if head.startswith("Total TFLOPs"):
-            m = MAXTEXT_FLOPS_TOTAL_RE.match(seg)
-            if m and st.flops is not None:
-                st.flops["tflops_per_step"] = float(m["total"])
-            return
-        if head.startswith("split as "):
-            m = MAXTEXT_FLOPS_SPLIT_RE.match(seg)
-            if m and st.flops and "tflops_per_step" in st.flops:
-                rec.flops = {"tflops_per_step": st.flops["tflops_per_step"],
-                             "learnable_pct": float(m["learnable_pct"]),
-                             "attention_pct": float(m["attention_pct"])}
-                st.flops = None
-            return
-        if head.startswith("xrun-wrappe"):
-            m = WRAPPER_START_RE.search(seg)
-            if m:
-                st.attempt, st.attempt_known, st.last_step = int(m["attempt"]), True, None
-                if rec.start_time is None and ts is not None:
-                    rec.start_time = ts
-                return
-            m = WRAPPER_END_RE.search(seg)
-            if m:
-                rec.exit_code = int(m["code"])
-                rec.wrapper_seconds = (rec.wrapper_seconds or 0.0) + float(m["seconds"])
-            return
-        if head.startswith("EXIT_CODE="):
-            m = EXIT_CODE_RE.match(seg.strip())
-            if m:
-                rec.exit_code = int(m["code"])
-            return
-        if head.startswith("System Infor"):
-            m = MAXTEXT_VERSION_RE.search(seg)
-            if m:
-                rec.set_versions({MAXTEXT_VERSION_KEYS[m["what"]]: m["value"]})
-            return
-        if head.startswith("xrun phase: "):
-            m = PHASE_RE.search(seg)
-            if m:
-                seconds = float(m["seconds"])
-                rec.phases.append({"activity": m["activity"], "seconds": seconds,
-                                   "step": int(m["step"]) if m["step"] else None, "time": ts})
-                if ts is not None and rec.start_time is None:
-                    rec.start_time = ts - seconds  # the process start the phase counts from
-            return
-        if head.startswith("xrun failure"):
-            m = FAILURE_RE.search(seg)
-            if m:
-                rec.failure = {"kind": m["kind"], "why": m["why"], "code": int(m["code"])}
-            return
-        if head.startswith("XPK "):
-            self._xpk(rec, seg, ts)
-            return
-        self._orbax_maxtext(st, seg, ts)
+        m = WRAPPER_END_RE.match(seg)
+        if m:
+            rec.exit_code = int(m["code"])
+            rec.wrapper_seconds = (rec.wrapper_seconds or 0.0) + float(m["seconds"])
+
+    def _on_exit_code(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = EXIT_CODE_RE.match(seg.strip())
+        if m:
+            st.record.exit_code = int(m["code"])
+
+    def _on_system(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MAXTEXT_VERSION_RE.match(seg)
+        if m:
+            st.record.set_versions({MAXTEXT_VERSION_KEYS[m["what"]]: m["value"]})
+
+    def _on_phase(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        rec = st.record
+        m = PHASE_RE.match(seg)
+        if m:
+            seconds = float(m["seconds"])
+            rec.phases.append({"activity": m["activity"], "seconds": seconds,
+                               "step": int(m["step"]) if m["step"] else None, "time": ts})
+            if ts is not None and rec.start_time is None:
+                rec.start_time = ts - seconds  # the process start the phase counts from
+
+    def _on_failure(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = FAILURE_RE.match(seg)
+        if m:
+            st.record.failure = {"kind": m["kind"], "why": m["why"], "code": int(m["code"])}
+
+    def _on_xpk(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        self._xpk(st.record, seg, ts)
 
     @staticmethod
     def _note_time(rec: RunRecord, ts: float | None) -> float | None:
@@ -764,53 +799,58 @@ class LogParser:
                     self._year = when[1]  # absl prefixes carry no year: take XPK's
             return
 
-    def _orbax_maxtext(self, st: _HostParse, seg: str, ts: float | None) -> None:
-        """Orbax's checkpoint lines and MaxText's checkpointing lines (see module doc)."""
-        rec = st.record
-        if seg.startswith("Waiting for previous"):
-            m = ORBAX_WAIT_PREVIOUS_RE.match(seg)
-            if m:
-                st.pending_wait = _float(m["seconds"])
-        elif seg.startswith("Saving checkpoint at"):
-            m = ORBAX_SAVING_RE.match(seg)
-            if m:
-                self._save_start(st, int(m["step"]), ts)
-        elif seg.startswith("Started async saving"):
-            m = ORBAX_ASYNC_START_RE.match(seg)
-            if m and not (st.save and st.save["step"] == int(m["step"])):
-                self._save_start(st, int(m["step"]), ts)
-        elif seg.startswith("Finished blocking save"):
-            m = ORBAX_BLOCKING_RE.match(seg)
-            if m and st.save is not None:
-                st.save["blocking"] = _float(m["seconds"] or m["taken"])
-        elif seg.startswith("Finished save") or seg.startswith("Finished async_save"):
-            m = ORBAX_SAVED_RE.match(seg)
-            if m:
-                step = int(m["step"])
-                if st.save is not None and st.save["step"] == step:
-                    self._save_flush(st)
-                rec.add_checkpoint("committed", step, _float(m["seconds"] or m["taken"]),
-                                   st.attempt, ts)
-        elif seg.startswith("{'step': "):
-            self._stats(st, seg, ts)
-        elif seg.startswith("Found "):
-            m = ORBAX_FOUND_RE.match(seg)
-            if m:
-                rec.checkpoints_found = int(m["count"])
-        elif seg.startswith("restoring from this run"):
-            m = MAXTEXT_RESTORING_RE.match(seg)
-            if m:
-                self._restored(st, int(m["step"]))
-                rec.add_checkpoint("restored", int(m["step"]), None, st.attempt, ts)
-        elif seg.startswith("Restoring checkpoint from"):
-            m = ORBAX_RESTORING_RE.match(seg)
-            if m and st.restored_step != int(m["step"]):
-                self._restored(st, int(m["step"]))
-                rec.add_checkpoint("restored", int(m["step"]), None, st.attempt, ts)
-        elif seg.startswith("Waited "):
-            m = MAXTEXT_WAITED_RE.match(seg)
-            if m:
-                rec.add_checkpoint("device_wait", int(m["step"]), _float(m["seconds"]), st.attempt, ts)
+    # Orbax's checkpoint lines and MaxText's checkpointing lines (see module doc).
+    def _on_wait_previous(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_WAIT_PREVIOUS_RE.match(seg)
+        if m:
+            st.pending_wait = _float(m["seconds"])
+
+    def _on_saving(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_SAVING_RE.match(seg)
+        if m:
+            self._save_start(st, int(m["step"]), ts)
+
+    def _on_async_start(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_ASYNC_START_RE.match(seg)
+        if m and not (st.save and st.save["step"] == int(m["step"])):
+            self._save_start(st, int(m["step"]), ts)
+
+    def _on_blocking(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_BLOCKING_RE.match(seg)
+        if m and st.save is not None:
+            st.save["blocking"] = _float(m["seconds"] or m["taken"])
+
+    def _on_saved(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_SAVED_RE.match(seg)
+        if m:
+            step = int(m["step"])
+            if st.save is not None and st.save["step"] == step:
+                self._save_flush(st)
+            st.record.add_checkpoint("committed", step, _float(m["seconds"] or m["taken"]),
+                                     st.attempt, ts)
+
+    def _on_found(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_FOUND_RE.match(seg)
+        if m:
+            st.record.checkpoints_found = int(m["count"])
+
+    def _on_maxtext_restoring(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MAXTEXT_RESTORING_RE.match(seg)
+        if m:
+            self._restored(st, int(m["step"]))
+            st.record.add_checkpoint("restored", int(m["step"]), None, st.attempt, ts)
+
+    def _on_orbax_restoring(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_RESTORING_RE.match(seg)
+        if m and st.restored_step != int(m["step"]):
+            self._restored(st, int(m["step"]))
+            st.record.add_checkpoint("restored", int(m["step"]), None, st.attempt, ts)
+
+    def _on_waited(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MAXTEXT_WAITED_RE.match(seg)
+        if m:
+            st.record.add_checkpoint("device_wait", int(m["step"]), _float(m["seconds"]),
+                                     st.attempt, ts)
 
     def _save_start(self, st: _HostParse, step: int, ts: float | None) -> None:
         """A save at ``step`` begins: the wait logged just before it was this save's."""
