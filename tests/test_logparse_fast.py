@@ -149,3 +149,26 @@ def test_every_contract_line_begins_with_a_message_start():
         literal = fmt.split("{", 1)[0]
         assert any(literal.startswith(s) for s in MESSAGE_STARTS), name
     assert set(_HANDLERS) == set(MESSAGE_STARTS)
+
+
+def test_a_stored_run_without_metrics_reads_its_stamped_log_chunks(tmp_path):
+    """A stock MaxText image under xrun stores no metrics records: status, compare and
+    report read its log chunks, stamped line by line by the log shipper."""
+    from orchestrator.readers.loaders import load_run
+    from xrun_contract import Layout, stamp_line
+
+    lines = (DATA / "save-stall.log").read_text().splitlines(keepends=True)
+    folder = tmp_path / Layout.host_logs("mt", "0-0", 0)
+    folder.mkdir(parents=True)
+    t0 = 1796292000.0
+    for seq, start in enumerate(range(0, len(lines), 400)):
+        chunk = "".join(stamp_line(t0 + i * 0.01, ln) for i, ln in
+                        enumerate(lines[start:start + 400], start))
+        (folder / f"{seq:08d}.log").write_text(chunk)
+    (folder / "00000009.log").write_text("unstamped (an older chunk)\n")
+    rec = load_run(str(tmp_path / "runs" / "mt"))
+    plain = parse((DATA / "save-stall.log").read_bytes())
+    assert rec.steps.count == plain.steps.count == 20
+    assert list(rec.steps.rows()) == list(plain.steps.rows())
+    assert rec.checkpoint_totals == plain.checkpoint_totals
+    assert "no step metrics stored: read from host 0-0's log" in rec.notes
