@@ -243,7 +243,8 @@ class LogParser:
         self._days: dict[tuple[int, Any, Any], float | None] = {}  # absl MMDD -> its midnight
         self._batched: list[_HostParse] = []  # hosts whose step batch is not converted yet
         self._handlers = {kind: getattr(self, name) for kind, name in _HANDLERS.items()}
-        self._last_second: tuple[Any, float | None] = (None, None)  # see _absl_time
+        self._last_key: Any = None  # the last absl second read, and its time: _absl_time
+        self._last_base: float | None = None
 
     def set_attempt(self, attempt: int) -> None:
         """The attempt of what comes next (stored logs name it in their path)."""
@@ -603,15 +604,14 @@ class LogParser:
     def _absl_time(self, m: re.Match) -> float | None:
         """An absl prefix's time (str or bytes match): the year is assumed (``_year``).
         Lines come in bursts within one second: the last second's start is kept."""
-        at = m.start()
-        key = (self._year, m.string[at + 1:at + 14])  # "MMDD HH:MM:SS": fixed width
-        if key == self._last_second[0]:
-            base = self._last_second[1]
+        at = m.start(1)  # the level letter
+        key = m.string[at + 1:at + 14]  # "MMDD HH:MM:SS": fixed width
+        if key == self._last_key:
+            base = self._last_base
         else:
-            month, day, h, mi, sec = m.group("month", "day", "h", "m", "s")
-            base = self._time_of(month, day, h, mi, sec, None)
-            self._last_second = (key, base)
-        us = m["us"]
+            base = self._time_of(m[2], m[3], m[4], m[5], m[6], None)  # month ... second
+            self._last_key, self._last_base = key, base
+        us = m[7]  # the fraction
         if base is None or not us:
             return base
         return base + int(us.ljust(6, b"0" if isinstance(us, bytes) else "0")) / 1e6
@@ -795,8 +795,9 @@ class LogParser:
             setattr(rec, attr, when[0])
             if attr == "start_time":
                 rec.start_basis = "XPK Start"
-                if when[1] is not None:
+                if when[1] is not None and when[1] != self._year:
                     self._year = when[1]  # absl prefixes carry no year: take XPK's
+                    self._last_key = None
             return
 
     # Orbax's checkpoint lines and MaxText's checkpointing lines (see module doc).
