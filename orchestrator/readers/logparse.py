@@ -317,7 +317,7 @@ class LogParser:
                 j += 1
             if j == i + 1 and index == _STEP_START:
                 if body[line_start] != 0x5B:  # "[": a host prefix takes the per-line path
-                    k = self._step_region(body, line_start, matches, i)
+                    k = self._step_region(body, line_start, matches, i, bool(prefixes))
                     if k > i:
                         i = k
                         continue
@@ -325,7 +325,13 @@ class LogParser:
                     i = j
                     continue
             self._flush_steps()
-            self._physical_line(_decode(body[line_start:line_end]), continuation=False)
+            raw = body[line_start:line_end]
+            line = _decode(raw)
+            if j == i + 1 and len(line) == len(raw) and raw[0] != 0x5B:
+                # One message start, ASCII, no host prefix: its place is known already.
+                self._one_start(line, index, pos - line_start)
+            else:
+                self._physical_line(line, continuation=False)
             i = j
         self._flush_steps()
         self._log_times(body, start, prefixes, first=False)
@@ -333,7 +339,8 @@ class LogParser:
     def _register_hosts(self, body: bytes, start: int) -> list[bytes]:
         """Every host prefix of these lines, in order, as the general path would see them
         (a host that logged nothing parseable is still a host of the log)."""
-        found = [m.group(1) for m in _HOST_LINE_B.finditer(body, max(start - 1, 0))]
+        found = [m.group(1) for m in _HOST_LINE_B.finditer(body, max(start - 1, 0))] \
+            if b"\n[" in body else []
         m = _HOST_PREFIX_B.match(body, start)
         if m:
             found.insert(0, body[start + 1:m.end() - 2])
@@ -357,7 +364,7 @@ class LogParser:
         return state
 
     def _step_region(self, body: bytes, line_start: int, matches: list[tuple[int, int, int]],
-                     i: int) -> int:
+                     i: int, prefixed: bool) -> int:
         """The step lines from ``line_start`` up to the next other message, read at once:
         one ``findall`` for their fields, converted column by column; the index of the
         first message start after them (``i``: none taken, read line by line instead).
@@ -372,7 +379,7 @@ class LogParser:
         end = body.index(b"\n", matches[k - 1][1]) + 1
         if k < n and matches[k][1] < end:
             return i  # the last line holds another message after its step
-        if _HOST_LINE_B.search(body, line_start, end) is not None:
+        if prefixed and _HOST_LINE_B.search(body, line_start, end) is not None:
             return i
         rows = _STEP_TAIL_B.findall(body, line_start, end)
         if len(rows) != k - i:
@@ -560,21 +567,33 @@ class LogParser:
         else:
             self._scan(state, line)
 
+    def _one_start(self, line: str, index: int, at: int) -> None:
+        """A whole unprefixed line whose one message start (``index``) is at ``at``."""
+        self._cur_host = ""
+        st = self._hosts[""]
+        if "\r" in line or not self._one_message(st, line, index, at):
+            self._physical_line(line, continuation=False)
+
+    def _one_message(self, st: _HostParse, line: str, index: int, at: int) -> bool:
+        """The common case: one message, no absl prefix after its start (an absl prefix
+        needs a "]"); its time is the line's leading absl prefix's, if any. False: the
+        line needs the general cut."""
+        if line.find("]", at) >= 0:
+            return False
+        m = ABSL_RE.match(line) if at else None
+        if at and m is None and ("] " in line or "]\t" in line):
+            return False  # an absl prefix elsewhere before the message
+        ts = self._absl_time(m) if m is not None and m.end() <= at else None
+        self._segment(st, line[at:], ts, MESSAGE_STARTS[index])
+        return True
+
     def _scan(self, st: _HostParse, line: str) -> None:
         """Cut a line at every message start and absl prefix; parse each message."""
         starts = _STARTS.find_matches_as_indexes(line)
         if not starts:
             return  # no message here (absl prefixes alone do not matter)
-        if len(starts) == 1 and line.find("]", starts[0][1]) < 0:
-            # The common case: one message, no absl prefix after its start (an absl prefix
-            # needs a "]"); its time is the line's leading absl prefix's, if any.
-            index, at, _ = starts[0]
-            m = ABSL_RE.match(line) if at else None
-            if not (at and m is None and ("] " in line or "]\t" in line)):
-                ts = self._absl_time(m) if m is not None and m.end() <= at else None
-                self._segment(st, line[at:], ts, MESSAGE_STARTS[index])
-                return
-            # else an absl prefix elsewhere before the message: the general cut below
+        if len(starts) == 1 and self._one_message(st, line, starts[0][0], starts[0][1]):
+            return
         cuts: list[tuple[int, int, re.Match | None, str]] = [
             (s, s, None, MESSAGE_STARTS[i]) for i, s, _ in starts]
         if "] " in line or "]\t" in line:

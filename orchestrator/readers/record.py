@@ -94,19 +94,14 @@ class StepSeries:
         self.total_weights_last = total_weights_last
         i = (-first) % self.stride
         while i < n:
-            (step, seconds, tflops, tokens, loss, blocked, time, attempt) = row(i)
-            self.step.append(step)
-            self.attempt.append(attempt)
-            self.seconds.append(seconds)
-            self.tflops.append(tflops)
-            self.tokens.append(tokens)
-            self.loss.append(loss)
-            self.blocked.append(blocked)
-            self.time.append(time)
+            room = self.cap + 1 - len(self.step)  # one more than this and the series halves
+            kept = range(i, n, self.stride)[:room]
+            for name, column in zip(self.COLUMNS, zip(*map(row, kept), strict=True), strict=True):
+                getattr(self, name).extend(column)
             if len(self.step) > self.cap:
                 self._halve()
-            index = first + i + 1
-            i += 1 + (-index) % self.stride
+            index = first + kept[-1] + 1
+            i = kept[-1] + 1 + (-index) % self.stride
 
     def _halve(self) -> None:
         for name in self.COLUMNS:
