@@ -187,12 +187,12 @@ _STEP_START = MESSAGE_STARTS.index("completed step: ")
 # running to the end of the line (what STEP_RE.search reads in the general path; another
 # message start on the line, or a carriage return, takes that path instead). Possessive
 # quantifiers (never backtracking) match the same lines twice as fast.
-_STEP_B = STEP_RE.pattern.replace("]+", "]++").replace(r"\d+", r"\d++").encode() + rb"[^\r\n]*+\n"
+_STEP_B = STEP_RE.pattern.replace("]+", "]++").replace(r"\d+", r"\d++").encode()
 _STEP_LINE_B = re.compile(
     rb"(?:[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?[ \t]+\d+[ \t]+[^\s:\]]+:\d+\][ \t]?)?"
-    + _STEP_B)
-# The same step message anywhere (for findall over a run of step lines).
-_STEP_TAIL_B = re.compile(_STEP_B)
+    + _STEP_B + rb"[^\r\n]*+\n")
+# The step message alone (for findall over a run of step lines with no carriage return).
+_STEP_ONLY_B = re.compile(_STEP_B)
 _HOST_PREFIX_B = re.compile(HOST_PREFIX_RE.pattern.encode())
 _HOST_LINE_B = re.compile(rb"\n\[(\d+-\d+(?: #\d+)?)\] ")
 _ABSL_B = re.compile(ABSL_RE.pattern.encode())
@@ -368,9 +368,10 @@ class LogParser:
         one ``findall`` for their fields, converted column by column; the index of the
         first message start after them (``i``: none taken, read line by line instead).
 
-        Taken only when every step message there runs alone to the end of its line and no
-        line carries a host prefix; then each step's time is its line's absl time, looked
-        up only for the first, the last and the samples the series keeps."""
+        Taken only when every step message there is alone on its line (the chunk's one pass
+        saw no other start there), no line carries a host prefix or a carriage return; then
+        each step's time is its line's absl time, looked up only for the first, the last and
+        the samples the series keeps."""
         n = len(matches)
         k = i
         while k < n and matches[k][0] == _STEP_START:
@@ -380,9 +381,11 @@ class LogParser:
             return i  # the last line holds another message after its step
         if prefixed and _HOST_LINE_B.search(body, line_start, end) is not None:
             return i
-        rows = _STEP_TAIL_B.findall(body, line_start, end)
+        if body.find(b"\r", line_start, end) >= 0:
+            return i  # a progress bar's carriage return: the general path splits there
+        rows = _STEP_ONLY_B.findall(body, line_start, end)
         if len(rows) != k - i:
-            return i  # a step message that is more than one, or not the line's last
+            return i  # a step message that does not parse: the general path decides
         self._flush_steps()  # what came before, first
         self._cur_host = ""
         self._add_steps(self._hosts[""], rows,
