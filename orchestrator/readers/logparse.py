@@ -468,10 +468,11 @@ class LogParser:
         if not math.isfinite(seconds_total):
             seconds_total = math.fsum(x for x in map(_float_b, cols[1]) if math.isfinite(x))
         attempt = st.attempt
+        last = len(rows) - 1
 
         def row(i: int) -> tuple:
             r = rows[i]
-            ts = time_of(i)
+            ts = first_ts if i == 0 else last_ts if i == last else time_of(i)
             try:
                 return (steps[i], float(r[1]), float(r[2]), float(r[3]), float(r[5]),
                         0.0, math.nan if ts is None else ts, attempt)
