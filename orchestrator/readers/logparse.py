@@ -104,13 +104,14 @@ ORBAX_SAVED_RE = re.compile(
     r"(?P<path>\S*?)/(?P<step>\d+)\.?\s*$")
 # _src/logging/standard_logger.py, StandardLogger.log_entry(): the dataclasses.asdict() of
 # SaveStepStatistics / RestoreStepStatistics (_src/logging/step_statistics.py) as a Python
-# dict repr (single quotes, None/False). Only the scalar entries read below are taken, each
-# by its key (ast.literal_eval of the whole dict cost ~0.2 ms a line: most of a 1 GB log's time).
-ORBAX_STATS_RE = re.compile(r"(?P<dict>\{'step': .*\})\s*$")
-ORBAX_STATS_FIELD_RE = re.compile(
-    r"'(?P<key>step|event_type|wait_for_prev_duration_secs|checkpointer_blocking_duration_secs"
-    r"|checkpoint_manager_duration_secs)': "
-    r"(?P<value>None|True|False|'[^'\\]*'|-?\d+(?P<real>\.\d*)?(?P<exp>[eE][+-]?\d+)?)(?=[,}])")
+# dict repr (single quotes, None/False) on one line: "{'step': 5, 'event_type': 'save', ...}".
+# Only the scalar entries below are read, each found by its key (ast.literal_eval of the whole
+# dict cost ~0.2 ms a line: most of a 1 GB log's time).
+_STATS_KEYS = ("step", "event_type", "wait_for_prev_duration_secs",
+               "checkpointer_blocking_duration_secs", "checkpoint_manager_duration_secs")
+_STATS_VALUE_RE = re.compile(
+    r"(?:None|True|False|'[^'\\]*'|-?\d+(?P<real>\.\d*)?(?P<exp>[eE][+-]?\d+)?)(?=[,}])")
+_STATS_CONSTANTS = {"None": None, "True": True, "False": False}
 # CheckpointManager._load_checkpoint_infos(), at construction.
 ORBAX_FOUND_RE = re.compile(r"Found (?P<count>\d+) checkpoint steps in (?P<path>\S+)")
 # _src/checkpointers/checkpointer.py, Checkpointer.restore().
@@ -905,10 +906,10 @@ class LogParser:
 
     def _stats(self, st: _HostParse, seg: str, ts: float | None) -> None:
         """Orbax's step statistics dict (save or restore)."""
-        m = ORBAX_STATS_RE.match(seg)
-        if not m or len(m["dict"]) > STATS_MAX_CHARS:
-            return
-        stats = _stats_fields(m["dict"])
+        text = seg.rstrip()
+        if not text.endswith("}") or len(text) > STATS_MAX_CHARS:
+            return  # not the whole dict on this line
+        stats = _stats_fields(text)
         if not isinstance(stats.get("step"), int):
             return
         step, kind = stats["step"], stats.get("event_type")
@@ -973,14 +974,19 @@ def _merge_into(dst: RunRecord, src: RunRecord) -> None:
 def _stats_fields(text: str) -> dict[str, Any]:
     """The entries of an Orbax statistics dict repr that the parser reads (first of each)."""
     out: dict[str, Any] = {}
-    for m in ORBAX_STATS_FIELD_RE.finditer(text):
-        key, value = m["key"], m["value"]
-        if key in out:
+    for key in _STATS_KEYS:
+        at = text.find(f"'{key}': ")
+        if at < 0:
             continue
+        at += len(key) + 4
+        m = _STATS_VALUE_RE.match(text, at)
+        if m is None:
+            continue
+        value = m[0]
         if value[0] == "'":
             out[key] = value[1:-1]
-        elif value in ("None", "True", "False"):
-            out[key] = {"None": None, "True": True, "False": False}[value]
+        elif value in _STATS_CONSTANTS:
+            out[key] = _STATS_CONSTANTS[value]
         else:
             out[key] = float(value) if m["real"] is not None or m["exp"] else int(value)
     return out
