@@ -172,3 +172,24 @@ def test_a_stored_run_without_metrics_reads_its_stamped_log_chunks(tmp_path):
     assert list(rec.steps.rows()) == list(plain.steps.rows())
     assert rec.checkpoint_totals == plain.checkpoint_totals
     assert "no step metrics stored: read from host 0-0's log" in rec.notes
+
+
+def test_steps_waiting_across_messages_keep_their_order():
+    """Runs of step lines wait across checkpoint lines; a restart (steps going back) or a
+    restore still takes effect where it is in the log."""
+    save = "I1203 10:00:{s:02d}.5 1 checkpoint.py:1] checkpoint save started: step {n}\n"
+    text = ("".join(step_line(s) for s in (1, 2, 3, 4, 5)) + save.format(s=6, n=5)
+            + "".join(step_line(s) for s in (3, 4)) + save.format(s=9, n=4)
+            + "I1203 10:00:10.5 1 checkpointing.py:1] restoring from this run's directory step 4\n"
+            + "".join(step_line(s) for s in (5, 6)))
+    for rec in (parse(text), parse(text, pieces=50, seed=9)):
+        assert list(rec.steps.step) == [1, 2, 3, 4, 5, 3, 4, 5, 6]
+        assert list(rec.steps.attempt) == [0, 0, 0, 0, 0, 1, 1, 2, 2]
+        assert [(c["event"], c["step"], c["attempt"]) for c in rec.checkpoints] == [
+            ("started", 5, 0), ("started", 4, 1), ("restored", 4, 2)]
+    text = ("".join(step_line(s) for s in (1, 2, 3))
+            + "I1203 10:00:10.5 1 checkpointing.py:1] restoring from this run's directory step 2\n"
+            + "".join(step_line(s) for s in (3, 4)))
+    rec = parse(text)
+    assert list(rec.steps.attempt) == [0, 0, 0, 1, 1]
+    assert rec.notes == ["checkpoint restored after step 3: counted as attempt 1"]

@@ -243,6 +243,10 @@ class LogParser:
         self._year = year or _dt.datetime.now(_dt.UTC).year
         self._days: dict[tuple[int, Any, Any], float | None] = {}  # absl MMDD -> its midnight
         self._batched: list[_HostParse] = []  # hosts whose step batch is not converted yet
+        self._run: list[tuple] = []  # step rows of the unprefixed stream (_step_region)
+        self._run_pos: list[int] = []  # where each row's message starts in _run_body
+        self._run_body = b""
+        self._run_last = 0  # the last step of _run
         self._handlers = {kind: getattr(self, name) for kind, name in _HANDLERS.items()}
         self._last_key: Any = None  # the last absl second read, and its time: _absl_time
         self._last_base: float | None = None
@@ -325,7 +329,7 @@ class LogParser:
                 if self._step_line(body, line_start, pos):
                     i = j
                     continue
-            self._flush_steps()
+            self._flush_batches()  # the unprefixed run waits: handlers flush it when they must
             raw = body[line_start:line_end]
             line = _decode(raw)
             if j == i + 1 and len(line) == len(raw) and raw[0] != 0x5B:
@@ -387,10 +391,18 @@ class LogParser:
         rows = _STEP_ONLY_B.findall(body, line_start, end)
         if len(rows) != k - i:
             return i  # a step message that does not parse: the general path decides
-        self._flush_steps()  # what came before, first
+        root = self._hosts[""]
+        if root.batch:
+            self._flush_batches()  # what came before, first
         self._cur_host = ""
-        self._add_steps(self._hosts[""], rows,
-                        lambda r: self._time_at(body, matches[i + r][1]))
+        steps = list(map(int, [r[0] for r in rows]))
+        last = self._run_last if self._run else root.last_step
+        self._run += rows
+        self._run_pos += [m[1] for m in matches[i:k]]
+        self._run_body = body
+        self._run_last = steps[-1]
+        if (last is not None and steps[0] <= last) or any(map(operator.le, steps[1:], steps[:-1])):
+            self._flush_run()  # steps went back: a restart counts from here on
         return k
 
     def _step_line(self, body: bytes, line_start: int, pos: int) -> bool:
@@ -409,13 +421,30 @@ class LogParser:
         st = self._hosts[""] if not host else self._host_state(host, attempt)
         if not host:
             self._cur_host = ""
+            self._flush_run()  # keep the unprefixed stream's steps in order
         if not st.batch:
             self._batched.append(st)
         st.batch.append(m.groups())
         return True
 
     def _flush_steps(self) -> None:
-        """Convert the batched step lines: rows of (absl fields, step fields)."""
+        """Convert every pending step row: the unprefixed stream's run, the per-line batches."""
+        self._flush_run()
+        self._flush_batches()
+
+    def _flush_run(self) -> None:
+        """The unprefixed stream's step runs waiting since the last flush (``_step_region``).
+        They wait across other messages: only what reads or changes a host's steps or
+        attempt (a step read line by line, a restore, a wrapper line, XPK's year) flushes
+        them first, so a run of step lines between checkpoint lines is converted at once."""
+        if not self._run:
+            return
+        rows, pos, body = self._run, self._run_pos, self._run_body
+        self._run, self._run_pos, self._run_body = [], [], b""
+        self._add_steps(self._hosts[""], rows, lambda r: self._time_at(body, pos[r]))
+
+    def _flush_batches(self) -> None:
+        """Convert the per-line batches: rows of (absl fields, step fields)."""
         for st in self._batched:
             rows, st.batch = st.batch, []
             if rows:
@@ -459,8 +488,8 @@ class LogParser:
                 rec.log_first_time = first_ts
             if rec.log_first_step_time is None:
                 rec.log_first_step_time = first_ts
-        if last_ts is not None:
-            rec.log_last_time = last_ts
+        if last_ts is not None and (rec.log_last_time is None or last_ts > rec.log_last_time):
+            rec.log_last_time = last_ts  # (messages after a waiting run may be later)
         st.last_step = steps[-1]
         try:
             seconds_total = math.fsum(map(float, cols[1]))
@@ -564,7 +593,9 @@ class LogParser:
                     line = line[m.end():]
             state = self._host_state(host, attempt)
         if state.batch:
-            self._flush_steps()
+            self._flush_batches()
+        if state is self._hosts[""]:
+            self._flush_run()
         if "\r" in line:  # progress bars redraw with carriage returns
             for piece in line.split("\r"):
                 self._scan(state, piece)
@@ -699,6 +730,7 @@ class LogParser:
             st.flops = None
 
     def _on_wrapper(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        self._flush_run()  # the attempt changes here
         rec = st.record
         m = WRAPPER_START_RE.match(seg)
         if m:
@@ -752,6 +784,7 @@ class LogParser:
 
     def _step(self, st: _HostParse, step: int, seconds: float, tflops: float, tokens: float,
               loss: float, total_weights: int, ts: float | None) -> None:
+        self._flush_run()  # the steps before this one first
         rec = st.record
         if st.last_step is not None and step <= st.last_step and not st.attempt_known:
             st.attempt += 1  # steps went back without a wrapper line: a restart
@@ -798,6 +831,7 @@ class LogParser:
             return
 
     def _restored(self, st: _HostParse, step: int) -> None:
+        self._flush_run()  # the steps before the restore first: they decide the attempt
         rec = st.record
         if st.last_step is not None and not st.attempt_known:
             st.attempt += 1  # a restore after steps: the job restarted
@@ -806,6 +840,7 @@ class LogParser:
         st.restored_step = step
 
     def _xpk(self, rec: RunRecord, seg: str, ts: float | None) -> None:
+        self._flush_run()  # their times are read in the year known so far
         """XPK's wrapper lines: the container's start and end (wall clock, its time zone)."""
         for regex, attr in ((XPK_START_RE, "start_time"), (XPK_END_RE, "end_time")):
             m = regex.match(seg)
