@@ -250,6 +250,8 @@ class LogParser:
         self._handlers = {kind: getattr(self, name) for kind, name in _HANDLERS.items()}
         self._last_key: Any = None  # the last absl second read, and its time: _absl_time
         self._last_base: float | None = None
+        self._last_minute: Any = None  # ... and its minute
+        self._minute_base: float | None = None
 
     def set_attempt(self, attempt: int) -> None:
         """The attempt of what comes next (stored logs name it in their path)."""
@@ -663,7 +665,14 @@ class LogParser:
         if key == self._last_key:
             base = self._last_base
         else:
-            base = self._time_of(m[2], m[3], m[4], m[5], m[6], None)  # month ... second
+            minute = key[:10]
+            second = int(m[6])
+            if minute == self._last_minute and self._minute_base is not None and second < 60:
+                base = self._minute_base + second
+            else:
+                base = self._time_of(m[2], m[3], m[4], m[5], m[6], None)  # month ... second
+                self._last_minute = minute
+                self._minute_base = None if base is None else base - second
             self._last_key, self._last_base = key, base
         us = m[7]  # the fraction
         if base is None or not us:
@@ -855,7 +864,7 @@ class LogParser:
                 rec.start_basis = "XPK Start"
                 if when[1] is not None and when[1] != self._year:
                     self._year = when[1]  # absl prefixes carry no year: take XPK's
-                    self._last_key = None
+                    self._last_key = self._last_minute = None
             return
 
     # Orbax's checkpoint lines and MaxText's checkpointing lines (see module doc).
