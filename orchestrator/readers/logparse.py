@@ -17,10 +17,11 @@ the line of step k-1 in the file: stalls are attributed by step number, never by
 
 Speed (a nightly reads 1 GB logs; ``bench/bench_logparse.py``): the text is handled as bytes
 and one Aho-Corasick pass (``ahocorasick_rs``, Rust's ``aho-corasick``) finds every message
-start of a piece; only the lines holding one are decoded and parsed. Step lines, most of
-what is left, are matched whole by one regex and gathered per host; their numbers are
-converted column by column when the batch ends, and only for the samples
-:class:`StepSeries` keeps.
+start of a piece; only the lines holding one are decoded and parsed, each by the handler of
+its start. Runs of step lines, most of what is left, are read by one ``findall`` and wait,
+across other messages, until something needs them in order (a restore, a restart, a step
+read line by line); their numbers are then converted column by column, and the times and
+fields only for the samples :class:`StepSeries` keeps.
 """
 
 from __future__ import annotations
@@ -138,21 +139,9 @@ MAXTEXT_FLOPS_SPLIT_RE = re.compile(
 XPK_START_RE = re.compile(r"^XPK Start: (?P<date>.+?)\s*$")
 XPK_END_RE = re.compile(r"^XPK End: (?P<date>.+?)\s*$")
 
-# Where one message starts: every line form above. A line is cut at each of these (and at
-# absl prefixes), so messages glued into one physical line are parsed one by one.
-MESSAGE_STARTS = (
-    "completed step: ", "number parameters: ", "Using (GB) ", "Per train step:",
-    "Total TFLOPs: ", "split as ",
-    "xrun header ", "xrun phase: ", "xrun failure: ", "checkpoint save started: ",
-    "checkpoint save blocked training: ", "checkpoint save deferred: ", "checkpoint waiting ",
-    "checkpoint committed: ", "checkpoint restored: ", "checkpoint restore failed: ",
-    "checkpoint write failed: ", "xrun-wrapper: ", "EXIT_CODE=", "System Information: ",
-    "Waiting for previous save to complete", "Saving checkpoint at step ",
-    "Started async saving checkpoint", "Finished blocking save", "Finished save",
-    "Finished async_save", "{'step': ", "Found ", "Restoring checkpoint from ",
-    "restoring from this run's directory", "Waited ", "XPK Start: ", "XPK End: ",
-)
-# The handler (a LogParser method) of each message start.
+# Where one message starts (every line form above), and the LogParser method that reads it.
+# A line is cut at each start (and at absl prefixes), so messages glued into one physical
+# line are parsed one by one; a line holding none is never looked at.
 _HANDLERS = {
     "completed step: ": "_on_step", "number parameters: ": "_on_params",
     "Using (GB) ": "_on_memory", "Per train step:": "_on_flops_start",
@@ -173,7 +162,7 @@ _HANDLERS = {
     "restoring from this run's directory": "_on_maxtext_restoring", "Waited ": "_on_waited",
     "XPK Start: ": "_on_xpk", "XPK End: ": "_on_xpk",
 }
-assert set(_HANDLERS) == set(MESSAGE_STARTS)
+MESSAGE_STARTS = tuple(_HANDLERS)
 SEGMENT_RE = re.compile(
     "(?P<absl>" + ABSL_RE.pattern + ")|(?=" + "|".join(re.escape(s) for s in MESSAGE_STARTS) + ")"
 )
