@@ -336,7 +336,7 @@ class LogParser:
     def _register_hosts(self, body: bytes, start: int) -> list[bytes]:
         """Every host prefix of these lines, in order, as the general path would see them
         (a host that logged nothing parseable is still a host of the log)."""
-        found = [m.group(1) for m in _HOST_LINE_B.finditer(body, max(start - 1, 0))]
+        found = _HOST_LINE_B.findall(body, max(start - 1, 0))
         m = _HOST_PREFIX_B.match(body, start)
         if m:
             found.insert(0, body[start + 1:m.end() - 2])
