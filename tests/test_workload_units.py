@@ -267,3 +267,17 @@ def test_clip_by_global_norm_is_optax_rule():
         theirs, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
         for k in grads:
             np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-6)
+
+
+def test_bench_model_shape_peak_uses_the_learnable_matmuls_maxtext_counts():
+    """bench_workload's peak at the model's matmul shapes times exactly the matmuls behind
+    the learnable-weight share of the FLOP count (MaxText's formula, forward = 1/3)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from bench_workload import model_matmuls
+
+    for batch in (1, 4):
+        cfg = load_config("bench-21m", ["global_batch=0", f"batch_per_device={batch}"])
+        f = step_flops(cfg, cfg.batch_size(1), 1)
+        forward = sum(2 * m * k * n * count for m, k, n, count in model_matmuls(cfg, batch))
+        learnable = f["tflops_per_step"] * 1e12 * f["learnable_pct"] / 100 / 3
+        assert forward == pytest.approx(learnable, rel=1e-9)
