@@ -19,10 +19,14 @@ Also printed: the ratio to the float32 2048^3 peak. XLA:CPU runs a bf16 dot as a
 of bf16-rounded values (converts around it) on CPUs without AVX512-BF16/AMX, so float32 is
 the fastest matmul this machine does; the ratio to it is the stricter one.
 
-The load average (1 min) is printed before and after each run: the machine is shared.
+The load average (1 min) is printed before and after each run: the machine is shared. As
+the workload process and the peak run at different moments, a load change between them skews
+that ratio; so the same ratio is then measured interleaved in this process (``--rounds``):
+the workload's own jitted train step and the peak alternating, each round's median step
+paired with the peak measured right after it (see ``interleaved``).
 
     python bench/bench_workload.py [--presets bench-21m] [--batch-per-device 1 4]
-                                   [--steps 30] [--warmup 5] [--json OUT.json]
+                                   [--steps 30] [--warmup 5] [--rounds 5] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -155,6 +159,48 @@ def bench_preset(preset: str, batch_per_device: int, steps: int, warmup: int) ->
     }
 
 
+def interleaved(preset: str, batch_per_device: int, rounds: int, steps: int) -> dict:
+    """The ratio with both sides measured at the same moments: in this process, the
+    workload's own train step (``workload.train.Program``, as ``python -m workload.train``
+    builds it, one CPU device) and the 2048^3 matmul peak alternate, ``steps`` steps then
+    the peak, ``rounds`` times; each round's ratio pairs a median step with the peak
+    measured right after it, so a load change on the shared machine hits both."""
+    import jax
+
+    from workload.config import load_config, step_flops
+    from workload.distributed import make_mesh
+    from workload.train import Program
+
+    cfg = load_config(preset, ["global_batch=0", f"batch_per_device={batch_per_device}"])
+    devices = jax.device_count()
+    program = Program(cfg, make_mesh(None), cfg.batch_size(devices))
+    state = program.init()
+    tokens = jax.device_put(jax.random.randint(jax.random.key(0), (cfg.batch_size(devices),
+                                               cfg.seq_len + 1), 0, cfg.vocab_size),
+                            program.batch_sharding)
+    flops = step_flops(cfg, cfg.batch_size(devices), devices)["tflops_per_device"]
+    for _ in range(3):  # warm-up
+        state, out = program.train_step(state, tokens)
+        jax.device_get(out)
+    ratios, step_s, peaks, loads = [], [], [], []
+    for _ in range(rounds):
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            state, out = program.train_step(state, tokens)
+            jax.device_get(out)
+            times.append(time.perf_counter() - t)
+        peak = matmul_peak_tflops(cfg.compute_dtype, repeats=5)
+        step_s.append(statistics.median(times))
+        peaks.append(peak)
+        ratios.append(flops / step_s[-1] / peak)
+        loads.append(os.getloadavg()[0])
+    return {"preset": preset, "batch_per_device": batch_per_device, "rounds": rounds,
+            "steps_per_round": steps, "step_seconds": step_s, "peaks": peaks,
+            "ratios": ratios, "median_ratio": statistics.median(ratios), "loads": loads,
+            "tflops_per_step": flops}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--presets", nargs="+", default=["bench-21m"])
@@ -162,6 +208,8 @@ def main() -> None:
                    help="per-device batches to run each preset at (the model shape stays)")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5, help="first steps left out (compile, warm-up)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="in-process rounds of steps then peak (0: skip that part)")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
@@ -186,8 +234,21 @@ def main() -> None:
               f"{r['step_seconds']:>8.4f} {r['tokens_per_s']:>10.1f} {r['tflops_per_s']:>8.4f} "
               f"{r['matmul_peak_tflops']:>7.4f} {100 * r['fraction_of_peak']:>7.1f}% "
               f"{r['model_shapes_peak_tflops']:>7.4f} {100 * r['fraction_of_shapes_peak']:>8.1f}%")
+    paired = []
+    for name in args.presets if args.rounds else []:
+        for batch in args.batch_per_device:
+            r = interleaved(name, batch, args.rounds, steps=10)
+            paired.append(r)
+            print(f"interleaved in-process, {name} batch {batch}: {r['rounds']} rounds of "
+                  f"{r['steps_per_round']} steps then the peak; per-round ratio "
+                  + ", ".join(f"{100 * x:.1f}%" for x in r["ratios"])
+                  + f"; median {100 * r['median_ratio']:.1f}% (median steps "
+                  + ", ".join(f"{s:.3f}" for s in r["step_seconds"]) + " s; peaks "
+                  + ", ".join(f"{x:.3f}" for x in r["peaks"]) + " TFLOP/s; load "
+                  + ", ".join(f"{x:.2f}" for x in r["loads"]) + ")", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results}, indent=2))
+        Path(args.json).write_text(json.dumps({"results": results, "interleaved": paired},
+                                              indent=2))
 
 
 if __name__ == "__main__":
