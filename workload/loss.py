@@ -8,7 +8,8 @@ float32, runs the softmax backward as separate passes (exp, a scatter of the one
 gradient, a reduce), and transposes the weight gradient: JAX's dot transpose rule computes
 ``dW`` as ``[vocab, d]`` and transposes it afterwards, which XLA:CPU runs as an
 unvectorised copy of the whole weight. Here the forward writes the logits once (float32
-accumulation of compute-dtype inputs, as MaxText's ``cast_logits_to_fp32``), and the
+accumulation of compute-dtype inputs, kept in float32; MaxText rounds them to the compute
+dtype and then casts to float32, ``cast_logits_to_fp32``), and the
 backward forms ``d logits = (g_nll + 2 g_z lse) softmax - g_nll onehot`` in one pass, then
 two dots whose outputs are already in the layouts wanted (``dx [b, s, d]``, ``dW [d, v]``).
 The FLOPs are the three ``2 b s d V`` dots MaxText's accounting counts, nothing recomputed.
