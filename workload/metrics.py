@@ -123,9 +123,10 @@ class Metrics:
                                        total_steps=config.get("steps")))
 
     def phase(self, phase: str, step: int | None = None, at: float | None = None,
-              quiet: bool = False) -> None:
+              quiet: bool = False, began: float | None = None) -> None:
         """A startup milestone (xrun_contract.PHASES) reached now (or at ``at``, unix time);
-        ``quiet``: the record only (its line was printed before this object existed)."""
+        ``quiet``: the record only (its line was printed before this object existed);
+        ``began``: unix time a thread's work ending here began (records.Phase.began)."""
         if self.primary:
             seconds = (time.time() if at is None else at) - self.process_start
             activity = PHASE_ACTIVITY[phase]
@@ -135,8 +136,9 @@ class Metrics:
                 say(PHASE_LINE.format(activity=activity, seconds=seconds))
             # Stamped when the milestone was reached (not when written): a record's time
             # minus its seconds is the process start, for every phase alike.
-            self.record(records.Phase(phase=phase, seconds=seconds, activity=activity, step=step),
-                        at=at)
+            self.record(records.Phase(
+                phase=phase, seconds=seconds, activity=activity, step=step,
+                began=None if began is None else began - self.process_start), at=at)
 
     def params(self, count: int) -> None:
         if self.primary:

@@ -285,9 +285,11 @@ def preload(storage: Storage | None, run: str | None, cfg: Config) -> None:
     threading.Thread(target=load, name="xrun-preload", daemon=True).start()
 
 
-def timed(fn: Any) -> tuple[Any, float]:
-    """``fn()`` and the unix time it returned (the compile thread's end, for its phase)."""
-    return fn(), time.time()
+def timed(fn: Any) -> tuple[float, float]:
+    """Run ``fn()``; the unix times it began and returned (the compile thread's phase)."""
+    began = time.time()
+    fn()
+    return began, time.time()
 
 
 def agreed_latest_step(storage: Storage, key: str) -> int | None:
@@ -406,8 +408,8 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         state, start, position = program.init(), 0, 0
     metrics.phase("restored" if restored is not None else "initialized",
                   step=start if restored is not None else None)
-    _, compiled_at = compiled.result()  # raises what the compilation raised
-    metrics.phase("compiled", at=compiled_at)  # when the thread finished, maybe long before
+    began, ended = compiled.result()  # raises what the compilation raised
+    metrics.phase("compiled", at=ended, began=began)  # the thread's own span: it overlaps
 
     fail = fail_at_step(cluster)
     delay = float(os.environ.get(Env.TEST_STEP_DELAY, "0") or 0)
