@@ -140,6 +140,10 @@ def test_startup_timeline_of_a_real_run(reference):
     row = " ".join(r.stdout.split())
     assert "Startup " in row and "to the first step (from process start): imports" in row
     assert "distributed init" in row and "compile" in row and "beside them" in row
+    report = root / "report.html"
+    r = xrun("report", "ref", "-o", str(report), storage=root)
+    assert r.returncode == 0, r.stderr
+    assert "<br>startup " in report.read_text() and "to the first step" in report.read_text()
 
 
 def test_one_host_four_devices_matches_two_hosts(reference, tmp_path):
