@@ -17,6 +17,7 @@ Prints the medians, the ratio warm/bare of the medians and of each pair, and pro
 startup timeline (the workload's ``phase`` records: seconds after ``xrun submit`` started).
 
     python bench/bench_submit.py [--steps 20] [--repeats 3] [--run-file F] [--json OUT]
+                                 [--baseline OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
@@ -94,10 +95,12 @@ def metric_records(st: Any, name: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: r.get("time", 0.0))
 
 
-def one_run(storage: str, name: str, run_file: str, steps: int, cache: bool) -> dict[str, Any]:
+def one_run(storage: str, name: str, run_file: str, steps: int, cache: bool,
+            repo: Path = REPO) -> dict[str, Any]:
+    """``xrun submit`` of ``repo``'s checkout (its CLI, supervisor and workload)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
     env["XRUN_LOCAL_COMPILATION_CACHE"] = "1" if cache else "0"
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = str(repo)
     cmd = [sys.executable, "-m", "orchestrator.cli", "submit", "-f", run_file, "--name", name,
            "--storage", storage,
            "--command", f"python3 -m workload.train --preset tiny steps={steps} checkpoint_every={steps}"]
@@ -135,6 +138,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="bare/warm pairs, interleaved")
     ap.add_argument("--run-file", default=str(REPO / "examples" / "local-tiny.yaml"))
     ap.add_argument("--json", help="Also write the results here.")
+    ap.add_argument("--baseline", type=Path,
+                    help="Another checkout (e.g. `git archive main | tar -x -C DIR`): its warm "
+                         "submit runs in each pair too, with its own storage root and cache.")
     args = ap.parse_args()
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory() as tmp:
@@ -143,12 +149,19 @@ def main() -> None:
             "cold (cache off)": one_run(storage, "bench-cold", args.run_file, args.steps, cache=False),
             "cache on, empty": one_run(storage, "bench-fill", args.run_file, args.steps, cache=True),
         }
+        base_storage = str(Path(tmp) / "baseline")
+        if args.baseline:
+            one_run(base_storage, "base-fill", args.run_file, args.steps, True, args.baseline)
         bare: list[dict[str, Any]] = []
         warm: list[dict[str, Any]] = []
+        base: list[dict[str, Any]] = []
         for i in range(args.repeats):
             load.append(os.getloadavg()[0])
             bare.append(bare_run(args.run_file, f"bench-bare-{i}"))
             warm.append(one_run(storage, f"bench-warm-{i}", args.run_file, args.steps, cache=True))
+            if args.baseline:
+                base.append(one_run(base_storage, f"base-warm-{i}", args.run_file, args.steps,
+                                    True, args.baseline))
         load.append(os.getloadavg()[0])
     results["cache on, warm (median)"] = {
         k: statistics.median(r[k] for r in warm)
@@ -156,6 +169,13 @@ def main() -> None:
     results["cache on, warm (median)"]["phases"] = {
         k: round(statistics.median(r["phases"][k] for r in warm if k in r["phases"]), 3)
         for k in warm[0]["phases"]}
+    if base:
+        results["baseline warm (median)"] = {
+            k: statistics.median(r[k] for r in base)
+            for k in ("first_step_s", "submitted_s", "end_s", "median_step_s")}
+        results["baseline warm (median)"]["phases"] = {
+            k: round(statistics.median(r["phases"][k] for r in base if k in r["phases"]), 3)
+            for k in base[0]["phases"]}
     bare_median = statistics.median(b["initialized_s"] for b in bare)
     ratio = results["cache on, warm (median)"]["first_step_s"] / bare_median
     pairs = [w["first_step_s"] / b["initialized_s"] for b, w in zip(bare, warm, strict=True)]
@@ -180,13 +200,18 @@ def main() -> None:
         "first_step_warm_over_cold": results["cache on, warm (median)"]["first_step_s"]
         / results["cold (cache off)"]["first_step_s"],
     }
+    if base:
+        ratios["baseline_first_step_over_bare"] = (
+            results["baseline warm (median)"]["first_step_s"] / bare_median)
     print(f"\nratio warm submit->step 1 / bare init (medians): {ratio:.2f} "
-          f"(target <= 2); warm/cold first step {ratios['first_step_warm_over_cold']:.2f}")
+          f"(target <= 2); warm/cold first step {ratios['first_step_warm_over_cold']:.2f}"
+          + (f"; baseline warm / bare {ratios['baseline_first_step_over_bare']:.2f}"
+             if base else ""))
     print("load average (1 min) at start and before each pair, end: "
           + ", ".join(f"{x:.2f}" for x in load))
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"results": results, "bare": bare, "warm": warm, "ratios": ratios,
+            {"results": results, "bare": bare, "warm": warm, "baseline": base, "ratios": ratios,
              "load_average_1m": load}, indent=2))
 
 
