@@ -105,7 +105,8 @@ def one_run(storage: str, name: str, run_file: str, steps: int, cache: bool,
            "--storage", storage,
            "--command", f"python3 -m workload.train --preset tiny steps={steps} checkpoint_every={steps}"]
     t0 = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    # From the checkout itself: `python -m` puts the working folder first on sys.path.
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=repo)
     t_end = time.time()
     if proc.returncode != 0:
         raise SystemExit(f"run {name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

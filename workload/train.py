@@ -134,7 +134,12 @@ class Program:
             return {"params": params, "opt_state": self.tx.init(params),
                     "step": jnp.zeros((), jnp.int32)}
 
-        abstract = jax.eval_shape(functools.partial(init, cfg.seed))
+        # The state's shapes from the abstract model already built, not from tracing init
+        # (model construction again: a tenth of a second of startup).
+        abstract_params = nnx.to_pure_dict(nnx.state(abstract_model, nnx.Param))
+        abstract = {"params": abstract_params,
+                    "opt_state": jax.eval_shape(self.tx.init, abstract_params),
+                    "step": jax.ShapeDtypeStruct((), jnp.int32)}
         opt_sh = optax.tree_map_params(self.tx, lambda _, s: s, abstract["opt_state"], param_sh,
                                        transform_non_params=lambda _: replicated)
         self.state_shardings = {"params": param_sh, "opt_state": opt_sh, "step": replicated}
@@ -319,35 +324,19 @@ def checkpoint_write_failed() -> type[BaseException]:
 
 
 class DeferredCheckpoints:
-    """Nothing to restore: Orbax is imported in a thread while the first step runs (its
-    imports hold the GIL: started earlier, they would slow the tracing that precedes the
-    step) and the checkpoint manager opened at the first step boundary. Opening stays on
-    the main thread: it runs Orbax barriers, device collectives (orbax
+    """Nothing to restore: Orbax is imported and the checkpoint manager opened at the first
+    step boundary, not before the first step. Not in a thread beside the first step: the
+    imports hold the GIL and a core (on a loaded host they slowed the step down as much as
+    they saved), and opening runs Orbax barriers, device collectives (orbax
     ``multihost.sync_global_processes``) that must not interleave with a step's."""
 
     def __init__(self, storage: Storage, run: str, cfg: Config, metrics: Metrics,
                  cluster: Cluster, program: Program):
-        import importlib
-        import threading
-
         self.args = (storage, run, cfg, metrics, cluster)
         self.abstract_state = program.abstract_state
-        self.thread = threading.Thread(target=importlib.import_module,
-                                       args=("workload.checkpointing",),
-                                       name="xrun-orbax-import", daemon=True)
-
-    def start(self) -> None:
-        """Start importing Orbax (idempotent)."""
-        if self.thread.ident is None:
-            self.thread.start()
-
-    def join(self) -> None:
-        self.start()
-        self.thread.join()
 
     def open(self) -> Any:
-        self.join()
-        ckpt = open_checkpoints(*self.args)  # raises what the import raised
+        ckpt = open_checkpoints(*self.args)
         if ckpt.restore_latest(self.abstract_state) is not None:  # agreed: none committed
             raise RuntimeError("a checkpoint was committed by another writer during startup")
         return ckpt
@@ -431,8 +420,6 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         state, out = train_step(state, batch)  # dispatched; runs while we go on
-        if deferred is not None:  # imports Orbax while the first step runs
-            deferred.start()
         position += global_batch
         if step < cfg.steps:
             batch = make_batch(position)
@@ -468,8 +455,6 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                     return cluster.restartable_exit_code, str(e), False
                 ckpt.close()
             return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}", True
-    if deferred is not None:  # no step ran (restored at the last step): nothing to save
-        deferred.join()
     if ckpt:  # the last step's save commits before we exit
         try:
             ckpt.finish(cfg.steps, state, position_data(cfg.steps))
