@@ -14,6 +14,7 @@ import datetime as _dt
 import gzip
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,6 @@ from xrun_contract import (
     Layout,
     check_run_name,
     records,
-    split_stamp,
 )
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import Storage, open_storage, read_chunks
@@ -191,8 +191,10 @@ def read_log_file(path: str | Path, record: RunRecord | None = None) -> RunRecor
     with contextlib.suppress(OSError):
         year = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.UTC).year
     parser = LogParser(rec, year=year)
-    for piece in iter_file_text(path):
-        parser.feed(piece)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:  # the parser takes bytes: it decodes only what it reads
+        while data := f.read(READ_CHARS):
+            parser.feed(data)
     return parser.finish()
 
 
@@ -284,12 +286,26 @@ def _read_stored_logs(storage: Storage, name: str, rec: RunRecord) -> bool:
             continue
         parser.set_attempt(int(m[1]))
         for _key, data in read_chunks(storage, ap):
-            text = data.decode("utf-8", errors="replace")
-            parser.feed("".join(split_stamp(line)[1] for line in text.splitlines(keepends=True)))
+            parser.feed(strip_stamps(data))
     out = parser.finish()
     if out.steps.count:
         rec.notes.append(f"no step metrics stored: read from host {host}'s log")
     return True
+
+
+# The storage copy's line stamps (``xrun_contract.stamp_line``), found after each newline:
+# a pattern that begins with a literal is searched at memchr speed, not tried at every byte.
+_STAMP = rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?Z "
+_STAMP_AT_START = re.compile(_STAMP)
+_STAMP_AFTER_NEWLINE = re.compile(rb"\n" + _STAMP)
+
+
+def strip_stamps(data: bytes) -> bytes:
+    """A stored log chunk without its line stamps (unstamped lines are kept as they are)."""
+    m = _STAMP_AT_START.match(data)
+    if m:
+        data = data[m.end():]
+    return _STAMP_AFTER_NEWLINE.sub(b"\n", data)
 
 
 def split_storage_path(path: str) -> tuple[str, str] | None:

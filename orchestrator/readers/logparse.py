@@ -14,18 +14,31 @@ MaxText's step timing, which decides where a checkpoint stall shows up
 save") lands in the ``seconds`` of step k+1. Step lines are buffered one step
 (``MetricLogger.buffer_and_write_metrics()``), so the save lines of step k come *before*
 the line of step k-1 in the file: stalls are attributed by step number, never by position.
+
+Speed (a nightly reads 1 GB logs; ``bench/bench_logparse.py``): the text is handled as bytes
+and one Aho-Corasick pass (``ahocorasick_rs``, Rust's ``aho-corasick``) finds every message
+start of a piece; only the lines holding one are decoded and parsed, each by the handler of
+its start. Runs of step lines, most of what is left, are read by one ``findall`` and wait,
+across other messages, until something needs them in order (a restore, a restart, a step
+read line by line); their numbers are then converted column by column, and the times and
+fields only for the samples :class:`StepSeries` keeps.
 """
 
 from __future__ import annotations
 
-import ast
 import calendar
 import datetime as _dt
+import functools
+import itertools
 import json
 import math
+import operator
 import re
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
+
+import ahocorasick_rs
 
 from orchestrator.readers.record import RunRecord, _float
 from xrun_contract import (
@@ -92,13 +105,19 @@ ORBAX_SAVED_RE = re.compile(
     r"(?P<path>\S*?)/(?P<step>\d+)\.?\s*$")
 # _src/logging/standard_logger.py, StandardLogger.log_entry(): the dataclasses.asdict() of
 # SaveStepStatistics / RestoreStepStatistics (_src/logging/step_statistics.py) as a Python
-# dict repr (single quotes, None/False), read with ast.literal_eval.
-ORBAX_STATS_RE = re.compile(r"(?P<dict>\{'step': .*\})\s*$")
+# dict repr (single quotes, None/False) on one line: "{'step': 5, 'event_type': 'save', ...}".
+# Only the scalar entries below are read, each found by its key (ast.literal_eval of the whole
+# dict cost ~0.2 ms a line: most of a 1 GB log's time).
+_STATS_KEYS = ("step", "event_type", "wait_for_prev_duration_secs",
+               "checkpointer_blocking_duration_secs", "checkpoint_manager_duration_secs")
+_STATS_VALUE_RE = re.compile(
+    r"(?:None|True|False|'[^'\\]*'|-?\d+(?P<real>\.\d*)?(?P<exp>[eE][+-]?\d+)?)(?=[,}])")
+_STATS_CONSTANTS = {"None": None, "True": True, "False": False}
 # CheckpointManager._load_checkpoint_infos(), at construction.
 ORBAX_FOUND_RE = re.compile(r"Found (?P<count>\d+) checkpoint steps in (?P<path>\S+)")
 # _src/checkpointers/checkpointer.py, Checkpointer.restore().
 ORBAX_RESTORING_RE = re.compile(r"Restoring checkpoint from (?P<path>\S*?)/(?P<step>\d+)\.?\s*$")
-STATS_MAX_CHARS = 4096  # a statistics dict is ~900 characters; never literal_eval more
+STATS_MAX_CHARS = 4096  # a statistics dict is ~900 characters; never read more
 
 # -- MaxText (AI-Hypercomputer/maxtext, src/maxtext/...) -----------------------------------
 # common/checkpointing.py, save_checkpoint(): block_until_ready(state) before the save. The
@@ -120,28 +139,56 @@ MAXTEXT_FLOPS_SPLIT_RE = re.compile(
 XPK_START_RE = re.compile(r"^XPK Start: (?P<date>.+?)\s*$")
 XPK_END_RE = re.compile(r"^XPK End: (?P<date>.+?)\s*$")
 
-# Where one message starts: every line form above. A line is cut at each of these (and at
-# absl prefixes), so messages glued into one physical line are parsed one by one.
-MESSAGE_STARTS = (
-    "completed step: ", "number parameters: ", "Using (GB) ", "Per train step:",
-    "Total TFLOPs: ", "split as ",
-    "xrun header ", "xrun phase: ", "xrun failure: ", "checkpoint save ", "checkpoint waiting ",
-    "checkpoint committed: ", "checkpoint restored: ", "checkpoint restore failed: ",
-    "checkpoint write failed: ", "xrun-wrapper: ", "EXIT_CODE=", "System Information: ",
-    "Waiting for previous save to complete", "Saving checkpoint at step ",
-    "Started async saving checkpoint", "Finished blocking save", "Finished save",
-    "Finished async_save", "{'step': ", "Found ", "Restoring checkpoint from ",
-    "restoring from this run's directory", "Waited ", "XPK Start: ", "XPK End: ",
-)
+# Where one message starts (every line form above), and the LogParser method that reads it.
+# A line is cut at each start (and at absl prefixes), so messages glued into one physical
+# line are parsed one by one; a line holding none is never looked at.
+_HANDLERS = {
+    "completed step: ": "_on_step", "number parameters: ": "_on_params",
+    "Using (GB) ": "_on_memory", "Per train step:": "_on_flops_start",
+    "Total TFLOPs: ": "_on_flops_total", "split as ": "_on_flops_split",
+    "xrun header ": "_on_header", "xrun phase: ": "_on_phase", "xrun failure: ": "_on_failure",
+    "checkpoint save started: ": "_xrun_checkpoint",
+    "checkpoint save blocked training: ": "_xrun_checkpoint",
+    "checkpoint save deferred: ": "_xrun_checkpoint", "checkpoint waiting ": "_xrun_checkpoint",
+    "checkpoint committed: ": "_xrun_checkpoint", "checkpoint restored: ": "_xrun_checkpoint",
+    "checkpoint restore failed: ": "_xrun_checkpoint",
+    "checkpoint write failed: ": "_xrun_checkpoint", "xrun-wrapper: ": "_on_wrapper",
+    "EXIT_CODE=": "_on_exit_code", "System Information: ": "_on_system",
+    "Waiting for previous save to complete": "_on_wait_previous",
+    "Saving checkpoint at step ": "_on_saving", "Started async saving checkpoint": "_on_async_start",
+    "Finished blocking save": "_on_blocking", "Finished save": "_on_saved",
+    "Finished async_save": "_on_saved", "{'step': ": "_stats", "Found ": "_on_found",
+    "Restoring checkpoint from ": "_on_orbax_restoring",
+    "restoring from this run's directory": "_on_maxtext_restoring", "Waited ": "_on_waited",
+    "XPK Start: ": "_on_xpk", "XPK End: ": "_on_xpk",
+}
+MESSAGE_STARTS = tuple(_HANDLERS)
 SEGMENT_RE = re.compile(
     "(?P<absl>" + ABSL_RE.pattern + ")|(?=" + "|".join(re.escape(s) for s in MESSAGE_STARTS) + ")"
 )
-# Cheap substring pre-filter: most lines of a real log contain none of these.
-_QUICK = ("completed step: ", "number parameters: ", "Using (GB) ", "Per train step:", "xrun",
-          "checkpoint", "EXIT_CODE=", "System Information: ", "TFLOPs: ", "split as ",
-          "previous save", "Finished ", "{'step': ", "Waited ", "XPK ", "restoring from")
+SEGMENT_RE_B = re.compile(SEGMENT_RE.pattern.encode())
+# Every message start at once: bytes for whole pieces, str for one decoded line.
+_STARTS_B = ahocorasick_rs.BytesAhoCorasick([s.encode() for s in MESSAGE_STARTS],
+                                            matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
+_STARTS = ahocorasick_rs.AhoCorasick(list(MESSAGE_STARTS),
+                                     matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
+_STEP_START = MESSAGE_STARTS.index("completed step: ")
+# A whole step line after its host prefix: an optional absl prefix, then the step message
+# running to the end of the line (what STEP_RE.search reads in the general path; another
+# message start on the line, or a carriage return, takes that path instead). Possessive
+# quantifiers (never backtracking) match the same lines twice as fast.
+_STEP_B = STEP_RE.pattern.replace("]+", "]++").replace(r"\d+", r"\d++").encode()
+_STEP_LINE_B = re.compile(
+    rb"(?:[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?[ \t]+\d+[ \t]+[^\s:\]]+:\d+\][ \t]?)?"
+    + _STEP_B + rb"[^\r\n]*+\n")
+# The step message alone (for findall over a run of step lines with no carriage return).
+_STEP_ONLY_B = re.compile(_STEP_B)
+_HOST_PREFIX_B = re.compile(HOST_PREFIX_RE.pattern.encode())
+_HOST_LINE_B = re.compile(rb"\n\[(\d+-\d+(?: #\d+)?)\] ")
+_ABSL_B = re.compile(ABSL_RE.pattern.encode())
+_ABSL_LINE_B = re.compile(rb"\n" + ABSL_RE.pattern.encode())  # the first absl line after a newline
 
-READ_CHARS = 1 << 20  # file read size (characters)
+READ_CHARS = 1 << 20  # file read size (bytes)
 MAX_PENDING = 1 << 16  # longest unterminated line kept before it is cut at a message start
 MARGIN = 4096  # longer than any message the regexes match
 
@@ -161,10 +208,11 @@ class _HostParse:
     save: dict | None = None
     flops: dict | None = None  # the TFLOPs block read so far ("Per train step:" seen)
     restored_step: int | None = None
+    batch: list[tuple] = field(default_factory=list)  # step lines not yet converted
 
 
 class LogParser:
-    """Streaming parser: ``feed`` arbitrary text pieces, then ``finish``.
+    """Streaming parser: ``feed`` arbitrary pieces (bytes, or text), then ``finish``.
 
     Lines prefixed by host (``xrun logs`` output) are kept per host; ``finish`` returns the
     record of the host that logged the training steps (process 0 in xrun and MaxText).
@@ -178,10 +226,21 @@ class LogParser:
         if attempt is not None:
             root.attempt, root.attempt_known = attempt, True
         self._hosts[""] = root
-        self._pending = ""
+        self._pending = b""
         self._continuing = False  # the pending text continues a line already partly parsed
         self._cur_host = ""
         self._year = year or _dt.datetime.now(_dt.UTC).year
+        self._days: dict[tuple[int, Any, Any], float | None] = {}  # absl MMDD -> its midnight
+        self._batched: list[_HostParse] = []  # hosts whose step batch is not converted yet
+        self._run: list[tuple] = []  # step rows of the unprefixed stream (_step_region)
+        self._run_pos: list[int] = []  # where each row's message starts in _run_body
+        self._run_body = b""
+        self._run_last = 0  # the last step of _run
+        self._handlers = {kind: getattr(self, name) for kind, name in _HANDLERS.items()}
+        self._last_key: Any = None  # the last absl second read, and its time: _absl_time
+        self._last_base: float | None = None
+        self._last_minute: Any = None  # ... and its minute
+        self._minute_base: float | None = None
 
     def set_attempt(self, attempt: int) -> None:
         """The attempt of what comes next (stored logs name it in their path)."""
@@ -190,23 +249,30 @@ class LogParser:
         root.attempt, root.attempt_known, root.last_step = attempt, True, None
 
     # -- input ------------------------------------------------------------------------
-    def feed(self, text: str) -> None:
-        if self._pending:
-            text = self._pending + text
-        parts = text.split("\n")
-        self._pending = parts.pop()
-        for line in parts:
-            self._physical_line(line, continuation=self._continuing)
-            self._continuing = False
+    def feed(self, data: bytes | str) -> None:
+        if isinstance(data, str):
+            data = data.encode("utf-8", "replace")
+        buf = self._pending + data if self._pending else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self._pending = buf
+        else:
+            self._pending = buf[cut + 1:]
+            self._lines(buf[:cut + 1])
         if len(self._pending) > MAX_PENDING:
             self._cut_pending()
 
     def flush_line(self) -> None:
         """End the current unterminated line (end of a file or chunk sequence)."""
         if self._pending:
-            line, self._pending = self._pending, ""
-            self._physical_line(line, continuation=self._continuing)
+            line, self._pending = self._pending, b""
+            self._physical_line(_decode(line), continuation=self._continuing)
+            if not self._continuing:
+                prefixes = self._register_hosts(line, 0)
+                self._log_times(line + b"\n", 0, prefixes, first=True)
+                self._log_times(line + b"\n", 0, prefixes, first=False)
         self._continuing = False
+        self._flush_steps()
 
     def _cut_pending(self) -> None:
         """A very long line: parse up to its last message start, keep the rest pending.
@@ -214,13 +280,297 @@ class LogParser:
         Cutting at a message start splits nothing a regex could match; with no start in
         sight the cut keeps a margin longer than any message.
         """
-        starts = [m.start() for m in SEGMENT_RE.finditer(self._pending) if m.start() > 0]
+        starts = [m.start() for m in SEGMENT_RE_B.finditer(self._pending) if m.start() > 0]
         cut = starts[-1] if starts else 0
         if cut <= 0 or len(self._pending) - cut > MAX_PENDING:
             cut = len(self._pending) - MARGIN
         head, self._pending = self._pending[:cut], self._pending[cut:]
-        self._physical_line(head, continuation=self._continuing)
+        self._physical_line(_decode(head), continuation=self._continuing)
         self._continuing = True  # what remains belongs to the same physical line
+
+    def _lines(self, body: bytes) -> None:
+        """Whole lines (``body`` ends with a newline): only those holding a message start
+        are looked at; step lines are batched (see module doc)."""
+        start = 0
+        if self._continuing:  # the first line ends a line already partly parsed
+            start = body.index(b"\n") + 1
+            self._physical_line(_decode(body[:start - 1]), continuation=True)
+            self._continuing = False
+        prefixes = self._register_hosts(body, start)
+        self._log_times(body, start, prefixes, first=True)
+        matches = _STARTS_B.find_matches_as_indexes(body)
+        n = len(matches)
+        i = 0
+        while i < n:
+            index, pos, _ = matches[i]
+            if pos < start:
+                i += 1
+                continue
+            line_start = body.rfind(b"\n", 0, pos) + 1
+            line_end = body.index(b"\n", pos)
+            j = i + 1
+            while j < n and matches[j][1] < line_end:
+                j += 1
+            if j == i + 1 and index == _STEP_START:
+                if body[line_start] != 0x5B:  # "[": a host prefix takes the per-line path
+                    k = self._step_region(body, line_start, matches, i, bool(prefixes))
+                    if k > i:
+                        i = k
+                        continue
+                if self._step_line(body, line_start, pos):
+                    i = j
+                    continue
+            self._flush_batches()  # the unprefixed run waits: handlers flush it when they must
+            raw = body[line_start:line_end]
+            line = _decode(raw)
+            if j == i + 1 and len(line) == len(raw) and raw[0] != 0x5B:
+                # One message start, ASCII, no host prefix: its place is known already.
+                self._one_start(line, index, pos - line_start)
+            else:
+                self._physical_line(line, continuation=False)
+            i = j
+        self._flush_steps()
+        self._log_times(body, start, prefixes, first=False)
+
+    def _register_hosts(self, body: bytes, start: int) -> list[bytes]:
+        """Every host prefix of these lines, in order, as the general path would see them
+        (a host that logged nothing parseable is still a host of the log)."""
+        found = [m.group(1) for m in _HOST_LINE_B.finditer(body, max(start - 1, 0))]
+        m = _HOST_PREFIX_B.match(body, start)
+        if m:
+            found.insert(0, body[start + 1:m.end() - 2])
+        prefixes = list(dict.fromkeys(found))
+        for prefix in prefixes:
+            host = prefix.split(b" ", 1)[0].decode()
+            if host not in self._hosts:
+                self._hosts[host] = _HostParse(RunRecord(hosts_seen=[host]))
+        return prefixes
+
+    def _host_state(self, host: str, attempt: int | None) -> _HostParse:
+        self._cur_host = host
+        state = self._hosts.get(host)
+        if state is None:
+            state = self._hosts[host] = _HostParse(RunRecord(hosts_seen=[host]))
+        if attempt is not None and (attempt != state.attempt or not state.attempt_known):
+            self._flush_steps()
+            state.attempt, state.attempt_known = attempt, True
+            if attempt:
+                state.last_step = None
+        return state
+
+    def _step_region(self, body: bytes, line_start: int, matches: list[tuple[int, int, int]],
+                     i: int, prefixed: bool) -> int:
+        """The step lines from ``line_start`` up to the next other message, read at once:
+        one ``findall`` for their fields, converted column by column; the index of the
+        first message start after them (``i``: none taken, read line by line instead).
+
+        Taken only when every step message there is alone on its line (the chunk's one pass
+        saw no other start there), no line carries a host prefix or a carriage return; then
+        each step's time is its line's absl time, looked up only for the first, the last and
+        the samples the series keeps."""
+        n = len(matches)
+        k = i
+        while k < n and matches[k][0] == _STEP_START:
+            k += 1
+        end = body.index(b"\n", matches[k - 1][1]) + 1
+        if k < n and matches[k][1] < end:
+            return i  # the last line holds another message after its step
+        if prefixed and _HOST_LINE_B.search(body, line_start, end) is not None:
+            return i
+        if body.find(b"\r", line_start, end) >= 0:
+            return i  # a progress bar's carriage return: the general path splits there
+        rows = _STEP_ONLY_B.findall(body, line_start, end)
+        if len(rows) != k - i:
+            return i  # a step message that does not parse: the general path decides
+        root = self._hosts[""]
+        if root.batch:
+            self._flush_batches()  # what came before, first
+        self._cur_host = ""
+        steps = list(map(int, [r[0] for r in rows]))
+        last = self._run_last if self._run else root.last_step
+        self._run += rows
+        self._run_pos += [m[1] for m in matches[i:k]]
+        self._run_body = body
+        self._run_last = steps[-1]
+        if (last is not None and steps[0] <= last) or any(map(operator.le, steps[1:], steps[:-1])):
+            self._flush_run()  # steps went back: a restart counts from here on
+        return k
+
+    def _step_line(self, body: bytes, line_start: int, pos: int) -> bool:
+        """A line that is one step message: batch its fields; False when it is anything
+        more (the general path then reads it)."""
+        host, attempt, at = "", None, line_start
+        if body[line_start] == 0x5B:  # "["
+            h = _HOST_PREFIX_B.match(body, line_start)
+            if h is None:
+                return False
+            host, at = h[1].decode(), h.end()
+            attempt = int(h[2] or 0)
+        m = _STEP_LINE_B.match(body, at)
+        if m is None or m.start(7) != pos + len("completed step: "):
+            return False
+        st = self._hosts[""] if not host else self._host_state(host, attempt)
+        if not host:
+            self._cur_host = ""
+            self._flush_run()  # keep the unprefixed stream's steps in order
+        if not st.batch:
+            self._batched.append(st)
+        st.batch.append(m.groups())
+        return True
+
+    def _flush_steps(self) -> None:
+        """Convert every pending step row: the unprefixed stream's run, the per-line batches."""
+        self._flush_run()
+        self._flush_batches()
+
+    def _flush_run(self) -> None:
+        """The unprefixed stream's step runs waiting since the last flush (``_step_region``).
+        They wait across other messages: only what reads or changes a host's steps or
+        attempt (a step read line by line, a restore, a wrapper line, XPK's year) flushes
+        them first, so a run of step lines between checkpoint lines is converted at once."""
+        if not self._run:
+            return
+        rows, pos, body = self._run, self._run_pos, self._run_body
+        self._run, self._run_pos, self._run_body = [], [], b""
+        self._add_steps(self._hosts[""], rows, lambda r: self._time_at(body, pos[r]))
+
+    def _flush_batches(self) -> None:
+        """Convert the per-line batches: rows of (absl fields, step fields)."""
+        for st in self._batched:
+            rows, st.batch = st.batch, []
+            if rows:
+                self._add_steps(st, [r[6:] for r in rows], functools.partial(self._nth_time, rows))
+        self._batched.clear()
+
+    def _add_steps(self, st: _HostParse, rows: list[tuple], time_of: Callable[[int], float | None]
+                   ) -> None:
+        """Step rows (step, seconds, tflops, tokens, total_weights, loss as bytes) in log
+        order; ``time_of(i)`` is row i's time. Totals over every row; the columns only for
+        the samples the series keeps."""
+        rec = st.record
+        unshifted = time_of
+        cols = list(zip(*rows, strict=True))
+        steps = list(map(int, cols[0]))
+        backwards = (st.last_step is not None and steps[0] <= st.last_step) or any(
+            map(operator.le, steps[1:], steps[:-1]))
+        first_ts = time_of(0)
+        last_ts = time_of(len(rows) - 1) if len(rows) > 1 else first_ts
+        # absl times carry no year: past a new year every time reads ~365 days early and is
+        # moved on (``_note_time``); a batch wholly past it moves as one.
+        half_year, shift = 180 * 86400, 0.0
+        if (first_ts is not None and rec.log_last_time is not None
+                and first_ts < rec.log_last_time - half_year):
+            shift = 365 * 86400.0
+            first_ts += shift
+            last_ts = None if last_ts is None else last_ts + shift
+            time_of = functools.partial(_shifted, time_of, shift)
+        crossed = first_ts is not None and (
+            (rec.log_last_time is not None and first_ts < rec.log_last_time - half_year)
+            or (last_ts is not None and last_ts < first_ts - half_year))
+        if (backwards and not st.attempt_known) or crossed:
+            # A restart or a new year inside: step by step, as the general path reads them.
+            for i, r in enumerate(rows):
+                ts = self._note_time(rec, unshifted(i))
+                self._step(st, int(r[0]), _float_b(r[1]), _float_b(r[2]), _float_b(r[3]),
+                           _float_b(r[5]), int(r[4]), ts)
+            return
+        if first_ts is not None:
+            if rec.log_first_time is None:
+                rec.log_first_time = first_ts
+            if rec.log_first_step_time is None:
+                rec.log_first_step_time = first_ts
+        if last_ts is not None and (rec.log_last_time is None or last_ts > rec.log_last_time):
+            rec.log_last_time = last_ts  # (messages after a waiting run may be later)
+        st.last_step = steps[-1]
+        try:
+            seconds_total = math.fsum(map(float, cols[1]))
+        except ValueError:
+            seconds_total = math.nan
+        if not math.isfinite(seconds_total):
+            seconds_total = math.fsum(x for x in map(_float_b, cols[1]) if math.isfinite(x))
+        attempt = st.attempt
+        last = len(rows) - 1
+
+        def row(i: int) -> tuple:
+            r = rows[i]
+            ts = first_ts if i == 0 else last_ts if i == last else time_of(i)
+            try:
+                return (steps[i], float(r[1]), float(r[2]), float(r[3]), float(r[5]),
+                        0.0, math.nan if ts is None else ts, attempt)
+            except ValueError:
+                return (steps[i], _float_b(r[1]), _float_b(r[2]), _float_b(r[3]), _float_b(r[5]),
+                        0.0, math.nan if ts is None else ts, attempt)
+
+        rec.steps.add_many(len(rows), seconds_total, int(cols[4][0]), int(cols[4][-1]), row)
+
+    def _time_at(self, body: bytes, pos: int) -> float | None:
+        """The time of the message at ``pos``: the last absl prefix before it on its line
+        (after any carriage return), as the general path cuts it."""
+        line_start = body.rfind(b"\n", 0, pos) + 1
+        cr = body.rfind(b"\r", line_start, pos)
+        if cr >= 0:
+            line_start = cr + 1
+        m = _ABSL_B.match(body, line_start)
+        if m is None or m.end() != pos:
+            m = None
+            for m in _ABSL_B.finditer(body, line_start, pos):  # noqa: B007 - the last one
+                pass
+        return None if m is None else self._absl_time(m)
+
+    def _nth_time(self, rows: list[tuple], i: int) -> float | None:
+        return self._row_time(rows[i])
+
+    def _row_time(self, r: tuple) -> float | None:
+        """A batched row's absl time (as ``_absl_time``), or None without a prefix."""
+        return None if r[0] is None else self._time_of(r[0], r[1], r[2], r[3], r[4], r[5])
+
+    def _log_times(self, body: bytes, start: int, prefixes: list[bytes], first: bool) -> None:
+        """The first and last absl times of each host's log, not only of its message lines:
+        what goodput takes as the log's start and end."""
+        if not prefixes:
+            self._first_last(self._hosts[""].record, body, start, b"", first)
+            return
+        for prefix in prefixes:
+            st = self._hosts[prefix.split(b" ", 1)[0].decode()]
+            self._first_last(st.record, body, start, b"[" + prefix + b"] ", first)
+
+    def _first_last(self, rec: RunRecord, body: bytes, start: int, prefix: bytes,
+                    first: bool) -> None:
+        if first:
+            if rec.log_first_time is not None:
+                return
+            m = None
+            if prefix:
+                for line_start in itertools.islice(_line_starts(body, start, prefix), 64):
+                    m = _ABSL_B.match(body, line_start + len(prefix))
+                    if m is not None:
+                        break  # this host's first absl line among its first lines
+            else:
+                m = _ABSL_B.match(body, start) or _ABSL_LINE_B.search(body, start)
+            if m is not None:
+                self._note_time(rec, self._absl_time(m))
+            return
+        end = len(body) - 1
+        for _ in range(64):  # the last absl line among the last lines (of this host)
+            if prefix:
+                found = body.rfind(b"\n" + prefix, start - 1 if start else 0, end)
+                if found < 0 and not body.startswith(prefix, start):
+                    return
+                line_start = found + 1 if found >= 0 else start
+            else:
+                line_start = max(body.rfind(b"\n", start, end) + 1, start)
+            m = _ABSL_B.match(body, line_start + len(prefix))
+            if m is not None:
+                ts = self._absl_time(m)
+                last = rec.log_last_time
+                if ts is not None and last is not None and ts < last - 180 * 86400:
+                    ts += 365 * 86400
+                if ts is not None and (last is None or ts > last):
+                    rec.log_last_time = ts
+                return
+            if line_start <= start:
+                return
+            end = line_start - 1
 
     def _physical_line(self, line: str, continuation: bool) -> None:
         if continuation:
@@ -232,157 +582,217 @@ class LogParser:
                 if m:
                     host, attempt = m["host"], int(m["attempt"] or 0)
                     line = line[m.end():]
-            self._cur_host = host
-            found = self._hosts.get(host)
-            if found is None:
-                found = self._hosts[host] = _HostParse(RunRecord(hosts_seen=[host]))
-            state = found
-            if attempt is not None and (attempt != state.attempt or not state.attempt_known):
-                state.attempt, state.attempt_known = attempt, True
-                if attempt:
-                    state.last_step = None
+            state = self._host_state(host, attempt)
+        if state.batch:
+            self._flush_batches()
+        if state is self._hosts[""]:
+            self._flush_run()
         if "\r" in line:  # progress bars redraw with carriage returns
             for piece in line.split("\r"):
                 self._scan(state, piece)
         else:
             self._scan(state, line)
 
+    def _one_start(self, line: str, index: int, at: int) -> None:
+        """A whole unprefixed line whose one message start (``index``) is at ``at``."""
+        self._cur_host = ""
+        st = self._hosts[""]
+        if "\r" in line or not self._one_message(st, line, index, at):
+            self._physical_line(line, continuation=False)
+
+    def _one_message(self, st: _HostParse, line: str, index: int, at: int) -> bool:
+        """The common case: one message, no absl prefix after its start (an absl prefix
+        needs a "]"); its time is the line's leading absl prefix's, if any. False: the
+        line needs the general cut."""
+        if line.find("]", at) >= 0:
+            return False
+        m = ABSL_RE.match(line) if at else None
+        if at and m is None and ("] " in line or "]\t" in line):
+            return False  # an absl prefix elsewhere before the message
+        ts = self._absl_time(m) if m is not None and m.end() <= at else None
+        self._segment(st, line[at:], ts, MESSAGE_STARTS[index])
+        return True
+
     def _scan(self, st: _HostParse, line: str) -> None:
-        """Cut a line at every message start and absl prefix; parse each piece."""
-        if not any(q in line for q in _QUICK):
+        """Cut a line at every message start and absl prefix; parse each message."""
+        starts = _STARTS.find_matches_as_indexes(line)
+        if not starts:
             return  # no message here (absl prefixes alone do not matter)
-        cuts: list[tuple[int, int, re.Match | None]] = []  # (start, end of prefix, absl match)
-        for s in MESSAGE_STARTS:
-            i = line.find(s)
-            while i >= 0:
-                cuts.append((i, i, None))
-                i = line.find(s, i + len(s))
+        if len(starts) == 1 and self._one_message(st, line, starts[0][0], starts[0][1]):
+            return
+        cuts: list[tuple[int, int, re.Match | None, str]] = [
+            (s, s, None, MESSAGE_STARTS[i]) for i, s, _ in starts]
         if "] " in line or "]\t" in line:
-            cuts += [(m.start(), m.end(), m) for m in ABSL_RE.finditer(line)]
+            cuts += [(m.start(), m.end(), m, "") for m in ABSL_RE.finditer(line)]
         cuts.sort(key=lambda c: (c[0], c[2] is None))
         pos = 0
         seg_time = None
-        for start, end, m in cuts:
+        kind = ""  # the message start the piece from pos on begins with ("": none)
+        for start, end, m, what in cuts:
             if start < pos:
                 continue  # inside an absl prefix already consumed
             if start > pos:
-                self._segment(st, line[pos:start], seg_time)
+                if kind:
+                    self._segment(st, line[pos:start], seg_time, kind)
+                elif seg_time is not None:
+                    self._note_time(st.record, seg_time)
             if m is not None:
                 seg_time = self._absl_time(m)
-            pos = end
-        if pos < len(line):
-            self._segment(st, line[pos:], seg_time)
-        if sum(1 for c in cuts if c[2] is None) > 1:
+            pos, kind = end, what
+        if pos < len(line) and kind:
+            self._segment(st, line[pos:], seg_time, kind)
+        elif seg_time is not None:
+            self._note_time(st.record, seg_time)
+        if len(starts) > 1:
             st.lines_split += 1  # several messages glued into one line
 
     def _absl_time(self, m: re.Match) -> float | None:
-        try:
-            t = _dt.datetime(self._year, int(m["month"]), int(m["day"]), int(m["h"]), int(m["m"]),
-                             int(m["s"]), int((m["us"] or "0").ljust(6, "0")))
-        except ValueError:
+        """An absl prefix's time (str or bytes match): the year is assumed (``_year``).
+        Lines come in bursts within one second: the last second's start is kept."""
+        at = m.start(1)  # the level letter
+        key = m.string[at + 1:at + 14]  # "MMDD HH:MM:SS": fixed width
+        if key == self._last_key:
+            base = self._last_base
+        else:
+            minute = key[:10]
+            second = int(m[6])
+            if minute == self._last_minute and self._minute_base is not None and second < 60:
+                base = self._minute_base + second
+            else:
+                base = self._time_of(m[2], m[3], m[4], m[5], m[6], None)  # month ... second
+                self._last_minute = minute
+                self._minute_base = None if base is None else base - second
+            self._last_key, self._last_base = key, base
+        us = m[7]  # the fraction
+        if base is None or not us:
+            return base
+        return base + int(us.ljust(6, b"0" if isinstance(us, bytes) else "0")) / 1e6
+
+    def _time_of(self, month: Any, day: Any, h: Any, mi: Any, s: Any, us: Any) -> float | None:
+        key = (self._year, month, day)
+        midnight = self._days.get(key, 0.0)
+        if midnight == 0.0:
+            try:
+                _dt.date(self._year, int(month), int(day))
+                midnight = float(calendar.timegm((self._year, int(month), int(day), 0, 0, 0)))
+            except ValueError:
+                midnight = None
+            self._days[key] = midnight
+        if midnight is None or int(h) > 23 or int(mi) > 59 or int(s) > 59:
             return None
-        return calendar.timegm(t.timetuple()) + t.microsecond / 1e6
+        micro = int(us.ljust(6, b"0" if isinstance(us, bytes) else "0")) if us else 0
+        return midnight + int(h) * 3600 + int(mi) * 60 + int(s) + micro / 1e6
 
     # -- one message --------------------------------------------------------------------
-    def _segment(self, st: _HostParse, seg: str, ts: float | None) -> None:
+    def _segment(self, st: _HostParse, seg: str, ts: float | None, kind: str) -> None:
+        """One message: ``kind`` is the message start it begins with (MESSAGE_STARTS)."""
+        self._handlers[kind](st, seg, self._note_time(st.record, ts))
+
+    # -- one handler per message start (_HANDLERS) ---------------------------------------
+    def _on_step(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = STEP_RE.match(seg)
+        if m:
+            self._step(st, int(m["step"]), _float(m["seconds"]), _float(m["tflops"]),
+                       _float(m["tokens"]), _float(m["loss"]), int(m["total_weights"]), ts)
+
+    def _on_header(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = HEADER_RE.match(seg)
+        if m:
+            self._header(st.record, m["key"], m["value"])
+
+    def _on_params(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = PARAMS_RE.match(seg)
+        if m:
+            st.record.params = float(m["billions"]) * 1e9
+            st.record.params_text = f"{m['billions']} billion"
+
+    def _on_memory(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MEMORY_RE.match(seg)
+        if m:
+            st.record.set_memory(float(m["used"]), float(m["total"]), float(m["pct"]), m["device"])
+
+    def _on_flops_start(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        st.flops = {}
+
+    def _on_flops_total(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MAXTEXT_FLOPS_TOTAL_RE.match(seg)
+        if m and st.flops is not None:
+            st.flops["tflops_per_step"] = float(m["total"])
+
+    def _on_flops_split(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MAXTEXT_FLOPS_SPLIT_RE.match(seg)
+        if m and st.flops and "tflops_per_step" in st.flops:
+            st.record.flops = {"tflops_per_step": st.flops["tflops_per_step"],
+                               "learnable_pct": float(m["learnable_pct"]),
+                               "attention_pct": float(m["attention_pct"])}
+            st.flops = None
+
+    def _on_wrapper(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        self._flush_run()  # the attempt changes here
         rec = st.record
+        m = WRAPPER_START_RE.match(seg)
+        if m:
+            st.attempt, st.attempt_known, st.last_step = int(m["attempt"]), True, None
+            if rec.start_time is None and ts is not None:
+                rec.start_time = ts
+            return
+        m = WRAPPER_END_RE.match(seg)
+        if m:
+            rec.exit_code = int(m["code"])
+            rec.wrapper_seconds = (rec.wrapper_seconds or 0.0) + float(m["seconds"])
+
+    def _on_exit_code(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = EXIT_CODE_RE.match(seg.strip())
+        if m:
+            st.record.exit_code = int(m["code"])
+
+    def _on_system(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MAXTEXT_VERSION_RE.match(seg)
+        if m:
+            st.record.set_versions({MAXTEXT_VERSION_KEYS[m["what"]]: m["value"]})
+
+    def _on_phase(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        rec = st.record
+        m = PHASE_RE.match(seg)
+        if m:
+            seconds = float(m["seconds"])
+            rec.phases.append({"activity": m["activity"], "seconds": seconds,
+                               "step": int(m["step"]) if m["step"] else None, "time": ts})
+            if ts is not None and rec.start_time is None:
+                rec.start_time = ts - seconds  # the process start the phase counts from
+
+    def _on_failure(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = FAILURE_RE.match(seg)
+        if m:
+            st.record.failure = {"kind": m["kind"], "why": m["why"], "code": int(m["code"])}
+
+    def _on_xpk(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        self._xpk(st.record, seg, ts)
+
+    @staticmethod
+    def _note_time(rec: RunRecord, ts: float | None) -> float | None:
+        """Keep the log's first and last time; a time far before the last is next year's."""
         if ts is not None:
             if rec.log_first_time is None:
                 rec.log_first_time = ts
             elif rec.log_last_time is not None and ts < rec.log_last_time - 180 * 86400:
                 ts += 365 * 86400  # the log crossed a new year
             rec.log_last_time = ts
-        head = seg[:12]
-        if head.startswith("completed st"):
-            m = STEP_RE.search(seg)
-            if m:
-                step = int(m["step"])
-                if st.last_step is not None and step <= st.last_step and not st.attempt_known:
-                    st.attempt += 1  # steps went back without a wrapper line: a restart
-                    rec.notes.append(f"steps restart at {step} after {st.last_step}: counted as attempt {st.attempt}")
-                st.last_step = step
-                if ts is not None and rec.log_first_step_time is None:
-                    rec.log_first_step_time = ts
-                rec.steps.append(step, _float(m["seconds"]), _float(m["tflops"]),
-                                 _float(m["tokens"]), _float(m["loss"]),
-                                 time=ts if ts is not None else math.nan, attempt=st.attempt,
-                                 total_weights=int(m["total_weights"]))
-            return
-        if head.startswith("xrun header"):
-            m = HEADER_RE.search(seg)
-            if m:
-                self._header(rec, m["key"], m["value"])
-            return
-        if head.startswith("checkpoint"):
-            self._xrun_checkpoint(st, seg, ts)
-            return
-        if head.startswith("number param"):
-            m = PARAMS_RE.search(seg)
-            if m:
-                rec.params = float(m["billions"]) * 1e9
-                rec.params_text = f"{m['billions']} billion"
-            return
-        if head.startswith("Using (GB)"):
-            m = MEMORY_RE.search(seg)
-            if m:
-                rec.set_memory(float(m["used"]), float(m["total"]), float(m["pct"]), m["device"])
-            return
-        if head.startswith("Per train st"):
-            st.flops = {}
-            return
-        if head.startswith("Total TFLOPs"):
-            m = MAXTEXT_FLOPS_TOTAL_RE.match(seg)
-            if m and st.flops is not None:
-                st.flops["tflops_per_step"] = float(m["total"])
-            return
-        if head.startswith("split as "):
-            m = MAXTEXT_FLOPS_SPLIT_RE.match(seg)
-            if m and st.flops and "tflops_per_step" in st.flops:
-                rec.flops = {"tflops_per_step": st.flops["tflops_per_step"],
-                             "learnable_pct": float(m["learnable_pct"]),
-                             "attention_pct": float(m["attention_pct"])}
-                st.flops = None
-            return
-        if head.startswith("xrun-wrappe"):
-            m = WRAPPER_START_RE.search(seg)
-            if m:
-                st.attempt, st.attempt_known, st.last_step = int(m["attempt"]), True, None
-                if rec.start_time is None and ts is not None:
-                    rec.start_time = ts
-                return
-            m = WRAPPER_END_RE.search(seg)
-            if m:
-                rec.exit_code = int(m["code"])
-                rec.wrapper_seconds = (rec.wrapper_seconds or 0.0) + float(m["seconds"])
-            return
-        if head.startswith("EXIT_CODE="):
-            m = EXIT_CODE_RE.match(seg.strip())
-            if m:
-                rec.exit_code = int(m["code"])
-            return
-        if head.startswith("System Infor"):
-            m = MAXTEXT_VERSION_RE.search(seg)
-            if m:
-                rec.set_versions({MAXTEXT_VERSION_KEYS[m["what"]]: m["value"]})
-            return
-        if head.startswith("xrun phase: "):
-            m = PHASE_RE.search(seg)
-            if m:
-                seconds = float(m["seconds"])
-                rec.phases.append({"activity": m["activity"], "seconds": seconds,
-                                   "step": int(m["step"]) if m["step"] else None, "time": ts})
-                if ts is not None and rec.start_time is None:
-                    rec.start_time = ts - seconds  # the process start the phase counts from
-            return
-        if head.startswith("xrun failure"):
-            m = FAILURE_RE.search(seg)
-            if m:
-                rec.failure = {"kind": m["kind"], "why": m["why"], "code": int(m["code"])}
-            return
-        if head.startswith("XPK "):
-            self._xpk(rec, seg, ts)
-            return
-        self._orbax_maxtext(st, seg, ts)
+        return ts
+
+    def _step(self, st: _HostParse, step: int, seconds: float, tflops: float, tokens: float,
+              loss: float, total_weights: int, ts: float | None) -> None:
+        self._flush_run()  # the steps before this one first
+        rec = st.record
+        if st.last_step is not None and step <= st.last_step and not st.attempt_known:
+            st.attempt += 1  # steps went back without a wrapper line: a restart
+            rec.notes.append(f"steps restart at {step} after {st.last_step}: counted as attempt {st.attempt}")
+        st.last_step = step
+        if ts is not None and rec.log_first_step_time is None:
+            rec.log_first_step_time = ts
+        rec.steps.append(step, seconds, tflops, tokens, loss,
+                         time=ts if ts is not None else math.nan, attempt=st.attempt,
+                         total_weights=total_weights)
 
     def _header(self, rec: RunRecord, key: str, value: str) -> None:
         """``xrun header versions: k=v ...`` (one line of HEADER_KEYS) and ``xrun header
@@ -419,6 +829,7 @@ class LogParser:
             return
 
     def _restored(self, st: _HostParse, step: int) -> None:
+        self._flush_run()  # the steps before the restore first: they decide the attempt
         rec = st.record
         if st.last_step is not None and not st.attempt_known:
             st.attempt += 1  # a restore after steps: the job restarted
@@ -427,6 +838,7 @@ class LogParser:
         st.restored_step = step
 
     def _xpk(self, rec: RunRecord, seg: str, ts: float | None) -> None:
+        self._flush_run()  # their times are read in the year known so far
         """XPK's wrapper lines: the container's start and end (wall clock, its time zone)."""
         for regex, attr in ((XPK_START_RE, "start_time"), (XPK_END_RE, "end_time")):
             m = regex.match(seg)
@@ -439,57 +851,63 @@ class LogParser:
             setattr(rec, attr, when[0])
             if attr == "start_time":
                 rec.start_basis = "XPK Start"
-                if when[1] is not None:
+                if when[1] is not None and when[1] != self._year:
                     self._year = when[1]  # absl prefixes carry no year: take XPK's
+                    self._last_key = self._last_minute = None
             return
 
-    def _orbax_maxtext(self, st: _HostParse, seg: str, ts: float | None) -> None:
-        """Orbax's checkpoint lines and MaxText's checkpointing lines (see module doc)."""
-        rec = st.record
-        if seg.startswith("Waiting for previous"):
-            m = ORBAX_WAIT_PREVIOUS_RE.match(seg)
-            if m:
-                st.pending_wait = _float(m["seconds"])
-        elif seg.startswith("Saving checkpoint at"):
-            m = ORBAX_SAVING_RE.match(seg)
-            if m:
-                self._save_start(st, int(m["step"]), ts)
-        elif seg.startswith("Started async saving"):
-            m = ORBAX_ASYNC_START_RE.match(seg)
-            if m and not (st.save and st.save["step"] == int(m["step"])):
-                self._save_start(st, int(m["step"]), ts)
-        elif seg.startswith("Finished blocking save"):
-            m = ORBAX_BLOCKING_RE.match(seg)
-            if m and st.save is not None:
-                st.save["blocking"] = _float(m["seconds"] or m["taken"])
-        elif seg.startswith("Finished save") or seg.startswith("Finished async_save"):
-            m = ORBAX_SAVED_RE.match(seg)
-            if m:
-                step = int(m["step"])
-                if st.save is not None and st.save["step"] == step:
-                    self._save_flush(st)
-                rec.add_checkpoint("committed", step, _float(m["seconds"] or m["taken"]),
-                                   st.attempt, ts)
-        elif seg.startswith("{'step': "):
-            self._stats(st, seg, ts)
-        elif seg.startswith("Found "):
-            m = ORBAX_FOUND_RE.match(seg)
-            if m:
-                rec.checkpoints_found = int(m["count"])
-        elif seg.startswith("restoring from this run"):
-            m = MAXTEXT_RESTORING_RE.match(seg)
-            if m:
-                self._restored(st, int(m["step"]))
-                rec.add_checkpoint("restored", int(m["step"]), None, st.attempt, ts)
-        elif seg.startswith("Restoring checkpoint from"):
-            m = ORBAX_RESTORING_RE.match(seg)
-            if m and st.restored_step != int(m["step"]):
-                self._restored(st, int(m["step"]))
-                rec.add_checkpoint("restored", int(m["step"]), None, st.attempt, ts)
-        elif seg.startswith("Waited "):
-            m = MAXTEXT_WAITED_RE.match(seg)
-            if m:
-                rec.add_checkpoint("device_wait", int(m["step"]), _float(m["seconds"]), st.attempt, ts)
+    # Orbax's checkpoint lines and MaxText's checkpointing lines (see module doc).
+    def _on_wait_previous(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_WAIT_PREVIOUS_RE.match(seg)
+        if m:
+            st.pending_wait = _float(m["seconds"])
+
+    def _on_saving(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_SAVING_RE.match(seg)
+        if m:
+            self._save_start(st, int(m["step"]), ts)
+
+    def _on_async_start(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_ASYNC_START_RE.match(seg)
+        if m and not (st.save and st.save["step"] == int(m["step"])):
+            self._save_start(st, int(m["step"]), ts)
+
+    def _on_blocking(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_BLOCKING_RE.match(seg)
+        if m and st.save is not None:
+            st.save["blocking"] = _float(m["seconds"] or m["taken"])
+
+    def _on_saved(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_SAVED_RE.match(seg)
+        if m:
+            step = int(m["step"])
+            if st.save is not None and st.save["step"] == step:
+                self._save_flush(st)
+            st.record.add_checkpoint("committed", step, _float(m["seconds"] or m["taken"]),
+                                     st.attempt, ts)
+
+    def _on_found(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_FOUND_RE.match(seg)
+        if m:
+            st.record.checkpoints_found = int(m["count"])
+
+    def _on_maxtext_restoring(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MAXTEXT_RESTORING_RE.match(seg)
+        if m:
+            self._restored(st, int(m["step"]))
+            st.record.add_checkpoint("restored", int(m["step"]), None, st.attempt, ts)
+
+    def _on_orbax_restoring(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = ORBAX_RESTORING_RE.match(seg)
+        if m and st.restored_step != int(m["step"]):
+            self._restored(st, int(m["step"]))
+            st.record.add_checkpoint("restored", int(m["step"]), None, st.attempt, ts)
+
+    def _on_waited(self, st: _HostParse, seg: str, ts: float | None) -> None:
+        m = MAXTEXT_WAITED_RE.match(seg)
+        if m:
+            st.record.add_checkpoint("device_wait", int(m["step"]), _float(m["seconds"]),
+                                     st.attempt, ts)
 
     def _save_start(self, st: _HostParse, step: int, ts: float | None) -> None:
         """A save at ``step`` begins: the wait logged just before it was this save's."""
@@ -521,14 +939,11 @@ class LogParser:
 
     def _stats(self, st: _HostParse, seg: str, ts: float | None) -> None:
         """Orbax's step statistics dict (save or restore)."""
-        m = ORBAX_STATS_RE.match(seg)
-        if not m or len(m["dict"]) > STATS_MAX_CHARS:
-            return
-        try:
-            stats = ast.literal_eval(m["dict"])
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return
-        if not isinstance(stats, dict) or not isinstance(stats.get("step"), int):
+        text = seg.rstrip()
+        if not text.endswith("}") or len(text) > STATS_MAX_CHARS:
+            return  # not the whole dict on this line
+        stats = _stats_fields(text)
+        if not isinstance(stats.get("step"), int):
             return
         step, kind = stats["step"], stats.get("event_type")
         if kind == "save":
@@ -548,7 +963,7 @@ class LogParser:
     # -- output -------------------------------------------------------------------------
     def finish(self) -> RunRecord:
         """The record of the host that logged steps (ties: the unprefixed stream, then 0-0)."""
-        self.flush_line()
+        self.flush_line()  # also converts the last batch of step lines
         for st in self._hosts.values():
             self._save_flush(st)
             if st.lines_split:
@@ -587,6 +1002,53 @@ def _merge_into(dst: RunRecord, src: RunRecord) -> None:
                                                                 "stalled_steps", "absorbed_stalls"):
             setattr(dst, name, value)
 
+
+
+def _stats_fields(text: str) -> dict[str, Any]:
+    """The entries of an Orbax statistics dict repr that the parser reads (first of each)."""
+    out: dict[str, Any] = {}
+    for key in _STATS_KEYS:
+        at = text.find(f"'{key}': ")
+        if at < 0:
+            continue
+        at += len(key) + 4
+        m = _STATS_VALUE_RE.match(text, at)
+        if m is None:
+            continue
+        value = m[0]
+        if value[0] == "'":
+            out[key] = value[1:-1]
+        elif value in _STATS_CONSTANTS:
+            out[key] = _STATS_CONSTANTS[value]
+        else:
+            out[key] = float(value) if m["real"] is not None or m["exp"] else int(value)
+    return out
+
+
+def _shifted(time_of: Callable[[int], float | None], shift: float, i: int) -> float | None:
+    ts = time_of(i)
+    return None if ts is None else ts + shift
+
+
+def _line_starts(body: bytes, start: int, prefix: bytes) -> Iterator[int]:
+    """Where the lines beginning with ``prefix`` start, from ``start`` on."""
+    if body.startswith(prefix, start):
+        yield start
+    i = body.find(b"\n" + prefix, start)
+    while i >= 0:
+        yield i + 1
+        i = body.find(b"\n" + prefix, i + 1)
+
+
+def _decode(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _float_b(text: bytes) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def _num(value: object) -> float | None:

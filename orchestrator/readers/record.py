@@ -13,7 +13,7 @@ import json
 import math
 import re
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +78,30 @@ class StepSeries:
         self.time.append(time)
         if len(self.step) > self.cap:
             self._halve()
+
+    def add_many(self, n: int, seconds_total: float, total_weights_first: int,
+                 total_weights_last: int,
+                 row: Callable[[int], tuple[int, float, float, float, float, float, float, int]]
+                 ) -> None:
+        """``n`` steps at once, as ``n`` calls of :meth:`append` would add them; ``row(i)``
+        (the i-th step's columns) is called only for the steps kept, so a long log's
+        thinned-out steps are never converted."""
+        first = self.count
+        self.count += n
+        self.total_seconds += seconds_total
+        if self.total_weights_first is None:
+            self.total_weights_first = total_weights_first
+        self.total_weights_last = total_weights_last
+        i = (-first) % self.stride
+        while i < n:
+            room = self.cap + 1 - len(self.step)  # one more than this and the series halves
+            kept = range(i, n, self.stride)[:room]
+            for name, column in zip(self.COLUMNS, zip(*map(row, kept), strict=True), strict=True):
+                getattr(self, name).extend(column)
+            if len(self.step) > self.cap:
+                self._halve()
+            index = first + kept[-1] + 1
+            i = kept[-1] + 1 + (-index) % self.stride
 
     def _halve(self) -> None:
         for name in self.COLUMNS:
