@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +86,11 @@ def configure_platform(cluster: Cluster) -> None:
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-        if cluster.platform == "cpu" and cluster.num_processes > 1:
-            cache_writes_on_every_process()
+        if (cluster.platform == "cpu" and cluster.num_processes > 1
+                and not cache_writes_on_every_process()):
+            print("xrun: this JAX's compilation cache internals are not the ones known: only "
+                  "process 0 writes the cache, the others compile at every start",
+                  file=sys.stderr, flush=True)
 
 
 def cache_writes_on_every_process() -> bool:
