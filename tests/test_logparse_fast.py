@@ -186,6 +186,11 @@ def test_steps_waiting_across_messages_keep_their_order():
         assert list(rec.steps.attempt) == [0, 0, 0, 0, 0, 1, 1, 2, 2]
         assert [(c["event"], c["step"], c["attempt"]) for c in rec.checkpoints] == [
             ("started", 5, 0), ("started", 4, 1), ("restored", 4, 2)]
+    # A host prefix names the attempt ("[0-0]": 0), so nothing counts as a restart there.
+    rec = parse("".join(f"[0-0] {ln}\n" for ln in text.splitlines()))
+    assert list(rec.steps.step) == [1, 2, 3, 4, 5, 3, 4, 5, 6] and set(rec.steps.attempt) == {0}
+    assert [(c["event"], c["step"], c["attempt"]) for c in rec.checkpoints] == [
+        ("started", 5, 0), ("started", 4, 0), ("restored", 4, 0)]
     text = ("".join(step_line(s) for s in (1, 2, 3))
             + "I1203 10:00:10.5 1 checkpointing.py:1] restoring from this run's directory step 2\n"
             + "".join(step_line(s) for s in (3, 4)))

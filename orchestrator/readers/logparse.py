@@ -209,6 +209,7 @@ class _HostParse:
     flops: dict | None = None  # the TFLOPs block read so far ("Per train step:" seen)
     restored_step: int | None = None
     batch: list[tuple] = field(default_factory=list)  # step lines not yet converted
+    batch_last: int = 0  # the last step of batch
 
 
 class LogParser:
@@ -320,11 +321,11 @@ class LogParser:
                 if self._step_line(body, line_start, pos):
                     i = j
                     continue
-            self._flush_batches()  # the unprefixed run waits: handlers flush it when they must
+            # Step rows wait: the handlers that need them in order flush them.
             raw = body[line_start:line_end]
             line = _decode(raw)
-            if j == i + 1 and len(line) == len(raw) and raw[0] != 0x5B:
-                # One message start, ASCII, no host prefix: its place is known already.
+            if j == i + 1 and len(line) == len(raw):
+                # One message start, ASCII: its place is known already.
                 self._one_start(line, index, pos - line_start)
             else:
                 self._physical_line(line, continuation=False)
@@ -335,7 +336,7 @@ class LogParser:
     def _register_hosts(self, body: bytes, start: int) -> list[bytes]:
         """Every host prefix of these lines, in order, as the general path would see them
         (a host that logged nothing parseable is still a host of the log)."""
-        found = [m.group(1) for m in _HOST_LINE_B.finditer(body, max(start - 1, 0))]
+        found = _HOST_LINE_B.findall(body, max(start - 1, 0))
         m = _HOST_PREFIX_B.match(body, start)
         if m:
             found.insert(0, body[start + 1:m.end() - 2])
@@ -413,9 +414,14 @@ class LogParser:
         if not host:
             self._cur_host = ""
             self._flush_run()  # keep the unprefixed stream's steps in order
+        step = int(m[7])
+        last = st.batch_last if st.batch else st.last_step
         if not st.batch:
             self._batched.append(st)
         st.batch.append(m.groups())
+        st.batch_last = step
+        if last is not None and step <= last:
+            self._flush_steps()  # steps went back: a restart counts from here on
         return True
 
     def _flush_steps(self) -> None:
@@ -425,9 +431,10 @@ class LogParser:
 
     def _flush_run(self) -> None:
         """The unprefixed stream's step runs waiting since the last flush (``_step_region``).
-        They wait across other messages: only what reads or changes a host's steps or
-        attempt (a step read line by line, a restore, a wrapper line, XPK's year) flushes
-        them first, so a run of step lines between checkpoint lines is converted at once."""
+        They, and the per-line batches, wait across other messages: only what reads or
+        changes a host's steps or attempt (a step read line by line, a restore, a wrapper
+        line, XPK's year, steps going back) flushes them first, so a run of step lines
+        between checkpoint lines is converted at once."""
         if not self._run:
             return
         rows, pos, body = self._run, self._run_pos, self._run_body
@@ -436,11 +443,11 @@ class LogParser:
 
     def _flush_batches(self) -> None:
         """Convert the per-line batches: rows of (absl fields, step fields)."""
-        for st in self._batched:
+        batched, self._batched = self._batched, []
+        for st in batched:
             rows, st.batch = st.batch, []
             if rows:
                 self._add_steps(st, [r[6:] for r in rows], functools.partial(self._nth_time, rows))
-        self._batched.clear()
 
     def _add_steps(self, st: _HostParse, rows: list[tuple], time_of: Callable[[int], float | None]
                    ) -> None:
@@ -594,10 +601,17 @@ class LogParser:
             self._scan(state, line)
 
     def _one_start(self, line: str, index: int, at: int) -> None:
-        """A whole unprefixed line whose one message start (``index``) is at ``at``."""
-        self._cur_host = ""
-        st = self._hosts[""]
-        if "\r" in line or not self._one_message(st, line, index, at):
+        """A whole line whose one message start (``index``) is at ``at``."""
+        text, st = line, None
+        if line.startswith("["):
+            h = HOST_PREFIX_RE.match(line)
+            if h is not None:
+                st = self._host_state(h["host"], int(h["attempt"] or 0))
+                text, at = line[h.end():], at - h.end()
+        if st is None:
+            self._cur_host = ""
+            st = self._hosts[""]
+        if "\r" in line or at < 0 or not self._one_message(st, text, index, at):
             self._physical_line(line, continuation=False)
 
     def _one_message(self, st: _HostParse, line: str, index: int, at: int) -> bool:
@@ -728,7 +742,7 @@ class LogParser:
             st.flops = None
 
     def _on_wrapper(self, st: _HostParse, seg: str, ts: float | None) -> None:
-        self._flush_run()  # the attempt changes here
+        self._flush_steps()  # the attempt changes here
         rec = st.record
         m = WRAPPER_START_RE.match(seg)
         if m:
@@ -782,7 +796,7 @@ class LogParser:
 
     def _step(self, st: _HostParse, step: int, seconds: float, tflops: float, tokens: float,
               loss: float, total_weights: int, ts: float | None) -> None:
-        self._flush_run()  # the steps before this one first
+        self._flush_steps()  # the steps before this one first
         rec = st.record
         if st.last_step is not None and step <= st.last_step and not st.attempt_known:
             st.attempt += 1  # steps went back without a wrapper line: a restart
@@ -829,7 +843,7 @@ class LogParser:
             return
 
     def _restored(self, st: _HostParse, step: int) -> None:
-        self._flush_run()  # the steps before the restore first: they decide the attempt
+        self._flush_steps()  # the steps before the restore first: they decide the attempt
         rec = st.record
         if st.last_step is not None and not st.attempt_known:
             st.attempt += 1  # a restore after steps: the job restarted
@@ -838,7 +852,7 @@ class LogParser:
         st.restored_step = step
 
     def _xpk(self, rec: RunRecord, seg: str, ts: float | None) -> None:
-        self._flush_run()  # their times are read in the year known so far
+        self._flush_steps()  # their times are read in the year known so far
         """XPK's wrapper lines: the container's start and end (wall clock, its time zone)."""
         for regex, attr in ((XPK_START_RE, "start_time"), (XPK_END_RE, "end_time")):
             m = regex.match(seg)
