@@ -121,12 +121,13 @@ def cache_writes_on_every_process() -> bool:
             compilation_cache, "put_executable_and_time"):
         return False
 
-    def _cache_write(cache_key, compile_time_secs, module_name, backend, executable,
-                     host_callbacks):
+    def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any,
+                     executable: Any, host_callbacks: Any) -> None:
         if (distributed.global_state.process_id == 0 or host_callbacks
                 or compile_time_secs < config.persistent_cache_min_compile_time_secs.value):
-            return original(cache_key, compile_time_secs, module_name, backend, executable,
-                            host_callbacks)
+            original(cache_key, compile_time_secs, module_name, backend, executable,
+                     host_callbacks)
+            return
         try:  # as upstream: a cache that cannot be written is a warning, never an error
             compilation_cache.put_executable_and_time(
                 cache_key, module_name, executable, backend, int(compile_time_secs))
@@ -135,7 +136,6 @@ def cache_writes_on_every_process() -> bool:
 
             warnings.warn(f"Error writing persistent compilation cache entry for "
                           f"{module_name!r}: {type(e).__name__}: {e}", stacklevel=2)
-        return None
 
     _cache_write.xrun_every_process = True  # type: ignore[attr-defined]
     compiler._cache_write = _cache_write
