@@ -163,9 +163,10 @@ def startup_timelines(rec: RunRecord, submitted_at: float | None = None) -> list
         compile_end = float(compiled["seconds"]) if compiled else None
         parallel: list[dict[str, Any]] = []
         for phase, label in _SEGMENTS:
-            ph = phases.get(phase)
-            if ph is None:
+            found = phases.get(phase)
+            if found is None:
                 continue
+            ph = found
             at = float(ph["seconds"])
             begin = prev
             if phase == "first_step" and compile_end is not None and compile_end > prev:
