@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import xrun
 from workload_helpers import (
     assert_tensorboard_matches,
     emulator_sends_generations,
@@ -25,6 +26,8 @@ from workload_helpers import (
     wait_for_line,
 )
 
+from orchestrator.analysis.goodput import goodput
+from orchestrator.readers.loaders import read_stored_run
 from xrun_contract import HEADER_RE, PHASE_RE, PHASES, STEP_RE, Layout, header_fields
 from xrun_contract.storage import open_storage
 
@@ -60,8 +63,17 @@ def test_two_hosts_train_and_report(reference):
         "process_start", "imports", "distributed", "checkpoint_manager", "initialized",
         "compiled", "first_step"]
     assert all(p["phase"] in PHASES for p in phases)
-    assert [p["seconds"] for p in phases] == sorted(p["seconds"] for p in phases)
+    # The main path's milestones in time order; "compiled" is the compile thread's own span
+    # (it began after "distributed" and ended by the first step, maybe before "initialized").
+    main = [p for p in phases if p["phase"] != "compiled"]
+    assert [p["seconds"] for p in main] == sorted(p["seconds"] for p in main)
+    assert [p["time"] for p in main] == sorted(p["time"] for p in main)
+    compiled = next(p for p in phases if p["phase"] == "compiled")
+    assert phases[2]["seconds"] < compiled["began"] < compiled["seconds"] <= phases[-1]["seconds"]
     assert phases[0]["seconds"] == 0 and phases[-1]["step"] == 1
+    # Each record is stamped when its milestone was reached: time - seconds is the start.
+    starts = [p["time"] - p["seconds"] for p in phases]
+    assert max(starts) - min(starts) < 0.01
     activities = [m["activity"] for line in hosts[0].output().splitlines()
                   if (m := PHASE_RE.search(line))]
     assert activities == ["initializing distributed", "opening checkpoints",
@@ -98,6 +110,40 @@ def test_two_hosts_train_and_report(reference):
     assert {p.name for p in (ck / "10").iterdir()} >= {"state", "data"}
     # TensorBoard reads the same numbers as the metrics JSONL.
     assert_tensorboard_matches(str(root / Layout.tensorboard("ref")), records)
+
+
+def test_startup_timeline_of_a_real_run(reference):
+    """The goodput breakdown's startup timeline, from the phase records the run stored, and
+    `xrun status` showing it."""
+    root, _, records = reference
+    (timeline,) = goodput(read_stored_run(open_storage(str(root)), "ref"))["startup_timeline"]
+    phases = {r["phase"]: r for r in records if r["kind"] == "phase"}
+    assert timeline["attempt"] == 0 and timeline["basis"] == "process start"  # no submit here
+    assert [s["name"] for s in timeline["segments"]] == [
+        "imports", "distributed init", "model + checkpoint manager", "init state", "first step"]
+    assert timeline["to_first_step_s"] == pytest.approx(phases["first_step"]["seconds"], abs=1e-6)
+    seg = {s["name"]: s for s in timeline["segments"]}
+    assert seg["imports"]["seconds"] == pytest.approx(phases["imports"]["seconds"], abs=1e-6)
+    assert seg["distributed init"]["seconds"] == pytest.approx(
+        phases["distributed"]["seconds"] - phases["imports"]["seconds"], abs=1e-6)
+    # Segments tile the main path; the compile ran beside it and ended by the first step.
+    for a, b in zip(timeline["segments"], timeline["segments"][1:], strict=False):
+        assert b["start_s"] == pytest.approx(a["start_s"] + a["seconds"], abs=1e-5) or (
+            b["name"] == "first step" and b["start_s"] > a["start_s"] + a["seconds"])
+    (comp,) = timeline["parallel"]
+    assert comp["name"] == "compile" and comp["seconds"] == pytest.approx(
+        phases["compiled"]["seconds"] - phases["compiled"]["began"], abs=1e-5)
+    assert comp["waited_s"] == pytest.approx(
+        max(0.0, phases["compiled"]["seconds"] - phases["initialized"]["seconds"]), abs=1e-5)
+    r = xrun("status", "ref", storage=root)
+    assert r.returncode == 0, r.stderr
+    row = " ".join(r.stdout.split())
+    assert "Startup " in row and "to the first step (from process start): imports" in row
+    assert "distributed init" in row and "compile" in row and "beside them" in row
+    report = root / "report.html"
+    r = xrun("report", "ref", "-o", str(report), storage=root)
+    assert r.returncode == 0, r.stderr
+    assert "<br>startup " in report.read_text() and "to the first step" in report.read_text()
 
 
 def test_one_host_four_devices_matches_two_hosts(reference, tmp_path):

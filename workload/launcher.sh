@@ -33,7 +33,13 @@ export XRUN_PROCESS_ID
 export PYTHONUNBUFFERED
 
 # JSON string of $1 (for the start line's argv): backslash, quote and control characters.
+# A string without any is printed as is, and only a control character costs a subshell:
+# a fork per character delayed the user's command by a few tenths of a second.
 json() {
+  case $1 in
+    *[\\\"]* | *[[:cntrl:]]*) ;;
+    *) printf '"%s"' "$1"; return ;;
+  esac
   s=$1 r=
   while [ -n "$s" ]; do
     rest=${s#?}
@@ -42,9 +48,10 @@ json() {
     case $c in
       \\) r="$r\\\\" ;;
       \") r="$r\\\"" ;;
-      *)
+      [[:cntrl:]])
         n=$(printf '%d' "'$c" 2>/dev/null || echo 32)
         if [ "$n" -lt 32 ] 2>/dev/null; then r="$r$(printf '\\u%04x' "$n")"; else r="$r$c"; fi ;;
+      *) r="$r$c" ;;
     esac
   done
   printf '"%s"' "$r"

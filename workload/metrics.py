@@ -107,9 +107,10 @@ class Metrics:
                 storage, lambda seq: Layout.metrics_chunk(run, attempt, seq, tag), interval, start)
             self.events = EventWriter(storage, run, attempt, tensorboard_interval)
 
-    def record(self, rec: records.Record) -> None:
+    def record(self, rec: records.Record, at: float | None = None) -> None:
+        """Write ``rec`` stamped now, or at ``at`` (unix time) for what happened earlier."""
         if self.writer is not None:
-            rec.time, rec.attempt = time.time(), self.attempt
+            rec.time, rec.attempt = time.time() if at is None else at, self.attempt
             self.writer.write(records.to_json(rec) + "\n")
 
     def header(self, versions: dict[str, str], config: dict[str, Any]) -> None:
@@ -122,9 +123,10 @@ class Metrics:
                                        total_steps=config.get("steps")))
 
     def phase(self, phase: str, step: int | None = None, at: float | None = None,
-              quiet: bool = False) -> None:
+              quiet: bool = False, began: float | None = None) -> None:
         """A startup milestone (xrun_contract.PHASES) reached now (or at ``at``, unix time);
-        ``quiet``: the record only (its line was printed before this object existed)."""
+        ``quiet``: the record only (its line was printed before this object existed);
+        ``began``: unix time a thread's work ending here began (records.Phase.began)."""
         if self.primary:
             seconds = (time.time() if at is None else at) - self.process_start
             activity = PHASE_ACTIVITY[phase]
@@ -132,7 +134,11 @@ class Metrics:
                 activity = "initializing state" if step is None else activity.format(step=step)
             if not quiet:
                 say(PHASE_LINE.format(activity=activity, seconds=seconds))
-            self.record(records.Phase(phase=phase, seconds=seconds, activity=activity, step=step))
+            # Stamped when the milestone was reached (not when written): a record's time
+            # minus its seconds is the process start, for every phase alike.
+            self.record(records.Phase(
+                phase=phase, seconds=seconds, activity=activity, step=step,
+                began=None if began is None else began - self.process_start), at=at)
 
     def params(self, count: int) -> None:
         if self.primary:

@@ -155,7 +155,12 @@ class Program:
             return {"params": params, "opt_state": self.tx.init(params),
                     "step": jnp.zeros((), jnp.int32)}
 
-        abstract = jax.eval_shape(functools.partial(init, cfg.seed))
+        # The state's shapes from the abstract model already built, not from tracing init
+        # (model construction again: a tenth of a second of startup).
+        abstract_params = nnx.to_pure_dict(nnx.state(abstract_model, nnx.Param))
+        abstract = {"params": abstract_params,
+                    "opt_state": jax.eval_shape(self.tx.init, abstract_params),
+                    "step": jax.ShapeDtypeStruct((), jnp.int32)}
         opt_sh = optax.tree_map_params(self.tx, lambda _, s: s, abstract["opt_state"], param_sh,
                                        transform_non_params=lambda _: replicated)
         self.state_shardings = {"params": param_sh, "opt_state": opt_sh, "step": replicated}
@@ -286,6 +291,80 @@ def report_memory(metrics: Metrics) -> None:
         metrics.memory(stats["bytes_in_use"] / 1e9, total / 1e9, str(device).replace(" ", ""))
 
 
+def preload(storage: Storage | None, run: str | None, cfg: Config) -> None:
+    """Import the model's libraries (flax, optax: about half a second) in a thread while
+    ``jax.distributed.initialize`` waits for the other processes (about a second even when
+    they all start together; it releases the GIL), and Orbax too when a committed checkpoint
+    is there to restore. None of them touches a backend at import, which must not exist
+    before ``initialize``. A failed import is left to the main thread's own import."""
+    import importlib
+    import threading
+
+    def load() -> None:
+        try:
+            for name in ("flax.nnx", "optax", "workload.model", "workload.data"):
+                importlib.import_module(name)
+            if (storage is not None and run and cfg.checkpoint_every > 0
+                    and latest_committed_step(storage, Layout.checkpoints(run)) is not None):
+                importlib.import_module("workload.checkpointing")
+        except Exception:  # noqa: BLE001, S110 - the main thread's import raises it again
+            pass
+
+    threading.Thread(target=load, name="xrun-preload", daemon=True).start()
+
+
+def timed(fn: Any) -> tuple[float, float]:
+    """Run ``fn()``; the unix times it began and returned (the compile thread's phase)."""
+    began = time.time()
+    fn()
+    return began, time.time()
+
+
+def agreed_latest_step(storage: Storage, key: str) -> int | None:
+    """The newest committed checkpoint step as process 0 lists it, the same on every process
+    (a Peers round): whether Orbax is needed before the first step must not differ."""
+    from workload.peers import Peers
+
+    mine = latest_committed_step(storage, key)
+    value = Peers(prefix="xrun/startup/latest").gather("" if mine is None else str(mine))[0]
+    return int(value) if value else None
+
+
+def open_checkpoints(storage: Storage, run: str, cfg: Config, metrics: Metrics,
+                     cluster: Cluster) -> Any:
+    """Orbax's side (imports Orbax: about a second)."""
+    from workload.checkpointing import Checkpoints
+
+    return Checkpoints(storage, Layout.checkpoints(run), cfg, metrics,
+                       exit_code=cluster.restartable_exit_code)
+
+
+def checkpoint_write_failed() -> type[BaseException]:
+    """``workload.checkpointing.CheckpointWriteFailed`` (importing it imports Orbax)."""
+    from workload.checkpointing import CheckpointWriteFailed
+
+    return CheckpointWriteFailed
+
+
+class DeferredCheckpoints:
+    """Nothing to restore: Orbax is imported and the checkpoint manager opened at the first
+    step boundary, not before the first step. Not in a thread beside the first step: the
+    imports hold the GIL and a core that a host with few cores needs for the step (measured
+    no gain on 2 cores), and opening runs Orbax barriers, device collectives (orbax
+    ``multihost.sync_global_processes``) that must not interleave with a step's."""
+
+    def __init__(self, storage: Storage, run: str, cfg: Config, metrics: Metrics,
+                 cluster: Cluster, program: Program):
+        self.args = (storage, run, cfg, metrics, cluster)
+        self.abstract_state = program.abstract_state
+
+    def open(self) -> Any:
+        ckpt = open_checkpoints(*self.args)
+        if ckpt.restore_latest(self.abstract_state) is not None:  # agreed: none committed
+            raise RuntimeError("a checkpoint was committed by another writer during startup")
+        return ckpt
+
+
 def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metrics,
           storage: Storage | None, run: str | None,
           run_info: dict[str, Any]) -> tuple[int, str, bool]:
@@ -313,22 +392,27 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     from concurrent.futures import ThreadPoolExecutor
 
     compiler = ThreadPoolExecutor(1, thread_name_prefix="xrun-compile")
-    compiled = compiler.submit(program.compile)
+    compiled = compiler.submit(timed, program.compile)
     compiler.shutdown(wait=False)
     flops = step_flops(cfg, global_batch, devices)
     metrics.params(program.num_params)
     metrics.flops(**flops)
 
-    ckpt = None
+    ckpt: Any = None
+    deferred: DeferredCheckpoints | None = None
+    write_failed: tuple[type[BaseException], ...] = ()  # caught once Orbax is imported
+    latest = None
     if storage is not None and run and cfg.checkpoint_every > 0:
-        from workload.checkpointing import Checkpoints, CheckpointWriteFailed
-
-        ckpt = Checkpoints(storage, Layout.checkpoints(run), cfg, metrics,
-                           exit_code=cluster.restartable_exit_code)
+        # The newest committed step, as process 0 lists it (every process decides alike).
+        latest = agreed_latest_step(storage, Layout.checkpoints(run))
+        if latest is None:  # nothing to restore: no Orbax before the first step
+            deferred = DeferredCheckpoints(storage, run, cfg, metrics, cluster, program)
+        else:
+            ckpt = open_checkpoints(storage, run, cfg, metrics, cluster)
+            write_failed = (checkpoint_write_failed(),)
     source = data.make_source(cfg.data, cfg.data_dtype, cfg.seed, cfg.seq_len, cfg.vocab_size)
-    # The newest committed step that restores on every process (older ones if it does not).
-    latest = latest_committed_step(storage, Layout.checkpoints(run)) if ckpt and storage and run else None
     metrics.phase("checkpoint_manager", step=latest)
+    # The newest committed step that restores on every process (older ones if it does not).
     restored = ckpt.restore_latest(program.abstract_state) if ckpt else None
     if restored is not None:
         start, state, position = restored[0], restored[1], int(restored[2]["position"])
@@ -336,8 +420,8 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         state, start, position = program.init(), 0, 0
     metrics.phase("restored" if restored is not None else "initialized",
                   step=start if restored is not None else None)
-    compiled.result()  # raises what the compilation raised
-    metrics.phase("compiled")
+    began, ended = compiled.result()  # raises what the compilation raised
+    metrics.phase("compiled", at=ended, began=began)  # the thread's own span: it overlaps
 
     fail = fail_at_step(cluster)
     delay = float(os.environ.get(Env.TEST_STEP_DELAY, "0") or 0)
@@ -366,11 +450,16 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         if delay:  # after the step finished, so it cannot hide behind async dispatch
             time.sleep(delay)
         seconds = time.perf_counter() - t0
+        if step == start + 1:  # its result is back: the first step is done
+            metrics.phase("first_step", step=step)
+        if deferred is not None:  # Orbax is opened now, at the first step boundary
+            ckpt, deferred = deferred.open(), None
+            write_failed = (checkpoint_write_failed(),)
         # Saves when due and the previous save committed, else defers; never waits for it.
         try:
             blocked = ckpt.after_step(step, state, position_data(step),
                                       force=step == cfg.steps) if ckpt else 0.0
-        except CheckpointWriteFailed as e:
+        except write_failed as e:
             return cluster.restartable_exit_code, str(e), False
         metrics.step(step, seconds, flops["tflops_per_device"] / seconds,
                      tokens_per_step / seconds / devices, tokens_per_step, float(out["loss"]),
@@ -378,7 +467,6 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                      learning_rate=float(out["learning_rate"]),
                      tokens_per_s=tokens_per_step / seconds)
         if step == start + 1:
-            metrics.phase("first_step", step=step)
             report_memory(metrics)
         if fail and fail[0] == step:
             return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})", False
@@ -386,14 +474,14 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
             if ckpt:  # this step's save commits before we exit (an "exit_wait")
                 try:
                     ckpt.finish(step, state, position_data(step))
-                except CheckpointWriteFailed as e:
+                except write_failed as e:
                     return cluster.restartable_exit_code, str(e), False
                 ckpt.close()
             return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}", True
     if ckpt:  # the last step's save commits before we exit
         try:
             ckpt.finish(cfg.steps, state, position_data(cfg.steps))
-        except CheckpointWriteFailed as e:
+        except write_failed as e:
             return cluster.restartable_exit_code, str(e), False
         ckpt.close()
     return 0, "completed", True
@@ -416,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     early.append(("imports", time.time()))
     if cluster.process_id == 0:
         say(PHASE_LINE.format(activity=PHASE_ACTIVITY["imports"], seconds=early[-1][1] - PROCESS_START))
+    preload(storage, run, cfg)  # while jax.distributed.initialize waits for the peers
     try:
         if initialize(cluster):
             preemption.handed_to_jax()

@@ -107,6 +107,10 @@ class Phase(Record):
     seconds: float = 0.0
     activity: str = ""
     step: int | None = None
+    # Work done in a thread beside the main path (the "compiled" phase: the compile thread)
+    # began here, seconds after process start; such a milestone's ``seconds`` is when that
+    # work ended, which may be before the main path's previous milestone.
+    began: float | None = None
 
 
 KINDS: dict[str, type[Record]] = {

@@ -105,6 +105,8 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
     return {
         "wall_s": wall,
         "categories": {k: round(v, 6) for k, v in cats.items()},
+        # What "startup" consists of, per attempt, from the workload's phase records.
+        "startup_timeline": startup_timelines(rec, origin if basis == "submit" else None),
         "goodput_pct": 100.0 * cats["productive"] / wall if wall > 0 else 0.0,
         "partial": partial,
         "basis": basis,
@@ -117,6 +119,99 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
         "exit_wait_s": float(rec.checkpoint_totals.get("exit_wait", 0.0)),
         "notes": notes,
     }
+
+
+# The startup timeline: the main path's milestones (xrun_contract.PHASES) in order, each
+# segment named by what ran up to it; "compiled" is the compile thread's own span beside them.
+_SEGMENTS = (("imports", "imports"), ("distributed", "distributed init"),
+             ("checkpoint_manager", "model + checkpoint manager"), ("restored", "restore"),
+             ("initialized", "init state"), ("first_step", "first step"))
+
+
+def startup_timelines(rec: RunRecord, submitted_at: float | None = None) -> list[dict[str, Any]]:
+    """Per attempt with phase records: where its startup went, in seconds.
+
+    ``segments`` follow the main path: ``launch`` (submit to process start, first attempt
+    only, when the submit time is known), then one per milestone reached (``imports``,
+    ``distributed init``, ``model + checkpoint manager`` (the abstract model, shardings,
+    the checkpoint listing and, when one restores, Orbax's manager), ``restore step N`` or
+    ``init state``, ``first step``: from the previous milestone, or from the compile's end
+    when the first step waited for it). ``parallel`` holds the compile thread's span with ``waited_s``, the
+    part of it the main path waited for. ``start_s`` counts from submit (first attempt,
+    when known) or from the attempt's process start.
+    """
+    by_attempt: dict[int, list[dict[str, Any]]] = {}
+    for ph in rec.phases:
+        if ph.get("phase") and isinstance(ph.get("seconds"), int | float):
+            by_attempt.setdefault(int(ph.get("attempt") or 0), []).append(ph)
+    out = []
+    for attempt in sorted(by_attempt):
+        phases = {ph["phase"]: ph for ph in by_attempt[attempt]}  # the latest of each
+        timed = [ph["time"] - ph["seconds"] for ph in by_attempt[attempt]
+                 if isinstance(ph.get("time"), int | float)]
+        # Each record's time minus its seconds is the process start (the earliest one:
+        # older workloads stamped the early phases when written, not when reached).
+        process_start = min(timed) if timed else None
+        origin = 0.0
+        if attempt == min(by_attempt) and submitted_at is not None and process_start is not None:
+            origin = process_start - submitted_at
+        segments: list[dict[str, Any]] = []
+        if origin > 0:
+            segments.append({"name": "launch", "start_s": 0.0, "seconds": round(origin, 6)})
+        prev = 0.0
+        compiled = phases.get("compiled")
+        compile_end = float(compiled["seconds"]) if compiled else None
+        parallel: list[dict[str, Any]] = []
+        for phase, label in _SEGMENTS:
+            found = phases.get(phase)
+            if found is None:
+                continue
+            ph = found
+            at = float(ph["seconds"])
+            begin = prev
+            if phase == "first_step" and compile_end is not None and compile_end > prev:
+                begin = compile_end  # the first step could start only once compiled
+            if phase == "restored" and ph.get("step") is not None:
+                label = f"restore step {ph['step']}"
+            segments.append({"name": label, "start_s": round(origin + begin, 6),
+                             "seconds": round(max(0.0, at - begin), 6)})
+            prev = max(prev, at)
+            if phase in ("restored", "initialized") and compile_end is not None and compiled:
+                began = compiled.get("began")
+                began = float(began) if isinstance(began, int | float) else None
+                parallel.append({
+                    "name": "compile",
+                    "start_s": round(origin + (began if began is not None else compile_end), 6),
+                    "seconds": round(compile_end - began, 6) if began is not None else None,
+                    "waited_s": round(max(0.0, compile_end - at), 6)})
+        first = phases.get("first_step")
+        out.append({
+            "attempt": attempt,
+            "basis": "submit" if origin > 0 else "process start",
+            "process_start_s": round(origin, 6),
+            "to_first_step_s": round(origin + float(first["seconds"]), 6) if first else None,
+            "segments": segments,
+            "parallel": parallel,
+        })
+    return out
+
+
+def format_startup(timeline: dict[str, Any]) -> str:
+    """One line: 'startup 5.2s to step 1: launch 0.6s, imports 2.0s, ...; compile 1.2s
+    beside them (first step waited 0.1s for it)'."""
+    parts = [f"{s['name']} {_dur(s['seconds'])}" for s in timeline["segments"]]
+    total = timeline.get("to_first_step_s")
+    head = (f"{_dur(total)} to the first step" if total is not None
+            else "no first step yet") + f" (from {timeline['basis']})"
+    if timeline["attempt"]:
+        head = f"attempt {timeline['attempt']}: {head}"
+    text = head + (": " + ", ".join(parts) if parts else "")
+    for p in timeline.get("parallel", []):
+        if p.get("seconds") is not None:
+            text += f"; {p['name']} {_dur(p['seconds'])} beside them"
+            text += (f" (waited {_dur(p['waited_s'])} for it)" if p["waited_s"] >= 0.05
+                     else " (no wait)")
+    return text
 
 
 def _stall_per_execution(rec: RunRecord, median: float | None) -> list[float]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.analysis.compare import Comparison, Row, RunSetComparison
-from orchestrator.analysis.goodput import CATEGORIES, format_goodput
+from orchestrator.analysis.goodput import CATEGORIES, format_goodput, format_startup
 from orchestrator.readers.record import RunRecord
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
@@ -356,6 +356,12 @@ def run_set_html(rs: RunSetComparison) -> str:
             f'<table class="cmp runset"><thead>{head}</thead><tbody>{body}</tbody></table>')
 
 
+def _goodput_cell(gp: dict) -> str:
+    """The goodput line, then the first attempt's startup timeline (where "startup" went)."""
+    startup = (gp.get("startup_timeline") or [])[:1]
+    return esc(format_goodput(gp)) + "".join(f"<br>startup {esc(format_startup(t))}" for t in startup)
+
+
 def runs_table(section: Section) -> str:
     labels = _label_map(section)
     rows = []
@@ -368,7 +374,7 @@ def runs_table(section: Section) -> str:
             f"<td>{esc(rec.restarts)}</td><td>{esc(rec.steps.count)}</td>"
             f"<td>{esc(v.get('jax', '?'))} / {esc(v.get('jaxlib', '?'))}</td>"
             f"<td>{esc(rec.accelerator or '?')} ({esc(rec.devices or '?')} devices)</td>"
-            f"<td>{esc(format_goodput(_gp(section, rec)))}</td><td>{esc(rec.source)}</td></tr>")
+            f"<td>{_goodput_cell(_gp(section, rec))}</td><td>{esc(rec.source)}</td></tr>")
     shown = {rec.name for rec in section.runs}
     for name, (state, msg) in section.states.items():  # runs with no record (never started)
         if name not in shown:

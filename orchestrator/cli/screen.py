@@ -12,7 +12,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.analysis.goodput import format_goodput
+from orchestrator.analysis.goodput import format_goodput, format_startup
 from xrun_contract import (
     DELETED,
     FAILED,
@@ -105,6 +105,8 @@ def render_table(view: dict[str, Any]) -> Group:
     gp = view.get("goodput")
     if gp and gp.get("categories"):
         head.add_row("Goodput", format_goodput(gp))
+    for timeline in _startups(gp):
+        head.add_row("Startup", format_startup(timeline))
     head.add_row("Storage", view["storage"])
     for ev in view.get("events") or []:
         head.add_row("Event", Text(ev, style="yellow"))
@@ -116,6 +118,12 @@ def render_table(view: dict[str, Any]) -> Group:
                       _fmt(h.get("attempt")), _fmt(h.get("exit_code")),
                       _fmt(h.get("pod") or h.get("pid")), h.get("reason", "") or "")
     return Group(head, Text(""), hosts)
+
+
+def _startups(gp: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The startup timelines worth a line: the first attempt's and the latest restart's."""
+    timelines = (gp or {}).get("startup_timeline") or []
+    return timelines[:1] + timelines[1:][-1:]
 
 
 def summary_lines(view: dict[str, Any], started: float | None = None) -> list[str]:
@@ -132,6 +140,8 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
     lines.append(f"  latest committed checkpoint: {'step ' + str(ck['step']) if ck else 'none'}")
     if view.get("goodput") and view["goodput"].get("categories"):
         lines.append(f"  {format_goodput(view['goodput'])}")
+    for timeline in _startups(view.get("goodput")):
+        lines.append(f"  startup {format_startup(timeline)}")
     if started is not None:
         lines.append(f"  wall time {_duration(time.time() - started)}")
     lines.append(f"  storage {view['storage']}")

@@ -1,0 +1,105 @@
+"""Startup: JAX's persistent compilation cache written by every process on CPU, and the
+startup timeline the goodput breakdown derives from the workload's phase records.
+
+(The timeline of a real two-host run is checked in test_workload_hosts.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.analysis.goodput import format_startup, startup_timelines
+from orchestrator.readers.loaders import read_jsonl_lines
+from orchestrator.readers.record import RunRecord
+from xrun_contract import records
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Host 1 of a job as JAX sees it (jax._src.distributed.global_state.process_id), without a
+# second process: JAX writes no cache entry; with xrun's hook it writes its own.
+CACHE_SCRIPT = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[2])
+import jax
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_compilation_cache_dir", sys.argv[1])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from jax._src import distributed
+from workload.distributed import cache_writes_on_every_process
+distributed.global_state.process_id = 1
+jax.jit(lambda x: x * 2.0)(jax.numpy.float32(1)).block_until_ready()
+before = sorted(os.listdir(sys.argv[1]))
+hooked = cache_writes_on_every_process()
+again = cache_writes_on_every_process()  # idempotent
+jax.jit(lambda x: x * 3.0 + 1.0)(jax.numpy.float32(1)).block_until_ready()
+print(json.dumps({"before": before, "after": sorted(os.listdir(sys.argv[1])),
+                  "hooked": hooked, "again": again}))
+"""
+
+
+def test_a_process_other_than_0_writes_its_own_cache_entries(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    out = subprocess.run([sys.executable, "-c", CACHE_SCRIPT, str(cache), str(REPO)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["before"] == []  # JAX alone: "Not writing ... since process_id != 0"
+    assert result["hooked"] is True and result["again"] is True
+    written = [n for n in result["after"] if n.startswith("jit__lambda-")]
+    assert len(written) == 1 and written[0].endswith("-cache"), result["after"]
+    assert (cache / written[0]).stat().st_size > 0
+
+
+def _record(attempt: int, start: float, phase: str, seconds: float, **extra) -> str:
+    rec = records.Phase(phase=phase, seconds=seconds, activity="", **extra)
+    rec.time, rec.attempt = start + seconds, attempt
+    return records.to_json(rec)
+
+
+def test_timeline_segments_the_main_path_and_shows_the_compile_beside_it():
+    rec = RunRecord(name="t")
+    p0, p1 = 1_000_010.0, 1_000_100.0  # the processes of attempts 0 and 1 started here
+    lines = [
+        _record(0, p0, "process_start", 0.0), _record(0, p0, "imports", 2.0),
+        _record(0, p0, "distributed", 3.0), _record(0, p0, "checkpoint_manager", 3.5),
+        _record(0, p0, "initialized", 4.0),
+        # The compile thread began at 3.25 and ended after the state was ready: the first
+        # step waited 0.5 s for it, and ran from 4.5 to 5.0.
+        _record(0, p0, "compiled", 4.5, began=3.25), _record(0, p0, "first_step", 5.0, step=1),
+        _record(1, p1, "process_start", 0.0), _record(1, p1, "imports", 1.5),
+        _record(1, p1, "distributed", 2.0), _record(1, p1, "checkpoint_manager", 2.5, step=4),
+        _record(1, p1, "restored", 4.0, step=4),
+        _record(1, p1, "compiled", 3.0, began=2.25), _record(1, p1, "first_step", 4.25, step=5),
+    ]
+    assert read_jsonl_lines(rec, lines) == 0
+    first, restart = startup_timelines(rec, submitted_at=1_000_000.0)
+    assert first["basis"] == "submit" and first["process_start_s"] == pytest.approx(10.0)
+    assert first["to_first_step_s"] == pytest.approx(15.0)
+    assert [(s["name"], s["start_s"], s["seconds"]) for s in first["segments"]] == [
+        ("launch", 0.0, 10.0), ("imports", 10.0, 2.0), ("distributed init", 12.0, 1.0),
+        ("model + checkpoint manager", 13.0, 0.5), ("init state", 13.5, 0.5), ("first step", 14.5, 0.5)]
+    assert first["parallel"] == [{"name": "compile", "start_s": 13.25, "seconds": 1.25,
+                                  "waited_s": 0.5}]
+    # A restart counts from its own process start; the compile ended before the restore.
+    assert restart["attempt"] == 1 and restart["basis"] == "process start"
+    assert [s["name"] for s in restart["segments"]] == [
+        "imports", "distributed init", "model + checkpoint manager", "restore step 4", "first step"]
+    assert restart["segments"][-1]["start_s"] == pytest.approx(4.0)
+    assert restart["parallel"][0]["waited_s"] == 0.0
+    assert format_startup(first) == (
+        "15s to the first step (from submit): launch 10s, imports 2.0s, distributed init "
+        "1.0s, model + checkpoint manager 0.5s, init state 0.5s, first step 0.5s; compile 1.2s "
+        "beside them (waited 0.5s for it)")
+    assert format_startup(restart).startswith("attempt 1: 4.2s to the first step (from process")
+    assert format_startup(restart).endswith("compile 0.8s beside them (no wait)")
+
+
+def test_no_phase_records_no_timeline():
+    assert startup_timelines(RunRecord(name="maxtext-log"), submitted_at=1.0) == []
