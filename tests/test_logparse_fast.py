@@ -197,3 +197,27 @@ def test_steps_waiting_across_messages_keep_their_order():
     rec = parse(text)
     assert list(rec.steps.attempt) == [0, 0, 0, 1, 1]
     assert rec.notes == ["checkpoint restored after step 3: counted as attempt 1"]
+
+
+def test_stall_maps_stay_bounded_and_keep_what_kept_steps_need(monkeypatch):
+    """A long log's per-save stall entries are pruned to the kept step samples; the steady
+    state of every kept sample reads the same as with nothing pruned."""
+    from orchestrator.readers import record
+
+    def run(cap: int) -> tuple:
+        monkeypatch.setattr(record, "STEP_CAP", cap)
+        rec = record.RunRecord(steps=StepSeries(cap=16))
+        sizes = []
+        for step in range(1, 2001):
+            rec.steps.append(step, 1.0, 1.0, 1.0, 1.0)
+            if step % 3 == 0:  # a MaxText save: its stall lands in the next step
+                rec.add_checkpoint("waited", step, 2.0, 0, absorbed_by=step + 1)
+            if step % 7 == 0:  # an xrun save line: the save's step and the next
+                rec.add_checkpoint("blocked", step, 0.5, 0)
+            sizes.append(len(rec.absorbed_stalls) + len(rec.stalled_steps))
+        return rec.steady_mask(warmup=2), max(sizes), rec.checkpoint_totals
+
+    pruned, most, totals = run(cap=40)
+    unpruned, everything, totals_all = run(cap=10**9)
+    assert pruned == unpruned and totals == totals_all
+    assert everything > 900 and most <= 3 * 40 + 2

@@ -280,9 +280,15 @@ class RunRecord:
         if event in ("blocked", "waited"):
             if absorbed_by is None:
                 self.stalled_steps.add((attempt, step))
+                size = len(self.stalled_steps)
+                if size > STEP_CAP and size > 2 * len(self.steps.step):
+                    self._prune_absorbed()
             elif seconds:
                 key = (attempt, absorbed_by)
                 self.absorbed_stalls[key] = self.absorbed_stalls.get(key, 0.0) + seconds
+                size = len(self.absorbed_stalls)
+                if size > STEP_CAP and size > 2 * len(self.steps.step):
+                    self._prune_absorbed()  # (amortised: it at least halves the dict)
         if len(self.checkpoints) < EVENT_CAP:
             ev = {"event": event, "step": step, "seconds": seconds, "attempt": attempt, "time": time}
             if absorbed_by is not None:
@@ -291,6 +297,19 @@ class RunRecord:
             self.checkpoints.append(ev)
         elif len(self.checkpoints) == EVENT_CAP:
             self.notes.append(f"more than {EVENT_CAP} checkpoint events: later ones only counted")
+
+    def _prune_absorbed(self) -> None:
+        """Keep the stalls of kept step samples (and of steps not logged yet): a step the
+        series thinned out needs none, and a long log's memory stays bounded (the stall
+        seconds stay in ``checkpoint_totals``). Both stall maps, whichever grew."""
+        steps = self.steps
+        kept = set(zip(steps.attempt, steps.step, strict=True))
+        last = (steps.attempt[-1], steps.step[-1]) if len(steps.step) else None
+        self.absorbed_stalls = {k: v for k, v in self.absorbed_stalls.items()
+                                if k in kept or last is None or k > last}
+        # A stalled save's step and the next are out of steady state (steady_mask).
+        self.stalled_steps = {k for k in self.stalled_steps if k in kept or (k[0], k[1] + 1) in kept
+                              or last is None or k >= last}
 
     def set_memory(self, used: float, total: float, pct: float, device: str) -> None:
         if self.memory is None or pct > self.memory["pct"]:
