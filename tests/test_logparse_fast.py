@@ -221,3 +221,15 @@ def test_stall_maps_stay_bounded_and_keep_what_kept_steps_need(monkeypatch):
     unpruned, everything, totals_all = run(cap=10**9)
     assert pruned == unpruned and totals == totals_all
     assert everything > 900 and most <= 3 * 40 + 2
+
+
+def test_checkpoint_events_past_the_cap_are_counted_once_noted(monkeypatch):
+    from orchestrator.readers import record
+
+    monkeypatch.setattr(record, "EVENT_CAP", 10)
+    rec = record.RunRecord()
+    for step in range(50):
+        rec.add_checkpoint("started", step, None, 0)
+    assert len(rec.checkpoints) == 10 and rec.events_dropped == 40
+    assert rec.checkpoint_totals["saves"] == 50
+    assert rec.notes == ["more than 10 checkpoint events: later ones only counted"]

@@ -158,6 +158,7 @@ class RunRecord:
     # (attempt, step) -> stall seconds that step's "seconds" absorbed, where the log says
     # which step that is (MaxText: the step after the save's, see readers/logparse.py).
     absorbed_stalls: dict[tuple[int, int], float] = field(default_factory=dict)
+    events_dropped: int = 0  # checkpoint events past EVENT_CAP: counted in totals, not kept
     submitted_at: float | None = None
     start_time: float | None = None
     start_basis: str = ""  # what start_time is: "" (process start), "XPK Start", ...
@@ -295,8 +296,10 @@ class RunRecord:
                 ev["absorbed_by"] = absorbed_by
             ev.update({k: v for k, v in extra.items() if v is not None})
             self.checkpoints.append(ev)
-        elif len(self.checkpoints) == EVENT_CAP:
-            self.notes.append(f"more than {EVENT_CAP} checkpoint events: later ones only counted")
+        else:
+            if not self.events_dropped:
+                self.notes.append(f"more than {EVENT_CAP} checkpoint events: later ones only counted")
+            self.events_dropped += 1
 
     def _prune_absorbed(self) -> None:
         """Keep the stalls of kept step samples (and of steps not logged yet): a step the
