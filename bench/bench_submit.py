@@ -135,6 +135,15 @@ def one_run(storage: str, name: str, run_file: str, steps: int, cache: bool,
     }
 
 
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure, and of each phase, over repeated runs of one variant."""
+    out: dict[str, Any] = {k: statistics.median(r[k] for r in runs)
+                           for k in ("first_step_s", "submitted_s", "end_s", "median_step_s")}
+    out["phases"] = {k: round(statistics.median(r["phases"][k] for r in runs if k in r["phases"]), 3)
+                     for k in runs[0]["phases"]}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
@@ -166,19 +175,9 @@ def main() -> None:
                 base.append(one_run(base_storage, f"base-warm-{i}", args.run_file, args.steps,
                                     True, args.baseline))
         load.append(os.getloadavg()[0])
-    results["cache on, warm (median)"] = {
-        k: statistics.median(r[k] for r in warm)
-        for k in ("first_step_s", "submitted_s", "end_s", "median_step_s")}
-    results["cache on, warm (median)"]["phases"] = {
-        k: round(statistics.median(r["phases"][k] for r in warm if k in r["phases"]), 3)
-        for k in warm[0]["phases"]}
+    results["cache on, warm (median)"] = medians(warm)
     if base:
-        results["baseline warm (median)"] = {
-            k: statistics.median(r[k] for r in base)
-            for k in ("first_step_s", "submitted_s", "end_s", "median_step_s")}
-        results["baseline warm (median)"]["phases"] = {
-            k: round(statistics.median(r["phases"][k] for r in base if k in r["phases"]), 3)
-            for k in base[0]["phases"]}
+        results["baseline warm (median)"] = medians(base)
     bare_median = statistics.median(b["initialized_s"] for b in bare)
     ratio = results["cache on, warm (median)"]["first_step_s"] / bare_median
     pairs = [w["first_step_s"] / b["initialized_s"] for b, w in zip(bare, warm, strict=True)]
