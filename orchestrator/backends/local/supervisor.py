@@ -376,9 +376,12 @@ class Supervisor:
             if code is None and not pod.stopping:
                 pod.proc = self._popen(pod.argv, {**base, **extra, **pod.env})
                 self.save()
-                while pod.proc.poll() is None:
-                    self._keep_sidecars(pod, sidecars, base)
-                    time.sleep(POLL_SECONDS)
+                while True:
+                    try:  # woken by the exit itself: the blame below is by its moment
+                        pod.proc.wait(timeout=POLL_SECONDS)
+                        break
+                    except subprocess.TimeoutExpired:
+                        self._keep_sidecars(pod, sidecars, base)
                 code, who = exit_code_of_returncode(pod.proc.returncode), pod.container
                 pod.failed_at = time.monotonic()  # before the sidecars' drain: blame is by this
             self._stop_sidecars(pod, sidecars)
