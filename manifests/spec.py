@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -197,11 +198,7 @@ def build_spec(file_values: dict[str, Any], flag_values: dict[str, Any],
     ``storage_default`` is the root used when neither names one (the orchestrator resolves
     it from ``$XRUN_STORAGE`` or the per-user folder: this module reads no environment).
     """
-    unknown = sorted(set(file_values) - set(FIELDS))
-    if unknown:
-        raise XrunError(
-            f"run file: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(FIELDS))}"
-        )
+    _known_keys("run file", file_values, FIELDS)
     merged: dict[str, Any] = {}
     for name, value in file_values.items():
         if value is None:
@@ -364,12 +361,17 @@ def _key_value_map(name: str, mapping: dict[str, str], values_are_labels: bool) 
                 raise XrunError(f"{name}: {key}={value!r}: {m}")
 
 
+def _known_keys(where: str, given: Iterable[str], allowed: Iterable[str]) -> None:
+    """One line naming the first unknown key and every allowed one."""
+    unknown = sorted(set(given) - set(allowed))
+    if unknown:
+        raise XrunError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+
+
 def _toleration(i: int, tol: dict[str, Any]) -> None:
     """core validation.go ValidateTolerations, on the run-file form (snake_case keys)."""
     where = f"tolerations[{i}]"
-    unknown = sorted(set(tol) - TOLERATION_KEYS)
-    if unknown:
-        raise XrunError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(TOLERATION_KEYS))}")
+    _known_keys(where, tol, TOLERATION_KEYS)
     key, op = str(tol.get("key", "")), str(tol.get("operator", "Equal"))
     value, effect = tol.get("value", ""), str(tol.get("effect", ""))
     if not isinstance(value, str):
@@ -393,9 +395,7 @@ def _toleration(i: int, tol: dict[str, Any]) -> None:
 
 def _mount(i: int, mount: dict[str, Any]) -> None:
     where = f"mounts[{i}]"
-    unknown = sorted(set(mount) - MOUNT_KEYS)
-    if unknown:
-        raise XrunError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(MOUNT_KEYS))}")
+    _known_keys(where, mount, MOUNT_KEYS)
     if ("bucket" in mount) == ("pvc" in mount):
         raise XrunError(f"{where}: give exactly one of bucket (a GCS bucket, through the GCS FUSE CSI driver) "
                         "or pvc (an existing PersistentVolumeClaim)")

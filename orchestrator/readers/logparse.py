@@ -163,10 +163,10 @@ _HANDLERS = {
     "XPK Start: ": "_on_xpk", "XPK End: ": "_on_xpk",
 }
 MESSAGE_STARTS = tuple(_HANDLERS)
-SEGMENT_RE = re.compile(
-    "(?P<absl>" + ABSL_RE.pattern + ")|(?=" + "|".join(re.escape(s) for s in MESSAGE_STARTS) + ")"
-)
-SEGMENT_RE_B = re.compile(SEGMENT_RE.pattern.encode())
+# Where a very long line may be cut (_cut_pending): an absl prefix or a message start.
+SEGMENT_RE_B = re.compile(
+    ("(?P<absl>" + ABSL_RE.pattern + ")|(?=" + "|".join(re.escape(s) for s in MESSAGE_STARTS)
+     + ")").encode())
 # Every message start at once: bytes for whole pieces, str for one decoded line.
 _STARTS_B = ahocorasick_rs.BytesAhoCorasick([s.encode() for s in MESSAGE_STARTS],
                                             matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
