@@ -475,6 +475,8 @@ class Supervisor:
             done = [p for p in self.pods if p.exited_at is not None]
             failed = [p for p in done if p.exit_code != 0]
             if failed:
+                # The first to fail decides, as JobSet's findFirstFailedJob (kubernetes-sigs/
+                # jobset, pkg/controllers) takes the Job whose JobFailed condition is oldest.
                 return min(failed, key=lambda p: p.failed_at or p.exited_at or 0.0)
             if len(done) == len(self.pods):
                 return None
