@@ -128,7 +128,8 @@ class Metrics:
         ``quiet``: the record only (its line was printed before this object existed);
         ``began``: unix time a thread's work ending here began (records.Phase.began)."""
         if self.primary:
-            seconds = (time.time() if at is None else at) - self.process_start
+            at = time.time() if at is None else at  # one clock read: the record's time too
+            seconds = at - self.process_start
             activity = PHASE_ACTIVITY[phase]
             if phase == "checkpoint_manager":
                 activity = "initializing state" if step is None else activity.format(step=step)
