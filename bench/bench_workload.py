@@ -214,6 +214,11 @@ def main() -> None:
     args = p.parse_args()
 
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from workload.distributed import reuse_host_memory
+
+    # The allocator the workload runs with on CPU (workload.distributed.configure_platform),
+    # for this process's peak and interleaved steps too.
+    reuse_host_memory()
     print(f"{os.cpu_count()} CPU cores; load average at start {os.getloadavg()[0]:.2f}", flush=True)
     results = []
     for name in args.presets:

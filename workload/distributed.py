@@ -67,11 +67,45 @@ class Cluster:
         )
 
 
+# glibc's mallopt parameters (malloc/malloc.h).
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -2, -4, -8
+
+
+def reuse_host_memory() -> bool:
+    """Make glibc malloc keep freed memory for reuse instead of handing it back to the kernel.
+
+    On CPU the devices' buffers are host memory: XLA:CPU mallocs each step's buffers (the
+    logits, the gradients, its temporary arena) and frees them when the step ends. glibc
+    serves big blocks with fresh mmaps, unmaps them on free and trims its heaps, so every
+    step faulted all of that memory in again: 51k minor page faults and ~90 ms of kernel
+    time in a ~220 ms bench-21m step. With one arena, no mmap and no trimming, a step's
+    buffers come from pages the previous step already touched. The price: memory freed
+    after a peak stays with the process (a training process returns to its peak every
+    step anyway). Call before the backend starts its threads. False (nothing changed)
+    where the C library is not glibc.
+    """
+    import ctypes
+    import platform
+
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1),
+                (_M_TOP_PAD, 64 << 20))
+    return all(mallopt(param, value) == 1 for param, value in settings)
+
+
 def configure_platform(cluster: Cluster) -> None:
-    """Before the first device use: CPU device count, platform, collectives, compile cache."""
+    """Before the first device use: CPU device count, platform, collectives, compile cache,
+    and (CPU) the host allocator."""
     import jax
 
     if cluster.platform == "cpu":
+        reuse_host_memory()
         if cluster.devices_per_host > 0:
             flags = re.sub(r"--xla_force_host_platform_device_count=\S+", "",
                            os.environ.get("XLA_FLAGS", ""))

@@ -1,0 +1,131 @@
+"""The step-speed changes of #16 keep the maths: stacked projections are the separate ones,
+an unrolled layer scan gives the same gradients, ``dense`` is a compute-dtype matmul, and the
+CPU allocator setting really stops the per-step page faults it is there for."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workload.config import load_config
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])  # grouped (q alone, k+v stacked) and q+k+v stacked
+def test_block_is_the_separate_projections_reference(kv_heads):
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from workload import attention
+    from workload.model import Block, rotary
+
+    cfg = load_config("tiny", [f"n_kv_heads={kv_heads}"])
+    block = Block(cfg, nnx.Rngs(3))
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 16, cfg.d_model)), jnp.float32)
+    positions = jnp.arange(16)
+
+    def reference(x):
+        a = block.attn
+        h = block.attn_norm(x)
+        q = rotary(jnp.einsum("bsd,dnh->bsnh", h, a.wq[...]), positions, cfg.rope_theta)
+        k = rotary(jnp.einsum("bsd,dkh->bskh", h, a.wk[...]), positions, cfg.rope_theta)
+        v = jnp.einsum("bsd,dkh->bskh", h, a.wv[...])
+        x = x + jnp.einsum("bsnh,nhd->bsd", attention.einsum(q, k, v), a.wo[...])
+        h = block.mlp_norm(x)
+        m = block.mlp
+        return x + (jax.nn.silu(h @ m.gate[...]) * (h @ m.up[...])) @ m.down[...]
+
+    np.testing.assert_allclose(block(x, positions), reference(x), rtol=1e-5, atol=1e-5)
+
+
+def test_scan_unroll_changes_the_program_not_the_gradients():
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from workload.model import Transformer
+    from workload.train import cross_entropy
+
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 17)), jnp.int32)
+
+    def grads_and_jaxpr(unroll: int):
+        cfg = load_config("tiny", [f"scan_unroll={unroll}", "n_layers=3"])
+        graphdef, params = nnx.split(Transformer(cfg, nnx.Rngs(0)))
+
+        def loss(p):
+            return cross_entropy(nnx.merge(graphdef, p)(tokens[:, :-1]), tokens[:, 1:], 0.0)[0]
+
+        return jax.jit(jax.grad(loss))(params), str(jax.make_jaxpr(jax.grad(loss))(params))
+
+    looped, looped_jaxpr = grads_and_jaxpr(1)
+    unrolled, unrolled_jaxpr = grads_and_jaxpr(0)  # 0: every layer in one iteration
+    assert "unroll=1" in looped_jaxpr and "unroll=3" in unrolled_jaxpr
+    for a, b in zip(jax.tree.leaves(looped), jax.tree.leaves(unrolled), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="scan_unroll: must be >= 0"):
+        load_config("tiny", ["scan_unroll=-1"])
+
+
+def test_dense_is_a_compute_dtype_matmul_with_float32_accumulation():
+    import jax.numpy as jnp
+
+    from workload.model import dense
+
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.standard_normal((3, 5, 64)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
+    out = dense("bsd,de->bse", x, w, jnp.bfloat16)
+    assert out.dtype == jnp.bfloat16
+    # The products of the bf16-rounded values, summed in float64, then rounded once to bf16.
+    xr = np.asarray(x.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+    wr = np.asarray(w.astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+    exact = np.einsum("bsd,de->bse", xr, wr)
+    got = np.asarray(out.astype(jnp.float32), np.float64)
+    assert np.all(np.abs(got - exact) <= 2 ** -8 * np.abs(exact) + 1e-4)  # one bf16 rounding
+    # float32 compute: exactly the plain einsum.
+    np.testing.assert_array_equal(dense("bsd,de->bse", x, w, jnp.float32),
+                                  jnp.einsum("bsd,de->bse", x, w))
+
+
+_FAULTS = textwrap.dedent("""
+    import ctypes, resource, sys
+    if sys.argv[1] == "tuned":
+        from workload.distributed import reuse_host_memory
+        assert reuse_host_memory()
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    size = 64 << 20  # far above glibc's mmap threshold, like a step's logits or arena
+    def cycle():  # malloc, write every page, free: as XLA:CPU does with a step's buffers
+        p = libc.malloc(size)
+        ctypes.memset(p, 1, size)
+        libc.free(p)
+    def faults():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    cycle()
+    before = faults()
+    for _ in range(10):
+        cycle()
+    print((faults() - before) / 10)
+""")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc only")
+def test_reuse_host_memory_stops_faulting_big_buffers_in_every_time():
+    """What a CPU train step does to its buffers each step: malloc, write, free. With glibc's
+    defaults each cycle faults every page in again; after reuse_host_memory() it reuses them."""
+    def faults_per_cycle(mode: str) -> float:
+        out = subprocess.run([sys.executable, "-c", _FAULTS, mode], cwd=REPO, check=True,
+                             capture_output=True, text=True, timeout=120)
+        return float(out.stdout.split()[-1])
+
+    pages = (64 << 20) // 4096
+    assert faults_per_cycle("default") > 0.9 * pages
+    assert faults_per_cycle("tuned") < 0.1 * pages
