@@ -106,13 +106,13 @@ class Attention(nnx.Module):
         # so a sharded heads axis stays as it is): q, k, v together when every query head
         # has its own KV head, else q alone and k, v together.
         if cfg.n_heads == cfg.n_kv_heads:
-            qkv = dense("bsd,dtnh->tbsnh", x, jnp.stack([self.wq[...], self.wk[...],
+            qkv = dense("bsd,dtnh->bstnh", x, jnp.stack([self.wq[...], self.wk[...],
                                                          self.wv[...]], axis=1), dt)
-            q, k, v = qkv[0], qkv[1], qkv[2]
+            q, k, v = (a[:, :, 0] for a in jnp.split(qkv, 3, axis=2))
         else:
             q = dense("bsd,dnh->bsnh", x, self.wq[...], dt)
-            kv = dense("bsd,dtkh->tbskh", x, jnp.stack([self.wk[...], self.wv[...]], axis=1), dt)
-            k, v = kv[0], kv[1]
+            kv = dense("bsd,dtkh->bstkh", x, jnp.stack([self.wk[...], self.wv[...]], axis=1), dt)
+            k, v = (a[:, :, 0] for a in jnp.split(kv, 2, axis=2))
         q, k = rotary(q, positions, cfg.rope_theta), rotary(k, positions, cfg.rope_theta)
         sharding = self.act_sharding
         out = attention.attend(self.kernel, q, k, v,
@@ -133,8 +133,9 @@ class MLP(nnx.Module):
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = x.dtype
         # gate and up as one [d, 2 x mlp] matmul (see Attention.__call__).
-        gu = dense("bsd,dtm->tbsm", x, jnp.stack([self.gate[...], self.up[...]], axis=1), dt)
-        return dense("bsm,md->bsd", jax.nn.silu(gu[0]) * gu[1], self.down[...], dt)
+        gu = dense("bsd,dtm->bstm", x, jnp.stack([self.gate[...], self.up[...]], axis=1), dt)
+        g, u = (a[:, :, 0] for a in jnp.split(gu, 2, axis=2))
+        return dense("bsm,md->bsd", jax.nn.silu(g) * u, self.down[...], dt)
 
 
 class Block(nnx.Module):
