@@ -27,8 +27,15 @@ recomputation (``maxtext/layers/nnx_decoders.py``, ``get_remat_policy()``). The 
 our no-remat is ``minimal_with_context``: it saves every projection output and the
 attention context, so only elementwise ops are recomputed.
 
+Allocator: on CPU our workload makes glibc malloc keep freed memory
+(``workload.distributed.reuse_host_memory``); MaxText runs with glibc's defaults, which
+fault a step's buffers in again every step. ``--maxtext-same-allocator`` gives MaxText the
+same settings through glibc's ``MALLOC_*`` environment variables, to show the ratio without
+that part.
+
     python bench/bench_vs_maxtext.py --maxtext-python /work/maxtext-venv/bin/python \
-        [--batch-per-device N] [--rounds 3] [--steps 30] [--warmup 5] [--json OUT.json]
+        [--batch-per-device N] [--rounds 3] [--steps 30] [--warmup 5]
+        [--maxtext-same-allocator] [--json OUT.json]
 
 Not part of the test suite (it needs a MaxText venv; see tests/data/maxtext/make_logs.sh).
 """
@@ -89,11 +96,18 @@ def run_ours(steps: int, batch: int, tmp: str, i: int, timeout: float) -> tuple[
     return run(cmd, env, REPO, timeout)
 
 
+# glibc's environment names for what workload.distributed.reuse_host_memory sets with mallopt.
+SAME_ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
+                      "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1), "MALLOC_TOP_PAD_": str(64 << 20)}
+
+
 def run_maxtext(python: str, steps: int, batch: int, tmp: str, i: int,
-                timeout: float) -> tuple[str, float]:
+                timeout: float, same_allocator: bool = False) -> tuple[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
     env.pop("PYTHONPATH", None)
     env.update(JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE")
+    if same_allocator:
+        env.update(SAME_ALLOCATOR_ENV)
     cmd = [python, "-m", "maxtext.trainers.pre_train.train", f"run_name=maxtext-{i}",
            f"base_output_directory={tmp}", f"steps={steps}", f"per_device_batch_size={batch}",
            *MAXTEXT_MODEL]
@@ -150,6 +164,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5, help="first step lines left out")
     p.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    p.add_argument("--maxtext-same-allocator", action="store_true",
+                   help="run MaxText with the glibc malloc settings our workload sets for itself "
+                        "on CPU (as MALLOC_* environment variables): the ratio without that part")
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
@@ -164,7 +181,8 @@ def main() -> None:
                     text, wall = run_ours(args.steps, args.batch_per_device, tmp, i, args.timeout)
                 else:
                     text, wall = run_maxtext(args.maxtext_python, args.steps,
-                                             args.batch_per_device, tmp, i, args.timeout)
+                                             args.batch_per_device, tmp, i, args.timeout,
+                                             args.maxtext_same_allocator)
                 load = os.getloadavg()[0]
                 rates = step_rates(text)
                 if len(rates) < args.steps:
@@ -194,7 +212,8 @@ def main() -> None:
           f"{theirs_line:.1f}, ratio {ours_line / theirs_line:.3f})")
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"batch_per_device": args.batch_per_device, "ours": results["ours"], "maxtext": results["maxtext"], "median_ours": ours,
+            {"batch_per_device": args.batch_per_device,
+             "maxtext_same_allocator": args.maxtext_same_allocator, "ours": results["ours"], "maxtext": results["maxtext"], "median_ours": ours,
              "median_maxtext": theirs, "ratio": ours / theirs, "median_round_ratio": paired},
             indent=2))
 
