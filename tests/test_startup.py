@@ -103,3 +103,40 @@ def test_timeline_segments_the_main_path_and_shows_the_compile_beside_it():
 
 def test_no_phase_records_no_timeline():
     assert startup_timelines(RunRecord(name="maxtext-log"), submitted_at=1.0) == []
+
+
+def test_a_host_waits_for_the_coordinators_port_before_jax_connects():
+    """workload.distributed.wait_for_coordinator: returns True only once something listens
+    (here a socket opened 0.3 s after the wait began, as process 0's coordination service
+    starts after the other hosts), False when nothing does by the deadline, and at once for
+    an address that is not host:port."""
+    import socket
+    import threading
+
+    from workload.distributed import wait_for_coordinator
+
+    with socket.socket() as probe:  # a free port, closed again: nothing listens on it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert wait_for_coordinator(f"127.0.0.1:{port}", timeout=0.2) is False
+
+    opened = threading.Event()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def listen_later():
+        threading.Event().wait(0.3)
+        server.bind(("127.0.0.1", port))
+        server.listen()
+        opened.set()
+
+    thread = threading.Thread(target=listen_later)
+    thread.start()
+    try:
+        assert not opened.is_set()
+        assert wait_for_coordinator(f"127.0.0.1:{port}", timeout=60) is True
+        assert opened.is_set()  # it returned because the port opened, not before
+    finally:
+        thread.join()
+        server.close()
+    assert wait_for_coordinator("coordinator-without-a-port", timeout=60) is False

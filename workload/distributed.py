@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,11 +177,49 @@ def cache_writes_on_every_process() -> bool:
     return True
 
 
+# How long a process waits for the coordinator's port before it lets jax.distributed try
+# (and back off) on its own; beyond it nothing is lost but the backoff this wait avoids.
+COORDINATOR_WAIT_SECONDS = 120.0
+
+
+def wait_for_coordinator(address: str, timeout: float = COORDINATOR_WAIT_SECONDS,
+                         interval: float = 0.01) -> bool:
+    """Return once ``host:port`` accepts a TCP connection (True), or after ``timeout`` (False).
+
+    Why: ``jax.distributed.initialize`` connects to the coordinator over gRPC, and a gRPC
+    channel whose first connection is refused waits out gRPC's connection backoff before it
+    tries again (grpc/doc/connection-backoff.md: INITIAL_BACKOFF 1 s, then x1.6, jitter
+    0.2). A host that comes up before process 0 has started the coordination service (pods
+    start in any order; locally, by a hair) so lost ~1 s, more after longer waits: the
+    bimodal 1.3 s / 2.3 s of a bare two-process ``initialize`` in bench/bench_submit.py.
+    Probing the port first costs a few milliseconds; the gRPC connection then succeeds at
+    its first attempt. A name that does not resolve yet (pod 0's DNS record) counts as not
+    listening.
+    """
+    import socket
+
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or not port.isdigit():
+        return False  # not host:port; jax.distributed reports the address itself
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(1.0, timeout)):
+                return True
+        except OSError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(interval)
+
+
 def initialize(cluster: Cluster) -> bool:
     """Start jax.distributed; True when it was started (and so preemption sync exists)."""
     import jax
 
     if cluster.from_xrun:
+        if cluster.process_id != 0 and cluster.coordinator:
+            wait_for_coordinator(cluster.coordinator)
         kwargs: dict[str, Any] = {}
         if cluster.platform == "cpu":
             # Nothing in CI's environment (SLURM, MPI, a TPU VM's metadata) may override us.
