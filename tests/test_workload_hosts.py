@@ -190,6 +190,10 @@ def test_kill_and_resume_continues_exactly(reference, tmp_path):
     for s in resumed:
         assert resumed[s] == ref[s], s
     assert sorted(p.name for p in ck.iterdir()) == ["10", "4", "8"]
+    # Both attempts ran the executables the reference left in the session's cache (the same
+    # program): loaded, not traced or compiled, and they restored into their shardings.
+    compiled = [r for r in again if r["kind"] == "phase" and r["phase"] == "compiled"]
+    assert [(r["attempt"], r["source"]) for r in compiled] == [(0, "loaded"), (1, "loaded")]
 
 
 def test_sigterm_saves_that_step_and_exits_restartable(reference, tmp_path):

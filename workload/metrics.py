@@ -123,10 +123,12 @@ class Metrics:
                                        total_steps=config.get("steps")))
 
     def phase(self, phase: str, step: int | None = None, at: float | None = None,
-              quiet: bool = False, began: float | None = None) -> None:
+              quiet: bool = False, began: float | None = None,
+              source: str | None = None) -> None:
         """A startup milestone (xrun_contract.PHASES) reached now (or at ``at``, unix time);
         ``quiet``: the record only (its line was printed before this object existed);
-        ``began``: unix time a thread's work ending here began (records.Phase.began)."""
+        ``began``: unix time a thread's work ending here began (records.Phase.began);
+        ``source``: where the executables came from (records.Phase.source)."""
         if self.primary:
             at = time.time() if at is None else at  # one clock read: the record's time too
             seconds = at - self.process_start
@@ -139,7 +141,8 @@ class Metrics:
             # minus its seconds is the process start, for every phase alike.
             self.record(records.Phase(
                 phase=phase, seconds=seconds, activity=activity, step=step,
-                began=None if began is None else began - self.process_start), at=at)
+                began=None if began is None else began - self.process_start,
+                source=source), at=at)
 
     def params(self, count: int) -> None:
         if self.primary:

@@ -33,6 +33,7 @@ import argparse
 import faulthandler
 import functools
 import json
+import math
 import os
 import signal
 import sys
@@ -50,6 +51,7 @@ from workload.distributed import (
     initialize,
     make_mesh,
 )
+from workload.executables import Executables, compile_recording, program_key
 from workload.metrics import Metrics, process_start_time, say, update_run_json
 from xrun_contract import (
     FAILURE_LINE,
@@ -126,7 +128,39 @@ def cross_entropy(logits, targets, z_loss: float):
 class Program:
     """The jitted functions and shardings of one (config, mesh): built once, used by train()."""
 
-    def __init__(self, cfg: Config, mesh, global_batch: int, compile_now: bool = True):
+    def __init__(self, cfg: Config, mesh, global_batch: int, compile_now: bool = True,
+                 executables: Executables | None = None):
+        self.cfg, self.mesh, self.global_batch = cfg, mesh, global_batch
+        self.executables = executables
+        self._init_exe: Any = None
+        self.train_step: Any = None
+        # "loaded": both executables came from the executable cache (no tracing, no model);
+        # "compiled, written": compiled from scratch and written there; else "compiled".
+        self.source = "compiled"
+        if executables is not None:
+            init_exe = executables.load("init")
+            step_exe = executables.load("train_step") if init_exe is not None else None
+            if init_exe is not None and step_exe is not None:
+                self._use_loaded(init_exe, step_exe)
+                return
+        self._build(cfg, mesh, global_batch)
+        if compile_now:
+            self.compile()
+
+    def _use_loaded(self, init_exe: Any, step_exe: Any) -> None:
+        """Shardings and abstract state from the loaded train step's own signature."""
+        import jax
+
+        (state_info, _), _ = step_exe.args_info
+        (state_sh, batch_sh), _ = step_exe.input_shardings
+        self.state_shardings, self.batch_sharding = state_sh, batch_sh
+        self.abstract_state = jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state_info, state_sh)
+        self.num_params = sum(math.prod(a.shape)
+                              for a in jax.tree.leaves(self.abstract_state["params"]))
+        self._init_exe, self.train_step, self.source = init_exe, step_exe, "loaded"
+
+    def _build(self, cfg: Config, mesh, global_batch: int) -> None:
         import jax
         import jax.numpy as jnp
         import optax
@@ -137,7 +171,6 @@ class Program:
         from workload import model
         from workload.loss import loss_and_aux, output_cross_entropy
 
-        self.cfg, self.mesh, self.global_batch = cfg, mesh, global_batch
         replicated = NamedSharding(mesh, P())
         batch_axes = model.logical_to_mesh(("batch",), (global_batch,), mesh)
         self.batch_sharding = NamedSharding(mesh, P(*batch_axes, None))
@@ -168,7 +201,8 @@ class Program:
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             abstract, self.state_shardings)
         # Created already sharded: each device computes only its own shards.
-        self.init = jax.jit(functools.partial(init, cfg.seed), out_shardings=self.state_shardings)
+        self._jitted_init = jax.jit(functools.partial(init, cfg.seed),
+                                    out_shardings=self.state_shardings)
 
         graphdef, tx, schedule = self.graphdef, self.tx, self.schedule
 
@@ -192,14 +226,28 @@ class Program:
             train_step, in_shardings=(self.state_shardings, self.batch_sharding),
             out_shardings=(self.state_shardings, replicated), donate_argnums=0,
         )
-        self.train_step = self.compile() if compile_now else None
+
+    def init(self) -> dict[str, Any]:
+        """The initial state (seed ``cfg.seed``), created already sharded."""
+        if self._init_exe is None:
+            self._init_exe = self._compile("init", self._jitted_init.lower().compile)
+        return self._init_exe()
 
     def compile(self):
         """Compile the train step ahead of time, so that step 1's time is a step, not a
         compilation. Thread-safe: train() runs it while the checkpoint restores."""
-        self.train_step = self._jitted_step.lower(self.abstract_state,
-                                                  self._abstract_batch).compile()
+        if self.train_step is None:
+            self.train_step = self._compile("train_step", lambda: self._jitted_step.lower(
+                self.abstract_state, self._abstract_batch).compile())
         return self.train_step
+
+    def _compile(self, function: str, compile_fn: Any) -> Any:
+        if self.executables is None:
+            return compile_fn()
+        compiled, recorded = compile_recording(compile_fn)
+        if self.executables.save(function, compiled, recorded):
+            self.source = "compiled, written"
+        return compiled
 
 
 # ---------------------------------------------------------------------------------------
@@ -292,17 +340,25 @@ def report_memory(metrics: Metrics) -> None:
 
 
 def preload(storage: Storage | None, run: str | None, cfg: Config) -> None:
-    """Import the model's libraries (flax, optax: about half a second) in a thread while
-    ``jax.distributed.initialize`` waits for the other processes (about a second even when
-    they all start together; it releases the GIL), and Orbax too when a committed checkpoint
-    is there to restore. None of them touches a backend at import, which must not exist
-    before ``initialize``. A failed import is left to the main thread's own import."""
+    """Import what the first step needs in a thread while ``jax.distributed.initialize``
+    waits for the other processes (it releases the GIL), and Orbax too when a committed
+    checkpoint is there to restore. None of them touches a backend at import, which must not
+    exist before ``initialize``. A failed import is left to the main thread's own import.
+
+    The model's libraries (flax, optax: about half a second of CPU) only without a
+    compilation cache: with one, the executable cache (workload/executables.py) normally
+    hits and nothing needs them, and importing them anyway held the GIL and a core while
+    the executables loaded (+0.2-0.4 s to a warm start on 2 cores shared by 2 hosts)."""
     import importlib
     import threading
 
+    names = ["workload.data"]
+    if not os.environ.get(Env.COMPILATION_CACHE, "").strip():
+        names[:0] = ["flax.nnx", "optax", "workload.model"]
+
     def load() -> None:
         try:
-            for name in ("flax.nnx", "optax", "workload.model", "workload.data"):
+            for name in names:
                 importlib.import_module(name)
             if (storage is not None and run and cfg.checkpoint_every > 0
                     and latest_committed_step(storage, Layout.checkpoints(run)) is not None):
@@ -346,6 +402,19 @@ def checkpoint_write_failed() -> type[BaseException]:
     return CheckpointWriteFailed
 
 
+def executables_for(cfg: Config, mesh, global_batch: int) -> Executables | None:
+    """The executable cache beside JAX's compilation cache (workload/executables.py); none
+    without one. Never fails a run: an unreadable cache is only slower."""
+    cache = os.environ.get(Env.COMPILATION_CACHE, "").strip()
+    if not cache:
+        return None
+    try:
+        return Executables(open_storage(cache), program_key(cfg.to_dict(), mesh, global_batch))
+    except Exception as e:  # noqa: BLE001 - an optimisation; JAX's own cache still works
+        print(f"xrun: no executable cache ({e!r:.200})", file=sys.stderr, flush=True)
+        return None
+
+
 class DeferredCheckpoints:
     """Nothing to restore: Orbax is imported and the checkpoint manager opened at the first
     step boundary, not before the first step. Not in a thread beside the first step: the
@@ -386,7 +455,8 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     if storage is not None and run and metrics.primary:
         update_run_json(storage, run, **run_info)
 
-    program = Program(cfg, mesh, global_batch, compile_now=False)
+    program = Program(cfg, mesh, global_batch, compile_now=False,
+                      executables=executables_for(cfg, mesh, global_batch))
     # Compile in a thread while the checkpoint manager opens and the state restores: XLA
     # compilation releases the GIL, and both take seconds to minutes at scale.
     from concurrent.futures import ThreadPoolExecutor
@@ -421,7 +491,8 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     metrics.phase("restored" if restored is not None else "initialized",
                   step=start if restored is not None else None)
     began, ended = compiled.result()  # raises what the compilation raised
-    metrics.phase("compiled", at=ended, began=began)  # the thread's own span: it overlaps
+    # The thread's own span (it overlaps), and where the executables came from.
+    metrics.phase("compiled", at=ended, began=began, source=program.source)
 
     fail = fail_at_step(cluster)
     delay = float(os.environ.get(Env.TEST_STEP_DELAY, "0") or 0)

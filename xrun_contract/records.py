@@ -111,6 +111,10 @@ class Phase(Record):
     # began here, seconds after process start; such a milestone's ``seconds`` is when that
     # work ended, which may be before the main path's previous milestone.
     began: float | None = None
+    # The "compiled" phase: "loaded" when the executables came from the workload's
+    # executable cache (no tracing or compiling), "compiled" or "compiled, written" (written
+    # to that cache) otherwise.
+    source: str | None = None
 
 
 KINDS: dict[str, type[Record]] = {

@@ -180,7 +180,9 @@ def startup_timelines(rec: RunRecord, submitted_at: float | None = None) -> list
                 began = compiled.get("began")
                 began = float(began) if isinstance(began, int | float) else None
                 parallel.append({
-                    "name": "compile",
+                    # Loaded from the workload's executable cache: nothing was compiled.
+                    "name": ("executables loaded" if compiled.get("source") == "loaded"
+                             else "compile"),
                     "start_s": round(origin + (began if began is not None else compile_end), 6),
                     "seconds": round(compile_end - began, 6) if began is not None else None,
                     "waited_s": round(max(0.0, compile_end - at), 6)})

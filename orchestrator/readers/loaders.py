@@ -72,7 +72,8 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
                            error=r.error, process=r.process)
     elif isinstance(r, records.Phase):
         rec.phases.append({"phase": r.phase, "activity": r.activity, "seconds": r.seconds,
-                           "step": r.step, "time": t, "attempt": attempt, "began": r.began})
+                           "step": r.step, "time": t, "attempt": attempt, "began": r.began,
+                           "source": r.source})
         rec.phase = {"phase": r.phase, "activity": r.activity, "step": r.step,
                      "seconds": r.seconds, "attempt": attempt, "time": t}
         if rec.start_time is None and t is not None:

@@ -1,0 +1,160 @@
+"""The executable cache (workload/executables.py): a warm start loads the compiled ``init``
+and train step instead of tracing, lowering and looking them up in JAX's cache, and trains
+exactly as a compiled program does; entries made from JAX's own cache entries run; bad
+entries are misses; anything that changes the program changes the key.
+
+Each run is a fresh Python process (JAX's cache settings are process-wide), one host with 2
+CPU devices. That two hosts train identically from loaded executables (and restore into
+their shardings) is checked in test_workload_hosts.py (kill and resume).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+SCRIPT = r"""
+import hashlib, json, os, sys
+sys.path.insert(0, sys.argv[1])
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_compilation_cache_dir", sys.argv[2])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+import numpy as np
+from workload import data
+from workload.config import load_config
+from workload.distributed import make_mesh
+from workload.executables import Executables, program_key
+from workload.train import Program
+from xrun_contract.storage import open_storage
+
+cfg = load_config("tiny", sys.argv[3:])
+mesh = make_mesh(None)
+batch = cfg.batch_size(jax.device_count())
+key = program_key(cfg.to_dict(), mesh, batch)
+program = Program(cfg, mesh, batch, executables=Executables(open_storage(sys.argv[2]), key))
+state = program.init()
+source = data.make_source(cfg.data, cfg.data_dtype, cfg.seed, cfg.seq_len, cfg.vocab_size)
+losses = []
+for step in range(3):
+    tokens = data.make_batch(source, step * batch, batch, cfg.seq_len, program.batch_sharding)
+    state, out = program.train_step(state, tokens)
+    losses.append(float(out["loss"]))
+params = hashlib.sha256(b"".join(np.asarray(x).tobytes()
+                                 for x in jax.tree.leaves(state["params"]))).hexdigest()
+print(json.dumps({"source": program.source, "key": key, "losses": losses, "params": params,
+                  "num_params": program.num_params,
+                  "abstract": str(jax.tree.map(lambda a: (a.shape, str(a.dtype), str(a.sharding.spec)),
+                                               program.abstract_state))}))
+"""
+
+
+def run(cache: Path, *overrides: str) -> tuple[dict, str]:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(REPO), str(cache), *overrides],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def entries(cache: Path) -> list[str]:
+    folder = cache / "xrun-executables"
+    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def test_a_warm_start_loads_both_executables_and_trains_exactly_alike(tmp_path):
+    cache = tmp_path / "cache"
+    first, _ = run(cache)
+    assert first["source"] == "compiled, written"
+    assert entries(cache) == [f"{first['key']}-init.pkl", f"{first['key']}-train_step.pkl"]
+    warm, _ = run(cache)
+    assert warm["source"] == "loaded" and warm["key"] == first["key"]
+    # The same numbers, bit for bit, and the same state signature (restore targets it).
+    assert warm["losses"] == first["losses"] and warm["params"] == first["params"]
+    assert warm["abstract"] == first["abstract"] and warm["num_params"] == first["num_params"]
+    assert first["losses"][2] < first["losses"][0]  # it trains
+
+    other, _ = run(cache, "learning_rate=0.003")  # another program: another key, compiled
+    assert other["key"] != first["key"] and other["source"] == "compiled, written"
+    assert other["losses"][0] == first["losses"][0] and other["losses"][1:] != first["losses"][1:]
+    assert len(entries(cache)) == 4
+
+
+def test_an_entry_made_from_jaxs_own_cache_entry_runs(tmp_path):
+    """JAX's cache is warm, ours is empty (the workload's source changed, the lowered program
+    did not): JAX loads the executables from its cache, and re-serialising such an executable
+    gives one that fails when run (XLA:CPU, NOT_FOUND). The entry is written from the bytes
+    JAX's cache holds instead, and the next start loads and runs it."""
+    cache = tmp_path / "cache"
+    first, _ = run(cache)
+    shutil.rmtree(cache / "xrun-executables")
+    refill, _ = run(cache)
+    assert refill["source"] == "compiled, written" and refill["losses"] == first["losses"]
+    assert len(entries(cache)) == 2
+    warm, _ = run(cache)
+    assert warm["source"] == "loaded"
+    assert warm["losses"] == first["losses"] and warm["params"] == first["params"]
+
+
+def test_an_unreadable_entry_is_a_miss_and_is_written_again(tmp_path):
+    cache = tmp_path / "cache"
+    first, _ = run(cache)
+    step = cache / "xrun-executables" / f"{first['key']}-train_step.pkl"
+    step.write_bytes(step.read_bytes()[:1000])  # cut short, as a full disk leaves it
+    again, err = run(cache)
+    assert f"executable cache entry xrun-executables/{first['key']}-train_step.pkl unusable" in err
+    assert again["source"] == "compiled, written" and again["losses"] == first["losses"]
+    warm, _ = run(cache)
+    assert warm["source"] == "loaded" and warm["losses"] == first["losses"]
+
+
+KEY_SCRIPT = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax
+jax.config.update("jax_platforms", "cpu")
+import workload.executables as ex
+from workload.config import load_config
+from workload.distributed import make_mesh
+
+cfg = load_config("tiny").to_dict()
+mesh = make_mesh(None)
+keys = {"base": ex.program_key(cfg, mesh, 4), "again": ex.program_key(cfg, mesh, 4),
+        "batch": ex.program_key(cfg, mesh, 8),
+        "config": ex.program_key({**cfg, "z_loss": 0.5}, mesh, 4)}
+os.environ["XLA_FLAGS"] += " --xla_cpu_enable_fast_math=true"
+keys["xla_flags"] = ex.program_key(cfg, mesh, 4)
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+jax.config.update("jax_default_matmul_precision", "highest")
+keys["setting"] = ex.program_key(cfg, mesh, 4)
+jax.config.update("jax_default_matmul_precision", None)
+jax.config.update("jax_compilation_cache_dir", "/nonexistent/elsewhere")
+keys["cache_folder"] = ex.program_key(cfg, mesh, 4)  # not part of the program
+sources = ex._sources()
+ex._sources = lambda: {**sources, "model.py": "0" * 64}  # an edited model
+keys["source"] = ex.program_key(cfg, mesh, 4)
+ex._sources = lambda: sources
+keys["one_device"] = ex.program_key(cfg, make_mesh(None).__class__(
+    mesh.devices[:, :1], mesh.axis_names), 4)
+print(json.dumps({"keys": keys, "files": sorted(sources)}))
+"""
+
+
+def test_whatever_decides_the_program_is_in_the_key():
+    out = subprocess.run([sys.executable, "-c", KEY_SCRIPT, str(REPO)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    keys = result["keys"]
+    assert keys["again"] == keys["base"] and keys["cache_folder"] == keys["base"]
+    changed = {k for k, v in keys.items() if v != keys["base"]}
+    assert changed == {"batch", "config", "xla_flags", "setting", "source", "one_device"}
+    # Every module of the workload package is hashed, the program's own among them.
+    assert {"model.py", "train.py", "loss.py", "attention.py", "config.py"} <= set(result["files"])
