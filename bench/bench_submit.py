@@ -202,16 +202,20 @@ def main() -> None:
     pairs = [w["first_step_s"] / b["initialized_s"] for b, w in zip(bare, warm, strict=True)]
     probed_median = statistics.median(b["initialized_s"] for b in probed)
     ratio_probed = results["cache on, warm (median)"]["first_step_s"] / probed_median
+    pairs_probed = [w["first_step_s"] / q["initialized_s"]
+                    for q, w in zip(probed, warm, strict=True)]
 
     print(f"{'variant':<24} {'submit->step 1 (s)':>19} {'submit->end (s)':>16} {'median s/step':>14}")
     for k, r in results.items():
         print(f"{k:<24} {r['first_step_s']:>19.2f} {r['end_s']:>16.2f} {r['median_step_s']:>14.4f}")
     print(f"{'bare init (median)':<24} {bare_median:>19.2f}")
     print(f"{'bare, port-probed (med.)':<24} {probed_median:>19.2f}")
-    print("\nrounds (bare init s, port-probed bare s, warm submit->step 1 s, warm/bare): "
+    print("\nrounds (bare init s, port-probed bare s, warm submit->step 1 s, warm/bare, "
+          "warm/port-probed): "
           + "; ".join(f"{b['initialized_s']:.2f}, {q['initialized_s']:.2f}, "
-                      f"{w['first_step_s']:.2f}, {p:.2f}"
-                      for b, q, w, p in zip(bare, probed, warm, pairs, strict=True)))
+                      f"{w['first_step_s']:.2f}, {p:.2f}, {pp:.2f}"
+                      for b, q, w, p, pp in zip(bare, probed, warm, pairs, pairs_probed,
+                                                strict=True)))
     names = [n for n in ("process_start", "imports", "distributed", "checkpoint_manager",
                          "restored", "initialized", "compiled", "first_step")
              if any(n in r["phases"] for r in results.values())]
@@ -223,6 +227,7 @@ def main() -> None:
         "first_step_warm_over_bare": ratio,
         "first_step_warm_over_bare_pairs": pairs,
         "first_step_warm_over_probed_bare": ratio_probed,
+        "first_step_warm_over_probed_bare_rounds": pairs_probed,
         "first_step_warm_over_cold": results["cache on, warm (median)"]["first_step_s"]
         / results["cold (cache off)"]["first_step_s"],
     }
@@ -230,15 +235,16 @@ def main() -> None:
         ratios["baseline_first_step_over_bare"] = (
             results["baseline warm (median)"]["first_step_s"] / bare_median)
     print(f"\nratio warm submit->step 1 / bare init (medians): {ratio:.2f} "
-          f"(target <= 2); against the port-probed bare: {ratio_probed:.2f}; warm/cold first step {ratios['first_step_warm_over_cold']:.2f}"
+          f"(target <= 2); against the port-probed bare: {ratio_probed:.2f}; "
+          f"warm/cold first step {ratios['first_step_warm_over_cold']:.2f}"
           + (f"; baseline warm / bare {ratios['baseline_first_step_over_bare']:.2f}"
              if base else ""))
     print("load average (1 min) at start and before each pair, end: "
           + ", ".join(f"{x:.2f}" for x in load))
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"results": results, "bare": bare, "probed_bare": probed, "warm": warm, "baseline": base, "ratios": ratios,
-             "load_average_1m": load}, indent=2))
+            {"results": results, "bare": bare, "probed_bare": probed, "warm": warm,
+             "baseline": base, "ratios": ratios, "load_average_1m": load}, indent=2))
 
 
 if __name__ == "__main__":
