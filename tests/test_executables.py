@@ -65,14 +65,14 @@ def run(cache: Path, *overrides: str) -> tuple[dict, str]:
 
 def entries(cache: Path) -> list[str]:
     folder = cache / "xrun-executables"
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.pkl"))
 
 
 def test_a_warm_start_loads_both_executables_and_trains_exactly_alike(tmp_path):
     cache = tmp_path / "cache"
     first, _ = run(cache)
     assert first["source"] == "compiled, written"
-    assert entries(cache) == [f"{first['key']}-init.pkl", f"{first['key']}-train_step.pkl"]
+    assert entries(cache) == [f"{first['key']}/init.pkl", f"{first['key']}/train_step.pkl"]
     warm, _ = run(cache)
     assert warm["source"] == "loaded" and warm["key"] == first["key"]
     # The same numbers, bit for bit, and the same state signature (restore targets it).
@@ -102,13 +102,42 @@ def test_an_entry_made_from_jaxs_own_cache_entry_runs(tmp_path):
     assert warm["losses"] == first["losses"] and warm["params"] == first["params"]
 
 
+def test_writing_a_program_deletes_programs_not_written_for_two_weeks(tmp_path):
+    """Reads do not touch entries, so a program's age is its newest entry's; the one being
+    written is never deleted, whatever its age."""
+    import os
+    import time
+
+    from workload.executables import KEEP_SECONDS, Executables
+    from xrun_contract.storage import open_storage
+
+    folder = tmp_path / "xrun-executables"
+    now = time.time()
+    ages = {"a" * 32: KEEP_SECONDS + 60, "b" * 32: KEEP_SECONDS - 3600, "c" * 32: 0.0,
+            "d" * 32: KEEP_SECONDS + 60}
+    for key, age in ages.items():
+        for function in ("init", "train_step"):
+            path = folder / key / f"{function}.pkl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"x")
+            os.utime(path, (now - age, now - age))
+    # "d": one entry old, one recent: the program was written recently.
+    os.utime(folder / ("d" * 32) / "init.pkl", (now, now))
+    mine = Executables(open_storage(str(tmp_path)), "a" * 32)  # old, but being written
+    other = Executables(open_storage(str(tmp_path)), "c" * 32)
+    assert mine.prune() == []  # the only program past the age is the one being written
+    assert sorted(p.name for p in folder.iterdir()) == sorted(ages)
+    assert other.prune() == ["a" * 32]
+    assert sorted(p.name for p in folder.iterdir()) == ["b" * 32, "c" * 32, "d" * 32]
+
+
 def test_an_unreadable_entry_is_a_miss_and_is_written_again(tmp_path):
     cache = tmp_path / "cache"
     first, _ = run(cache)
-    step = cache / "xrun-executables" / f"{first['key']}-train_step.pkl"
+    step = cache / "xrun-executables" / first["key"] / "train_step.pkl"
     step.write_bytes(step.read_bytes()[:1000])  # cut short, as a full disk leaves it
     again, err = run(cache)
-    assert f"executable cache entry xrun-executables/{first['key']}-train_step.pkl unusable" in err
+    assert f"executable cache entry xrun-executables/{first['key']}/train_step.pkl unusable" in err
     assert again["source"] == "compiled, written" and again["losses"] == first["losses"]
     warm, _ = run(cache)
     assert warm["source"] == "loaded" and warm["losses"] == first["losses"]

@@ -40,7 +40,10 @@ from typing import Any
 from xrun_contract.storage import Storage
 
 FORMAT = 1  # bump when an entry's layout changes: older entries then miss
-PREFIX = "xrun-executables"
+PREFIX = "xrun-executables"  # <cache>/xrun-executables/<key>/<function>.pkl
+# A program whose newest entry is older than this is deleted when another is written (a
+# program still in use then misses once and is written again; reads do not touch entries).
+KEEP_SECONDS = 14 * 24 * 3600.0
 # JAX settings that do not change what is compiled (caching, logging, timeouts). Every other
 # setting is part of the key: a setting that should not be only costs a miss.
 _SETTINGS_NOT_KEYED = ("compilation_cache", "persistent_cache", "log", "explain_cache_misses",
@@ -172,7 +175,7 @@ class Executables:
         self.storage, self.key = storage, key
 
     def _name(self, function: str) -> str:
-        return f"{PREFIX}/{self.key}-{function}.pkl"
+        return f"{PREFIX}/{self.key}/{function}.pkl"
 
     def load(self, function: str) -> Any | None:
         """The compiled ``function``, or None (absent or unreadable: a miss)."""
@@ -217,8 +220,31 @@ class Executables:
             with io.BytesIO() as buf:
                 pickle.dump((payload, in_tree, out_tree), buf, protocol=pickle.HIGHEST_PROTOCOL)
                 self.storage.write_bytes(self._name(function), buf.getvalue())
-            return True
         except Exception as e:  # noqa: BLE001 - the cache is an optimisation
             print(f"xrun: executable cache: not writing {self._name(function)} ({e!r:.200})",
                   file=sys.stderr, flush=True)
             return False
+        self.prune()
+        return True
+
+    def prune(self, keep_seconds: float = KEEP_SECONDS) -> list[str]:
+        """Delete the programs (other than this one) whose newest entry is older than
+        ``keep_seconds``; their keys. Best effort: another process may be doing the same."""
+        import time
+
+        try:
+            objects, _ = self.storage.list(PREFIX, delimiter=None)
+            newest: dict[str, float] = {}
+            for o in objects:
+                parts = o.key.split("/")
+                if len(parts) >= 3 and parts[-3] == PREFIX:
+                    newest[parts[-2]] = max(newest.get(parts[-2], 0.0), o.updated)
+            old = sorted(k for k, t in newest.items()
+                         if k != self.key and t < time.time() - keep_seconds)
+            for key in old:
+                self.storage.delete_prefix(f"{PREFIX}/{key}")
+            return old
+        except Exception as e:  # noqa: BLE001 - the cache is an optimisation
+            print(f"xrun: executable cache: not pruning {PREFIX} ({e!r:.200})",
+                  file=sys.stderr, flush=True)
+            return []
