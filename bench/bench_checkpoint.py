@@ -125,20 +125,35 @@ def plain_file(folder: Path, nbytes: int) -> Path:
 
 
 def read_seconds(path: Path, chunk: int = 64 << 20) -> float:
-    """Seconds to read ``path`` through, into one buffer allocated before the clock starts.
+    """Seconds to read ``path`` into new memory of its size, as a restore must place every
+    byte: the buffer is mapped before the clock starts and its pages are first touched by
+    the read (a restore's arrays are new memory too).
 
-    Why one buffer: ``f.read(64 MiB)`` allocates a new 64 MiB object per call, which glibc
-    serves with a fresh mmap that the copy then page-faults in (16k faults per call): 1.6-1.9
-    GB/s here against 5.2-6.3 GB/s for ``readinto`` one buffer, the same bytes from the page
-    cache. Which one a run got depended on the allocator's state (the 16:24 re-run in
-    bench/RESULTS.md read 3x faster than the runs before it); the reference is now the read
-    alone."""
-    buf = memoryview(bytearray(chunk))
-    t = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buf):
-            pass
-    return time.perf_counter() - t
+    Why not ``f.read(64 MiB)`` in a loop, as before: each call allocates a new 64 MiB object,
+    and whether glibc serves it with a fresh mapping (page-faulted in by the copy: 1.6-1.9
+    GB/s here) or memory freed by the previous call (5.2-6.3 GB/s, nothing faulted) depended
+    on the allocator's state: the 16:24 re-run in bench/RESULTS.md read 3x faster than the
+    runs before it, and its restore ratios fell to a quarter. Reading into one reused buffer
+    would measure the page cache and a copy only, which no restore can do."""
+    import mmap
+
+    size = path.stat().st_size
+    buf = mmap.mmap(-1, max(size, 1))  # anonymous: pages not yet touched
+    view = memoryview(buf)
+    try:
+        t = time.perf_counter()
+        with open(path, "rb", buffering=0) as f:
+            pos = 0
+            while pos < size:
+                n = f.readinto(view[pos:pos + chunk])
+                if not n:
+                    break
+                pos += n
+        seconds = time.perf_counter() - t
+    finally:
+        view.release()
+        buf.close()
+    return seconds
 
 
 def in_run_references(folder: Path, preset: str, steps: int, env: dict[str, str],
