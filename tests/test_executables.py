@@ -56,7 +56,7 @@ print(json.dumps({"source": program.source, "key": key, "losses": losses, "param
 """
 
 
-def run(cache: Path, *overrides: str) -> tuple[dict, str]:
+def run(cache: Path | str, *overrides: str) -> tuple[dict, str]:
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(REPO), str(cache), *overrides],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -100,6 +100,23 @@ def test_an_entry_made_from_jaxs_own_cache_entry_runs(tmp_path):
     warm, _ = run(cache)
     assert warm["source"] == "loaded"
     assert warm["losses"] == first["losses"] and warm["params"] == first["params"]
+
+
+def test_the_cache_under_a_gs_root_loads_what_it_wrote(gcs_bucket):
+    """As on GKE: JAX's cache and the executables under ``gs://.../cache/jax-compilation``
+    (the GCS emulator, through the workload's GCS storage)."""
+    from xrun_contract.storage import open_storage
+
+    cache = f"{gcs_bucket}/xrun/cache/jax-compilation"
+    first, _ = run(cache)
+    assert first["source"] == "compiled, written"
+    objects, _ = open_storage(cache).list("xrun-executables", delimiter=None)
+    assert sorted(o.key for o in objects) == [f"xrun-executables/{first['key']}/init.pkl",
+                                              f"xrun-executables/{first['key']}/train_step.pkl"]
+    assert all(o.size > 100_000 for o in objects)
+    warm, _ = run(cache)
+    assert warm["source"] == "loaded" and warm["losses"] == first["losses"]
+    assert warm["params"] == first["params"]
 
 
 def test_writing_a_program_deletes_programs_not_written_for_two_weeks(tmp_path):
