@@ -72,11 +72,14 @@ def test_timeline_segments_the_main_path_and_shows_the_compile_beside_it():
         _record(0, p0, "initialized", 4.0),
         # The compile thread began at 3.25 and ended after the state was ready: the first
         # step waited 0.5 s for it, and ran from 4.5 to 5.0.
-        _record(0, p0, "compiled", 4.5, began=3.25), _record(0, p0, "first_step", 5.0, step=1),
+        _record(0, p0, "compiled", 4.5, began=3.25, source="compiled, written"),
+        _record(0, p0, "first_step", 5.0, step=1),
         _record(1, p1, "process_start", 0.0), _record(1, p1, "imports", 1.5),
         _record(1, p1, "distributed", 2.0), _record(1, p1, "checkpoint_manager", 2.5, step=4),
         _record(1, p1, "restored", 4.0, step=4),
-        _record(1, p1, "compiled", 3.0, began=2.25), _record(1, p1, "first_step", 4.25, step=5),
+        # The restart loaded both executables from the workload's executable cache.
+        _record(1, p1, "compiled", 3.0, began=2.25, source="loaded"),
+        _record(1, p1, "first_step", 4.25, step=5),
     ]
     assert read_jsonl_lines(rec, lines) == 0
     first, restart = startup_timelines(rec, submitted_at=1_000_000.0)
@@ -84,21 +87,22 @@ def test_timeline_segments_the_main_path_and_shows_the_compile_beside_it():
     assert first["to_first_step_s"] == pytest.approx(15.0)
     assert [(s["name"], s["start_s"], s["seconds"]) for s in first["segments"]] == [
         ("launch", 0.0, 10.0), ("imports", 10.0, 2.0), ("distributed init", 12.0, 1.0),
-        ("model + checkpoint manager", 13.0, 0.5), ("init state", 13.5, 0.5), ("first step", 14.5, 0.5)]
+        ("program + checkpoint manager", 13.0, 0.5), ("init state", 13.5, 0.5), ("first step", 14.5, 0.5)]
     assert first["parallel"] == [{"name": "compile", "start_s": 13.25, "seconds": 1.25,
                                   "waited_s": 0.5}]
     # A restart counts from its own process start; the compile ended before the restore.
     assert restart["attempt"] == 1 and restart["basis"] == "process start"
     assert [s["name"] for s in restart["segments"]] == [
-        "imports", "distributed init", "model + checkpoint manager", "restore step 4", "first step"]
+        "imports", "distributed init", "program + checkpoint manager", "restore step 4", "first step"]
     assert restart["segments"][-1]["start_s"] == pytest.approx(4.0)
     assert restart["parallel"][0]["waited_s"] == 0.0
+    assert restart["parallel"][0]["name"] == "executables loaded"
     assert format_startup(first) == (
         "15s to the first step (from submit): launch 10s, imports 2.0s, distributed init "
-        "1.0s, model + checkpoint manager 0.5s, init state 0.5s, first step 0.5s; compile 1.2s "
+        "1.0s, program + checkpoint manager 0.5s, init state 0.5s, first step 0.5s; compile 1.2s "
         "beside them (waited 0.5s for it)")
     assert format_startup(restart).startswith("attempt 1: 4.2s to the first step (from process")
-    assert format_startup(restart).endswith("compile 0.8s beside them (no wait)")
+    assert format_startup(restart).endswith("executables loaded 0.8s beside them (no wait)")
 
 
 def test_no_phase_records_no_timeline():

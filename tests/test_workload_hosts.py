@@ -120,7 +120,7 @@ def test_startup_timeline_of_a_real_run(reference):
     phases = {r["phase"]: r for r in records if r["kind"] == "phase"}
     assert timeline["attempt"] == 0 and timeline["basis"] == "process start"  # no submit here
     assert [s["name"] for s in timeline["segments"]] == [
-        "imports", "distributed init", "model + checkpoint manager", "init state", "first step"]
+        "imports", "distributed init", "program + checkpoint manager", "init state", "first step"]
     assert timeline["to_first_step_s"] == pytest.approx(phases["first_step"]["seconds"], abs=1e-6)
     seg = {s["name"]: s for s in timeline["segments"]}
     assert seg["imports"]["seconds"] == pytest.approx(phases["imports"]["seconds"], abs=1e-6)

@@ -124,7 +124,7 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
 # The startup timeline: the main path's milestones (xrun_contract.PHASES) in order, each
 # segment named by what ran up to it; "compiled" is the compile thread's own span beside them.
 _SEGMENTS = (("imports", "imports"), ("distributed", "distributed init"),
-             ("checkpoint_manager", "model + checkpoint manager"), ("restored", "restore"),
+             ("checkpoint_manager", "program + checkpoint manager"), ("restored", "restore"),
              ("initialized", "init state"), ("first_step", "first step"))
 
 
@@ -133,12 +133,14 @@ def startup_timelines(rec: RunRecord, submitted_at: float | None = None) -> list
 
     ``segments`` follow the main path: ``launch`` (submit to process start, first attempt
     only, when the submit time is known), then one per milestone reached (``imports``,
-    ``distributed init``, ``model + checkpoint manager`` (the abstract model, shardings,
-    the checkpoint listing and, when one restores, Orbax's manager), ``restore step N`` or
+    ``distributed init``, ``program + checkpoint manager`` (the abstract model and
+    shardings, or the executables loaded from the workload's executable cache; the
+    checkpoint listing and, when one restores, Orbax's manager), ``restore step N`` or
     ``init state``, ``first step``: from the previous milestone, or from the compile's end
-    when the first step waited for it). ``parallel`` holds the compile thread's span with ``waited_s``, the
-    part of it the main path waited for. ``start_s`` counts from submit (first attempt,
-    when known) or from the attempt's process start.
+    when the first step waited for it). ``parallel`` holds the compile thread's span with
+    ``waited_s``, the part of it the main path waited for (named "executables loaded" when
+    nothing was compiled). ``start_s`` counts from submit (first attempt, when known) or
+    from the attempt's process start.
     """
     by_attempt: dict[int, list[dict[str, Any]]] = {}
     for ph in rec.phases:
