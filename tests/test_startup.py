@@ -144,3 +144,33 @@ def test_a_host_waits_for_the_coordinators_port_before_jax_connects():
         thread.join()
         server.close()
     assert wait_for_coordinator("coordinator-without-a-port", timeout=60) is False
+
+
+def test_waiting_for_a_name_backs_off_but_an_address_is_polled_fast(monkeypatch):
+    """Each attempt at a name is a DNS query (cluster DNS, for as long as pod 0's image
+    pulls): its polls grow to every 0.25 s. A refused IP address costs nothing: every 10 ms."""
+    import socket
+
+    from workload import distributed
+
+    attempts: list[str] = []
+    real = socket.create_connection
+
+    def counting(address, *args, **kwargs):
+        attempts.append(address[0])
+        return real(address, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", counting)
+    with socket.socket() as probe:  # a free port, closed again: nothing listens on it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert distributed.wait_for_coordinator(f"127.0.0.1:{port}", timeout=0.5) is False
+    fast = len(attempts)
+    attempts.clear()
+    # .invalid never resolves (RFC 6761): a gaierror, an OSError, every attempt.
+    assert distributed.wait_for_coordinator(f"coordinator.xrun.invalid:{port}",
+                                            timeout=1.5) is False
+    named = len(attempts)
+    assert fast >= 20, fast  # ~50 in 0.5 s, less on a loaded machine
+    # 10, 15, 22, 34, 51, 76, 114, 171, then 250 ms: ~11 in 1.5 s (fewer where DNS is slow).
+    assert 1 <= named <= 14, named

@@ -183,7 +183,7 @@ COORDINATOR_WAIT_SECONDS = 120.0
 
 
 def wait_for_coordinator(address: str, timeout: float = COORDINATOR_WAIT_SECONDS,
-                         interval: float = 0.01) -> bool:
+                         interval: float = 0.01, max_interval: float = 0.25) -> bool:
     """Return once ``host:port`` accepts a TCP connection (True), or after ``timeout`` (False).
 
     Why: ``jax.distributed.initialize`` connects to the coordinator over gRPC, and a gRPC
@@ -195,13 +195,25 @@ def wait_for_coordinator(address: str, timeout: float = COORDINATOR_WAIT_SECONDS
     Probing the port first costs a few milliseconds; the gRPC connection then succeeds at
     its first attempt. A name that does not resolve yet (pod 0's DNS record) counts as not
     listening.
+
+    Polling: every ``interval`` for an IP address or localhost (a refused connect costs
+    nothing); for a name, from ``interval`` growing x1.5 to ``max_interval``, because each
+    attempt is a DNS query too (cluster DNS, while a slice's pods wait minutes for pod 0's
+    image) -- still well inside gRPC's own first backoff.
     """
+    import ipaddress
     import socket
 
     host, _, port = address.rpartition(":")
     host = host.strip("[]")
     if not host or not port.isdigit():
         return False  # not host:port; jax.distributed reports the address itself
+    try:
+        ipaddress.ip_address(host)
+        local = True
+    except ValueError:
+        local = host == "localhost"
+    delay = interval
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -210,7 +222,9 @@ def wait_for_coordinator(address: str, timeout: float = COORDINATOR_WAIT_SECONDS
         except OSError:
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(interval)
+            time.sleep(delay)
+            if not local:
+                delay = min(delay * 1.5, max(interval, max_interval))
 
 
 def initialize(cluster: Cluster) -> bool:
