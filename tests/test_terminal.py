@@ -374,7 +374,11 @@ def test_follow_in_a_terminal_shows_phases_once_header_no_zero_figures(tmp_path:
 
     p, master = in_pty("submit", "-f", str(REPO / "examples/local-tiny.yaml"), "--name", "pt",
                        "--command", "python3 -m workload.train --preset tiny steps=16 checkpoint_every=4",
-                       "--env", "XRUN_TEST_FAIL_AT_STEP=6:42", "--follow")
+                       "--env", "XRUN_TEST_FAIL_AT_STEP=6:42",
+                       # Steps slow enough that both attempts train for seconds: the pinned
+                       # line samples the stored records (flushed every ~2 s) once a second,
+                       # and a warm start's 12 tiny steps pass in well under one.
+                       "--env", "XRUN_TEST_STEP_DELAY=0.3", "--follow")
     deadline = time.time() + 240
     while time.time() < deadline and not (store / Layout.run_json("pt")).exists():
         time.sleep(0.2)
