@@ -174,7 +174,13 @@ cfg = load_config("tiny").to_dict()
 mesh = make_mesh(None)
 keys = {"base": ex.program_key(cfg, mesh, 4), "again": ex.program_key(cfg, mesh, 4),
         "batch": ex.program_key(cfg, mesh, 8),
-        "config": ex.program_key({**cfg, "z_loss": 0.5}, mesh, 4)}
+        "config": ex.program_key({**cfg, "z_loss": 0.5}, mesh, 4),
+        "steps": ex.program_key({**cfg, "steps": cfg["steps"] + 1}, mesh, 4),  # the schedule
+        "seed": ex.program_key({**cfg, "seed": 1}, mesh, 4),  # init's constant
+        # Never in the program: checkpoint cadence and retention, the token file's path.
+        "checkpoints": ex.program_key({**cfg, "checkpoint_every": 7, "max_to_keep": 9,
+                                       "async_checkpoint": False}, mesh, 4),
+        "data": ex.program_key({**cfg, "data": "/elsewhere/tokens.bin"}, mesh, 4)}
 os.environ["XLA_FLAGS"] += " --xla_cpu_enable_fast_math=true"
 keys["xla_flags"] = ex.program_key(cfg, mesh, 4)
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -200,7 +206,9 @@ def test_whatever_decides_the_program_is_in_the_key():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     keys = result["keys"]
     assert keys["again"] == keys["base"] and keys["cache_folder"] == keys["base"]
+    assert keys["checkpoints"] == keys["base"] and keys["data"] == keys["base"]
     changed = {k for k, v in keys.items() if v != keys["base"]}
-    assert changed == {"batch", "config", "xla_flags", "setting", "source", "one_device"}
+    assert changed == {"batch", "config", "steps", "seed", "xla_flags", "setting", "source",
+                       "one_device"}
     # Every module of the workload package is hashed, the program's own among them.
     assert {"model.py", "train.py", "loss.py", "attention.py", "config.py"} <= set(result["files"])

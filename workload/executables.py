@@ -48,6 +48,10 @@ KEEP_SECONDS = 14 * 24 * 3600.0
 # setting is part of the key: a setting that should not be only costs a miss.
 _SETTINGS_NOT_KEYED = ("compilation_cache", "persistent_cache", "log", "explain_cache_misses",
                        "timeout", "raise_persistent_cache_errors")
+# Config keys that never reach the compiled program (checkpoint cadence and retention, the
+# token file's path: a batch is int32 [batch, seq_len + 1] whatever its source). Every other
+# key is part of the key.
+_CONFIG_NOT_KEYED = ("checkpoint_every", "max_to_keep", "async_checkpoint", "data")
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes")
 _ENV_KEYED = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS")
 
@@ -154,7 +158,7 @@ def program_key(config: dict[str, Any], mesh: Any, global_batch: int) -> str:
         "sources": _sources(),
         "packages": {p: _version(p) for p in _PACKAGES},
         "jax": jax.__version__,
-        "config": config,
+        "config": {k: v for k, v in config.items() if k not in _CONFIG_NOT_KEYED},
         "global_batch": global_batch,
         "mesh": {"axes": list(mesh.axis_names), "shape": list(mesh.devices.shape),
                  "devices": [(d.id, d.process_index, d.device_kind) for d in devices]},
