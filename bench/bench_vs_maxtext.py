@@ -55,6 +55,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from workload.distributed import HOST_MALLOC_SETTINGS  # noqa: E402
 from xrun_contract import STEP_RE  # noqa: E402  (matches MaxText's step line and ours)
 
 MAXTEXT_MODEL = (
@@ -96,9 +97,8 @@ def run_ours(steps: int, batch: int, tmp: str, i: int, timeout: float) -> tuple[
     return run(cmd, env, REPO, timeout)
 
 
-# glibc's environment names for what workload.distributed.reuse_host_memory sets with mallopt.
-SAME_ALLOCATOR_ENV = {"MALLOC_ARENA_MAX": "1", "MALLOC_MMAP_MAX_": "0",
-                      "MALLOC_TRIM_THRESHOLD_": str(2**31 - 1), "MALLOC_TOP_PAD_": str(64 << 20)}
+# What workload.distributed.reuse_host_memory sets with mallopt, as glibc's environment.
+SAME_ALLOCATOR_ENV = {name: str(value) for name, _, value in HOST_MALLOC_SETTINGS}
 
 
 def run_maxtext(python: str, steps: int, batch: int, tmp: str, i: int,

@@ -68,8 +68,11 @@ class Cluster:
         )
 
 
-# glibc's mallopt parameters (malloc/malloc.h).
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -2, -4, -8
+# What reuse_host_memory sets: glibc's environment name for each setting (malloc/arena.c
+# tunables), its mallopt parameter (malloc/malloc.h) and the value.
+HOST_MALLOC_SETTINGS = (("MALLOC_ARENA_MAX", -8, 1), ("MALLOC_MMAP_MAX_", -4, 0),
+                        ("MALLOC_TRIM_THRESHOLD_", -1, 2**31 - 1),
+                        ("MALLOC_TOP_PAD_", -2, 64 << 20))
 
 
 def reuse_host_memory() -> bool:
@@ -95,9 +98,12 @@ def reuse_host_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, 2**31 - 1),
-                (_M_TOP_PAD, 64 << 20))
-    return all(mallopt(param, value) == 1 for param, value in settings)
+    return all(mallopt(param, value) == 1 for _, param, value in HOST_MALLOC_SETTINGS)
+
+
+def compilation_cache_dir() -> str:
+    """JAX's persistent compilation cache folder from the contract env ("" when off)."""
+    return os.environ.get(Env.COMPILATION_CACHE, "").strip()
 
 
 def configure_platform(cluster: Cluster) -> None:
@@ -116,7 +122,7 @@ def configure_platform(cluster: Cluster) -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"
         jax.config.update("jax_platforms", "cpu")
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    cache = os.environ.get(Env.COMPILATION_CACHE, "").strip()
+    cache = compilation_cache_dir()
     if cache:
         jax.config.update("jax_compilation_cache_dir", cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

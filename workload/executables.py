@@ -177,6 +177,7 @@ class Executables:
 
     def __init__(self, storage: Storage, key: str):
         self.storage, self.key = storage, key
+        self._pruned = False  # once per process: init and the train step both save
 
     def _name(self, function: str) -> str:
         return f"{PREFIX}/{self.key}/{function}.pkl"
@@ -228,7 +229,9 @@ class Executables:
             print(f"xrun: executable cache: not writing {self._name(function)} ({e!r:.200})",
                   file=sys.stderr, flush=True)
             return False
-        self.prune()
+        if not self._pruned:
+            self._pruned = True
+            self.prune()
         return True
 
     def prune(self, keep_seconds: float = KEEP_SECONDS) -> list[str]:

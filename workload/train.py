@@ -47,6 +47,7 @@ from workload.distributed import (
     Cluster,
     PlatformMismatch,
     check_platform,
+    compilation_cache_dir,
     configure_platform,
     initialize,
     make_mesh,
@@ -353,7 +354,7 @@ def preload(storage: Storage | None, run: str | None, cfg: Config) -> None:
     import threading
 
     names = ["workload.data"]
-    if not os.environ.get(Env.COMPILATION_CACHE, "").strip():
+    if not compilation_cache_dir():
         names[:0] = ["flax.nnx", "optax", "workload.model"]
 
     def load() -> None:
@@ -405,7 +406,7 @@ def checkpoint_write_failed() -> type[BaseException]:
 def executables_for(cfg: Config, mesh, global_batch: int) -> Executables | None:
     """The executable cache beside JAX's compilation cache (workload/executables.py); none
     without one. Never fails a run: an unreadable cache is only slower."""
-    cache = os.environ.get(Env.COMPILATION_CACHE, "").strip()
+    cache = compilation_cache_dir()
     if not cache:
         return None
     try:
