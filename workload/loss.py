@@ -72,14 +72,27 @@ def _bwd(compute_dtype, residuals, cotangents):
     g_nll, g_z = cotangents
     count = lse.size
     # d nll / d logits = (softmax - onehot) / n;  d mean(lse^2) / d logits = 2 lse softmax / n.
-    probs = jnp.exp(logits - lse[..., None])
-    onehot = targets[..., None] == jnp.arange(logits.shape[-1], dtype=targets.dtype)
     scale = (g_nll + 2.0 * g_z * lse[..., None]) / count
-    dlogits = operand(scale * probs - jnp.where(onehot, g_nll / count, 0.0), compute_dtype)
+    dlogits = operand(scale * jnp.exp(logits - lse[..., None]), compute_dtype)
+    # The one-hot term touches one logit per token: set those b*s entries afterwards (in
+    # place) instead of comparing every logit's index with its token's target, which made
+    # the pass above 2x slower on CPU. The same arithmetic as ``scale * p - g_nll / n``.
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)
+    at_target = scale * jnp.exp(target_logit - lse[..., None]) - g_nll / count
+    dlogits = _put_along_last(dlogits, targets, operand(at_target, compute_dtype))
     dx = jnp.einsum("bsv,dv->bsd", dlogits, wc, preferred_element_type=jnp.float32)
     dw = jnp.einsum("bsd,bsv->dv", operand(x, compute_dtype), dlogits,
                     preferred_element_type=jnp.float32)
     return dx.astype(x.dtype), dw.astype(w.dtype), None
+
+
+def _put_along_last(a: jax.Array, index: jax.Array, values: jax.Array) -> jax.Array:
+    """``a`` with ``a[..., index[...]] = values[..., 0]``: one entry per row of the last axis."""
+    rows = a.reshape(-1, a.shape[-1])
+    flat_index = index.reshape(-1)
+    rows = rows.at[jnp.arange(rows.shape[0]), flat_index].set(values.reshape(-1),
+                                                              unique_indices=True)
+    return rows.reshape(a.shape)
 
 
 output_cross_entropy.defvjp(_fwd, _bwd)
