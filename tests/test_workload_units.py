@@ -255,6 +255,29 @@ def test_fused_output_cross_entropy_matches_autodiff_of_the_reference(compute_dt
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.parametrize("compute_dtype", ["float32", "bfloat16"])
+def test_dlogits_target_entries_set_in_place_equal_the_one_hot_compare(compute_dtype):
+    """The CPU form of d logits (softmax pass, then the b*s target entries set in place) is
+    the accelerator form (one-hot compare in the same pass), entry for entry; a repeated
+    target in a row and the z-loss scale included."""
+    import jax
+    import jax.numpy as jnp
+
+    from workload.loss import _dlogits
+
+    rng = np.random.default_rng(5)
+    logits = jnp.asarray(rng.standard_normal((2, 7, 50)) * 3, jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    targets = jnp.asarray(rng.integers(0, 50, (2, 7)), jnp.int32).at[1, 3].set(0).at[1, 4].set(0)
+    scale = (1.0 + 2.0 * 1e-3 * lse[..., None]) / 14
+    args = (logits, lse, targets, scale, jnp.float32(1 / 14), compute_dtype)
+    in_place = np.asarray(_dlogits(*args, targets_in_place=True))
+    compare = np.asarray(_dlogits(*args, targets_in_place=False))
+    np.testing.assert_array_equal(in_place, compare)
+    rows = np.arange(2)[:, None], np.arange(7)[None, :], np.asarray(targets)
+    assert np.all(in_place[rows] < 0)  # the target term is in: p - 1 < 0
+
+
 def test_clip_by_global_norm_is_optax_rule():
     import jax.numpy as jnp
     import optax
