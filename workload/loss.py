@@ -106,16 +106,15 @@ def _dlogits(logits: jax.Array, lse: jax.Array, targets: jax.Array, scale: jax.A
 def _put_along_last(a: jax.Array, index: jax.Array, values: jax.Array) -> jax.Array:
     """``a`` with ``a[..., index[...]] = values[..., 0]``: one entry per row of the last axis.
 
-    Mapped over the leading axes (a scatter with batching dimensions), so that a batch-sharded
+    Mapped over the rows (a scatter with a batching dimension), so that a batch-sharded
     ``a`` stays sharded with no collective: a scatter at flat ``(row, index)`` coordinates
     made the SPMD partitioner all-gather the indices and values every step.
     """
     def put(row: jax.Array, i: jax.Array, v: jax.Array) -> jax.Array:
-        return row.at[i].set(v[0], unique_indices=True)
+        return row.at[i].set(v, unique_indices=True)
 
-    for _ in range(a.ndim - 1):
-        put = jax.vmap(put)
-    return put(a, index, values)
+    rows = jax.vmap(put)(a.reshape(-1, a.shape[-1]), index.reshape(-1), values.reshape(-1))
+    return rows.reshape(a.shape)
 
 
 output_cross_entropy.defvjp(_fwd, _bwd)
