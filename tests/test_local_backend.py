@@ -15,7 +15,11 @@ import yaml
 from cli_helpers import pid_alive, xrun, xrun_popen
 
 from manifests.spec import build_spec
-from orchestrator.backends.local.supervisor import plan_pods
+from orchestrator.backends.local.supervisor import (
+    SYNC_JOB_BATCH_SECONDS,
+    decisive_failure,
+    plan_pods,
+)
 from xrun_contract.errors import XrunError as BackendError
 
 BASE = ["--accelerator", "cpu-2", "--image", "local", "--max-restarts", "2"]
@@ -102,6 +106,53 @@ def test_non_restartable_exit_fails_run_naming_host_and_code(tmp_path):
     assert st["state"] == "Failed" and st["restarts"] == 0
     assert "host 0-1 exited with code 3 (not restartable" in st["message"]
     assert "host 0-1 exited with code 3" in r.stderr
+
+
+def test_non_restartable_exit_wins_over_a_peer_restartable_exit_a_moment_earlier(tmp_path):
+    """A host that exits with a non-restartable code tears down the collective; its peer's
+    restartable exit can land first. Both fall in one Job controller sync, where FailJob
+    comes first: the run fails for good, naming the host that failed, not the peer."""
+    store = tmp_path / "store"
+    cmd = 'if [ "$XRUN_HOST_INDEX" = 0 ]; then exit 42; fi; sleep 0.4; exit 3'
+    r = xrun("submit", "--name", "tie", *BASE, "--command", cmd, storage=store)
+    assert r.returncode == 1, r.stderr
+    st = state_of(store, "tie")
+    assert st["state"] == "Failed" and st["restarts"] == 0
+    assert "host 0-1 exited with code 3 (not restartable" in st["message"]
+
+
+def test_decisive_failure_mirrors_job_sync_batching_and_first_failed_job():
+    from manifests.jobset import jobset
+
+    spec = build_spec({"name": "d", "accelerator": "v6e-16", "num_slices": 2, "image": "i"}, {},
+                      storage_default="/tmp/x")
+    manifest = jobset(spec)
+    job_spec = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
+
+    def failed(*events):  # (slice, host, exit code, seconds after the first failure)
+        pods = {(p.slice_index, p.host_index): p for p in plan_pods(manifest, 0, 1234)}
+        out = []
+        for s, h, code, at in events:
+            pod = pods[(s, h)]
+            pod.exit_code, pod.failed_container = code, pod.container
+            pod.failed_at = pod.exited_at = 100.0 + at
+            out.append(pod)
+        return out
+
+    def host(pod):
+        return f"{pod.slice_index}-{pod.host_index}"
+
+    inside = SYNC_JOB_BATCH_SECONDS / 2
+    # Same Job, within one sync: the FailJob match decides, though it came second.
+    assert host(decisive_failure(failed((0, 0, 42, 0.0), (0, 1, 3, inside)), job_spec)) == "0-1"
+    # Same Job, a sync later: the first (restartable) failure has already decided.
+    late = SYNC_JOB_BATCH_SECONDS + 0.5
+    assert host(decisive_failure(failed((0, 0, 42, 0.0), (0, 1, 3, late)), job_spec)) == "0-0"
+    # Two restartable exits: the first.
+    assert host(decisive_failure(failed((0, 1, 137, 0.0), (0, 0, 42, 0.1)), job_spec)) == "0-1"
+    # Another Job's non-restartable exit does not outrank the Job that failed first
+    # (JobSet findFirstFailedJob): slice 1 failed first and restartably.
+    assert host(decisive_failure(failed((1, 2, 42, 0.0), (0, 0, 3, inside)), job_spec)) == "1-2"
 
 
 def test_max_restarts_exhausted(tmp_path):

@@ -63,6 +63,12 @@ from xrun_contract.k8s import Annotations, JobFailureReasons, Labels
 from xrun_contract.storage import Storage, open_storage
 
 POLL_SECONDS = 0.2
+# The Job controller syncs a Job at most once per this period after its pods' events
+# (kubernetes pkg/controller/job/job_controller.go, syncJobBatchPeriod): pods of one Job that
+# fail within it are judged in one syncJob, where a podFailurePolicy FailJob match on any
+# of them (getFailJobMessage walks every failed pod) comes before counting the failures
+# against the backoff limit.
+SYNC_JOB_BATCH_SECONDS = 1.0
 LOCAL_LOG_FLUSH_SECONDS = "0.5"
 # kubelet kuberuntime_container.go: minimumGracePeriodInSeconds, the least a sidecar gets.
 MIN_GRACE_SECONDS = 2.0
@@ -249,6 +255,33 @@ def _fails_job_for_good(job_spec: dict[str, Any], code: int, container: str = ""
         if (on.get("operator") == "In") == (code in values):
             return True
     return False
+
+
+def _ended(pod: Pod) -> float:
+    return pod.failed_at or pod.exited_at or 0.0
+
+
+def decisive_failure(failed: list[Pod], job_spec: dict[str, Any]) -> Pod:
+    """The failed pod that decides what happens to the run.
+
+    The Job (slice) that failed first decides, as JobSet's findFirstFailedJob
+    (kubernetes-sigs/jobset, pkg/controllers) takes the Job whose JobFailed condition is
+    oldest. Within that Job, the pods that failed within SYNC_JOB_BATCH_SECONDS of its first
+    failure are judged together, and one whose exit code matches a FailJob rule fails the Job
+    for good even if a restartable failure came a moment earlier: a host that exits with a
+    non-restartable code tears down the collective, and its peers' restartable exits can
+    land before its own.
+    """
+    jobs: dict[int, list[Pod]] = {}
+    for p in failed:
+        jobs.setdefault(p.slice_index, []).append(p)
+    pods = sorted(min(jobs.values(), key=lambda ps: min(_ended(p) for p in ps)), key=_ended)
+    batch = [p for p in pods if _ended(p) <= _ended(pods[0]) + SYNC_JOB_BATCH_SECONDS]
+    for p in batch:
+        if p.exit_code is not None and _fails_job_for_good(job_spec, p.exit_code,
+                                                           p.failed_container):
+            return p
+    return pods[0]
 
 
 def _jobset_fails_on_policy(manifest: dict[str, Any]) -> bool:
@@ -441,7 +474,7 @@ class Supervisor:
         while True:
             self.start_pods()
             self.transition(RUNNING, f"attempt {self.state['attempt']}: {len(self.pods)} pods started")
-            failed = self.wait_pods()
+            failed = self.wait_pods(job_spec)
             if self.stop_requested:
                 self.stop_pods()
                 self.transition(DELETED, "stopped by xrun delete")
@@ -463,9 +496,11 @@ class Supervisor:
             self.transition(RESTARTING, f"host {failed.host} exited with code {code}; restart {self.state['restarts']}/{max_restarts}")
             self.state["attempt"] += 1
 
-    def wait_pods(self) -> Pod | None:
-        """Until every pod succeeded (None), one failed (that pod), or a stop was asked.
-        A pod counts once it has ended (sidecars included)."""
+    def wait_pods(self, job_spec: dict[str, Any]) -> Pod | None:
+        """Until every pod succeeded (None), one failed (the pod whose failure decides, once
+        the Job controller would have seen the failures batched with the first:
+        ``decisive_failure``), or a stop was asked. A pod counts once it has ended (sidecars
+        included)."""
         reported: set[str] = set()
         while not self.stop_requested:
             exited = [p for p in self.pods if p.exited_at is not None and p.name not in reported]
@@ -474,12 +509,16 @@ class Supervisor:
                 self.save()
             done = [p for p in self.pods if p.exited_at is not None]
             failed = [p for p in done if p.exit_code != 0]
-            if failed:
-                # The first to fail decides, as JobSet's findFirstFailedJob (kubernetes-sigs/
-                # jobset, pkg/controllers) takes the Job whose JobFailed condition is oldest.
-                return min(failed, key=lambda p: p.failed_at or p.exited_at or 0.0)
             if len(done) == len(self.pods):
-                return None
+                return decisive_failure(failed, job_spec) if failed else None
+            if failed:
+                window_end = min(_ended(p) for p in failed) + SYNC_JOB_BATCH_SECONDS
+                # A pod whose container ended inside the window but whose sidecars still drain
+                # has no exit code yet: it is in the same sync.
+                draining = [p for p in self.pods if p.exited_at is None
+                            and p.failed_at is not None and p.failed_at <= window_end]
+                if time.monotonic() >= window_end and not draining:
+                    return decisive_failure(failed, job_spec)
             time.sleep(POLL_SECONDS)
         return None
 
