@@ -52,6 +52,10 @@ import yaml
 from manifests import admission
 
 JOBSET_PREFIX = "/apis/jobset.x-k8s.io/"
+# The Job controller syncs a Job at most once per this period after its pods' events
+# (kubernetes pkg/controller/job/job_controller.go, syncJobBatchPeriod): the failures of one
+# Job within it are judged in one syncJob (× the controller's time_scale here).
+SYNC_JOB_BATCH_PERIOD = 1.0
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"
 
 
@@ -1043,8 +1047,11 @@ class JobSetController:
       Jobs have the same names, so they are created only once the old ones are gone.
     * A Job fails as the Job controller decides (kubernetes pkg/controller/job/
       pod_failure_policy.go ``matchPodFailurePolicy``: a FailJob rule -> reason
-      PodFailurePolicy; else failures beyond ``backoffLimit`` -> BackoffLimitExceeded), and
-      the JobSet applies its failurePolicy (``executeFailurePolicy``: the first rule whose
+      PodFailurePolicy; else failures beyond ``backoffLimit`` -> BackoffLimitExceeded),
+      judged one sync period (``SYNC_JOB_BATCH_PERIOD`` × ``time_scale``) after its first
+      failed pod, so that failures within one sync are judged together; and the JobSet
+      applies its failurePolicy to the Job that failed first (``findFirstFailedJob``,
+      ``executeFailurePolicy``: the first rule whose
       onJobFailureReasons/targetReplicatedJobs match, default RestartJobSet; restarts beyond
       maxRestarts -> Failed ReachedMaxRestarts; no failurePolicy -> Failed FailedJobs).
     * All Jobs succeeded (successPolicy All) -> Completed (AllJobsCompleted); a finished
@@ -1154,9 +1161,9 @@ class JobSetController:
                 total += 1
                 mine = [p for p in current if p["metadata"]["labels"]["jobset.sigs.k8s.io/job-global-index"]
                         == str(global_index + j)]
-                reason = job_failure(job_spec, mine)
-                if reason:
-                    failed.append((rj["name"], f"{name}-{rj['name']}-{j}", reason))
+                decided = self._job_failed(job_spec, mine, now)
+                if decided:
+                    failed.append((decided[0], rj["name"], f"{name}-{rj['name']}-{j}", decided[1]))
                     counts["failed"] += 1
                 elif len(mine) == parallelism and all(p["status"]["phase"] == "Succeeded" for p in mine):
                     succeeded += 1
@@ -1171,10 +1178,22 @@ class JobSetController:
         if st.get("replicatedJobsStatus") != rj_status:
             st["replicatedJobsStatus"] = rj_status
             self.api._record("jobsets", ns, "MODIFIED", js)
-        if failed:
-            self._failure_policy(js, failed)
+        if failed:  # the first failed Job first (JobSet findFirstFailedJob)
+            self._failure_policy(js, [f[1:] for f in sorted(failed)])
         elif succeeded == total:
             self._condition(js, "Completed", True, "AllJobsCompleted", "jobset completed successfully")
+
+    def _job_failed(self, job_spec: dict[str, Any], pods: list[dict[str, Any]],
+                    now: float) -> tuple[float, str] | None:
+        """(when its first pod failed, the Job's failure reason) once the Job controller has
+        synced after that failure, else None: pods that fail within one sync period of each
+        other are judged together (a FailJob match among them wins, ``job_failure``)."""
+        ended = [self.rt.get(p["metadata"]["uid"], {}).get("ended", now) for p in pods
+                 if p["status"]["phase"] == "Failed"]
+        if not ended or now < min(ended) + SYNC_JOB_BATCH_PERIOD * self.time_scale:
+            return None
+        reason = job_failure(job_spec, pods)
+        return (min(ended), reason) if reason else None
 
     def _failure_policy(self, js: dict[str, Any], failed: list[tuple[str, str, str]]) -> None:
         policy = js["spec"].get("failurePolicy")
@@ -1316,6 +1335,8 @@ class JobSetController:
             self._exit(pod, self.program.exit_code)
 
     def _exit(self, pod: dict[str, Any], code: int) -> None:
+        self.rt.setdefault(pod["metadata"]["uid"], {"created": time.monotonic(), "emitted": 0})[
+            "ended"] = time.monotonic()
         status_ = pod["status"]
         status_["phase"] = "Succeeded" if code == 0 else "Failed"
         for cs in status_.get("containerStatuses") or []:

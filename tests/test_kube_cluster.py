@@ -97,6 +97,32 @@ def test_failure_policy_a_user_error_fails_the_jobset_without_restart(api, kubec
     assert "first failed job: bug-slice-0" in st["conditions"][0]["message"]
 
 
+def test_failures_of_one_job_within_a_sync_are_judged_together(api, kubeconfig):
+    """A host's restartable exit (42) and its peer's non-restartable one (1) 20 ms later fall
+    in one Job controller sync (syncJobBatchPeriod 1 s x time_scale 0.05 = 50 ms): FailJob
+    wins and nothing restarts. The same pair 290 ms apart: the first Job sync has already
+    failed the Job restartably, and the JobSet restarts and completes."""
+    def failed_or_completed(name: str) -> dict:
+        def done() -> bool:
+            conds = api.jobsets[("default", name)]["status"].get("conditions", [])
+            return any(c["type"] in ("Failed", "Completed") and c["status"] == "True"
+                       for c in conds)
+        api.wait_for(done, timeout=20)
+        return api.jobsets[("default", name)]["status"]
+
+    program = Program(lines=40, line_every=0.01, fail={("0-0", 0): (1, 42), ("0-1", 0): (3, 1)})
+    JobSetController(api, program, time_scale=0.05).start()
+    backend_for(kubeconfig).submit(manifest("tie"))
+    st = failed_or_completed("tie")
+    assert st["restarts"] == 0
+    assert [c["reason"] for c in st["conditions"]] == ["FailJobSetFailurePolicyAction"]
+    program.fail[("0-1", 0)] = (30, 1)
+    backend_for(kubeconfig).submit(manifest("apart"))
+    st = failed_or_completed("apart")
+    assert st["restarts"] == 1
+    assert "AllJobsCompleted" in [c["reason"] for c in st["conditions"]]
+
+
 def test_watch_lists_first_expires_with_410_and_sends_bookmarks(api, kubeconfig):
     backend_for(kubeconfig).submit(manifest("w"))
     JobSetController(api, Program(lines=50, line_every=0.05)).start()
