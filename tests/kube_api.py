@@ -1188,12 +1188,12 @@ class JobSetController:
         """(when its first pod failed, the Job's failure reason) once the Job controller has
         synced after that failure, else None: pods that fail within one sync period of each
         other are judged together (a FailJob match among them wins, ``job_failure``)."""
-        ended = [self.rt.get(p["metadata"]["uid"], {}).get("ended", now) for p in pods
-                 if p["status"]["phase"] == "Failed"]
-        if not ended or now < min(ended) + SYNC_JOB_BATCH_PERIOD * self.time_scale:
+        first = min((self.rt.get(p["metadata"]["uid"], {}).get("ended", now) for p in pods
+                     if p["status"]["phase"] == "Failed"), default=None)
+        if first is None or now < first + SYNC_JOB_BATCH_PERIOD * self.time_scale:
             return None
         reason = job_failure(job_spec, pods)
-        return (min(ended), reason) if reason else None
+        return (first, reason) if reason else None
 
     def _failure_policy(self, js: dict[str, Any], failed: list[tuple[str, str, str]]) -> None:
         policy = js["spec"].get("failurePolicy")
@@ -1290,7 +1290,7 @@ class JobSetController:
             if phase in ("Succeeded", "Failed") or phase == "Pending":
                 self.api.remove_pod(meta["name"], meta["namespace"])
             elif now >= rt["exit_at"]:
-                self._exit(pod, rt["exit_code"])
+                self._exit(pod, rt["exit_code"], now)
             return
         if phase == "Pending":
             if "scheduled" not in rt and now - rt["created"] >= self.schedule_after:
@@ -1330,13 +1330,12 @@ class JobSetController:
             self.api.log(meta["name"], self.program.text(host, attempt, rt["emitted"]))
             rt["emitted"] += 1
         if fail and rt["emitted"] >= fail[0]:
-            self._exit(pod, fail[1])
+            self._exit(pod, fail[1], now)
         elif rt["emitted"] >= self.program.lines and due > self.program.lines:
-            self._exit(pod, self.program.exit_code)
+            self._exit(pod, self.program.exit_code, now)
 
-    def _exit(self, pod: dict[str, Any], code: int) -> None:
-        self.rt.setdefault(pod["metadata"]["uid"], {"created": time.monotonic(), "emitted": 0})[
-            "ended"] = time.monotonic()
+    def _exit(self, pod: dict[str, Any], code: int, now: float) -> None:
+        self.rt[pod["metadata"]["uid"]]["ended"] = now  # when _job_failed's window opens
         status_ = pod["status"]
         status_["phase"] = "Succeeded" if code == 0 else "Failed"
         for cs in status_.get("containerStatuses") or []:

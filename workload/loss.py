@@ -90,8 +90,8 @@ def _dlogits(logits: jax.Array, lse: jax.Array, targets: jax.Array, scale: jax.A
     ``targets_in_place`` (CPU): the one-hot term touches one logit per token, so those
     ``b*s`` entries are set afterwards, in place, instead of comparing every logit's index
     with its token's target: that compare made the pass 2x slower on CPU (the bench-21m
-    batch-1 step 1-3% faster, alternating A/B). The same arithmetic. Elsewhere the compare fuses for free and a scatter
-    would cost more than it saves.
+    batch-1 step 1-3% faster, alternating A/B). The same arithmetic. Elsewhere the compare
+    fuses for free and a scatter would cost more than it saves.
     """
     probs = jnp.exp(logits - lse[..., None])
     if not targets_in_place:
