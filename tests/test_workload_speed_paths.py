@@ -45,6 +45,33 @@ def test_block_is_the_separate_projections_reference(kv_heads):
     np.testing.assert_allclose(block(x, positions), reference(x), rtol=1e-5, atol=1e-5)
 
 
+def test_rotary_tables_are_constants_of_the_program_and_the_same_rotation():
+    """Static positions (NumPy, as the model passes them) give the traced positions' rotation,
+    and the train step computes no sine or cosine of a tensor: the tables are constants (the
+    only cosine left is the learning-rate schedule's scalar)."""
+    import re
+
+    import jax
+    import jax.numpy as jnp
+
+    from workload.distributed import make_mesh
+    from workload.model import rotary
+    from workload.train import Program
+
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((2, 64, 3, 32)), jnp.float32)
+    static = rotary(x, np.arange(64, dtype=np.int32), 10000.0)
+    traced = jax.jit(lambda x, pos: rotary(x, pos, 10000.0))(x, jnp.arange(64))
+    np.testing.assert_allclose(static, traced, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(static, x)  # it does rotate
+
+    cfg = load_config("tiny", ["global_batch=2", "seq_len=32"])
+    program = Program(cfg, make_mesh(None), 2)
+    text = program.train_step.as_text()
+    tensor_trig = re.findall(r"= f32\[[^\]]+\]\S* (?:sine|cosine)\(", text)
+    assert tensor_trig == [], tensor_trig
+    assert re.search(r"= f32\[\] cosine\(", text)  # the schedule's, so the pattern can match
+
+
 def test_scan_unroll_changes_the_program_not_the_gradients():
     import jax
     import jax.numpy as jnp

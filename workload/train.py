@@ -217,7 +217,7 @@ class Program:
             (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
             updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
             params = optax.apply_updates(state["params"], updates)
-            out = {"loss": loss, "grad_norm": optax.global_norm(grads),
+            out = {"loss": loss, "grad_norm": optax.tree.norm(grads),
                    "learning_rate": schedule(state["step"]), **aux}
             return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, out
 
