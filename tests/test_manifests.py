@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -272,6 +276,69 @@ def test_command_reaches_child_unchanged(tmp_path):
     assert lines[-1] == "EXIT_CODE=0" and re.match(r"xrun-wrapper: end host=0-0 exit_code=0 seconds=\d+\.\d\d$", lines[-2])
     assert "\n".join(lines[1:-2]) == HARMFUL
     assert out.splitlines() == lines  # kubectl logs shows the same (tail -f of the file)
+
+
+def _session(sid: int) -> dict[int, str]:
+    """pid -> command line of every live process in session ``sid`` (Linux /proc)."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+            if fields[0] != "Z" and int(fields[3]) == sid:
+                found[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def test_launcher_stopped_while_starting_never_runs_the_command_and_leaves_nothing(tmp_path):
+    """A SIGTERM that lands while the launcher is still starting (here: from inside its first
+    `wc`, on PATH) is forwarded: the command never starts, the launcher reports 143 with
+    its end lines, and nothing of the pod's session is left (the old launcher died there
+    from the signal, before its trap, and could leave `tail -f`, which ignores TERM)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wc = bin_dir / "wc"
+    wc.write_text("#!/bin/sh\n"
+                  "read -r _ _ _ _ pgrp _ </proc/$$/stat\n"  # the launcher leads the group
+                  "kill -TERM \"$pgrp\"\nsleep 0.5\nexec /usr/bin/wc \"$@\"\n")
+    wc.chmod(0o755)
+    ran = tmp_path / "ran"
+    p, pod_dir = run_launcher(tmp_path, f"touch {ran}; sleep 300",
+                              {"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert p.wait(timeout=20) == 143
+    lines = (pod_dir / "output.log").read_text().splitlines()
+    assert lines[-1] == "EXIT_CODE=143" and "exit_code=143" in lines[-2]
+    assert not ran.exists()
+    deadline = time.time() + 5
+    while _session(p.pid) and time.time() < deadline:
+        time.sleep(0.05)
+    assert _session(p.pid) == {}
+
+
+def test_launcher_killed_leaves_no_tail_behind(tmp_path):
+    """kubectl logs' `tail -f` ignores TERM (it must print the last lines); with GNU tail it
+    follows the launcher's pid, so even a SIGKILLed launcher does not leave it running."""
+    p, pod_dir = run_launcher(tmp_path, "echo started; sleep 300")
+    out = pod_dir / "output.log"
+    deadline = time.time() + 20
+    while "started" not in (out.read_text() if out.exists() else "") and time.time() < deadline:
+        time.sleep(0.05)
+    tails = [pid for pid, cmd in _session(p.pid).items() if cmd.startswith("tail ")]
+    assert len(tails) == 1, _session(p.pid)
+    p.kill()
+    p.wait(timeout=10)
+    try:
+        deadline = time.time() + 5
+        while tails[0] in _session(p.pid) and time.time() < deadline:
+            time.sleep(0.1)
+        assert tails[0] not in _session(p.pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the command: a runtime's job
+            os.killpg(p.pid, signal.SIGKILL)
 
 
 def test_launcher_exit_code_and_sigterm_forwarding(tmp_path):

@@ -11,10 +11,12 @@
 #     pipe in between, so a SIGKILL of any process loses no line that was written; xrun's
 #     log-shipping sidecar ships the file to storage, and after this container ends;
 #   * copies the file to its own stdout (kubectl logs) with `tail -f` when the image has tail
-#     and wc; its own lines go to stdout directly, as JSON with XRUN_LOG_FORMAT=json;
+#     and wc (GNU tail follows this shell's pid: it never outlives it); its own lines go to
+#     stdout directly, as JSON with XRUN_LOG_FORMAT=json;
 #   * forwards SIGTERM/SIGINT to every process of its process group (the container: the
 #     runtime starts PID 1 as a session leader; the local backend starts each pod with
-#     setsid), so a pipeline's python gets it too;
+#     setsid), so a pipeline's python gets it too; a signal before the command started means
+#     it never starts (exit 143);
 #   * prints the start, end and EXIT_CODE lines (xrun_contract WRAPPER_*_LINE, EXIT_CODE_LINE)
 #     and exits with the command's code (128+N for a signal) - the pod's exit code, which the
 #     Job's podFailurePolicy reads;
@@ -66,6 +68,19 @@ now() {
   fi
 }
 
+# Signals first. A SIGTERM can come while this shell is still starting (the local backend's
+# supervisor dying right after it started the pod): before this trap it killed the shell,
+# leaving `tail -f` (it ignores TERM) running for ever, or it came before the command
+# started, which then ran unsignalled. Now it is forwarded, and the command never starts.
+forwarded=
+forward() {
+  [ -n "$forwarded" ] && return
+  forwarded=1
+  trap '' TERM INT  # the group signal below reaches this shell too
+  kill -TERM 0 2>/dev/null
+}
+trap forward TERM INT
+
 mkdir -p "$dir" || exit 127
 # xrun's own lines: plain into the file (storage); on stdout plain, or one JSON object per line
 # with XRUN_LOG_FORMAT=json (Cloud Logging reads "severity"). The user's lines stay as written.
@@ -82,32 +97,32 @@ emit "$(printf 'xrun-wrapper: start host=%s-%s attempt=%s argv=[%s, %s, %s]' "$s
   "$attempt" '"/bin/sh"' '"-c"' "$(json "$cmd")")" INFO
 start=$(now)
 
-# kubectl logs: the user's output, from the file, from after the start line on.
+# kubectl logs: the user's output, from the file, from after the start line on. With GNU
+# tail's --pid it also ends when this shell does, however this shell ends (even SIGKILL).
 echo_pid=
 if command -v tail >/dev/null 2>&1 && command -v wc >/dev/null 2>&1; then
   from=$(($(wc -c <"$out") + 1))
-  (trap '' TERM INT; exec tail -c "+$from" -f "$out") &
+  follow=
+  if tail --pid=$$ -c 0 /dev/null >/dev/null 2>&1; then follow="--pid=$$"; fi
+  (trap '' TERM INT; exec tail $follow -c "+$from" -f "$out") &
   echo_pid=$!
 else
   echo "xrun-launch: no tail in this image; the output is in storage only (xrun logs)" >&2
 fi
 
-forwarded=
-forward() {
-  [ -n "$forwarded" ] && return
-  forwarded=1
-  trap '' TERM INT  # the group signal below reaches this shell too
-  kill -TERM 0 2>/dev/null
-}
-trap forward TERM INT
-
-/bin/sh -c "$cmd" </dev/null >>"$out" 2>&1 &
-child=$!
-while :; do
-  wait "$child"
-  code=$?
-  kill -0 "$child" 2>/dev/null || break  # wait was interrupted by a trapped signal
-done
+code=143  # 128 + SIGTERM: stopped before the command started
+if [ -z "$forwarded" ]; then
+  /bin/sh -c "$cmd" </dev/null >>"$out" 2>&1 &
+  child=$!
+  # Forwarded between the test above and the fork: the command may have been forked after
+  # forward() set TERM to ignored (a child inherits that), so the group signal missed it.
+  [ -n "$forwarded" ] && kill -KILL "$child" 2>/dev/null
+  while :; do
+    wait "$child"
+    code=$?
+    kill -0 "$child" 2>/dev/null || break  # wait was interrupted by a trapped signal
+  done
+fi
 
 if [ -n "$echo_pid" ]; then
   sleep 1  # let tail print the last lines (busybox tail polls once a second)
