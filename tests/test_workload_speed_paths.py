@@ -46,9 +46,9 @@ def test_block_is_the_separate_projections_reference(kv_heads):
 
 
 def test_rotary_tables_are_constants_of_the_program_and_the_same_rotation():
-    """Static positions (NumPy, as the model passes them) give the traced positions' rotation,
-    and the train step computes no sine or cosine of a tensor: the tables are constants (the
-    only cosine left is the learning-rate schedule's scalar)."""
+    """The rotation is the in-graph formula's (float32 angles, sin and cos), and the train step
+    computes no sine or cosine of a tensor: the tables are constants (the only cosine left is
+    the learning-rate schedule's scalar)."""
     import re
 
     import jax
@@ -60,7 +60,16 @@ def test_rotary_tables_are_constants_of_the_program_and_the_same_rotation():
 
     x = jnp.asarray(np.random.default_rng(2).standard_normal((2, 64, 3, 32)), jnp.float32)
     static = rotary(x, np.arange(64, dtype=np.int32), 10000.0)
-    traced = jax.jit(lambda x, pos: rotary(x, pos, 10000.0))(x, jnp.arange(64))
+
+    @jax.jit
+    def in_graph(x, positions):  # the formula as the graph computed it before
+        freqs = 10000.0 ** (-jnp.arange(16, dtype=jnp.float32) / 16)
+        angles = positions[:, None].astype(jnp.float32) * freqs[None, :]
+        sin, cos = jnp.sin(angles)[None, :, None, :], jnp.cos(angles)[None, :, None, :]
+        x1, x2 = jnp.split(x, 2, axis=-1)
+        return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+    traced = in_graph(x, jnp.arange(64))
     np.testing.assert_allclose(static, traced, rtol=1e-5, atol=1e-5)
     assert not np.allclose(static, x)  # it does rotate
 
