@@ -1,6 +1,7 @@
 """The step-speed changes of #16 keep the maths: stacked projections are the separate ones,
-an unrolled layer scan gives the same gradients, ``dense`` is a compute-dtype matmul, and the
-CPU allocator setting really stops the per-step page faults it is there for."""
+an unrolled layer scan gives the same gradients, ``dense`` is a compute-dtype matmul, the
+norm's and softmax's own backward passes are autodiff's, and the CPU allocator setting really
+stops the per-step page faults it is there for."""
 
 from __future__ import annotations
 
@@ -79,6 +80,57 @@ def test_rotary_tables_are_constants_of_the_program_and_the_same_rotation():
     tensor_trig = re.findall(r"= f32\[[^\]]+\]\S* (?:sine|cosine)\(", text)
     assert tensor_trig == [], tensor_trig
     assert re.search(r"= f32\[\] cosine\(", text)  # the schedule's, so the pattern can match
+
+
+def _reductions(text: str) -> int:
+    """Reduce instructions in an optimised HLO text (fused or not)."""
+    import re
+
+    return len(re.findall(r"= \S+ reduce\(", text))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_norm_and_softmax_backward_sums_are_matmuls_with_autodiffs_gradients(dtype):
+    """``rms_norm`` and the attention's ``softmax`` have their own VJPs, whose sums are
+    ``workload.sums`` (matmuls with ones on CPU): the gradients are autodiff's of the plain
+    formulas, and the backward programs have no reduction left but the forward's own (the
+    autodiff backward had two more for the norm, one more for the softmax)."""
+    import jax
+    import jax.numpy as jnp
+
+    from workload.attention import softmax
+    from workload.model import rms_norm
+
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((2, 16, 32)) * 3, dtype)
+    scale = jnp.asarray(1 + 0.1 * rng.standard_normal(32), jnp.float32)
+    dy = jnp.asarray(rng.standard_normal((2, 16, 32)), dtype)
+
+    def plain_norm(x, scale):  # the formula RMSNorm had, differentiated by JAX
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + 1e-6)
+        return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+    def norm_vjp(f):
+        return jax.jit(lambda x, s, dy: jax.vjp(f, x, s)[1](dy))
+
+    ours = norm_vjp(lambda x, s: rms_norm(x, s, 1e-6))
+    plain = norm_vjp(plain_norm)
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    for a, b in zip(ours(x, scale, dy), plain(x, scale, dy), strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol)
+    np.testing.assert_array_equal(rms_norm(x, scale, 1e-6), plain_norm(x, scale))
+    assert _reductions(ours.lower(x, scale, dy).compile().as_text()) == 1  # the forward's mean
+    assert _reductions(plain.lower(x, scale, dy).compile().as_text()) == 3
+
+    scores = jnp.asarray(rng.standard_normal((2, 4, 16, 16)) * 4, jnp.float32)
+    dp = jnp.asarray(rng.standard_normal((2, 4, 16, 16)), jnp.float32)
+    ours_sm = jax.jit(lambda s, d: jax.vjp(softmax, s)[1](d)[0])
+    plain_sm = jax.jit(lambda s, d: jax.vjp(lambda s: jax.nn.softmax(s, axis=-1), s)[1](d)[0])
+    np.testing.assert_allclose(ours_sm(scores, dp), plain_sm(scores, dp), rtol=1e-5, atol=1e-6)
+    assert _reductions(ours_sm.lower(scores, dp).compile().as_text()) == 2  # max, sum
+    assert _reductions(plain_sm.lower(scores, dp).compile().as_text()) == 3
 
 
 def test_scan_unroll_changes_the_program_not_the_gradients():
