@@ -213,14 +213,18 @@ class Transformer(nnx.Module):
         x = self.hidden(tokens)
         return jnp.einsum("bsd,dv->bsv", x, self.out[...].astype(x.dtype)).astype(jnp.float32)
 
-    def hidden(self, tokens: jax.Array) -> jax.Array:
+    def hidden(self, tokens: jax.Array, embedded: jax.Array | None = None) -> jax.Array:
         """tokens [B, S] -> the final-normed residual stream [B, S, d] in the compute dtype:
         what the output projection takes (the training loss fuses that projection with
-        the cross-entropy, ``workload.loss``)."""
+        the cross-entropy, ``workload.loss``). ``embedded``: the tokens' rows of the
+        embedding table, when the caller looked them up (the train step differentiates by
+        them)."""
         cfg = self.cfg
         dt = jnp.dtype(cfg.compute_dtype)
         positions = np.arange(tokens.shape[1], dtype=np.int32)  # static: rotary's tables are constants
-        x = self._constrain(jnp.take(self.embed[...], tokens, axis=0).astype(dt))
+        if embedded is None:
+            embedded = jnp.take(self.embed[...], tokens, axis=0)
+        x = self._constrain(embedded.astype(dt))
 
         def layer(x: jax.Array, block: Block) -> jax.Array:
             return self._constrain(block(x, positions))

@@ -80,18 +80,95 @@ def make_optimizer(cfg: Config):
         decay_steps=max(cfg.steps, cfg.warmup_steps + 1),
         end_value=cfg.learning_rate * cfg.min_lr_ratio)
 
-    def decay_mask(params):
-        import jax
+    tx = optax.chain(
+        clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity(),
+        make_adamw(cfg, schedule),
+    )
+    return tx, schedule
 
+
+
+def make_adamw(cfg: Config, schedule):
+    """The AdamW of ``make_optimizer``'s chain (the chain's state is ``(clip, adamw)``)."""
+    import jax
+    import optax
+
+    def decay_mask(params):
         return jax.tree_util.tree_map_with_path(
             lambda path, _: getattr(path[-1], "key", None) != "scale", params)
 
-    tx = optax.chain(
-        clip_by_global_norm(cfg.grad_clip) if cfg.grad_clip > 0 else optax.identity(),
-        optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, weight_decay=cfg.weight_decay,
-                    mask=decay_mask),
-    )
-    return tx, schedule
+    return optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2,
+                       weight_decay=cfg.weight_decay, mask=decay_mask)
+
+
+def embedding_gradient(ids, d_rows, vocab_size: int):
+    """The embedding table's gradient, sparse: ``(rows, grads)``, the distinct ids of ``ids``
+    and the sum of their rows of ``d_rows`` (``[*ids.shape, d]``: the gradient of each
+    looked-up row). Static size ``ids.size``: unused slots have the id ``vocab_size`` (out of
+    range: gathers fill, scatters drop) and zero gradients."""
+    import jax
+    import jax.numpy as jnp
+
+    n = ids.size
+    rows, inverse = jnp.unique(ids.reshape(n), size=n, fill_value=vocab_size,
+                               return_inverse=True)
+    grads = jax.ops.segment_sum(d_rows.reshape(n, -1), inverse.reshape(n), num_segments=n)
+    return rows, grads
+
+
+def optimizer_step(cfg: Config, adamw, schedule, params: dict, opt_state, grads: dict,
+                   rows, row_grads):
+    """``make_optimizer``'s update (global-norm clipping, then ``adamw``) with the embedding
+    table's gradient sparse: ``grads`` has no ``embed`` entry, ``(rows, row_grads)`` (from
+    ``embedding_gradient``) stands for it. Returns ``(params, opt_state, gradient norm)``.
+
+    Why: autodiff's table gradient was a zero-filled ``[vocab, d]`` buffer with a few rows
+    added (bench-21m: at most 256 of 32,000), written every step and then read by the norm
+    and by each of AdamW's moments. A row with a zero gradient still moves (its moments
+    decay, its weight decays), so the table's update still reads and writes the table and
+    both moments in full; only the gradient's passes go. Everything but the table goes
+    through ``adamw`` itself; the table's update is AdamW written out (optax's
+    ``scale_by_adam``, ``add_decayed_weights``, ``scale_by_learning_rate`` and
+    ``apply_updates``, in their order, eps 1e-8, eps_root 0): the moments decayed over the
+    whole table and the touched rows' gradient terms added in place, then one pass for the
+    weights. XLA writes each decayed moment once, in place, and the weights' loop reads them
+    (a form that gathered the old rows made it copy both moments to keep them).
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    norm = jnp.sqrt(optax.tree.norm(grads, squared=True) + jnp.sum(row_grads * row_grads))
+    factor = (jnp.where(norm < cfg.grad_clip, 1.0, cfg.grad_clip / norm) if cfg.grad_clip > 0
+              else jnp.ones((), norm.dtype))
+    clip_state, adam_state = opt_state
+    moments = adam_state[0]  # optax.adamw's chain: scale_by_adam, add_decayed_weights, lr
+    if not isinstance(moments, optax.ScaleByAdamState):
+        raise TypeError(f"unexpected AdamW state {type(moments).__name__}")
+    table, mu, nu = params["embed"], moments.mu["embed"], moments.nu["embed"]
+
+    # Everything else: the table's gradient zero (its results are not used).
+    scaled = {**jax.tree.map(lambda t: t * factor.astype(t.dtype), grads),
+              "embed": jnp.zeros_like(table)}
+    updates, adam_state = adamw.update(scaled, adam_state, params)
+    new_params = optax.apply_updates(params, updates)
+
+    count = optax.safe_increment(moments.count)
+    bc1, bc2 = 1 - cfg.adam_b1 ** count, 1 - cfg.adam_b2 ** count
+    step_size = -schedule(moments.count)
+    # The moments: decayed everywhere, the touched rows' gradient terms added in place (for
+    # those rows, optax's (1 - b1) g + b1 m with the two terms swapped: the same sum).
+    g = row_grads * factor.astype(row_grads.dtype)
+    mu = (cfg.adam_b1 * mu).at[rows].add((1 - cfg.adam_b1) * g, mode="drop")
+    nu = (cfg.adam_b2 * nu).at[rows].add((1 - cfg.adam_b2) * (g * g), mode="drop")
+    # The weights: one pass over the table from the new moments, touched rows included.
+    u = (mu / bc1.astype(mu.dtype)) / (jnp.sqrt(nu / bc2.astype(nu.dtype) + 0.0) + 1e-8)
+    new_params["embed"] = table + jnp.asarray(step_size, table.dtype) * (
+        u + cfg.weight_decay * table)
+    moments = adam_state[0]
+    adam_state = (moments._replace(mu={**moments.mu, "embed": mu},
+                                   nu={**moments.nu, "embed": nu}), *adam_state[1:])
+    return new_params, (clip_state, adam_state), norm
 
 
 def clip_by_global_norm(max_norm: float):
@@ -205,19 +282,29 @@ class Program:
         self._jitted_init = jax.jit(functools.partial(init, cfg.seed),
                                     out_shardings=self.state_shardings)
 
-        graphdef, tx, schedule = self.graphdef, self.tx, self.schedule
+        graphdef, schedule = self.graphdef, self.schedule
+        adamw = make_adamw(cfg, schedule)
 
         def train_step(state, tokens):
-            def loss_fn(params):
-                m = nnx.merge(graphdef, params)
-                nll, zsq = output_cross_entropy(m.hidden(tokens[:, :-1]), m.out[...],
-                                                tokens[:, 1:], cfg.compute_dtype)
+            inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+            # Differentiated by the looked-up rows, not by the table: optimizer_step takes
+            # the table's gradient sparse.
+            def loss_fn(params, embedded):
+                m = nnx.merge(graphdef, {**params, "embed": table})
+                nll, zsq = output_cross_entropy(m.hidden(inputs, embedded), m.out[...],
+                                                targets, cfg.compute_dtype)
                 return loss_and_aux(nll, zsq, cfg.z_loss)
 
-            (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
-            updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-            params = optax.apply_updates(state["params"], updates)
-            out = {"loss": loss, "grad_norm": optax.tree.norm(grads),
+            table = state["params"]["embed"]
+            others = {k: v for k, v in state["params"].items() if k != "embed"}
+            (loss, aux), (grads, d_embedded) = jax.value_and_grad(
+                loss_fn, argnums=(0, 1), has_aux=True)(others, jnp.take(table, inputs, axis=0))
+            rows, row_grads = embedding_gradient(inputs, d_embedded, cfg.vocab_size)
+            params, opt_state, grad_norm = optimizer_step(
+                cfg, adamw, schedule, state["params"], state["opt_state"], grads, rows,
+                row_grads)
+            out = {"loss": loss, "grad_norm": grad_norm,
                    "learning_rate": schedule(state["step"]), **aux}
             return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, out
 
