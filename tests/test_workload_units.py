@@ -327,6 +327,40 @@ def test_train_step_with_the_sparse_embedding_gradient_is_the_dense_optax_update
     assert not np.array_equal(untouched, initial_table[40:])  # weight decay moved them
 
 
+def test_step_results_raise_a_failed_device_while_another_still_waits(monkeypatch):
+    """With several processes on CPU, a shard whose device's step failed raises at once,
+    although another shard of the same output never becomes ready (jax.device_get would
+    wait on it for ever)."""
+    import jax
+
+    from workload import train
+
+    class Buffer:
+        def __init__(self, device, error=None):
+            self.device, self.error = device, error
+
+        def devices(self):
+            return {self.device}
+
+        def is_ready(self):
+            return self.error is not None  # the healthy device stays in its collective
+
+        def block_until_ready(self):
+            raise self.error
+
+    class Shard:
+        def __init__(self, data):
+            self.data = data
+
+    class Output:
+        addressable_shards = [Shard(Buffer("cpu:0")),
+                              Shard(Buffer("cpu:1", RuntimeError("Gloo error: reset by peer")))]
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with pytest.raises(RuntimeError, match="Gloo error"):
+        train.step_results({"loss": Output()})
+
+
 def test_clip_by_global_norm_is_optax_rule():
     import jax.numpy as jnp
     import optax

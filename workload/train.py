@@ -87,9 +87,12 @@ def make_optimizer(cfg: Config):
     return tx, schedule
 
 
+ADAM_EPS = 1e-8  # AdamW's epsilon (optax's default), also in optimizer_step's table update
+
 
 def make_adamw(cfg: Config, schedule):
-    """The AdamW of ``make_optimizer``'s chain (the chain's state is ``(clip, adamw)``)."""
+    """The AdamW of ``make_optimizer``'s chain (the chain's state is ``(clip, adamw)``):
+    weight decay on everything but the norms' scales."""
     import jax
     import optax
 
@@ -97,7 +100,7 @@ def make_adamw(cfg: Config, schedule):
         return jax.tree_util.tree_map_with_path(
             lambda path, _: getattr(path[-1], "key", None) != "scale", params)
 
-    return optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2,
+    return optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, eps=ADAM_EPS,
                        weight_decay=cfg.weight_decay, mask=decay_mask)
 
 
@@ -126,13 +129,15 @@ def optimizer_step(cfg: Config, adamw, schedule, params: dict, opt_state, grads:
     added (bench-21m: at most 256 of 32,000), written every step and then read by the norm
     and by each of AdamW's moments. A row with a zero gradient still moves (its moments
     decay, its weight decays), so the table's update still reads and writes the table and
-    both moments in full; only the gradient's passes go. Everything but the table goes
-    through ``adamw`` itself; the table's update is AdamW written out (optax's
-    ``scale_by_adam``, ``add_decayed_weights``, ``scale_by_learning_rate`` and
-    ``apply_updates``, in their order, eps 1e-8, eps_root 0): the moments decayed over the
-    whole table and the touched rows' gradient terms added in place, then one pass for the
-    weights. XLA writes each decayed moment once, in place, and the weights' loop reads them
-    (a form that gathered the old rows made it copy both moments to keep them).
+    both moments in full; only the gradient's passes go.
+
+    Everything but the table goes through ``adamw`` itself. The table's update is AdamW
+    written out: optax's ``scale_by_adam`` (eps ``ADAM_EPS``, eps_root 0),
+    ``add_decayed_weights`` (the table is no norm scale: decayed), ``scale_by_learning_rate``
+    and ``apply_updates``, in their order. The moments are decayed over the whole table and
+    the touched rows' gradient terms added in place, then one pass writes the weights: XLA
+    writes each decayed moment once, in place, and the weights' loop reads them (a form
+    that gathered the old rows made it copy both moments to keep them).
     """
     import jax
     import jax.numpy as jnp
@@ -162,7 +167,7 @@ def optimizer_step(cfg: Config, adamw, schedule, params: dict, opt_state, grads:
     mu = (cfg.adam_b1 * mu).at[rows].add((1 - cfg.adam_b1) * g, mode="drop")
     nu = (cfg.adam_b2 * nu).at[rows].add((1 - cfg.adam_b2) * (g * g), mode="drop")
     # The weights: one pass over the table from the new moments, touched rows included.
-    u = (mu / bc1.astype(mu.dtype)) / (jnp.sqrt(nu / bc2.astype(nu.dtype) + 0.0) + 1e-8)
+    u = (mu / bc1.astype(mu.dtype)) / (jnp.sqrt(nu / bc2.astype(nu.dtype) + 0.0) + ADAM_EPS)
     new_params["embed"] = table + jnp.asarray(step_size, table.dtype) * (
         u + cfg.weight_decay * table)
     moments = adam_state[0]
@@ -464,6 +469,31 @@ def timed(fn: Any) -> tuple[float, float]:
     return began, time.time()
 
 
+def step_results(out: Any) -> Any:
+    """``jax.device_get(out)``, but a device's failed step raises at once.
+
+    On CPU with several processes and several devices per process (the local backend: one
+    gloo rank per device), every device's shard is watched (every 2 ms) and the first one
+    that finished with an error raises it, so the process exits restartable as for any lost
+    peer (``workload.failures``). ``device_get`` reads one shard first: a fresh clone's test
+    run once had the survivor of a killed peer blocked there for 30 s. The likely cause: the
+    peer's death failed one local device's collective while the other local device stayed in
+    the same collective, waiting for a message from the failed one (gloo's own timeout is 30
+    minutes).
+    """
+    import jax
+
+    shards = [s.data for leaf in jax.tree.leaves(out) for s in leaf.addressable_shards]
+    if (jax.default_backend() == "cpu" and jax.process_count() > 1
+            and len({d for a in shards for d in a.devices()}) > 1):
+        while not all(a.is_ready() for a in shards):
+            for a in shards:
+                if a.is_ready():
+                    a.block_until_ready()  # raises the error its device's step ended with
+            time.sleep(0.002)
+    return jax.device_get(out)
+
+
 def agreed_latest_step(storage: Storage, key: str) -> int | None:
     """The newest committed checkpoint step as process 0 lists it, the same on every process
     (a Peers round): whether Orbax is needed before the first step must not differ."""
@@ -605,7 +635,7 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         position += global_batch
         if step < cfg.steps:
             batch = make_batch(position)
-        out = jax.device_get(out)  # waits for the step: "seconds" is the true step time
+        out = step_results(out)  # waits for the step: "seconds" is the true step time
         if delay:  # after the step finished, so it cannot hide behind async dispatch
             time.sleep(delay)
         seconds = time.perf_counter() - t0
