@@ -108,7 +108,7 @@ def embedding_gradient(ids, d_rows, vocab_size: int):
     """The embedding table's gradient, sparse: ``(rows, grads)``, the distinct ids of ``ids``
     and the sum of their rows of ``d_rows`` (``[*ids.shape, d]``: the gradient of each
     looked-up row). Static size ``ids.size``: unused slots have the id ``vocab_size`` (out of
-    range: gathers fill, scatters drop) and zero gradients."""
+    range: the scatters that use them drop it) and zero gradients."""
     import jax
     import jax.numpy as jnp
 
@@ -144,8 +144,7 @@ def optimizer_step(cfg: Config, adamw, schedule, params: dict, opt_state, grads:
     import optax
 
     norm = jnp.sqrt(optax.tree.norm(grads, squared=True) + jnp.sum(row_grads * row_grads))
-    factor = (jnp.where(norm < cfg.grad_clip, 1.0, cfg.grad_clip / norm) if cfg.grad_clip > 0
-              else jnp.ones((), norm.dtype))
+    factor = clip_factor(norm, cfg.grad_clip) if cfg.grad_clip > 0 else jnp.ones((), norm.dtype)
     clip_state, adam_state = opt_state
     moments = adam_state[0]  # optax.adamw's chain: scale_by_adam, add_decayed_weights, lr
     if not isinstance(moments, optax.ScaleByAdamState):
@@ -184,16 +183,22 @@ def clip_by_global_norm(max_norm: float):
     element-wise divide made XLA:CPU write the whole clipped gradient out once more (a
     pass over the vocabulary-sized embedding and output gradients per step)."""
     import jax
-    import jax.numpy as jnp
     import optax
 
     def update(updates, state, params=None):
         del params
-        norm = optax.tree.norm(updates)
-        factor = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        factor = clip_factor(optax.tree.norm(updates), max_norm)
         return jax.tree.map(lambda t: t * factor.astype(t.dtype), updates), state
 
     return optax.GradientTransformation(optax.init_empty_state, update)
+
+
+def clip_factor(norm, max_norm: float):
+    """The scalar global-norm clipping multiplies every gradient by (``clip_by_global_norm``
+    and the train step's ``optimizer_step``)."""
+    import jax.numpy as jnp
+
+    return jnp.where(norm < max_norm, 1.0, max_norm / norm)
 
 
 def cross_entropy(logits, targets, z_loss: float):
@@ -483,9 +488,10 @@ def step_results(out: Any) -> Any:
     """
     import jax
 
+    if jax.default_backend() != "cpu" or jax.process_count() == 1:  # one process: no peers
+        return jax.device_get(out)
     shards = [s.data for leaf in jax.tree.leaves(out) for s in leaf.addressable_shards]
-    if (jax.default_backend() == "cpu" and jax.process_count() > 1
-            and len({d for a in shards for d in a.devices()}) > 1):
+    if len({d for a in shards for d in a.devices()}) > 1:
         while not all(a.is_ready() for a in shards):
             for a in shards:
                 if a.is_ready():
