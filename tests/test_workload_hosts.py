@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import workload_helpers
 from cli_helpers import xrun
 from workload_helpers import (
     assert_tensorboard_matches,
@@ -32,6 +33,16 @@ from xrun_contract import HEADER_RE, PHASE_RE, PHASES, STEP_RE, Layout, header_f
 from xrun_contract.storage import open_storage
 
 ARGS = ("--preset", "tiny", "steps=10", "checkpoint_every=4")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_compilation_cache(tmp_path_factory):
+    """This module's runs share a compilation cache of their own: the reference run always
+    compiles (the startup timeline test reads that compile) and the later runs load what it
+    wrote, whichever modules ran before in the session. With the session's cache, a module
+    that ran the same program first made the reference load its executables instead."""
+    with workload_helpers.compilation_cache_at(str(tmp_path_factory.mktemp("jax-cache"))):
+        yield
 
 
 @pytest.fixture(scope="module")

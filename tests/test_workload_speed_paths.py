@@ -1,7 +1,7 @@
 """The step-speed changes of #16 keep the maths: stacked projections are the separate ones,
-an unrolled layer scan gives the same gradients, ``dense`` is a compute-dtype matmul, the
-norm's and softmax's own backward passes are autodiff's, and the CPU allocator setting really
-stops the per-step page faults it is there for."""
+an unrolled layer scan gives the same gradients, ``dense`` is a compute-dtype matmul whose own
+backward is autodiff's, the norm's and softmax's own backward passes are autodiff's, and the
+CPU allocator setting really stops the per-step page faults it is there for."""
 
 from __future__ import annotations
 
@@ -180,6 +180,82 @@ def test_dense_is_a_compute_dtype_matmul_with_float32_accumulation():
     # float32 compute: exactly the plain einsum.
     np.testing.assert_array_equal(dense("bsd,de->bse", x, w, jnp.float32),
                                   jnp.einsum("bsd,de->bse", x, w))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dense_backward_is_autodiffs_with_the_weight_gradient_from_a_written_out_transpose(dtype):
+    """On CPU ``dense`` is a 2-D ``matmul`` with its own VJP (``dW = x^T dy`` from ``x^T``
+    written out): its value and both gradients are autodiff's of the einsum it replaces, the
+    gradients rounded through the compute dtype as autodiff rounds them, for a one-axis and
+    a two-axis contraction."""
+    import jax
+    import jax.numpy as jnp
+
+    from workload.loss import operand
+    from workload.model import _contracted_axes, dense
+
+    def vjp(f):  # the value and both gradients
+        return jax.jit(lambda a, b, g: (f(a, b), *jax.vjp(f, a, b)[1](g)))
+
+    rng = np.random.default_rng(6)
+    for spec, xs, ws in (("bsd,dtm->bstm", (2, 8, 16), (16, 2, 24)),
+                         ("bsnh,nhd->bsd", (2, 8, 4, 8), (4, 8, 16))):
+        x = jnp.asarray(rng.standard_normal(xs), dtype)
+        w = jnp.asarray(rng.standard_normal(ws), jnp.float32)
+        ys = jax.eval_shape(lambda x, w, s=spec: jnp.einsum(s, x, w), x, w).shape
+        dy = jnp.asarray(rng.standard_normal(ys), dtype)
+
+        def einsum(x, w, s=spec):  # what dense computed before: autodiff's reference
+            return jnp.einsum(s, operand(x, dtype), operand(w, dtype),
+                              preferred_element_type=jnp.float32).astype(dtype)
+
+        ours = vjp(lambda x, w, s=spec: dense(s, x, w, dtype))(x, w, dy)
+        ref = vjp(einsum)(x, w, dy)
+        for a, b in zip(ours, ref, strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            # float32: the same sums in another order; bf16: at most one rounding apart
+            tol = 1e-5 if dtype == "float32" else 2 ** -7
+            np.testing.assert_allclose(np.float32(a), np.float32(b), rtol=tol, atol=tol)
+        if dtype == "bfloat16":  # the weight gradient holds bf16 values, as autodiff's does
+            dw = np.asarray(ours[2])
+            np.testing.assert_array_equal(dw, np.float32(dw.astype(jnp.bfloat16)))
+    with pytest.raises(ValueError, match="does not contract"):
+        _contracted_axes("bsd,ed->bse")
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4])
+def test_cpu_attention_is_the_einsum_reference_forward_and_backward(kv_heads):
+    """``einsum_cpu`` (what ``attend("einsum")`` runs on CPU: heads first, an added mask,
+    its own VJP) against ``einsum`` and its autodiff: in float32 to summation order; in
+    bf16 the output and the three gradients within one bf16 rounding of the float32 values
+    of the same inputs, as ``einsum``'s are. Grouped (2 query heads per KV head) and not.
+    And the causal mask holds: later keys change no earlier output."""
+    import jax
+    import jax.numpy as jnp
+
+    from workload import attention
+
+    def vjp(f):  # the output and the three gradients
+        return jax.jit(lambda a, b, c, g: (f(a, b, c), *jax.vjp(f, a, b, c)[1](g)))
+
+    rng = np.random.default_rng(7)
+    shapes = ((2, 32, 4, 16), (2, 32, kv_heads, 16), (2, 32, kv_heads, 16), (2, 32, 4, 16))
+    q, k, v, do = (jnp.asarray(rng.standard_normal(sh), jnp.float32) for sh in shapes)
+    ours, ref = vjp(attention.einsum_cpu)(q, k, v, do), vjp(attention.einsum)(q, k, v, do)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+    qb, kb, vb, dob = (x.astype(jnp.bfloat16) for x in (q, k, v, do))
+    exact = vjp(attention.einsum)(*(x.astype(jnp.float32) for x in (qb, kb, vb, dob)))
+    for fn in (attention.einsum_cpu, attention.einsum):
+        for a, t in zip(vjp(fn)(qb, kb, vb, dob), exact, strict=True):
+            assert a.dtype == jnp.bfloat16
+            assert np.max(np.abs(np.float32(a) - t)) <= 2 ** -7 * np.max(np.abs(t))
+
+    k2 = k.at[:, 20:].set(0)
+    np.testing.assert_array_equal(attention.einsum_cpu(q, k2, v)[:, :20],
+                                  attention.einsum_cpu(q, k, v)[:, :20])
 
 
 _FAULTS = textwrap.dedent("""

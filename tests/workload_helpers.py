@@ -4,12 +4,14 @@ with the contract env, the coordinator on 127.0.0.1, CPU devices per host. Plain
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +74,17 @@ def compilation_cache() -> str:
 
         _CACHE.append(tempfile.mkdtemp(prefix="xrun-test-jax-cache-"))
     return _CACHE[0]
+
+
+@contextlib.contextmanager
+def compilation_cache_at(path: str) -> Iterator[None]:
+    """Runs launched inside use the cache folder ``path`` instead of the session's."""
+    saved = list(_CACHE)
+    _CACHE[:] = [path]
+    try:
+        yield
+    finally:
+        _CACHE[:] = saved
 
 
 def launch(run: str, storage: str | Path, log_dir: Path, *, hosts: int = 2, devices: int = 2,

@@ -40,7 +40,7 @@ def output_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array,
     return nll, zsq
 
 
-def operand(a: jax.Array, compute_dtype: str) -> jax.Array:
+def operand(a: jax.Array, compute_dtype: jax.typing.DTypeLike) -> jax.Array:
     """``a`` rounded to the compute dtype, as a dot operand with float32 accumulation.
 
     On CPU the rounded values are handed over as float32: XLA:CPU's dot kernels (YNNPACK)
@@ -52,6 +52,20 @@ def operand(a: jax.Array, compute_dtype: str) -> jax.Array:
     if jax.default_backend() == "cpu" and a.dtype != jnp.float32:
         a = a.astype(jnp.float32)
     return a
+
+
+def matmul_f32(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a @ b`` (batched over leading axes) with float32 accumulation and output."""
+    return jnp.matmul(a, b, preferred_element_type=jnp.float32)
+
+
+def written_t(a: jax.Array) -> jax.Array:
+    """``a`` with its last two axes swapped, written out: an ``optimization_barrier`` keeps
+    XLA from folding the transpose back into the product that reads it. XLA:CPU runs a
+    product whose left operand it reads transposed (a contraction over the major axis of
+    both, as in a weight gradient ``x^T dy``) at about half the rate, or as a plain Eigen
+    dot (bench/RESULTS.md, "sixth pass")."""
+    return jax.lax.optimization_barrier(jnp.matrix_transpose(a))
 
 
 def _forward(x: jax.Array, w: jax.Array, targets: jax.Array, compute_dtype: str):
