@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import pid_alive, xrun
 
-from orchestrator.backends.local.backend import run_processes
+from orchestrator.backends.local.backend import LocalBackend, run_processes
 from orchestrator.cli import main
 from xrun_contract import COMMAND_NOT_FOUND_EXIT_CODE, Env, Layout, check_run_name
 from xrun_contract.errors import XrunError
@@ -65,6 +65,43 @@ def test_kill_9_supervisor_leaves_no_orphan_and_replace_then_works(tmp_path):
     r = xrun("delete", "orph", storage=store, timeout=60)
     assert r.returncode == 0 and "stopped orph" in r.stderr
     assert not run_processes(str(store), "orph")
+
+
+class _SupervisorFinishesAfterTheRead(LocalStorage):
+    """The interleaving the follow loop can meet: status reads a Running state.json, then the
+    supervisor records Succeeded and exits before status checks whether it lives."""
+
+    def __init__(self, root: str, name: str, supervisor: subprocess.Popen):
+        super().__init__(root)
+        self.name, self.supervisor, self.reads = name, supervisor, 0
+
+    def read_json(self, key: str):
+        data = super().read_json(key)
+        if key == Layout.state(self.name):
+            self.reads += 1
+            if self.reads == 1:
+                self.write_json(key, {**data, "state": "Succeeded", "message": "all hosts exited 0"})
+                self.supervisor.wait()
+        return data
+
+
+def test_status_of_a_supervisor_that_finished_between_read_and_liveness_check(tmp_path):
+    """A supervisor that exits after recording its terminal state is not 'gone': status
+    reads state.json again once it finds the pid dead (CI saw a finished run called Failed)."""
+    store = tmp_path / "store"
+    sup = subprocess.Popen(["sleep", "0.2"])
+    LocalStorage(str(store)).write_json(Layout.state("race"), {
+        "backend": "local", "state": "Running", "supervisor_pid": sup.pid, "hosts": {}})
+    backend = LocalBackend(str(store))
+    backend.storage = _SupervisorFinishesAfterTheRead(str(store), "race", sup)
+    st = backend.status("race")
+    assert backend.storage.reads == 2
+    assert (st.state, st.message) == ("Succeeded", "all hosts exited 0")
+    # A supervisor that died without recording anything is still reported lost.
+    LocalStorage(str(store)).write_json(Layout.state("lost"), {
+        "backend": "local", "state": "Running", "supervisor_pid": sup.pid, "hosts": {}})
+    st = LocalBackend(str(store)).status("lost")
+    assert st.state == "Failed" and "supervisor is gone" in st.message
 
 
 def test_delete_and_replace_find_orphans_from_the_os(tmp_path):

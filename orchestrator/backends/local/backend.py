@@ -141,7 +141,13 @@ class LocalBackend:
             return None
         current = state.get("state", PENDING)
         if current not in TERMINAL_STATES and not _pid_alive(state.get("supervisor_pid")):
-            current, state["message"] = FAILED, "local supervisor is gone (machine restarted or killed)"
+            # The supervisor records its terminal state and then exits, so it may have done
+            # both between the read above and the liveness check: read again before calling
+            # it lost. A read made after it is seen dead is its last word.
+            state = self.storage.read_json(Layout.state(name)) or state
+            current = state.get("state", PENDING)
+            if current not in TERMINAL_STATES:
+                current, state["message"] = FAILED, "local supervisor is gone (machine restarted or killed)"
         hosts = [
             HostStatus(host=h, state=v.get("state", PENDING), attempt=v.get("attempt", 0),
                        exit_code=v.get("exit_code"), pod=str(v.get("pid") or ""))

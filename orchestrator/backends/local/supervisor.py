@@ -559,8 +559,6 @@ def _compilation_cache(storage: Storage) -> str | None:
     return storage.url(Layout.compilation_cache())
 
 
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "supervise":
         print("usage: python -m orchestrator.backends.local supervise STORAGE_ROOT NAME", file=sys.stderr)
