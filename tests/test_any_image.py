@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -182,6 +183,62 @@ def test_shipper_resumes_after_a_storage_failure_and_a_restart(tmp_path):
     restarted.drain()
     assert shipped_text(storage) == "one\ntwo\npartial line\nthree\ntail without newline\n"
     assert json.loads((pod_dir / "shipped.json").read_text())["seq"] == 2
+
+
+STOP_WHILE_THE_LOCK_IS_HELD = """
+import os, signal, sys, threading, time
+from workload.sidecar import stop_on_signals
+stop = threading.Event()
+if sys.argv[1] == "handler":
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+else:
+    stop_on_signals(stop)
+with stop._cond:  # held as stop.wait() holds it, between its checks
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)  # a Python handler runs here, between two bytecodes
+print("stopped" if stop.wait(10) else "still waiting", flush=True)
+"""
+
+
+def test_a_stop_signal_while_the_main_thread_holds_the_events_lock():
+    """The shipper's SIGTERM arrives at a random moment of its loop, which waits on an Event.
+    A signal handler calling ``stop.set()`` while the main thread is inside ``stop.wait()``
+    (the Condition's lock held) hangs for ever: the control run shows this Python does, and
+    the shipper then never drains (CI: the wrapper's last lines lost, a 120 s hang until
+    SIGKILL). ``stop_on_signals`` takes the signal in a thread of its own: it stops."""
+    def run_child(mode: str, timeout: float):
+        return subprocess.run([sys.executable, "-c", STOP_WHILE_THE_LOCK_IS_HELD, mode],
+                              capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_child("handler", timeout=3)
+    r = run_child("thread", timeout=60)
+    assert (r.returncode, r.stdout) == (0, "stopped\n"), r.stderr
+
+
+def test_sidecar_drains_to_the_exit_code_line_on_sigterm(tmp_path):
+    """``python -m workload.sidecar ship`` as the pod runs it: SIGTERM (the workload container
+    ended) drains the file to its last line, partial line included, and exits 0."""
+    pod_dir = tmp_path / "pod"
+    pod_dir.mkdir()
+    out = pod_dir / "output.log"
+    out.write_text("xrun-wrapper: start host=0-0\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "XRUN_POD_DIR": str(pod_dir),
+           "XRUN_STORAGE": str(tmp_path / "store"), "XRUN_RUN_NAME": "r",
+           "XRUN_LOG_FLUSH_SECONDS": "0.1"}
+    p = subprocess.Popen([sys.executable, "-m", "workload.sidecar", "ship"], env=env,
+                         stderr=subprocess.PIPE, text=True)
+    storage = LocalStorage(str(tmp_path / "store"))
+    deadline = time.monotonic() + 60
+    while not list(read_chunks(storage, Layout.host_logs("r", "0-0", 0))):
+        assert p.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    with open(out, "a") as f:
+        f.write("xrun-wrapper: end host=0-0 exit_code=0\nEXIT_CODE=0")
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 0, p.stderr.read() if p.stderr else ""
+    assert shipped_text(storage).splitlines()[-2:] == [
+        "xrun-wrapper: end host=0-0 exit_code=0", "EXIT_CODE=0"]
 
 
 def test_foreign_jax_program_on_the_local_backend(tmp_path):

@@ -155,6 +155,29 @@ def storage_writer() -> Callable[[int, bytes], None] | None:
     return write
 
 
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
+
+
+def stop_on_signals(stop: threading.Event) -> threading.Thread:
+    """SIGTERM and SIGINT set ``stop`` from a thread of their own (blocked here, taken with
+    ``sigwait``), never from a Python signal handler. A handler runs in the main thread between
+    two bytecodes, which may be inside ``stop.wait``'s ``with self._cond`` while the
+    Condition's non-reentrant lock is held: ``stop.set()`` then waits on that lock for ever
+    (CPython gh-126434 describes the same for ``multiprocessing.Event``). CI met it: a
+    sidecar hung until its SIGKILL 120 s later and the wrapper's last lines (``end``,
+    ``EXIT_CODE``) never reached storage. Call before starting any other thread: threads
+    inherit the signal mask, and a thread without it would take the signal (default: exit)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+    def wait() -> None:
+        signal.sigwait(STOP_SIGNALS)
+        stop.set()
+
+    t = threading.Thread(target=wait, name="xrun-logs-signals", daemon=True)
+    t.start()
+    return t
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "install":
         install(Path(argv[1]))
@@ -163,8 +186,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m workload.sidecar install DIR | ship", file=sys.stderr)
         return 2
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signals(stop)
     pod_dir = Path(os.environ.get(Env.POD_DIR) or PodFiles.MOUNT_PATH)
     write = storage_writer()
     if write is None:
