@@ -158,24 +158,23 @@ def storage_writer() -> Callable[[int, bytes], None] | None:
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
-def stop_on_signals(stop: threading.Event) -> threading.Thread:
+def stop_on_signals(stop: threading.Event) -> None:
     """SIGTERM and SIGINT set ``stop`` from a thread of their own (blocked here, taken with
     ``sigwait``), never from a Python signal handler. A handler runs in the main thread between
     two bytecodes, which may be inside ``stop.wait``'s ``with self._cond`` while the
     Condition's non-reentrant lock is held: ``stop.set()`` then waits on that lock for ever
-    (CPython gh-126434 describes the same for ``multiprocessing.Event``). CI met it: a
-    sidecar hung until its SIGKILL 120 s later and the wrapper's last lines (``end``,
-    ``EXIT_CODE``) never reached storage. Call before starting any other thread: threads
-    inherit the signal mask, and a thread without it would take the signal (default: exit)."""
+    (CPython gh-126434 describes the same for ``multiprocessing.Event``). What CI met fits
+    it: a run whose stored log lacked the wrapper's last lines (``end``, ``EXIT_CODE``: the
+    final drain's), about a grace period (120 s, then SIGKILL) slower than usual. Call
+    before starting any other thread: threads inherit the signal mask, and a thread
+    without it would take the signal (default: exit)."""
     signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
 
     def wait() -> None:
         signal.sigwait(STOP_SIGNALS)
         stop.set()
 
-    t = threading.Thread(target=wait, name="xrun-logs-signals", daemon=True)
-    t.start()
-    return t
+    threading.Thread(target=wait, name="xrun-logs-signals", daemon=True).start()
 
 
 def main(argv: list[str]) -> int:
