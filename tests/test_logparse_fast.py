@@ -233,3 +233,42 @@ def test_checkpoint_events_past_the_cap_are_counted_once_noted(monkeypatch):
     assert len(rec.checkpoints) == 10 and rec.events_dropped == 40
     assert rec.checkpoint_totals["saves"] == 50
     assert rec.notes == ["more than 10 checkpoint events: later ones only counted"]
+
+
+def test_absl_times_of_kept_samples_minutes_hours_and_days_apart_are_exact():
+    """A thinned series keeps steps far apart in time: each kept step's time is its absl
+    prefix's to the bit (the year given), however far the previous kept one was (same
+    second, minute, hour or day, or not) and however many digits its fraction has."""
+    import calendar
+    import time
+
+    from orchestrator.readers.record import RunRecord
+
+    rng = random.Random(11)
+    t = calendar.timegm((2026, 1, 1, 0, 0, 0))
+    lines, want = [], {}
+    for step in range(4000):
+        t += rng.choices([0, 1, 7, 59, 60, 61, 3540, 3600, 3661, 86400 - 1],
+                         [6, 4, 3, 3, 3, 3, 1, 1, 1, 0.05])[0]
+        digits = rng.randint(1, 6)
+        frac = rng.randrange(10 ** digits)
+        tm = time.gmtime(t)
+        prefix = (f"I{tm.tm_mon:02d}{tm.tm_mday:02d} {tm.tm_hour:02d}:{tm.tm_min:02d}:"
+                  f"{tm.tm_sec:02d}.{frac:0{digits}d} 140243555933056 metric_logger.py:265] ")
+        lines.append(prefix + f"completed step: {step}, seconds: 0.5, TFLOP/s/device: 1.0, "
+                     "Tokens/s/device: 100.0, total_weights: 256, loss: 2.5\n")
+        want[step] = t + frac / 10 ** digits
+    assert time.gmtime(t).tm_year == 2026  # no new year inside: that is another test
+    data = "".join(lines).encode()
+    for pieces in (None, 3000, 70000):
+        p = LogParser(record=RunRecord(steps=StepSeries(cap=64)), year=2026)
+        if pieces is None:
+            p.feed(data)
+        else:
+            for i in range(0, len(data), pieces):
+                p.feed(data[i:i + pieces])
+        rec = p.finish()
+        assert rec.steps.stride > 1 and rec.steps.count == 4000
+        assert {s: rec.steps.time[i] for i, s in enumerate(rec.steps.step)} == {
+            s: want[s] for s in rec.steps.step}
+        assert (rec.log_first_time, rec.log_last_time) == (want[0], want[3999])

@@ -173,6 +173,11 @@ _STARTS_B = ahocorasick_rs.BytesAhoCorasick([s.encode() for s in MESSAGE_STARTS]
 _STARTS = ahocorasick_rs.AhoCorasick(list(MESSAGE_STARTS),
                                      matchkind=ahocorasick_rs.MatchKind.LeftmostLongest)
 _STEP_START = MESSAGE_STARTS.index("completed step: ")
+# A chunk's match kinds as bytes (one per match): where a run of step messages ends is
+# then one search in C, not a Python loop over millions of matches.
+_NOT_A_STEP_KIND = re.compile(b"[^" + re.escape(bytes([_STEP_START])) + b"]")
+_KIND, _POS = operator.itemgetter(0), operator.itemgetter(1)
+_STEP_FIELD, _SECONDS_FIELD = operator.itemgetter(0), operator.itemgetter(1)
 # A whole step line after its host prefix: an optional absl prefix, then the step message
 # running to the end of the line (what STEP_RE.search reads in the general path; another
 # message start on the line, or a carriage return, takes that path instead). Possessive
@@ -188,6 +193,7 @@ _HOST_LINE_B = re.compile(rb"\n\[(\d+-\d+(?: #\d+)?)\] ")
 _ABSL_B = re.compile(ABSL_RE.pattern.encode())
 _ABSL_LINE_B = re.compile(rb"\n" + ABSL_RE.pattern.encode())  # the first absl line after a newline
 
+_FRACTION_SCALE = [10 ** n for n in range(7)]  # an absl time's fraction has 1-6 digits
 READ_CHARS = 1 << 20  # file read size (bytes)
 MAX_PENDING = 1 << 16  # longest unterminated line kept before it is cut at a message start
 MARGIN = 4096  # longer than any message the regexes match
@@ -234,6 +240,7 @@ class LogParser:
         self._days: dict[tuple[int, Any, Any], float | None] = {}  # absl MMDD -> its midnight
         self._batched: list[_HostParse] = []  # hosts whose step batch is not converted yet
         self._run: list[tuple] = []  # step rows of the unprefixed stream (_step_region)
+        self._run_steps: list[int] = []  # their step numbers, converted once
         self._run_pos: list[int] = []  # where each row's message starts in _run_body
         self._run_body = b""
         self._run_last = 0  # the last step of _run
@@ -242,6 +249,8 @@ class LogParser:
         self._last_base: float | None = None
         self._last_minute: Any = None  # ... and its minute
         self._minute_base: float | None = None
+        self._last_hour: Any = None  # ... and its hour
+        self._hour_base: float | None = None
 
     def set_attempt(self, attempt: int) -> None:
         """The attempt of what comes next (stored logs name it in their path)."""
@@ -300,6 +309,7 @@ class LogParser:
         prefixes = self._register_hosts(body, start)
         self._log_times(body, start, prefixes, first=True)
         matches = _STARTS_B.find_matches_as_indexes(body)
+        kinds = bytes(map(_KIND, matches))  # MESSAGE_STARTS has fewer than 256 entries
         n = len(matches)
         i = 0
         while i < n:
@@ -314,7 +324,7 @@ class LogParser:
                 j += 1
             if j == i + 1 and index == _STEP_START:
                 if body[line_start] != 0x5B:  # "[": a host prefix takes the per-line path
-                    k = self._step_region(body, line_start, matches, i, bool(prefixes))
+                    k = self._step_region(body, line_start, matches, kinds, i, bool(prefixes))
                     if k > i:
                         i = k
                         continue
@@ -360,7 +370,7 @@ class LogParser:
         return state
 
     def _step_region(self, body: bytes, line_start: int, matches: list[tuple[int, int, int]],
-                     i: int, prefixed: bool) -> int:
+                     kinds: bytes, i: int, prefixed: bool) -> int:
         """The step lines from ``line_start`` up to the next other message, read at once:
         one ``findall`` for their fields, converted column by column; the index of the
         first message start after them (``i``: none taken, read line by line instead).
@@ -370,9 +380,8 @@ class LogParser:
         each step's time is its line's absl time, looked up only for the first, the last and
         the samples the series keeps."""
         n = len(matches)
-        k = i
-        while k < n and matches[k][0] == _STEP_START:
-            k += 1
+        other = _NOT_A_STEP_KIND.search(kinds, i)
+        k = n if other is None else other.start()
         end = body.index(b"\n", matches[k - 1][1]) + 1
         if k < n and matches[k][1] < end:
             return i  # the last line holds another message after its step
@@ -387,10 +396,11 @@ class LogParser:
         if root.batch:
             self._flush_batches()  # what came before, first
         self._cur_host = ""
-        steps = list(map(int, [r[0] for r in rows]))
+        steps = list(map(int, map(_STEP_FIELD, rows)))
         last = self._run_last if self._run else root.last_step
         self._run += rows
-        self._run_pos += [m[1] for m in matches[i:k]]
+        self._run_steps += steps
+        self._run_pos += map(_POS, matches[i:k])
         self._run_body = body
         self._run_last = steps[-1]
         if (last is not None and steps[0] <= last) or any(map(operator.le, steps[1:], steps[:-1])):
@@ -437,9 +447,9 @@ class LogParser:
         between checkpoint lines is converted at once."""
         if not self._run:
             return
-        rows, pos, body = self._run, self._run_pos, self._run_body
-        self._run, self._run_pos, self._run_body = [], [], b""
-        self._add_steps(self._hosts[""], rows, lambda r: self._time_at(body, pos[r]))
+        rows, steps, pos, body = self._run, self._run_steps, self._run_pos, self._run_body
+        self._run, self._run_steps, self._run_pos, self._run_body = [], [], [], b""
+        self._add_steps(self._hosts[""], rows, lambda r: self._time_at(body, pos[r]), steps)
 
     def _flush_batches(self) -> None:
         """Convert the per-line batches: rows of (absl fields, step fields)."""
@@ -449,15 +459,16 @@ class LogParser:
             if rows:
                 self._add_steps(st, [r[6:] for r in rows], functools.partial(self._nth_time, rows))
 
-    def _add_steps(self, st: _HostParse, rows: list[tuple], time_of: Callable[[int], float | None]
-                   ) -> None:
+    def _add_steps(self, st: _HostParse, rows: list[tuple], time_of: Callable[[int], float | None],
+                   steps: list[int] | None = None) -> None:
         """Step rows (step, seconds, tflops, tokens, total_weights, loss as bytes) in log
-        order; ``time_of(i)`` is row i's time. Totals over every row; the columns only for
-        the samples the series keeps."""
+        order; ``time_of(i)`` is row i's time; ``steps`` their step numbers where the caller
+        has converted them. Totals over every row; the columns only for the samples the
+        series keeps."""
         rec = st.record
         unshifted = time_of
-        cols = list(zip(*rows, strict=True))
-        steps = list(map(int, cols[0]))
+        if steps is None:
+            steps = list(map(int, map(_STEP_FIELD, rows)))
         backwards = (st.last_step is not None and steps[0] <= st.last_step) or any(
             map(operator.le, steps[1:], steps[:-1]))
         first_ts = time_of(0)
@@ -490,11 +501,12 @@ class LogParser:
             rec.log_last_time = last_ts  # (messages after a waiting run may be later)
         st.last_step = steps[-1]
         try:
-            seconds_total = math.fsum(map(float, cols[1]))
+            seconds_total = math.fsum(map(float, map(_SECONDS_FIELD, rows)))
         except ValueError:
             seconds_total = math.nan
         if not math.isfinite(seconds_total):
-            seconds_total = math.fsum(x for x in map(_float_b, cols[1]) if math.isfinite(x))
+            seconds_total = math.fsum(x for x in map(_float_b, map(_SECONDS_FIELD, rows))
+                                      if math.isfinite(x))
         attempt = st.attempt
         last = len(rows) - 1
 
@@ -508,7 +520,7 @@ class LogParser:
                 return (steps[i], _float_b(r[1]), _float_b(r[2]), _float_b(r[3]), _float_b(r[5]),
                         0.0, math.nan if ts is None else ts, attempt)
 
-        rec.steps.add_many(len(rows), seconds_total, int(cols[4][0]), int(cols[4][-1]), row)
+        rec.steps.add_many(len(rows), seconds_total, int(rows[0][4]), int(rows[-1][4]), row)
 
     def _time_at(self, body: bytes, pos: int) -> float | None:
         """The time of the message at ``pos``: the last absl prefix before it on its line
@@ -673,14 +685,22 @@ class LogParser:
             if minute == self._last_minute and self._minute_base is not None and second < 60:
                 base = self._minute_base + second
             else:
-                base = self._time_of(m[2], m[3], m[4], m[5], m[6], None)  # month ... second
+                # The samples a long log keeps are steps apart, often minutes: the hour's
+                # start is kept too. Whole seconds, so these sums are exact.
+                hour, mi = key[:7], int(m[5])
+                if hour == self._last_hour and self._hour_base is not None and mi < 60 and second < 60:
+                    base = self._hour_base + mi * 60 + second
+                else:
+                    base = self._time_of(m[2], m[3], m[4], m[5], m[6], None)  # month ... second
+                    self._last_hour = hour
+                    self._hour_base = None if base is None else base - mi * 60 - second
                 self._last_minute = minute
                 self._minute_base = None if base is None else base - second
             self._last_key, self._last_base = key, base
-        us = m[7]  # the fraction
+        us = m[7]  # the fraction: int(us) / 10**len(us) is us.ljust(6, "0") / 1e6, rounded once
         if base is None or not us:
             return base
-        return base + int(us.ljust(6, b"0" if isinstance(us, bytes) else "0")) / 1e6
+        return base + int(us) / _FRACTION_SCALE[len(us)]
 
     def _time_of(self, month: Any, day: Any, h: Any, mi: Any, s: Any, us: Any) -> float | None:
         key = (self._year, month, day)
@@ -867,7 +887,7 @@ class LogParser:
                 rec.start_basis = "XPK Start"
                 if when[1] is not None and when[1] != self._year:
                     self._year = when[1]  # absl prefixes carry no year: take XPK's
-                    self._last_key = self._last_minute = None
+                    self._last_key = self._last_minute = self._last_hour = None
             return
 
     # Orbax's checkpoint lines and MaxText's checkpointing lines (see module doc).
