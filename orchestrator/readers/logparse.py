@@ -247,8 +247,6 @@ class LogParser:
         self._handlers = {kind: getattr(self, name) for kind, name in _HANDLERS.items()}
         self._last_key: Any = None  # the last absl second read, and its time: _absl_time
         self._last_base: float | None = None
-        self._last_minute: Any = None  # ... and its minute
-        self._minute_base: float | None = None
         self._last_hour: Any = None  # ... and its hour
         self._hour_base: float | None = None
 
@@ -680,22 +678,15 @@ class LogParser:
         if key == self._last_key:
             base = self._last_base
         else:
-            minute = key[:10]
-            second = int(m[6])
-            if minute == self._last_minute and self._minute_base is not None and second < 60:
-                base = self._minute_base + second
+            # Another second: from its hour's start (the samples a long log keeps are often
+            # minutes apart). Whole seconds, so these sums are exact.
+            hour, mi, second = key[:7], int(m[5]), int(m[6])
+            if hour == self._last_hour and self._hour_base is not None and mi < 60 and second < 60:
+                base = self._hour_base + mi * 60 + second
             else:
-                # The samples a long log keeps are steps apart, often minutes: the hour's
-                # start is kept too. Whole seconds, so these sums are exact.
-                hour, mi = key[:7], int(m[5])
-                if hour == self._last_hour and self._hour_base is not None and mi < 60 and second < 60:
-                    base = self._hour_base + mi * 60 + second
-                else:
-                    base = self._time_of(m[2], m[3], m[4], m[5], m[6], None)  # month ... second
-                    self._last_hour = hour
-                    self._hour_base = None if base is None else base - mi * 60 - second
-                self._last_minute = minute
-                self._minute_base = None if base is None else base - second
+                base = self._time_of(m[2], m[3], m[4], m[5], m[6], None)  # month ... second
+                self._last_hour = hour
+                self._hour_base = None if base is None else base - mi * 60 - second
             self._last_key, self._last_base = key, base
         us = m[7]  # the fraction: int(us) / 10**len(us) is us.ljust(6, "0") / 1e6, rounded once
         if base is None or not us:
@@ -887,7 +878,7 @@ class LogParser:
                 rec.start_basis = "XPK Start"
                 if when[1] is not None and when[1] != self._year:
                     self._year = when[1]  # absl prefixes carry no year: take XPK's
-                    self._last_key = self._last_minute = self._last_hour = None
+                    self._last_key = self._last_hour = None
             return
 
     # Orbax's checkpoint lines and MaxText's checkpointing lines (see module doc).
