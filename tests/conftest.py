@@ -92,3 +92,18 @@ def gcs_proxy(gcs_emulator):
     proxy = GCSProxy(gcs_emulator, lifetime_s=600).start()
     yield proxy
     proxy.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """The real control plane (tests/cluster/up.sh): etcd, kube-apiserver, the controller
+    manager and scheduler, JobSet, Kueue and KWOK nodes shaped like GKE node pools. One per
+    test session, stopped by down.sh at the end, and by itself if this process dies."""
+    from cluster_helpers import start, stop
+
+    root = tmp_path_factory.mktemp("cluster")
+    c = start(root, owner=os.getpid())
+    try:
+        yield c
+    finally:
+        stop(root)

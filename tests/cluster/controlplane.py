@@ -181,6 +181,22 @@ class Api:
             if code not in (200, 201, 409):
                 raise RuntimeError(f"create {obj['kind']}/{obj['metadata']['name']}: {code} {body}")
 
+    def established(self, crds: list[dict[str, Any]]) -> bool:
+        """Every CRD is served (condition Established): controllers that start before
+        that fail to set up their informers."""
+        for crd in crds:
+            code, body = self.request(
+                "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}")
+            conds = (body or {}).get("status", {}).get("conditions") or [] if code == 200 else []
+            if not any(c["type"] == "Established" and c["status"] == "True" for c in conds):
+                return False
+        return True
+
+    def apply_crds(self, sup: Supervisor, objs: list[dict[str, Any]]) -> None:
+        crds = [o for o in objs if o["kind"] == "CustomResourceDefinition"]
+        self.apply_all(crds)
+        sup.wait_for("CRDs established", lambda: self.established(crds), 60)
+
 
 # Kinds this file creates, and where the API serves them (plural, namespaced).
 RESOURCES = {
@@ -384,6 +400,8 @@ class Supervisor:
         self.root, self.bin, self.owner = root, bindir, owner
         self.pki, self.logs = root / "pki", root / "logs"
         self.procs: dict[str, subprocess.Popen] = {}
+        self.args: dict[str, list[str]] = {}
+        self.envs: dict[str, dict[str, str] | None] = {}
         self.ports: dict[str, int] = {}
         self.stopping = False
 
@@ -395,6 +413,7 @@ class Supervisor:
         tmp.replace(self.root / "state.json")
 
     def start(self, name: str, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.args[name], self.envs[name] = args, env
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
         binary = self.bin / ("kwok" if name == "kwok" else name)
         self.procs[name] = subprocess.Popen(
@@ -504,7 +523,7 @@ class Supervisor:
             "webhook": {"host": "127.0.0.1", "port": p["jobset-webhook"], "certDir": certdir},
             "metrics": {"bindAddress": "0"}, "health": {"healthProbeBindAddress": "0"}}))
         jobset = jobset_objects(jobset_mod, p["jobset-webhook"], ca_b64)
-        api.apply_all([o for o in jobset if o["kind"] == "CustomResourceDefinition"])
+        api.apply_crds(self, jobset)
         self.start("jobset", [f"--config={jobset_cfg}", "--zap-log-level=info"], kenv)
         self.wait_for("JobSet's webhook server", lambda: _tls_up(p["jobset-webhook"]))
         api.apply_all([o for o in jobset if o["kind"] != "CustomResourceDefinition"])
@@ -526,19 +545,16 @@ class Supervisor:
             "metrics": {"bindAddress": "0"}, "health": {"healthProbeBindAddress": "0"},
             "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]}}))
         kueue = kueue_objects(kueue_mod, p["kueue-webhook"], ca_b64)
-        api.apply_all([o for o in kueue if o["kind"] == "CustomResourceDefinition"])
+        api.apply_crds(self, kueue)
         self.start("kueue", [f"--config={kueue_cfg}", "--feature-gates=VisibilityOnDemand=false",
                              f"--visibility-server-port={p['kueue-visibility']}"], kenv)
         self.wait_for("Kueue's webhook server", lambda: _tls_up(p["kueue-webhook"]), 90)
         api.apply_all([o for o in kueue if o["kind"] != "CustomResourceDefinition"])
 
         kwok_cfg = self.root / "kwok.yaml"
-        kwok_cfg.write_text(yaml.safe_dump_all([
-            {"apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
-             "options": {"enableCRDs": ["Logs", "ClusterLogs"]}},
-            *kwok_stages(kwok_mod)]))
-        api.apply_all([d for name in ("kwok.x-k8s.io_logs.yaml", "kwok.x-k8s.io_clusterlogs.yaml")
-                       for d in load_yaml_docs(kwok_mod / "kustomize/crd/bases" / name)])
+        kwok_cfg.write_text(yaml.safe_dump_all(kwok_stages(kwok_mod)))
+        api.apply_crds(self, [d for name in ("kwok.x-k8s.io_logs.yaml", "kwok.x-k8s.io_clusterlogs.yaml")
+                              for d in load_yaml_docs(kwok_mod / "kustomize/crd/bases" / name)])
         self.start("kwok", [
             f"--kubeconfig={kubeconfig}", f"--config={kwok_cfg}",
             "--manage-nodes-with-label-selector=type=kwok",
@@ -572,17 +588,18 @@ class Supervisor:
                 self.procs[name].wait()
 
     def watch(self) -> None:
-        """Until told to stop, or the owner is gone: a component that dies is logged."""
-        reported: set[str] = set()
+        """Until told to stop, or the owner is gone. A component that exits is started again
+        with the same arguments, as a node's systemd or kubelet would: tests restart the API
+        server by killing its PID (``state.json``) and wait for it to come back."""
         while not self.stopping:
             if self.owner and not alive(self.owner):
                 print(f"owner {self.owner} is gone: stopping", flush=True)
                 return
-            for name, p in self.procs.items():
-                if p.poll() is not None and name not in reported:
-                    reported.add(name)
-                    print(f"{name} exited with {p.returncode}", flush=True)
-            time.sleep(0.5)
+            for name, p in list(self.procs.items()):
+                if p.poll() is not None and not self.stopping:
+                    print(f"{name} exited with {p.returncode}: starting it again", flush=True)
+                    self.start(name, self.args[name], self.envs[name])
+            time.sleep(0.2)
 
 
 def _tls_up(port: int) -> bool:
@@ -689,7 +706,7 @@ def down(root: Path, timeout: float = 30.0) -> int:
     if alive(sup):
         with contextlib.suppress(ProcessLookupError):
             os.kill(sup, signal.SIGKILL)
-    for name, pid in state.get("pids", {}).items():
+    for _name, pid in state.get("pids", {}).items():
         if alive(pid) and _is_ours(pid, state["bin"]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

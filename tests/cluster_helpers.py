@@ -1,0 +1,215 @@
+"""Test-side handle on the real control plane that ``tests/cluster/up.sh`` starts.
+
+The ``cluster`` fixture (tests/conftest.py) starts one per test session through the same
+code as ``up.sh``/``down.sh``. This module gives tests the kubeconfig, clients, and the few
+things a test does to the cluster itself: pod logs served by KWOK from files (Logs objects,
+CRI log format), an API-server restart, an etcd compaction, pods failed with an exit code
+(KWOK's chaos stage, by label and annotations).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import http.client
+import json
+import os
+import signal
+import ssl
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+UP, DOWN = REPO / "tests/cluster/up.sh", REPO / "tests/cluster/down.sh"
+NAMESPACE = "default"
+
+# KWOK's general pod stages read their timing from these pod annotations
+# (kustomize/stage/pod/general/pod-ready.yaml, pod-complete.yaml); its chaos stage fails a
+# labelled pod with the exit code its annotation names (chaos/pod-container-running-failed).
+READY_DELAY = "pod-ready.stage.kwok.x-k8s.io/delay"
+READY_JITTER = "pod-ready.stage.kwok.x-k8s.io/jitter-delay"
+COMPLETE_DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
+COMPLETE_JITTER = "pod-complete.stage.kwok.x-k8s.io/jitter-delay"
+FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
+FAIL_EXIT = "pod-container-running-failed.stage.kwok.x-k8s.io/exit-code"
+FAIL_DELAY = "pod-container-running-failed.stage.kwok.x-k8s.io/delay"
+FAIL_JITTER = "pod-container-running-failed.stage.kwok.x-k8s.io/jitter-delay"
+FAIL_CONTAINER = "pod-container-running-failed.stage.kwok.x-k8s.io/container-name"
+
+
+def timing(run_s: float = 3.0, start_s: float = 0.5) -> dict[str, str]:
+    """Pod annotations for KWOK's stages: Running after ``start_s``, Succeeded ``run_s`` later."""
+    return {READY_DELAY: f"{int(start_s * 1000)}ms", READY_JITTER: "0s",
+            COMPLETE_DELAY: f"{int(run_s * 1000)}ms", COMPLETE_JITTER: "0s"}
+
+
+class Cluster:
+    def __init__(self, root: Path):
+        self.root = root
+        self.kubeconfig = str(root / "kubeconfig")
+        self._api = None
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return json.loads((self.root / "state.json").read_text())
+
+    # --- clients -------------------------------------------------------------------------
+    @property
+    def api_client(self):
+        if self._api is None:
+            from kubernetes import config
+
+            self._api = config.new_client_from_config(self.kubeconfig)
+        return self._api
+
+    @property
+    def core(self):
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api_client)
+
+    @property
+    def custom(self):
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api_client)
+
+    def jobset(self, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets", name)
+
+    def pods(self, jobset: str) -> list[dict[str, Any]]:
+        out = self.core.list_namespaced_pod(
+            NAMESPACE, label_selector=f"jobset.sigs.k8s.io/jobset-name={jobset}",
+            _preload_content=False)
+        return json.loads(out.data)["items"]
+
+    def wait(self, what: str, check, timeout: float = 60.0, every: float = 0.25):
+        deadline = time.monotonic() + timeout
+        last = None
+        while time.monotonic() < deadline:
+            last = check()
+            if last:
+                return last
+            time.sleep(every)
+        raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+    def wait_condition(self, name: str, condition: str, timeout: float = 90.0) -> dict[str, Any]:
+        def has() -> dict[str, Any] | None:
+            js = self.jobset(name)
+            conds = (js.get("status") or {}).get("conditions") or []
+            return js if any(c["type"] == condition and c["status"] == "True" for c in conds) else None
+        return self.wait(f"JobSet {name} {condition}", has, timeout)
+
+    # --- logs served by KWOK ---------------------------------------------------------------
+    def log_file(self, pod: str, container: str, previous: bool = False) -> Path:
+        d = self.root / "podlogs" / NAMESPACE / pod
+        d.mkdir(parents=True, exist_ok=True)
+        return d / f"{container}{'.previous' if previous else ''}.log"
+
+    def serve_logs(self, pod: str, containers: list[str]) -> None:
+        """Create the Logs object that makes KWOK serve this pod's container logs from
+        files (followed), the previous container's from ``*.previous.log``."""
+        logs = []
+        for c in containers:
+            self.log_file(pod, c).touch()
+            self.log_file(pod, c, previous=True).touch()
+            logs.append({"containers": [c], "logsFile": str(self.log_file(pod, c)),
+                         "previousLogsFile": str(self.log_file(pod, c, previous=True)),
+                         "follow": True})
+        body = {"apiVersion": "kwok.x-k8s.io/v1alpha1", "kind": "Logs",
+                "metadata": {"name": pod, "namespace": NAMESPACE}, "spec": {"logs": logs}}
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.custom.create_namespaced_custom_object("kwok.x-k8s.io", "v1alpha1", NAMESPACE,
+                                                        "logs", body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    def write_log(self, pod: str, container: str, lines: list[str], *, previous: bool = False,
+                  when: dt.datetime | None = None) -> None:
+        """Append lines in the CRI log format the kubelet writes (what KWOK reads)."""
+        when = when or dt.datetime.now(dt.UTC)
+        with self.log_file(pod, container, previous).open("a") as f:
+            for i, line in enumerate(lines):
+                ts = (when + dt.timedelta(microseconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+                f.write(f"{ts} stdout F {line}\n")
+
+    # --- disruptions -----------------------------------------------------------------------
+    def fail_pod(self, pod: str, exit_code: int, container: str = "workload") -> None:
+        """Make a Running pod's container exit with ``exit_code`` now (KWOK's chaos stage
+        ``pod-container-running-failed``, selected by its label, read from annotations)."""
+        self.core.patch_namespaced_pod(pod, NAMESPACE, {"metadata": {
+            "labels": {FAIL_LABEL: "true"},
+            "annotations": {FAIL_EXIT: str(exit_code), FAIL_DELAY: "0s", FAIL_JITTER: "0s",
+                            FAIL_CONTAINER: container}}})
+
+    def _ready(self) -> bool:
+        ctx = ssl.create_default_context(cafile=str(self.root / "pki/ca.crt"))
+        ctx.load_cert_chain(str(self.root / "pki/admin.crt"), str(self.root / "pki/admin.key"))
+        conn = http.client.HTTPSConnection("127.0.0.1", self.state["ports"]["apiserver"],
+                                           context=ctx, timeout=2)
+        try:
+            conn.request("GET", "/readyz")
+            return conn.getresponse().status == 200
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def restart_apiserver(self, timeout: float = 90.0) -> None:
+        """Kill the API server; the supervisor starts it again. Returns once it is ready."""
+        old = self.state["pids"]["kube-apiserver"]
+        os.kill(old, signal.SIGKILL)
+        self.wait("a new kube-apiserver", lambda: self.state["pids"]["kube-apiserver"] != old, 20)
+        self.wait("kube-apiserver ready", self._ready, timeout, every=0.2)
+
+    def _etcd(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        ctx = ssl.create_default_context(cafile=str(self.root / "pki/ca.crt"))
+        ctx.load_cert_chain(str(self.root / "pki/server.crt"), str(self.root / "pki/server.key"))
+        conn = http.client.HTTPSConnection("127.0.0.1", self.state["ports"]["etcd"], context=ctx,
+                                           timeout=10)
+        try:
+            conn.request("POST", path, body=json.dumps(body))
+            resp = conn.getresponse()
+            data = json.loads(resp.read() or b"{}")
+            assert resp.status == 200, (resp.status, data)
+            return data
+        finally:
+            conn.close()
+
+    def compact_etcd(self) -> int:
+        """Compact etcd at its current revision (its gRPC gateway): every watch that resumes
+        from an older resourceVersion is then answered 410 Gone by the API server."""
+        rev = int(self._etcd("/v3/maintenance/status", {})["header"]["revision"])
+        self._etcd("/v3/kv/compaction", {"revision": str(rev), "physical": True})
+        return rev
+
+    def audit_lines(self) -> list[dict[str, Any]]:
+        path = self.root / "logs/audit.log"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def start(root: Path, owner: int) -> Cluster:
+    """Start a control plane in ``root`` exactly as ``tests/cluster/up.sh`` does."""
+    proc = subprocess.run(["bash", str(UP), str(root), "--owner", str(owner)],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        tail = ""
+        for log in sorted((root / "logs").glob("*.log")):
+            if log.name != "audit.log":
+                tail += f"\n--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise RuntimeError(f"tests/cluster/up.sh failed ({proc.returncode}): {proc.stderr.strip()}{tail}")
+    return Cluster(root)
+
+
+def stop(root: Path) -> None:
+    subprocess.run(["bash", str(DOWN), str(root)], check=True)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
