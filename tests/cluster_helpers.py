@@ -25,11 +25,9 @@ REPO = Path(__file__).resolve().parent.parent
 UP, DOWN = REPO / "tests/cluster/up.sh", REPO / "tests/cluster/down.sh"
 NAMESPACE = "default"
 
-# KWOK's general pod stages read their timing from these pod annotations
-# (kustomize/stage/pod/general/pod-ready.yaml, pod-complete.yaml); its chaos stage fails a
+# KWOK's general pod stages read their timing from pod annotations
+# (kustomize/stage/pod/general/pod-*.yaml, see timing()); its chaos stage fails a
 # labelled pod with the exit code its annotation names (chaos/pod-container-running-failed).
-READY_DELAY = "pod-ready.stage.kwok.x-k8s.io/delay"
-READY_JITTER = "pod-ready.stage.kwok.x-k8s.io/jitter-delay"
 COMPLETE_DELAY = "pod-complete.stage.kwok.x-k8s.io/delay"
 COMPLETE_JITTER = "pod-complete.stage.kwok.x-k8s.io/jitter-delay"
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
@@ -40,9 +38,17 @@ FAIL_CONTAINER = "pod-container-running-failed.stage.kwok.x-k8s.io/container-nam
 
 
 def timing(run_s: float = 3.0, start_s: float = 0.5) -> dict[str, str]:
-    """Pod annotations for KWOK's stages: Running after ``start_s``, Succeeded ``run_s`` later."""
-    return {READY_DELAY: f"{int(start_s * 1000)}ms", READY_JITTER: "0s",
-            COMPLETE_DELAY: f"{int(run_s * 1000)}ms", COMPLETE_JITTER: "0s"}
+    """Pod annotations for KWOK's stages: Running after ``start_s``, Succeeded ``run_s`` later.
+    KWOK's jitter is the delay's upper bound, not an addition (a jitter below the delay
+    replaces it: kwok pkg/utils/lifecycle/lifecycle.go Stage.Delay), so both are equal."""
+    step, run = f"{int(start_s * 250)}ms", f"{int(run_s * 1000)}ms"
+    out = {COMPLETE_DELAY: run, COMPLETE_JITTER: run}
+    # create, init container running, init container completed, ready: a quarter each
+    for stage in ("pod-create", "pod-init-container-running", "pod-init-container-completed",
+                  "pod-ready"):
+        out[f"{stage}.stage.kwok.x-k8s.io/delay"] = step
+        out[f"{stage}.stage.kwok.x-k8s.io/jitter-delay"] = step
+    return out
 
 
 class Cluster:
@@ -145,7 +151,7 @@ class Cluster:
         ``pod-container-running-failed``, selected by its label, read from annotations)."""
         self.core.patch_namespaced_pod(pod, NAMESPACE, {"metadata": {
             "labels": {FAIL_LABEL: "true"},
-            "annotations": {FAIL_EXIT: str(exit_code), FAIL_DELAY: "0s", FAIL_JITTER: "0s",
+            "annotations": {FAIL_EXIT: str(exit_code), FAIL_DELAY: "1ms", FAIL_JITTER: "1ms",
                             FAIL_CONTAINER: container}}})
 
     def _ready(self) -> bool:

@@ -430,12 +430,13 @@ class Supervisor:
                     raise RuntimeError(f"{name} exited with {p.returncode} while waiting for {what}"
                                        f" (see {self.logs / (name + '.log')})")
             try:
-                if check():
+                last = check()
+                if last is True:
                     return
-            except (OSError, ssl.SSLError, http.client.HTTPException):
-                pass
+            except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
+                last = exc
             if time.monotonic() > deadline:
-                raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}")
+                raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r:.300})")
             time.sleep(0.2)
 
     def run(self) -> None:
@@ -494,7 +495,7 @@ class Supervisor:
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={self.logs / 'audit.log'}",
             "--audit-log-maxsize=200", "--audit-log-maxbackup=1"])
         api = Api(p["apiserver"], pki)
-        self.wait_for("kube-apiserver /readyz", lambda: api.request("GET", "/readyz", timeout=3)[0] == 200, 90)
+        self.wait_for("kube-apiserver /readyz", lambda: api.request("GET", "/readyz", timeout=3)[0] == 200 or "not ready", 90)
         kubeconfig = self.root / "kubeconfig"
         write_kubeconfig(kubeconfig, p["apiserver"], pki)
         kenv = {"KUBECONFIG": str(kubeconfig)}
@@ -567,9 +568,9 @@ class Supervisor:
         self.wait_for("KWOK nodes Ready", lambda: _nodes_ready(api), 60)
         # The webhooks answer through the API server (a dry-run create goes through both
         # JobSet's and Kueue's), and the queues exist.
-        self.wait_for("Kueue's webhooks", lambda: api.create(kueue_queues()[0], dry_run=True)[0] in (200, 201), 60)
+        self.wait_for("Kueue's webhooks", lambda: _admitted(api, kueue_queues()[0]), 90)
         api.apply_all(kueue_queues())
-        self.wait_for("JobSet's webhooks", lambda: api.create(_probe_jobset(), dry_run=True)[0] in (200, 201), 60)
+        self.wait_for("JobSet's webhooks", lambda: _admitted(api, _probe_jobset()), 90)
         self.wait_for("the default service account",
                       lambda: api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200, 60)
 
@@ -616,6 +617,12 @@ def _nodes_ready(api: Api) -> bool:
                for n in body["items"])
 
 
+def _admitted(api: Api, obj: dict[str, Any]) -> Any:
+    """True once a dry-run create passes every webhook, else what the server said."""
+    code, body = api.create(obj, dry_run=True)
+    return True if code in (200, 201) else (code, body)
+
+
 def _probe_jobset() -> dict[str, Any]:
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": "xrun-probe", "namespace": NAMESPACE},
@@ -655,6 +662,8 @@ def up(root: Path, owner: int | None, timeout: float = READY_TIMEOUT) -> int:
     root.mkdir(parents=True, exist_ok=True)
     for stale in ("ready", "failed", "stopped", "state.json"):
         (root / stale).unlink(missing_ok=True)
+    for stale_dir in ("etcd", "pki", "podlogs"):  # a fresh cluster every time: new ports, new CA
+        shutil.rmtree(root / stale_dir, ignore_errors=True)
     build = subprocess.run(["bash", str(HERE / "build.sh")], stdout=subprocess.PIPE, text=True)
     if build.returncode:
         return build.returncode
