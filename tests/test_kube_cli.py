@@ -149,6 +149,23 @@ def tpu_node(i: int, accelerator: str = "tpu-v6e-slice", topology: str = "2x4",
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
 
 
+def test_submit_refuses_a_cluster_without_native_sidecars(api, kubeconfig, gcs_bucket):
+    """Kubernetes 1.28 drops restartPolicy: Always from init containers: the log shipper would
+    hold every pod in Init for ever, so nothing is created."""
+    api.git_version = "v1.28.15-gke.1435000"
+    r = xrun("submit", "--name", "old", *FLAGS, "--detach", storage=f"{gcs_bucket}/xrun", KUBECONFIG=kubeconfig)
+    assert r.returncode == 1, r.stderr
+    line = one_error_line(r)
+    assert line.startswith("Kubernetes v1.28.15-gke.1435000 has no native sidecars: xrun's log shipper (xrun-logs, "
+                           "an init container with restartPolicy: Always) needs Kubernetes >= 1.29 (1.28 has them "
+                           "only behind the SidecarContainers feature gate, off by default)"), line
+    assert not api.requests_to("POST", "/jobsets$")
+    api.git_version = "v1.29.1-gke.1589000"
+    r = xrun("submit", "--name", "new", *FLAGS, "--detach", storage=f"{gcs_bucket}/xrun", KUBECONFIG=kubeconfig)
+    assert r.returncode == 0, r.stderr
+    assert len(api.requests_to("POST", "/jobsets$")) == 1
+
+
 def test_doctor_passes_on_a_ready_cluster(api, kubeconfig, gcs_bucket, tmp_path):
     api.kueue_versions = ["v1beta1"]
     api.local_queues[("team", "lq")] = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue",
