@@ -391,7 +391,8 @@ def test_doctor_probe_that_never_schedules_or_cannot_pull(api, backend, tmp_path
 def test_replace_waits_for_the_old_run_to_be_over(api, kubeconfig, gcs_bucket, tmp_path):
     root = f"{gcs_bucket}/xrun"
     storage = open_storage(root)
-    flags = ["--name", "rp", "--tpu", "v6e-16", "--image", "img:1", "--context", "test-ctx", "--detach"]
+    flags = ["--name", "rp", "--tpu", "v6e-16", "--image", "img:1", "--xrun-image", "registry.test/xrun:1",
+             "--context", "test-ctx", "--detach"]
     assert xrun("submit", *flags, storage=root, timeout=60, KUBECONFIG=kubeconfig).returncode == 0
     storage.write_bytes(f"{Layout.checkpoints('rp')}/100/commit_success.txt", b"ok")
     ckpt = f"{Layout.checkpoints('rp')}/100/commit_success.txt"
@@ -427,7 +428,8 @@ def test_replace_waits_for_the_old_run_to_be_over(api, kubeconfig, gcs_bucket, t
 
 def test_force_stops_the_live_run_before_its_data_goes(api, kubeconfig, gcs_bucket):
     root = f"{gcs_bucket}/xrun"
-    flags = ["--name", "fr", "--tpu", "v6e-16", "--image", "img:1", "--context", "test-ctx", "--detach"]
+    flags = ["--name", "fr", "--tpu", "v6e-16", "--image", "img:1", "--xrun-image", "registry.test/xrun:1",
+             "--context", "test-ctx", "--detach"]
     assert xrun("submit", *flags, storage=root, timeout=60, KUBECONFIG=kubeconfig).returncode == 0
     api.set_pods("fr", 0, "Running")
     r = xrun("submit", *flags, "--replace", "--force", storage=root, timeout=60, KUBECONFIG=kubeconfig)

@@ -16,7 +16,9 @@ from orchestrator.backends.kube.backend import KubeBackend
 from xrun_contract import Layout
 from xrun_contract.storage import open_storage
 
-FLAGS = ["--tpu", "v6e-8", "--num-slices", "2", "--image", "img:1", "--context", "test-ctx"]
+# A cluster run's xrun_image must name a registry its nodes can pull from.
+FLAGS = ["--tpu", "v6e-8", "--num-slices", "2", "--image", "img:1", "--xrun-image", "registry.test/xrun:1",
+         "--context", "test-ctx"]
 
 
 def one_error_line(r) -> str:
@@ -164,6 +166,36 @@ def test_submit_refuses_a_cluster_without_native_sidecars(api, kubeconfig, gcs_b
     r = xrun("submit", "--name", "new", *FLAGS, "--detach", storage=f"{gcs_bucket}/xrun", KUBECONFIG=kubeconfig)
     assert r.returncode == 0, r.stderr
     assert len(api.requests_to("POST", "/jobsets$")) == 1
+
+
+def test_cluster_submit_refuses_an_xrun_image_without_a_registry(api, kubeconfig, gcs_bucket, tmp_path):
+    """The default xrun_image (xrun-workload:<version>) is for local runs: on a cluster the
+    nodes would look for it on Docker Hub and every pod would stay Init:ErrImagePull."""
+    root = f"{gcs_bucket}/xrun"
+    cluster = ["--tpu", "v6e-8", "--image", "us-docker.pkg.dev/p/r/xrun-workload:1", "--context", "test-ctx"]
+    allowed = ("cluster runs need an image in a registry the nodes can pull from, its first path component a "
+               "registry host (with a '.' or ':', or localhost), e.g. us-docker.pkg.dev/PROJECT/REPO/"
+               "xrun-workload:0.1.0: build the Dockerfile, push it, set xrun_image (README \"Any image\")")
+    for extra in ([], ["--xrun-image", "xrun/xrun-workload:0.1.0"], ["--dry-run"]):
+        r = xrun("submit", "--name", "noreg", *cluster, *extra, "--detach", storage=root, KUBECONFIG=kubeconfig)
+        image = extra[1] if extra[:1] == ["--xrun-image"] else "xrun-workload:0.1.0"
+        assert r.returncode == 2, (extra, r.stderr)
+        assert one_error_line(r) == (f"xrun_image: {image!r} names no registry, so the cluster's nodes cannot "
+                                     f"pull it; {allowed}"), extra
+        assert r.stdout == ""
+    assert not api.requests_to("POST", "/jobsets$")
+    assert open_storage(root).list("", delimiter=None)[0] == []  # nothing written
+    # A registry host: a '.', a ':' (port) or localhost (kind's locally loaded images).
+    for i, image in enumerate(["localhost/xrun:1", "localhost:5000/xrun:1", "registry.test/xrun:1"]):
+        r = xrun("submit", "--name", f"reg{i}", *cluster, "--xrun-image", image, "--detach", storage=root,
+                 KUBECONFIG=kubeconfig)
+        assert r.returncode == 0, r.stderr
+    assert len(api.requests_to("POST", "/jobsets$")) == 3
+    # Local runs keep the default.
+    r = xrun("submit", "--name", "local", "--accelerator", "cpu-2", "--image", "local", "--dry-run",
+             storage=tmp_path / "local")
+    assert r.returncode == 0, r.stderr
+    assert "image: xrun-workload:0.1.0" in r.stdout
 
 
 def test_doctor_passes_on_a_ready_cluster(api, kubeconfig, gcs_bucket, tmp_path):

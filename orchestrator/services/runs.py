@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from manifests.jobset import jobset
-from manifests.spec import RunSpec
+from manifests.spec import RunSpec, check_cluster_xrun_image
 from orchestrator.backends.base import Backend, BackendStatus
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.loaders import StoredRun, read_stored_run
@@ -162,6 +162,13 @@ def render(spec: RunSpec) -> dict[str, Any]:
     return manifest
 
 
+def render_for_submit(spec: RunSpec) -> dict[str, Any]:
+    """:func:`render`, and what only a submission needs: a cluster run's ``xrun_image`` must
+    be pullable by its nodes (``render`` alone prints the manifest for any image)."""
+    check_cluster_xrun_image(spec)
+    return render(spec)
+
+
 def admit(manifest: dict[str, Any]) -> None:
     """JobSet webhook and API-server rules (``manifests.admission``) before anything is sent."""
     try:
@@ -246,7 +253,7 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Subm
     locally, ifGenerationMatch=0 on GCS), so of racing submits exactly one starts."""
     if force and not replace:
         raise XrunError("--force: only with --replace (it replaces a run that is still live)")
-    manifest = render(spec)
+    manifest = render_for_submit(spec)
     storage = _open(spec.storage)
     backend = backend_for_spec(spec)
     record = {
