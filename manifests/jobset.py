@@ -148,9 +148,26 @@ def container_env(spec: RunSpec) -> list[t.EnvVar]:
     # user's env of the same name replaces it rather than appearing twice.
     env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in platform_env(shape).items()
             if k not in spec.env]
+    env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in nccl_profile_env(shape, spec.env).items()]
     # An empty value is expressed by leaving "value" out (Kubernetes reads it as "").
     env += [t.EnvVar(name=k, value=k8s_escape(v) if v else None) for k, v in spec.env.items()]
     return env
+
+
+def nccl_profile_env(shape: Shape, user_env: dict[str, str]) -> dict[str, str]:
+    """What the launcher needs to give a GPU stack the env of the NCCL plugin on the node:
+    the plugin's env file (sourced when present), the fallback values (exported when it is
+    absent; the user's names left out) and the user's names (kept over both)."""
+    stack = shape.networking if shape.kind == "gpu" else None
+    if stack is None or not stack.env_profile:
+        return {}
+    out = {Env.NCCL_ENV_PROFILE: stack.env_profile}
+    fallback = "\n".join(f"{k}={v}" for k, v in stack.env_fallback.items() if k not in user_env)
+    if fallback:
+        out[Env.NCCL_ENV_FALLBACK] = fallback
+    if user_env:
+        out[Env.USER_ENV] = " ".join(user_env)
+    return out
 
 
 def platform_env(shape: Shape) -> dict[str, str]:
