@@ -383,7 +383,8 @@ def test_doctor_probe_that_never_schedules_or_cannot_pull(api, backend, tmp_path
     api.script([pull_error])
     check = doctor.check_pod_storage(backend, spec, timeout_s=10)
     assert (check.result, check.exit_code) == ("FAIL", 1)
-    assert check.detail.startswith("probe pod cannot pull img:1: ErrImagePull")
+    # The probe runs xrun_image (the run's image may have no xrun code): that is what failed.
+    assert check.detail.startswith("probe pod cannot pull xrun_image xrun-workload:0.1.0: ErrImagePull")
 
 
 # --- submit --replace never deletes a live cluster run's checkpoints ----------------------
@@ -500,4 +501,10 @@ def test_the_probe_runs_xrun_image_whatever_the_run_image():
     pod = probe_jobset(spec, "xrun-doctor-1")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "us-docker.pkg.dev/p/r/xrun:1" and container["command"] == PROBE_COMMAND
+    # Its pull policy is the probe image's own default, not the run image's.
+    latest = build_spec({"name": "mt", "accelerator": "v6e-16", "image": "maxtext:stock", "storage": "gs://bkt/xrun",
+                         "xrun_image": "us-docker.pkg.dev/p/r/xrun:latest"}, {})
+    pod = probe_jobset(latest, "xrun-doctor-2")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert [(c["image"], c["imagePullPolicy"]) for c in pod["containers"]] == [
+        ("us-docker.pkg.dev/p/r/xrun:latest", "Always")]
     assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"

@@ -191,7 +191,7 @@ def _await_probe(backend: KubeBackend, spec: RunSpec, name: str, timeout_s: floa
             state = ((status.get("containerStatuses") or [{}])[0].get("state")) or {}
             waiting = (state.get("waiting") or {})
             if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
-                return Check("pod-storage", FAIL, f"probe pod cannot pull {spec.image}: {waiting.get('reason')} "
+                return Check("pod-storage", FAIL, f"probe pod cannot pull xrun_image {spec.xrun_image}: {waiting.get('reason')} "
                                                   f"{waiting.get('message', '')}".strip(), 1)
             if status.get("phase") in ("Succeeded", "Failed"):
                 return _probe_verdict(backend, spec, pod, where)
