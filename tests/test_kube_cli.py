@@ -162,10 +162,12 @@ def test_submit_refuses_a_cluster_without_native_sidecars(api, kubeconfig, gcs_b
                            "an init container with restartPolicy: Always) needs Kubernetes >= 1.29 (1.28 has them "
                            "only behind the SidecarContainers feature gate, off by default)"), line
     assert not api.requests_to("POST", "/jobsets$")
+    assert open_storage(f"{gcs_bucket}/xrun").list("", delimiter=None)[0] == []  # nothing written: the name stays free
     api.git_version = "v1.29.1-gke.1589000"
-    r = xrun("submit", "--name", "new", *FLAGS, "--detach", storage=f"{gcs_bucket}/xrun", KUBECONFIG=kubeconfig)
+    r = xrun("submit", "--name", "old", *FLAGS, "--detach", storage=f"{gcs_bucket}/xrun", KUBECONFIG=kubeconfig)
     assert r.returncode == 0, r.stderr
     assert len(api.requests_to("POST", "/jobsets$")) == 1
+    assert len(api.requests_to("GET", "^/version")) == 2  # once per submit
 
 
 def test_cluster_submit_refuses_an_xrun_image_without_a_registry(api, kubeconfig, gcs_bucket, tmp_path):

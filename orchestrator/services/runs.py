@@ -256,6 +256,7 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Subm
     manifest = render_for_submit(spec)
     storage = _open(spec.storage)
     backend = backend_for_spec(spec)
+    _preflight(backend)
     record = {
         "name": spec.name, "spec": spec.to_dict(), "submitted_at": time.time(),
         "backend": spec.backend_name, "context": spec.context, "namespace": spec.namespace,
@@ -278,6 +279,20 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Subm
     if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
         storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
     return Submitted(spec, manifest, storage, backend)
+
+
+def _preflight(backend: Backend) -> None:
+    """A cluster that answers but cannot run xrun's pods (no native sidecars) is refused
+    before anything is written, so the name stays free for a retry after an upgrade. One
+    that does not answer is left to the steps below, which say so where they always did."""
+    check = getattr(backend, "check_native_sidecars", None)
+    if check is None:
+        return
+    try:
+        check()
+    except XrunError as e:
+        if e.exit_code != EXIT_UNREACHABLE:
+            raise
 
 
 def _create(storage: Storage, key: str, data: bytes) -> bool:
