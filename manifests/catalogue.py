@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,10 @@ class Networking:
     sidecars: tuple[t.Container, ...]
     mounts: tuple[t.VolumeMount, ...]
     env: dict[str, str]
+    # The NCCL plugin's env file on the node, sourced by the launcher when present, and the
+    # env exported instead when it is absent (accelerators.yaml env_profile, env_fallback).
+    env_profile: str = ""
+    env_fallback: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -80,7 +84,8 @@ def _bytes(text: str) -> int:
 
 
 def _networking(name: str, data: dict[str, Any]) -> Networking:
-    known = {"networks", "annotations", "tolerations", "volumes", "sidecars", "mounts", "env"}
+    known = {"networks", "annotations", "tolerations", "volumes", "sidecars", "mounts", "env", "env_profile",
+             "env_fallback"}
     if set(data) - known:
         raise ValueError(f"accelerators.yaml: networking {name}: unknown keys {sorted(set(data) - known)}")
     where = f"accelerators.yaml networking.{name}"
@@ -93,7 +98,21 @@ def _networking(name: str, data: dict[str, Any]) -> Networking:
         sidecars=tuple(t.from_dict(t.Container, x, f"{where}.sidecars") for x in data.get("sidecars", ())),
         mounts=tuple(t.from_dict(t.VolumeMount, x, f"{where}.mounts") for x in data.get("mounts", ())),
         env={str(k): str(v) for k, v in (data.get("env") or {}).items()},
+        env_profile=str(data.get("env_profile") or ""),
+        env_fallback=_fallback(where, data),
     )
+
+
+def _fallback(where: str, data: dict[str, Any]) -> dict[str, str]:
+    """env_fallback: needs an env_profile, and no name the stack's env sets too."""
+    fallback = {str(k): str(v) for k, v in (data.get("env_fallback") or {}).items()}
+    if fallback and not data.get("env_profile"):
+        raise ValueError(f"{where}: env_fallback without env_profile")
+    both = sorted(set(fallback) & set(data.get("env") or {}))
+    bad = [k for k in fallback if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) or "\n" in fallback[k]]
+    if both or bad:
+        raise ValueError(f"{where}: env_fallback names {both or bad} (in env too, or not one-line NAME=value)")
+    return fallback
 
 
 @functools.cache

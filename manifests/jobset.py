@@ -48,6 +48,19 @@ def coordinator_host(spec: RunSpec) -> str:
     return f"{spec.name}-{REPLICATED_JOB}-0-0.{spec.name}"
 
 
+def default_pull_policy(image: str) -> str:
+    """imagePullPolicy as the API server defaults it (core/v1 defaults.go
+    SetDefaults_Container): Always when the tag is ``latest``, which
+    parsers.ParseImageName also assumes for a reference with neither tag nor digest;
+    IfNotPresent otherwise (any other tag, or a digest alone)."""
+    name, _, digest = image.partition("@")
+    last = name.rsplit("/", 1)[-1]  # a registry's ":port" is never in the last component
+    tag = last.rsplit(":", 1)[1] if ":" in last else ""
+    if not tag and not digest:
+        tag = "latest"
+    return "Always" if tag == "latest" else "IfNotPresent"
+
+
 def launcher_argv(command: str) -> list[str]:
     """The user's container command: xrun's POSIX-sh launcher (``workload/launcher.sh``,
     copied into the shared folder by the init container) running ``/bin/sh -c COMMAND``.
@@ -135,9 +148,26 @@ def container_env(spec: RunSpec) -> list[t.EnvVar]:
     # user's env of the same name replaces it rather than appearing twice.
     env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in platform_env(shape).items()
             if k not in spec.env]
+    env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in nccl_profile_env(shape, spec.env).items()]
     # An empty value is expressed by leaving "value" out (Kubernetes reads it as "").
     env += [t.EnvVar(name=k, value=k8s_escape(v) if v else None) for k, v in spec.env.items()]
     return env
+
+
+def nccl_profile_env(shape: Shape, user_env: dict[str, str]) -> dict[str, str]:
+    """What the launcher needs to give a GPU stack the env of the NCCL plugin on the node:
+    the plugin's env file (sourced when present), the fallback values (exported when it is
+    absent; the user's names left out) and the user's names (kept over both)."""
+    stack = shape.networking if shape.kind == "gpu" else None
+    if stack is None or not stack.env_profile:
+        return {}
+    out = {Env.NCCL_ENV_PROFILE: stack.env_profile}
+    fallback = "\n".join(f"{k}={v}" for k, v in stack.env_fallback.items() if k not in user_env)
+    if fallback:
+        out[Env.NCCL_ENV_FALLBACK] = fallback
+    if user_env:
+        out[Env.USER_ENV] = " ".join(user_env)
+    return out
 
 
 def platform_env(shape: Shape) -> dict[str, str]:
@@ -224,11 +254,13 @@ def xrun_containers(spec: RunSpec) -> list[t.Container]:
     dies, stopped only after the workload container ended)."""
     mount = [t.VolumeMount(name=POD_VOLUME, mount_path=PodFiles.MOUNT_PATH)]
     return [
-        t.Container(name=INIT_CONTAINER, image=spec.xrun_image, image_pull_policy="IfNotPresent",
+        t.Container(name=INIT_CONTAINER, image=spec.xrun_image,
+                    image_pull_policy=default_pull_policy(spec.xrun_image),
                     command=install_argv(),
                     env=[t.EnvVar(name=Env.POD_DIR, value=PodFiles.MOUNT_PATH)],
                     volume_mounts=list(mount)),
-        t.Container(name=LOGS_CONTAINER, image=spec.xrun_image, image_pull_policy="IfNotPresent",
+        t.Container(name=LOGS_CONTAINER, image=spec.xrun_image,
+                    image_pull_policy=default_pull_policy(spec.xrun_image),
                     command=ship_argv(), env=logs_env(spec), volume_mounts=list(mount),
                     resources=t.ResourceRequirements(requests=dict(LOGS_RESOURCES)),
                     restart_policy="Always"),
@@ -240,7 +272,7 @@ def pod_spec(spec: RunSpec) -> t.PodSpec:
     container = t.Container(
         name=CONTAINER,
         image=spec.image,
-        image_pull_policy="IfNotPresent",
+        image_pull_policy=default_pull_policy(spec.image),
         command=launcher_argv(spec.command),
         env=container_env(spec),
         ports=[t.ContainerPort(name="coordinator", container_port=spec.coordinator_port)],

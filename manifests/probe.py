@@ -16,7 +16,7 @@ import hashlib
 from typing import Any
 
 from manifests import types as t
-from manifests.jobset import POD_VOLUME, build, check_no_empty
+from manifests.jobset import POD_VOLUME, build, check_no_empty, default_pull_policy
 from manifests.spec import RunSpec
 from xrun_contract.k8s import Labels
 
@@ -56,6 +56,7 @@ def probe_jobset(spec: RunSpec, name: str) -> dict[str, Any]:
     # xrun's own image runs the probe (the run's image may be MaxText's, with no xrun code);
     # what is probed is the node's identity and scopes, which every image on it shares.
     container.image = spec.xrun_image
+    container.image_pull_policy = default_pull_policy(spec.xrun_image)
     container.resources = None
     container.ports = []
     # No GPU networking daemons (they need the GPUs the probe does not request) and no

@@ -41,6 +41,12 @@ DEFAULT_RESTARTABLE_EXIT_CODES = (RESTARTABLE_EXIT_CODE, *range(127, 256))
 # shipper run it, whatever ``image`` the user's container runs. Push it to your registry
 # and set ``xrun_image`` to that name.
 DEFAULT_XRUN_IMAGE = f"xrun-workload:{XRUN_VERSION}"
+# What a cluster run's xrun_image must look like: a registry host first, so a node can pull it
+# (the default above is for local runs; no registry has it).
+CLUSTER_XRUN_IMAGE_HINT = ("an image in a registry the nodes can pull from, its first path component a "
+                           "registry host (with a '.' or ':', or localhost), e.g. "
+                           f"us-docker.pkg.dev/PROJECT/REPO/xrun-workload:{XRUN_VERSION}: build the Dockerfile, "
+                           "push it, set xrun_image (README \"Any image\")")
 # capacity: what GKE provisions the nodes from (rendered by manifests.jobset.capacity_*).
 CAPACITIES = ("on-demand", "spot", "reservation:<name>", "flex-start")
 # priority: xpk's PriorityClass ladder (xpk templates/kueue_config.yaml.j2 creates these classes).
@@ -241,6 +247,26 @@ def check_flag_envs(env: dict[str, str], shape: catalogue.Shape) -> None:
     if env.get("LIBTPU_INIT_ARGS", "").strip() and shape.kind == "gpu":
         raise XrunError(f"env: LIBTPU_INIT_ARGS is read only by libtpu and {shape.name} has no TPU; "
                         "put XLA flags in XLA_FLAGS")
+
+
+def image_registry(image: str) -> str:
+    """The registry host of an image reference, "" when it names none (Docker's reference
+    grammar, distribution/reference splitDockerDomain: the first path component is a host when
+    it holds a '.' or ':' or is ``localhost``; otherwise the name is Docker Hub's
+    ``docker.io/library/...``, which is where Kubernetes then pulls it from)."""
+    first, slash, _ = image.partition("/")
+    if slash and (("." in first or ":" in first) or first == "localhost"):
+        return first
+    return ""
+
+
+def check_cluster_xrun_image(spec: RunSpec) -> None:
+    """A cluster run's pods pull ``xrun_image`` for their init container and log shipper:
+    one without a registry host (the default ``xrun-workload:<version>``) is Docker Hub's
+    library, which has no such image, and every pod would stay Init:ErrImagePull."""
+    if spec.backend_name == "kube" and not image_registry(spec.xrun_image):
+        raise XrunError(f"xrun_image: {spec.xrun_image!r} names no registry, so the cluster's nodes cannot pull it; "
+                        f"cluster runs need {CLUSTER_XRUN_IMAGE_HINT}")
 
 
 def validate(spec: RunSpec) -> None:

@@ -293,6 +293,8 @@ class KubeAPI:
             ("jobset-system", "jobset-controller-manager"): deployment(
                 "jobset-system", "jobset-controller-manager", "registry.k8s.io/jobset/jobset:v0.12.0")}
         self.crd_installed = True
+        # What GET /version reports (apimachinery version.Info; GKE's minor has no "+").
+        self.git_version = "v1.31.4-gke.1000"
         self.jobset_versions = ["v1alpha2"]
         # The JobSet controller release serving vjobset.kb.io: from v0.12 its refusals are 422
         # Invalid with causes (jobset #1207), before that 403 Forbidden with the joined errors.
@@ -557,7 +559,9 @@ class KubeAPI:
     def _route(self, h: _Handler, req: Request) -> None:
         p, m, q = req.path, req.method, req.query
         if p.rstrip("/") == "/version":
-            return self._send(h, 200, {"major": "1", "minor": "31", "gitVersion": "v1.31.4-gke.1000"})
+            major, minor = self.git_version.lstrip("v").split(".")[:2]
+            return self._send(h, 200, {"major": major, "minor": minor, "gitVersion": self.git_version,
+                                       "platform": "linux/amd64"})
         if p.rstrip("/") == "/apis":
             return self._send(h, 200, self._groups())
         if p == CRD_PATH:

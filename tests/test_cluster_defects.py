@@ -383,7 +383,8 @@ def test_doctor_probe_that_never_schedules_or_cannot_pull(api, backend, tmp_path
     api.script([pull_error])
     check = doctor.check_pod_storage(backend, spec, timeout_s=10)
     assert (check.result, check.exit_code) == ("FAIL", 1)
-    assert check.detail.startswith("probe pod cannot pull img:1: ErrImagePull")
+    # The probe runs xrun_image (the run's image may have no xrun code): that is what failed.
+    assert check.detail.startswith("probe pod cannot pull xrun_image xrun-workload:0.1.0: ErrImagePull")
 
 
 # --- submit --replace never deletes a live cluster run's checkpoints ----------------------
@@ -391,7 +392,8 @@ def test_doctor_probe_that_never_schedules_or_cannot_pull(api, backend, tmp_path
 def test_replace_waits_for_the_old_run_to_be_over(api, kubeconfig, gcs_bucket, tmp_path):
     root = f"{gcs_bucket}/xrun"
     storage = open_storage(root)
-    flags = ["--name", "rp", "--tpu", "v6e-16", "--image", "img:1", "--context", "test-ctx", "--detach"]
+    flags = ["--name", "rp", "--tpu", "v6e-16", "--image", "img:1", "--xrun-image", "registry.test/xrun:1",
+             "--context", "test-ctx", "--detach"]
     assert xrun("submit", *flags, storage=root, timeout=60, KUBECONFIG=kubeconfig).returncode == 0
     storage.write_bytes(f"{Layout.checkpoints('rp')}/100/commit_success.txt", b"ok")
     ckpt = f"{Layout.checkpoints('rp')}/100/commit_success.txt"
@@ -427,7 +429,8 @@ def test_replace_waits_for_the_old_run_to_be_over(api, kubeconfig, gcs_bucket, t
 
 def test_force_stops_the_live_run_before_its_data_goes(api, kubeconfig, gcs_bucket):
     root = f"{gcs_bucket}/xrun"
-    flags = ["--name", "fr", "--tpu", "v6e-16", "--image", "img:1", "--context", "test-ctx", "--detach"]
+    flags = ["--name", "fr", "--tpu", "v6e-16", "--image", "img:1", "--xrun-image", "registry.test/xrun:1",
+             "--context", "test-ctx", "--detach"]
     assert xrun("submit", *flags, storage=root, timeout=60, KUBECONFIG=kubeconfig).returncode == 0
     api.set_pods("fr", 0, "Running")
     r = xrun("submit", *flags, "--replace", "--force", storage=root, timeout=60, KUBECONFIG=kubeconfig)
@@ -498,4 +501,10 @@ def test_the_probe_runs_xrun_image_whatever_the_run_image():
     pod = probe_jobset(spec, "xrun-doctor-1")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == "us-docker.pkg.dev/p/r/xrun:1" and container["command"] == PROBE_COMMAND
+    # Its pull policy is the probe image's own default, not the run image's.
+    latest = build_spec({"name": "mt", "accelerator": "v6e-16", "image": "maxtext:stock", "storage": "gs://bkt/xrun",
+                         "xrun_image": "us-docker.pkg.dev/p/r/xrun:latest"}, {})
+    pod = probe_jobset(latest, "xrun-doctor-2")["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert [(c["image"], c["imagePullPolicy"]) for c in pod["containers"]] == [
+        ("us-docker.pkg.dev/p/r/xrun:latest", "Always")]
     assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"

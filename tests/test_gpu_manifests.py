@@ -126,3 +126,98 @@ def test_local_backend_runs_a_gpu_manifest_on_cpu():
     for p in pods:
         assert p.env["JAX_PLATFORMS"] == "cpu" and p.env["XRUN_PLATFORM"] == "cpu"
         assert "tcpgpudmarxd" not in " ".join(p.argv)
+
+
+# --- the NCCL plugin's own env profile, not a copy of one release's values ----------------
+
+@pytest.mark.parametrize("shape, profile", [("h100-mega-80gb-8", "/usr/local/nvidia/lib64/nccl-env-profile.sh"),
+                                            ("h200-141gb-8", "/usr/local/gib/scripts/set_nccl_env.sh"),
+                                            ("b200-8", "/usr/local/gib/scripts/set_nccl_env.sh"),
+                                            ("h100-80gb-8", None)])
+def test_gpu_stacks_render_the_plugins_env_profile(shape, profile):
+    """TCPXO's guest config checker aborts a workload whose NCCL env does not match the
+    installed plugin, so the pod sources the profile the plugin installs (GKE: the TCPXO
+    installer's nccl-env-profile.sh, gIB's set_nccl_env.sh); the values xrun carried are only a
+    fallback for when it is absent."""
+    obj = render(shape, env={"NCCL_DEBUG": "INFO", "NCCL_MIN_NCHANNELS": "8"})
+    env = workload_env(obj)
+    if profile is None:  # A3 High's TCPX ships no profile: its env stays as rendered
+        assert not {"XRUN_NCCL_ENV_PROFILE", "XRUN_NCCL_ENV_FALLBACK", "XRUN_USER_ENV"} & set(env)
+        assert env["NCCL_GPUDIRECTTCPX_SOCKET_IFNAME"] == "eth1,eth2,eth3,eth4"
+        return
+    assert env["XRUN_NCCL_ENV_PROFILE"] == profile
+    assert env["XRUN_USER_ENV"] == "NCCL_DEBUG NCCL_MIN_NCHANNELS"
+    fallback = dict(line.split("=", 1) for line in env["XRUN_NCCL_ENV_FALLBACK"].split("\n"))
+    stack = catalogue.lookup(shape).networking
+    assert fallback == {k: v for k, v in stack.env_fallback.items() if k != "NCCL_MIN_NCHANNELS"}
+    assert not set(fallback) & set(env)  # the profile's values are never fixed in the pod spec
+    if shape == "h100-mega-80gb-8":
+        assert env["NCCL_LIB_DIR"] == "/usr/local/nvidia/lib64"
+        assert fallback["NCCL_PROTO"] == "Simple" and "NCCL_PROTO" not in env
+        assert "NCCL_NVLSTREE_MAX_CHUNKSIZE" not in fallback
+    else:
+        assert fallback["NCCL_IB_TC"] == "52" and env["NCCL_NET"] == "gIB"
+    assert violations(obj) == []
+
+
+PROFILE = """# nccl-env-profile.sh as a newer TCPXO plugin release installs it
+export NCCL_PROTO=Simple,LL128
+export NCCL_NVLSTREE_MAX_CHUNKSIZE=131072
+export NCCL_MIN_NCHANNELS=4
+export NCCL_TUNER_CONFIG_PATH=${NCCL_LIB_DIR}/a3plus_tuner_config_ll128.textproto
+export NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE=${NCCL_LIB_DIR}/a3plus_guest_config_ll128.textproto
+echo "profile: sourced"
+"""
+NAMES = ("NCCL_PROTO", "NCCL_NVLSTREE_MAX_CHUNKSIZE", "NCCL_MIN_NCHANNELS", "NCCL_TUNER_CONFIG_PATH",
+         "NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE", "NCCL_ALGO", "NCCL_DEBUG")
+
+
+@pytest.mark.parametrize("profile", ["present", "absent", "broken"])
+def test_the_launcher_sources_the_profile_and_falls_back_without_it(tmp_path, profile):
+    """The pod's command as rendered for A3 Mega, run here under /bin/sh with the container's
+    env (the profile's path moved under tmp_path): the profile's values win when it exists,
+    xrun's fallback values are exported when it does not (or /bin/sh cannot source it), and
+    the run file's env (NCCL_MIN_NCHANNELS=8) wins over both."""
+    import subprocess
+
+    from manifests.jobset import launcher_argv
+    from orchestrator.backends.local.k8s_env import expand
+    from workload.sidecar import install
+
+    obj = render("h100-mega-80gb-8", env={"NCCL_DEBUG": "INFO", "NCCL_MIN_NCHANNELS": "8"})
+    (ctr,) = template(obj)["spec"]["containers"]
+    lib = tmp_path / "nvidia" / "lib64"
+    lib.mkdir(parents=True)
+    path = lib / "nccl-env-profile.sh"
+    if profile == "present":
+        path.write_text(PROFILE)
+    elif profile == "broken":  # a bash array: a syntax error that stops dash
+        path.write_text("export NCCL_PROTO=LL\nNICS=(eth1 eth2)\n")
+    pod_dir = tmp_path / "pod"
+    install(pod_dir)
+    env = {**workload_env(obj), "PATH": "/usr/bin:/bin", "XRUN_POD_DIR": str(pod_dir),
+           "XRUN_NCCL_ENV_PROFILE": str(path), "NCCL_LIB_DIR": str(lib)}
+    report = "for n in " + " ".join(NAMES) + '; do eval "echo $n=\\${$n-unset}"; done'
+    argv = [expand(a, env) for a in launcher_argv(report)]
+    assert argv[0] == "/bin/sh" and argv[1] == f"{pod_dir}/bin/xrun-launch"
+    p = subprocess.run(argv, env=env, cwd=str(tmp_path), capture_output=True, text=True, timeout=60,
+                       start_new_session=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = (pod_dir / "output.log").read_text().splitlines()
+    got = dict(ln.split("=", 1) for ln in lines if ln.split("=", 1)[0] in NAMES)
+    if profile == "present":
+        assert lines[1:3] == ["profile: sourced", f"xrun-wrapper: nccl env from {path}"]
+        assert got == {"NCCL_PROTO": "Simple,LL128", "NCCL_NVLSTREE_MAX_CHUNKSIZE": "131072",
+                       "NCCL_MIN_NCHANNELS": "8",
+                       "NCCL_TUNER_CONFIG_PATH": f"{lib}/a3plus_tuner_config_ll128.textproto",
+                       "NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE": f"{lib}/a3plus_guest_config_ll128.textproto",
+                       "NCCL_ALGO": "unset", "NCCL_DEBUG": "INFO"}  # no fallback value leaks in
+    else:
+        why = f"no {path}" if profile == "absent" else f"{path} failed in /bin/sh"
+        assert lines[1] == f"xrun-wrapper: nccl env: {why}; xrun's fallback values (accelerators.yaml env_fallback)"
+        assert got == {"NCCL_PROTO": "Simple", "NCCL_NVLSTREE_MAX_CHUNKSIZE": "unset", "NCCL_MIN_NCHANNELS": "8",
+                       "NCCL_TUNER_CONFIG_PATH": "/usr/local/nvidia/lib64/a3plus_tuner_config.textproto",
+                       "NCCL_SHIMNET_GUEST_CONFIG_CHECKER_CONFIG_FILE":
+                           "/usr/local/nvidia/lib64/a3plus_guest_config.textproto",
+                       "NCCL_ALGO": "Ring,Tree", "NCCL_DEBUG": "INFO"}
+    assert lines[-1] == "EXIT_CODE=0"

@@ -432,3 +432,88 @@ def test_self_signed_tls_api_server(tmp_path):
         assert len(server.requests_to("GET", "/jobsets")) == 1  # the untrusted call never arrived
     finally:
         server.stop()
+
+
+# --- an init container's failure is shown as itself ----------------------------------------
+
+PULL_DENIED = ('failed to pull and unpack image "docker.io/library/xrun-workload:0.1.0": failed to resolve reference '
+               '"docker.io/library/xrun-workload:0.1.0": pull access denied, repository does not exist or may '
+               'require authorization: server message: insufficient_scope: authorization failed')
+
+
+def _ctr(name: str, image: str, state: dict, **extra) -> dict:
+    return {"name": name, "image": image, "imageID": "", "ready": False, "restartCount": 0, "started": False,
+            "state": state, "lastState": {}, **extra}
+
+
+def _stuck_pod(name: str, init_states: list[dict]) -> dict:
+    """A pod as the kubelet reports it while an init container cannot start (kubectl get pod
+    shows Init:ErrImagePull and the like): Pending, scheduled, Initialized False, the
+    workload container waiting on PodInitializing."""
+    pod = make_pod(name, 0, 0, 0, "Running")
+    pod["spec"]["initContainers"] = [{"name": "xrun-init", "image": "xrun-workload:0.1.0"},
+                                     {"name": "xrun-logs", "image": "xrun-workload:0.1.0", "restartPolicy": "Always"}]
+    pending = [c["name"] for c, s in zip(pod["spec"]["initContainers"], init_states, strict=True)
+               if "terminated" not in s]
+    pod["status"] = {
+        "phase": "Pending", "hostIP": "10.128.0.7", "podIP": "10.8.0.12", "qosClass": "Burstable",
+        "startTime": "2026-12-04T20:00:00Z",
+        "conditions": [
+            {"type": "PodReadyToStartContainers", "status": "True"},
+            {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
+             "message": f"containers with incomplete status: [{' '.join(pending)}]"},
+            {"type": "Ready", "status": "False", "reason": "ContainersNotReady",
+             "message": "containers with unready status: [workload xrun-logs]"},
+            {"type": "ContainersReady", "status": "False", "reason": "ContainersNotReady",
+             "message": "containers with unready status: [workload xrun-logs]"},
+            {"type": "PodScheduled", "status": "True"}],
+        "initContainerStatuses": [_ctr(c["name"], c["image"], s)
+                                  for c, s in zip(pod["spec"]["initContainers"], init_states, strict=True)],
+        "containerStatuses": [_ctr("workload", "img:1", {"waiting": {"reason": "PodInitializing"}})],
+    }
+    return pod
+
+
+INIT_DONE = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": "2026-12-04T20:00:03Z",
+                            "finishedAt": "2026-12-04T20:00:04Z", "containerID": "containerd://abc"}}
+INITIALIZING = {"waiting": {"reason": "PodInitializing"}}
+STUCK = [
+    ([{"waiting": {"reason": "ErrImagePull", "message": PULL_DENIED}}, INITIALIZING],
+     f"ErrImagePull: init container xrun-init: {PULL_DENIED}"),
+    ([{"waiting": {"reason": "ImagePullBackOff", "message": 'Back-off pulling image "xrun-workload:0.1.0"'}},
+      INITIALIZING],
+     'ImagePullBackOff: init container xrun-init: Back-off pulling image "xrun-workload:0.1.0"'),
+    ([INIT_DONE, {"waiting": {"reason": "CreateContainerConfigError",
+                              "message": 'secret "gcs-key" not found'}}],
+     'CreateContainerConfigError: init container xrun-logs: secret "gcs-key" not found'),
+]
+
+
+@pytest.mark.parametrize("init_states, reason", STUCK, ids=["ErrImagePull", "ImagePullBackOff", "CreateContainerConfigError"])
+def test_init_container_failures_show_as_themselves(api, kubeconfig, tmp_path, init_states, reason):
+    """xrun-init or the xrun-logs native sidecar cannot start: `xrun status` names it and
+    the kubelet's reason and message, not the workload's PodInitializing."""
+    import json
+
+    from cli_helpers import xrun
+
+    from orchestrator.backends.kube.state import host_status, one_line
+    from xrun_contract import Layout
+    from xrun_contract.storage import open_storage
+
+    backend = backend_for(kubeconfig)
+    backend.submit(manifest("stuck"))
+    pod = _stuck_pod("stuck", init_states)
+    shown = one_line(reason, 160)  # the status screen's width for a reason
+    assert host_status(pod).reason == shown
+    api.put_pod(pod)
+    root = tmp_path / "store"
+    open_storage(str(root)).write_json(Layout.run_json("stuck"), {
+        "name": "stuck", "backend": "kube", "context": "test-ctx", "namespace": "default",
+        "spec": {"accelerator": "v6e-8"}})
+    r = xrun("status", "stuck", "-o", "json", storage=root, timeout=60, KUBECONFIG=kubeconfig)
+    assert r.returncode == 0, r.stderr
+    (host,) = json.loads(r.stdout)["hosts"]
+    assert (host["host"], host["state"], host["reason"]) == ("0-0", "Pending", shown)
+    r = xrun("status", "stuck", storage=root, timeout=60, KUBECONFIG=kubeconfig, COLUMNS="400")
+    assert r.returncode == 0 and shown in r.stdout, r.stdout

@@ -16,7 +16,9 @@ from orchestrator.backends.kube.backend import KubeBackend
 from xrun_contract import Layout
 from xrun_contract.storage import open_storage
 
-FLAGS = ["--tpu", "v6e-8", "--num-slices", "2", "--image", "img:1", "--context", "test-ctx"]
+# A cluster run's xrun_image must name a registry its nodes can pull from.
+FLAGS = ["--tpu", "v6e-8", "--num-slices", "2", "--image", "img:1", "--xrun-image", "registry.test/xrun:1",
+         "--context", "test-ctx"]
 
 
 def one_error_line(r) -> str:
@@ -147,6 +149,55 @@ def tpu_node(i: int, accelerator: str = "tpu-v6e-slice", topology: str = "2x4",
                                                             "cloud.google.com/gke-tpu-topology": topology,
                                                             "node.kubernetes.io/instance-type": machine}},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_submit_refuses_a_cluster_without_native_sidecars(api, kubeconfig, gcs_bucket):
+    """Kubernetes 1.28 drops restartPolicy: Always from init containers: the log shipper would
+    hold every pod in Init for ever, so nothing is created."""
+    api.git_version = "v1.28.15-gke.1435000"
+    r = xrun("submit", "--name", "old", *FLAGS, "--detach", storage=f"{gcs_bucket}/xrun", KUBECONFIG=kubeconfig)
+    assert r.returncode == 1, r.stderr
+    line = one_error_line(r)
+    assert line.startswith("Kubernetes v1.28.15-gke.1435000 has no native sidecars: xrun's log shipper (xrun-logs, "
+                           "an init container with restartPolicy: Always) needs Kubernetes >= 1.29 (1.28 has them "
+                           "only behind the SidecarContainers feature gate, off by default)"), line
+    assert not api.requests_to("POST", "/jobsets$")
+    assert open_storage(f"{gcs_bucket}/xrun").list("", delimiter=None)[0] == []  # nothing written: the name stays free
+    api.git_version = "v1.29.1-gke.1589000"
+    r = xrun("submit", "--name", "old", *FLAGS, "--detach", storage=f"{gcs_bucket}/xrun", KUBECONFIG=kubeconfig)
+    assert r.returncode == 0, r.stderr
+    assert len(api.requests_to("POST", "/jobsets$")) == 1
+    assert len(api.requests_to("GET", "^/version")) == 2  # once per submit
+
+
+def test_cluster_submit_refuses_an_xrun_image_without_a_registry(api, kubeconfig, gcs_bucket, tmp_path):
+    """The default xrun_image (xrun-workload:<version>) is for local runs: on a cluster the
+    nodes would look for it on Docker Hub and every pod would stay Init:ErrImagePull."""
+    root = f"{gcs_bucket}/xrun"
+    cluster = ["--tpu", "v6e-8", "--image", "us-docker.pkg.dev/p/r/xrun-workload:1", "--context", "test-ctx"]
+    allowed = ("cluster runs need an image in a registry the nodes can pull from, its first path component a "
+               "registry host (with a '.' or ':', or localhost), e.g. us-docker.pkg.dev/PROJECT/REPO/"
+               "xrun-workload:0.1.0: build the Dockerfile, push it, set xrun_image (README \"Any image\")")
+    for extra in ([], ["--xrun-image", "xrun/xrun-workload:0.1.0"], ["--dry-run"]):
+        r = xrun("submit", "--name", "noreg", *cluster, *extra, "--detach", storage=root, KUBECONFIG=kubeconfig)
+        image = extra[1] if extra[:1] == ["--xrun-image"] else "xrun-workload:0.1.0"
+        assert r.returncode == 2, (extra, r.stderr)
+        assert one_error_line(r) == (f"xrun_image: {image!r} names no registry, so the cluster's nodes cannot "
+                                     f"pull it; {allowed}"), extra
+        assert r.stdout == ""
+    assert not api.requests_to("POST", "/jobsets$")
+    assert open_storage(root).list("", delimiter=None)[0] == []  # nothing written
+    # A registry host: a '.', a ':' (port) or localhost (kind's locally loaded images).
+    for i, image in enumerate(["localhost/xrun:1", "localhost:5000/xrun:1", "registry.test/xrun:1"]):
+        r = xrun("submit", "--name", f"reg{i}", *cluster, "--xrun-image", image, "--detach", storage=root,
+                 KUBECONFIG=kubeconfig)
+        assert r.returncode == 0, r.stderr
+    assert len(api.requests_to("POST", "/jobsets$")) == 3
+    # Local runs keep the default.
+    r = xrun("submit", "--name", "local", "--accelerator", "cpu-2", "--image", "local", "--dry-run",
+             storage=tmp_path / "local")
+    assert r.returncode == 0, r.stderr
+    assert "image: xrun-workload:0.1.0" in r.stdout
 
 
 def test_doctor_passes_on_a_ready_cluster(api, kubeconfig, gcs_bucket, tmp_path):

@@ -251,7 +251,8 @@ def test_namespace_comes_from_the_kubeconfig_context(api, tmp_path, gcs_bucket):
     backend = backend_for(cfg, namespace=None)
     assert backend.namespace == "team"
     root = f"{gcs_bucket}/xrun"
-    flags = ["--name", "ns", "--tpu", "v6e-8", "--image", "img:1", "--context", "test-ctx"]
+    flags = ["--name", "ns", "--tpu", "v6e-8", "--image", "img:1", "--xrun-image", "registry.test/xrun:1",
+             "--context", "test-ctx"]
     rendered = xrun("render", *flags, "-o", "json", storage=root, KUBECONFIG=cfg)
     assert "namespace" not in json.loads(rendered.stdout)["metadata"]  # kubectl apply: the context's
     r = xrun("submit", *flags, "--detach", storage=root, KUBECONFIG=cfg)
@@ -322,7 +323,8 @@ def test_kill_and_restart_logs_once_and_status_outlives_the_jobset(api, kubeconf
     ``xrun logs -f`` shows every line once, ``xrun status`` says Succeeded before and after
     the JobSet's TTL deleted it."""
     root = f"{gcs_bucket}/xrun"
-    flags = ["--name", "kr", "--tpu", "v6e-8", "--image", "img:1", "--context", "test-ctx"]  # 2 hosts
+    flags = ["--name", "kr", "--tpu", "v6e-8", "--image", "img:1", "--xrun-image", "registry.test/xrun:1",
+             "--context", "test-ctx"]  # 2 hosts
     r = xrun("submit", *flags, "--detach", storage=root, KUBECONFIG=kubeconfig)
     assert r.returncode == 0, r.stderr
     logs = xrun_popen("logs", "kr", "-f", storage=root, KUBECONFIG=kubeconfig)

@@ -92,3 +92,27 @@ def test_nodes_of_the_runs_capacity(api, backend):
     assert check.result == "warn" and "flex-start nodes are created when Kueue's ProvisioningRequest" in check.detail
     assert api.requests_to("GET", "^/api/v1/nodes$")[-1].query["labelSelector"] == (
         "cloud.google.com/gke-accelerator=nvidia-h100-mega-80gb,cloud.google.com/gke-queued=true")
+
+
+@pytest.mark.parametrize("git_version, gate_note", [("v1.28.15-gke.1435000", True), ("v1.27.16-gke.2703000", False)])
+def test_a_server_without_native_sidecars_fails_the_api_check(api, backend, tmp_path, git_version, gate_note):
+    """Every pod's log shipper is a native sidecar (restartPolicy: Always init container):
+    before 1.29 the API server drops that field and the pod waits in Init for ever."""
+    api.git_version = git_version
+    checks = doctor.run_checks(backend, shape=None, needed_nodes=0, queue="", storage_root=str(tmp_path))
+    api_check = checks[0]
+    assert (api_check.name, api_check.result, api_check.exit_code) == ("api", "FAIL", 1)
+    assert f"Kubernetes {git_version}), namespace default; Kubernetes {git_version} has no native sidecars: " \
+           "xrun's log shipper (xrun-logs, an init container with restartPolicy: Always) needs Kubernetes >= 1.29" \
+        in api_check.detail
+    assert ("1.28 has them only behind the SidecarContainers feature gate" in api_check.detail) == gate_note
+    # The API answered: the cluster's other checks still run.
+    assert [(c.name, c.result) for c in checks][1:4] == [("jobset", "ok"), ("jobset-controller", "ok"), ("priority", "ok")]
+    assert doctor.exit_code(checks) == 1
+
+
+@pytest.mark.parametrize("git_version", ["v1.29.0", "v1.31.4-gke.1000", "v2.0.0"])
+def test_a_server_with_native_sidecars_passes(api, backend, git_version):
+    api.git_version = git_version
+    check = doctor.check_api(backend)
+    assert check.result == "ok" and f"Kubernetes {git_version})" in check.detail

@@ -168,6 +168,31 @@ def test_issue_example_manifest():
     assert env["XRUN_STORAGE"]["value"] == "gs://bkt/p"
 
 
+@pytest.mark.parametrize("image, policy", [
+    ("us-docker.pkg.dev/p/r/xrun:latest", "Always"),
+    ("xrun-workload", "Always"),  # no tag, no digest: Kubernetes reads it as :latest
+    ("localhost:5000/xrun", "Always"),  # the port is the registry's, not a tag
+    ("localhost:5000/xrun:1.2", "IfNotPresent"),
+    ("us-docker.pkg.dev/p/r/xrun:abc123", "IfNotPresent"),
+    ("us-docker.pkg.dev/p/r/xrun@sha256:" + "a" * 64, "IfNotPresent"),
+    ("us-docker.pkg.dev/p/r/xrun:latest@sha256:" + "a" * 64, "Always"),
+])
+def test_image_pull_policy_as_kubernetes_defaults_it(image, policy):
+    """core/v1 SetDefaults_Container: Always for :latest (and for a reference with neither
+    tag nor digest, which parsers.ParseImageName reads as :latest), IfNotPresent otherwise;
+    xrun's own containers follow xrun_image the same way."""
+    for key in ("image", "xrun_image"):
+        obj = jobset(spec_for("v6e-8", 1, **{key: image}))
+        validate_jobset(obj)
+        pod = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        rendered = {c["name"]: c["imagePullPolicy"] for c in pod["initContainers"] + pod["containers"]}
+        other = "IfNotPresent"  # example.com/xrun:1 and xrun-workload:0.1.0: tagged
+        want = {"xrun-init": policy if key == "xrun_image" else other,
+                "xrun-logs": policy if key == "xrun_image" else other,
+                "workload": policy if key == "image" else other}
+        assert rendered == want, (key, image)
+
+
 def test_optional_fields_appear_only_when_given():
     spec = spec_for("v6e-8", 1, service_account="trainer", priority_class="high-prio",
                     privileged=True, env={"EMPTY": "", "X": "1"})

@@ -6,6 +6,9 @@
 # What it does (why: README "Any image"):
 #   * exports XRUN_PROCESS_ID = slice index x hosts per slice + host index (Kubernetes cannot
 #     compute it) and PYTHONUNBUFFERED=1 unless set (a Python child flushes every line);
+#   * on GPU stacks with an NCCL plugin env file (XRUN_NCCL_ENV_PROFILE) sources it, or exports
+#     the fallback lines (XRUN_NCCL_ENV_FALLBACK) without it; the run file's env (XRUN_USER_ENV)
+#     keeps its values;
 #   * runs the command as `/bin/sh -c COMMAND` with stdout and stderr appended straight to
 #     $XRUN_POD_DIR/output.log: each write lands in the file (an emptyDir) at once, with no
 #     pipe in between, so a SIGKILL of any process loses no line that was written; xrun's
@@ -95,6 +98,35 @@ emit() {
 }
 emit "$(printf 'xrun-wrapper: start host=%s-%s attempt=%s argv=[%s, %s, %s]' "$slice" "$host" \
   "$attempt" '"/bin/sh"' '"-c"' "$(json "$cmd")")" INFO
+
+# GPU networking stacks (manifests/accelerators.yaml env_profile): the NCCL plugin on the node
+# ships the env its release needs (GKE TCPXO: nccl-env-profile.sh, whose guest config checker
+# aborts a workload without it; gIB: set_nccl_env.sh). Source it, so the env always matches the
+# installed plugin, then give the run file's own env (XRUN_USER_ENV names) its values back.
+# Without the file (or one this shell cannot read), export xrun's fallback lines instead.
+nccl_env() {
+  profile=${XRUN_NCCL_ENV_PROFILE:-}
+  [ -n "$profile" ] || return 0
+  if [ -f "$profile" ] && ( . "$profile" ) >/dev/null 2>&1; then
+    for name in ${XRUN_USER_ENV:-}; do eval "xrun_keep_$name=\${$name-}"; done
+    . "$profile" >>"$out" 2>&1
+    for name in ${XRUN_USER_ENV:-}; do eval "$name=\$xrun_keep_$name; export $name"; done
+    emit "xrun-wrapper: nccl env from $profile" INFO
+    return 0
+  fi
+  why="no $profile"
+  [ -f "$profile" ] && why="$profile failed in /bin/sh"
+  while IFS= read -r kv; do
+    name=${kv%%=*}
+    [ -n "$kv" ] && [ "$name" != "$kv" ] || continue
+    case " ${XRUN_USER_ENV:-} " in *" $name "*) continue ;; esac
+    export "$kv"
+  done <<XRUN_EOF
+${XRUN_NCCL_ENV_FALLBACK:-}
+XRUN_EOF
+  emit "xrun-wrapper: nccl env: $why; xrun's fallback values (accelerators.yaml env_fallback)" WARNING
+}
+nccl_env
 start=$(now)
 
 # kubectl logs: the user's output, from the file, from after the start line on. With GNU

@@ -125,6 +125,14 @@ class Env:
     NNODES = "NNODES"
     NODE_RANK = "NODE_RANK"
 
+    # GPU networking stacks (manifests/accelerators.yaml env_profile, env_fallback): the NCCL
+    # plugin's env file on the node, which the launcher sources before the user's command; the
+    # NAME=value lines (one per line) it exports instead when that file is absent; and the
+    # names of the run file's env, which keep their values over both.
+    NCCL_ENV_PROFILE = "XRUN_NCCL_ENV_PROFILE"
+    NCCL_ENV_FALLBACK = "XRUN_NCCL_ENV_FALLBACK"
+    USER_ENV = "XRUN_USER_ENV"
+
     # Multislice (TPU) variables read by libtpu's megascale runtime.
     MEGASCALE_COORDINATOR_ADDRESS = "MEGASCALE_COORDINATOR_ADDRESS"
     MEGASCALE_NUM_SLICES = "MEGASCALE_NUM_SLICES"

@@ -49,7 +49,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("-f", "--file", "run_file"), {"type": click.Path(dir_okay=False), "help": "YAML run file; flags override its keys."}),
     (("--name",), {"help": "Run (JobSet) name: a DNS-1035 label."}),
     (("--image",), {"help": "The user's container image: xrun's own, MaxText's, any image with /bin/sh."}),
-    (("--xrun-image",), {"help": "xrun's image for the pod's init container and log shipper (default xrun-workload:<version>)."}),
+    (("--xrun-image",), {"help": "xrun's image for the pod's init container and log shipper (default xrun-workload:<version>, local runs only: cluster runs need a registry's, e.g. us-docker.pkg.dev/P/R/xrun-workload:TAG)."}),
     (("--command",), {"help": "Command run in every host (through /bin/sh -c). Default: python3 -m workload.train"}),
     (("--accelerator", "--tpu", "accelerator"), {"help": "Shape: v6e-1..v6e-256, v5litepod-N, v5p-N, v4-N, h100-80gb-8, h100-mega-80gb-8, h200-141gb-8, b200-8, cpu-N."}),
     (("--num-slices",), {"type": int, "help": "TPU slices (multislice). Default 1."}),
@@ -162,7 +162,7 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
     """
     spec = spec_from_options(opts)
     if dry_run:
-        click.echo(runs.dump_yaml(runs.render(spec)), nl=False)
+        click.echo(runs.dump_yaml(runs.render_for_submit(spec)), nl=False)
         return EXIT_OK
     sub = runs.submit(spec, replace=replace, force=force)
     slices = f" x{spec.slices} slices" if spec.slices > 1 else ""

@@ -1,6 +1,7 @@
 """``xrun doctor``: can this cluster and storage root run xrun's JobSets? One line per check.
 
-Checks, in order: the API answers (and which Kubernetes it is); the JobSet CRD is installed
+Checks, in order: the API answers, and its Kubernetes runs native sidecars (>= 1.29: every
+pod's log shipper is one; an older server fails the check); the JobSet CRD is installed
 and serves ``v1alpha2`` (falling back to API discovery when RBAC hides CRDs); the JobSet
 controller's version (its Deployment's image tag: job-global-index needs >= 0.6, xrun targets
 0.12), telling "RBAC forbids me to look" from "not there"; the Kueue LocalQueue exists when a
@@ -34,6 +35,7 @@ from orchestrator.backends.kube.backend import (
     KUEUE_GROUP,
     VERSION,
     KubeBackend,
+    sidecar_problem,
 )
 from xrun_contract import PROBE_RE
 from xrun_contract.errors import XrunError
@@ -65,12 +67,22 @@ class Check:
 
 
 def check_api(backend: KubeBackend) -> Check:
+    return api_check(backend)[0]
+
+
+def api_check(backend: KubeBackend) -> tuple[Check, bool]:
+    """The API's check and whether it answered. A server that answers but is too old for
+    native sidecars (``sidecar_problem``) fails the check, and the other checks still run."""
     try:
         version = backend.server_version()
     except XrunError as e:
-        return Check("api", FAIL, str(e), e.exit_code)
-    return Check("api", OK, f"API reachable at {backend.host} (context {backend.context_name or '?'}, "
-                            f"Kubernetes {version}), namespace {backend.namespace}")
+        return Check("api", FAIL, str(e), e.exit_code), False
+    where = (f"API reachable at {backend.host} (context {backend.context_name or '?'}, "
+             f"Kubernetes {version}), namespace {backend.namespace}")
+    problem = sidecar_problem(version)
+    if problem:
+        return Check("api", FAIL, f"{where}; {problem}", 1), True
+    return Check("api", OK, where), True
 
 
 def check_jobset(backend: KubeBackend) -> Check:
@@ -179,7 +191,7 @@ def _await_probe(backend: KubeBackend, spec: RunSpec, name: str, timeout_s: floa
             state = ((status.get("containerStatuses") or [{}])[0].get("state")) or {}
             waiting = (state.get("waiting") or {})
             if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
-                return Check("pod-storage", FAIL, f"probe pod cannot pull {spec.image}: {waiting.get('reason')} "
+                return Check("pod-storage", FAIL, f"probe pod cannot pull xrun_image {spec.xrun_image}: {waiting.get('reason')} "
                                                   f"{waiting.get('message', '')}".strip(), 1)
             if status.get("phase") in ("Succeeded", "Failed"):
                 return _probe_verdict(backend, spec, pod, where)
@@ -323,8 +335,9 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
                storage_root: str, probe: RunSpec | None = None,
                probe_timeout_s: float = PROBE_TIMEOUT_S, priority: str = "",
                capacity: str = "on-demand") -> list[Check]:
-    checks = [check_api(backend)]
-    if checks[0].result == FAIL:
+    api, answered = api_check(backend)
+    checks = [api]
+    if not answered:
         checks.append(Check("cluster", SKIP, "JobSet, Kueue and node checks skipped: the API is not reachable"))
     else:
         checks.append(check_jobset(backend))
@@ -338,8 +351,8 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
     if probe is None:
         checks.append(Check("pod-storage", SKIP, "give the run's image (-f run.yaml or --image) to prove a pod on "
                                                  "the target node pool can write the storage root"))
-    elif checks[0].result == FAIL or not storage_root.startswith("gs://"):
-        checks.append(Check("pod-storage", SKIP, "needs a reachable API and a gs:// storage root"))
+    elif api.result == FAIL or not storage_root.startswith("gs://"):
+        checks.append(Check("pod-storage", SKIP, "needs a reachable API of Kubernetes >= 1.29 and a gs:// storage root"))
     else:
         checks.append(check_pod_storage(backend, probe, probe_timeout_s))
     return checks

@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from manifests.jobset import jobset
-from manifests.spec import RunSpec
+from manifests.spec import RunSpec, check_cluster_xrun_image
 from orchestrator.backends.base import Backend, BackendStatus
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.loaders import StoredRun, read_stored_run
@@ -162,6 +162,13 @@ def render(spec: RunSpec) -> dict[str, Any]:
     return manifest
 
 
+def render_for_submit(spec: RunSpec) -> dict[str, Any]:
+    """:func:`render`, and what only a submission needs: a cluster run's ``xrun_image`` must
+    be pullable by its nodes (``render`` alone prints the manifest for any image)."""
+    check_cluster_xrun_image(spec)
+    return render(spec)
+
+
 def admit(manifest: dict[str, Any]) -> None:
     """JobSet webhook and API-server rules (``manifests.admission``) before anything is sent."""
     try:
@@ -246,9 +253,10 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Subm
     locally, ifGenerationMatch=0 on GCS), so of racing submits exactly one starts."""
     if force and not replace:
         raise XrunError("--force: only with --replace (it replaces a run that is still live)")
-    manifest = render(spec)
+    manifest = render_for_submit(spec)
     storage = _open(spec.storage)
     backend = backend_for_spec(spec)
+    _preflight(backend)
     record = {
         "name": spec.name, "spec": spec.to_dict(), "submitted_at": time.time(),
         "backend": spec.backend_name, "context": spec.context, "namespace": spec.namespace,
@@ -271,6 +279,20 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Subm
     if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
         storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
     return Submitted(spec, manifest, storage, backend)
+
+
+def _preflight(backend: Backend) -> None:
+    """A cluster that answers but cannot run xrun's pods (no native sidecars) is refused
+    before anything is written, so the name stays free for a retry after an upgrade. One
+    that does not answer is left to the steps below, which say so where they always did."""
+    check = getattr(backend, "check_native_sidecars", None)
+    if check is None:
+        return
+    try:
+        check()
+    except XrunError as e:
+        if e.exit_code != EXIT_UNREACHABLE:
+            raise
 
 
 def _create(storage: Storage, key: str, data: bytes) -> bool:

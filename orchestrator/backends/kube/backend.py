@@ -62,6 +62,12 @@ INSTALL_HINT = (
     "https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml"
 )
 __all__ = ["KUEUE_GROUP", "KubeBackend"]
+# Every pod's log shipper (xrun-logs) and the GPU stacks' daemons are native sidecars: init
+# containers with restartPolicy Always (KEP-753). The SidecarContainers feature gate is on
+# by default from Kubernetes 1.29 (beta); 1.28 has it alpha, off unless the cluster turns it
+# on. Without it the API server drops the field, the sidecar becomes a plain init container
+# that never exits, and the pod stays in Init for ever.
+NATIVE_SIDECARS_MIN = (1, 29)
 # Event lists for a waiting run: at most this often, and Pending pods asked about by name.
 EVENTS_SECONDS = 2.0
 MAX_PENDING_PODS_ASKED = 3
@@ -98,6 +104,7 @@ class KubeBackend:
         self.context_name = context or ""
         self._jobset_uids: dict[str, str] = {}  # JobSets seen, to find their events once gone
         self._events_cache: tuple[float, Any, list[dict[str, Any]]] | None = None
+        self._sidecars_checked = False
 
     @property
     def namespace(self) -> str:
@@ -234,6 +241,7 @@ class KubeBackend:
         from urllib3.exceptions import HTTPError
 
         name = manifest["metadata"]["name"]
+        self.check_native_sidecars()
         self.namespace = manifest["metadata"].get("namespace") or self.namespace
         custom, _ = self._apis()
         create = (custom.create_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, manifest)
@@ -402,6 +410,16 @@ class KubeBackend:
         data = self.call("get", "version", client.VersionApi(self.api_client).get_code)
         return (data or {}).get("gitVersion", "?")
 
+    def check_native_sidecars(self) -> None:
+        """Refuse (exit 1: the cluster answered, and cannot run the pods) a server older
+        than NATIVE_SIDECARS_MIN, once per backend."""
+        if self._sidecars_checked:
+            return
+        problem = sidecar_problem(self.server_version())
+        if problem:
+            raise XrunError(f"{problem} (API {self._where()})", EXIT_FAILED)
+        self._sidecars_checked = True
+
     def api_group(self, group: str) -> dict[str, Any] | None:
         """The APIGroup entry of /apis (versions, preferredVersion), None when not served."""
         from kubernetes import client
@@ -458,6 +476,28 @@ class KubeBackend:
         _, core = self._apis()
         return self.call("get", "configmaps", core.read_namespaced_config_map, name, namespace,
                          name=name, missing_ok=True)
+
+
+def kube_version(git_version: str) -> tuple[int, int] | None:
+    """(major, minor) of a server's gitVersion (``v1.28.15-gke.1435000``), None if unreadable."""
+    import re
+
+    m = re.match(r"v?(\d+)\.(\d+)", git_version or "")
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def sidecar_problem(git_version: str) -> str:
+    """Why a server of ``git_version`` cannot run xrun's pods ("" when it can, or when the
+    version cannot be read)."""
+    version = kube_version(git_version)
+    if version is None or version >= NATIVE_SIDECARS_MIN:
+        return ""
+    need = ".".join(map(str, NATIVE_SIDECARS_MIN))
+    gate = (" (1.28 has them only behind the SidecarContainers feature gate, off by default)"
+            if version == (1, 28) else "")
+    return (f"Kubernetes {git_version} has no native sidecars: xrun's log shipper (xrun-logs, an init "
+            f"container with restartPolicy: Always) needs Kubernetes >= {need}{gate}, else every pod "
+            f"waits in Init for ever; upgrade the cluster to {need} or later")
 
 
 def _status_body(e: Any) -> dict[str, Any]:

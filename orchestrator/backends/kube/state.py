@@ -79,6 +79,31 @@ def container_done(pod: dict[str, Any]) -> bool:
     return bool(state.get("terminated")) or (pod.get("status") or {}).get("phase") in PodPhases.DONE
 
 
+# Waiting reasons of a container that is on its way (kubelet's ContainerCreating, and the
+# PodInitializing every later container shows while an init container has not finished):
+# not why a pod is stuck.
+STARTING_REASONS = ("ContainerCreating", "PodInitializing")
+
+
+def init_container_problem(pod: dict[str, Any]) -> str:
+    """Why an init container (xrun-init, the xrun-logs native sidecar, a GPU stack's daemon)
+    holds the pod, naming it: a waiting reason other than a start (ErrImagePull,
+    ImagePullBackOff, CreateContainerConfigError, CrashLoopBackOff of a sidecar...) or a
+    plain init container that exited non-zero. "" when none does. The workload container
+    meanwhile only says PodInitializing."""
+    for cs in (pod.get("status") or {}).get("initContainerStatuses") or []:
+        state, name = cs.get("state") or {}, cs.get("name", "?")
+        waiting = state.get("waiting") or {}
+        if waiting.get("reason") and waiting["reason"] not in STARTING_REASONS:
+            return f"{waiting['reason']}: init container {name}" + (
+                f": {waiting['message']}" if waiting.get("message") else "")
+        done = state.get("terminated") or {}
+        if done and done.get("exitCode", 0) != 0:
+            return (f"{done.get('reason') or 'Error'}: init container {name} exited {done.get('exitCode')}"
+                    + (f": {done['message']}" if done.get("message") else ""))
+    return ""
+
+
 def host_status(pod: dict[str, Any]) -> HostStatus:
     """One pod as the status screen shows it, with why it is Pending or Failed."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
@@ -90,11 +115,14 @@ def host_status(pod: dict[str, Any]) -> HostStatus:
     if state.get("terminated"):
         exit_code = state["terminated"].get("exitCode")
         reason = state["terminated"].get("reason", "")
+    init_problem = init_container_problem(pod) if not state.get("terminated") else ""
     if phase == "Pending":
         waiting = state.get("waiting") or {}
         scheduled: dict[str, Any] = next(
             (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
-        if waiting.get("reason"):
+        if init_problem:
+            reason = init_problem
+        elif waiting.get("reason"):
             reason = waiting["reason"] + (f": {waiting['message']}" if waiting.get("message") else "")
         elif scheduled.get("status") == "False":
             reason = scheduled.get("reason", "Unschedulable") + (
@@ -102,7 +130,7 @@ def host_status(pod: dict[str, Any]) -> HostStatus:
         elif any(g for g in (pod.get("spec") or {}).get("schedulingGates") or []):
             reason = "SchedulingGated"
     elif phase == "Failed" and not reason:
-        reason = status.get("reason", "")
+        reason = init_problem or status.get("reason", "")
     shown = "Terminating" if meta.get("deletionTimestamp") and phase in ("Pending", "Running") else phase
     return HostStatus(host=host, state=shown, attempt=attempt, exit_code=exit_code,
                       reason=one_line(reason, 160), pod=meta.get("name", ""))
