@@ -1270,6 +1270,25 @@ def pod_spec_fields(obj: dict[str, Any]) -> list[Violation]:
     return out
 
 
+def scheduling_gates(obj: dict[str, Any]) -> list[Violation]:
+    """core validation.go: ValidatePodSpec -> validateSchedulingGates: each gate's name a
+    qualified name (ValidateQualifiedName: at most 63 characters after an optional DNS
+    subdomain prefix and '/'), no name twice. Checked on the Job's pod template, so a JobSet
+    with a bad gate is admitted and every Job creation then fails (JobCreationFailed)."""
+    out, func = [], "validateSchedulingGates"
+    for pod, base in _pod_specs(obj):
+        seen: set[str] = set()
+        for i, gate in enumerate(_list(pod.get("schedulingGates"))):
+            name, path = str(_dict(gate).get("name", "")), f"{base}.schedulingGates[{i}]"
+            for m in is_qualified_name(name):
+                out.append(_job_rule(path, "scheduling-gate-name", f"{json.dumps(name)} {m}", func, INVALID, name, m))
+            if name in seen:
+                out.append(_job_rule(path, "scheduling-gate-name", f"{json.dumps(name)} is given twice", func,
+                                     DUPLICATE, name))
+            seen.add(name)
+    return out
+
+
 RULES: tuple[Callable[[dict[str, Any]], list[Violation]], ...] = (
     # apiserver on the JobSet
     jobset_name, labels, annotation_keys, schema_enums, replicated_job_names_unique, schema_minimums,
@@ -1280,5 +1299,5 @@ RULES: tuple[Callable[[dict[str, Any]], list[Violation]], ...] = (
     coordinator, coordinator_label,
     # kube-apiserver on the child Jobs and pods
     job_spec, pod_failure_policy, containers, container_restart_policy, env_vars, container_ports, host_network_ports, volumes,
-    volume_mounts, resources, tolerations, node_selector, pod_spec_fields,
+    volume_mounts, resources, tolerations, node_selector, pod_spec_fields, scheduling_gates,
 )

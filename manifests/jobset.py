@@ -14,7 +14,7 @@ from typing import Any
 
 from manifests import types as t
 from manifests.catalogue import Networking, Shape
-from manifests.spec import TOPOLOGY_AWARE_SCHEDULER, RunSpec
+from manifests.spec import TOPOLOGY_AWARE_SCHEDULER, RunSpec, topology_gate
 from xrun_contract import GKE_NVIDIA_LIB64, JAX_PLATFORMS_FOR, Env, Layout, PodFiles
 from xrun_contract.errors import XrunError
 from xrun_contract.k8s import (
@@ -285,9 +285,12 @@ def pod_spec(spec: RunSpec) -> t.PodSpec:
     apply_capacity(spec, pod)
     apply_placement(spec, pod)
     apply_mounts(spec, pod, container)
-    if spec.scheduler == TOPOLOGY_AWARE_SCHEDULER:
-        # GKE's topology-aware scheduler releases pods gated so (xpk get_gpu_scheduler).
-        pod.scheduling_gates = [t.PodSchedulingGate(name=f"{TOPOLOGY_AWARE_SCHEDULER}-{spec.name}")]
+    if spec.scheduler == TOPOLOGY_AWARE_SCHEDULER and shape.kind == "gpu":
+        # GKE's topology-aware scheduler releases pods gated so; xpk adds the gate to GPU
+        # workloads only (src/xpk/core/scheduling.py get_gpu_scheduler, called from
+        # commands/workload.py for AcceleratorType.GPU). spec.validate refuses it elsewhere
+        # and refuses a name that would make the gate longer than a qualified name allows.
+        pod.scheduling_gates = [t.PodSchedulingGate(name=topology_gate(spec.name))]
     elif spec.scheduler:
         pod.scheduler_name = spec.scheduler
     return pod

@@ -12,7 +12,7 @@ import pytest
 from manifests import admission, catalogue
 from manifests.admission import AdmissionError, check, default, violations
 from manifests.jobset import FAIL_ON_USER_ERROR_RULE, jobset
-from manifests.spec import build_spec
+from manifests.spec import TOPOLOGY_AWARE_SCHEDULER, build_spec, topology_gate
 
 SHAPES = sorted(catalogue.shapes()) + ["cpu-1", "cpu-4"]
 OPTIONS: dict[str, dict[str, Any]] = {
@@ -43,6 +43,8 @@ def with_coordinator(o: dict[str, Any]) -> dict[str, Any]:
 def render(accelerator: str, count: int = 1, name: str = "mt-07-eval", **extra: Any) -> dict[str, Any]:
     kind = catalogue.lookup(accelerator).kind
     values: dict[str, Any] = {"name": name, "accelerator": accelerator, "image": "example.com/xrun:1", **extra}
+    if kind != "gpu" and values.get("scheduler") == TOPOLOGY_AWARE_SCHEDULER:
+        del values["scheduler"]  # GPU only, as xpk (spec.validate refuses it elsewhere)
     if kind == "tpu":
         values["num_slices"] = count
     elif kind == "gpu":
@@ -240,6 +242,11 @@ CASES: list[tuple[str, Break, str, bool]] = [
     ("service-account-name", lambda o: pod(o).update(serviceAccountName="Trainer"), f"{POD}.serviceAccountName", True),
     ("priority-class-name", lambda o: pod(o).update(priorityClassName="High_Priority"), f"{POD}.priorityClassName", True),
     ("dns-policy", lambda o: pod(o).update(dnsPolicy="ClusterLast"), f"{POD}.dnsPolicy", True),
+    # xrun's gate for a 44-character run name: 64 characters after the "/".
+    ("scheduling-gate-name", lambda o: pod(o).update(schedulingGates=[{"name": topology_gate("g" * 44)}]),
+     f"{POD}.schedulingGates[0]", True),
+    ("scheduling-gate-name", lambda o: pod(o).update(schedulingGates=[{"name": "example.com/a"}, {"name": "example.com/a"}]),
+     f"{POD}.schedulingGates[1]", True),
 ]
 
 

@@ -15,7 +15,7 @@ from kube_api import JobSetController, Program
 
 from manifests.admission import violations
 from manifests.jobset import jobset
-from manifests.spec import build_spec
+from manifests.spec import build_spec, max_name_length
 from orchestrator.backends.kube.backend import KubeBackend
 from xrun_contract.errors import EXIT_USAGE, XrunError
 
@@ -131,8 +131,40 @@ def test_mounts_gcs_fuse_and_pvc():
     assert refused(mounts=[{"pvc": "c", "path": "/dev/shm"}]) == "mounts[0].path: /dev/shm is where xrun mounts its volume 'dshm'"
 
 
+def test_topology_aware_gate_only_on_gpu_and_only_as_long_as_a_qualified_name():
+    """xpk gates GPU workloads only (src/xpk/core/scheduling.py get_gpu_scheduler, called for
+    AcceleratorType.GPU); the gate gke.io/topology-aware-auto-<name> is a qualified name
+    (kubernetes validation.go validateSchedulingGates): 63 characters after the '/', so run
+    names of at most 43. A longer one is admitted as a JobSet and then fails every Job
+    creation, so render refuses it and offline admission flags the gate."""
+    gpu = {"accelerator": "h100-80gb-8", "scheduler": "gke.io/topology-aware-auto"}
+    assert refused(scheduler="gke.io/topology-aware-auto") == (
+        "scheduler: gke.io/topology-aware-auto is GKE's topology-aware scheduling for GPU node pools "
+        "(xpk gates only GPU workloads), not for v6e-16")
+    longest = "g" * 43
+    gate = tmpl(render(name=longest, **gpu))["spec"]["schedulingGates"][0]["name"]
+    assert gate == f"gke.io/topology-aware-auto-{longest}" and len(gate.partition("/")[2]) == 63
+    # 44 characters: within the pod-name limit for one GPU node (47), beyond the gate's.
+    assert len("g" * 44) <= max_name_length(build_spec({**BASE, **gpu, "name": "x"}, {}, STORAGE))
+    assert refused(name="g" * 44, **gpu) == (
+        "name: 'gggggggggggggggggggggggggggggggggggggggggggg' is 44 characters; at most 43 with scheduler: "
+        "gke.io/topology-aware-auto, so the pod scheduling gate gke.io/topology-aware-auto-<name> stays a "
+        "qualified name (at most 63 characters after the '/')")
+    # What the old renderer produced for that name: the Job API would refuse the template.
+    obj = render(name=longest, **gpu)
+    tmpl(obj)["spec"]["schedulingGates"][0]["name"] += "g"
+    (v,) = violations(obj)
+    assert (v.rule, v.layer, v.path) == (
+        "scheduling-gate-name", "job", "spec.replicatedJobs[0].template.spec.template.spec.schedulingGates[0]")
+    assert v.upstream_error().endswith("name part must be no more than 63 characters")
+    r = xrun("render", "--name", "g" * 44, "--accelerator", "h100-80gb-8", "--image", "i",
+             "--scheduler", "gke.io/topology-aware-auto", storage=STORAGE)
+    assert r.returncode == EXIT_USAGE and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1].startswith("xrun: error: name: ") and "at most 43" in r.stderr
+
+
 def test_scheduler_and_kueue_topology():
-    t = tmpl(render(scheduler="gke.io/topology-aware-auto"))
+    t = tmpl(render(scheduler="gke.io/topology-aware-auto", accelerator="h100-80gb-8"))
     assert t["spec"]["schedulingGates"] == [{"name": "gke.io/topology-aware-auto-knobs"}]
     assert "schedulerName" not in t["spec"]
     assert tmpl(render(scheduler="my-scheduler"))["spec"]["schedulerName"] == "my-scheduler"
