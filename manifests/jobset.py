@@ -31,8 +31,16 @@ CONTAINER = "workload"  # the user's container (the podFailurePolicy reads its e
 INIT_CONTAINER = "xrun-init"  # copies the launcher into the shared folder (xrun's image)
 LOGS_CONTAINER = "xrun-logs"  # native sidecar shipping the output to storage (xrun's image)
 POD_VOLUME = "xrun"  # the emptyDir shared by the three, mounted at PodFiles.MOUNT_PATH
-# The log shipper is a small Python process; its requests count towards the pod's.
-LOGS_RESOURCES = {"cpu": "100m", "memory": "128Mi"}
+# No container of xrun's requests cpu or memory (only the workload requests its accelerator),
+# queued or not. Kueue sums a native sidecar's requests into the pod's (kueue
+# pkg/workload/workload.go totalRequestsFromPodSets -> component-helpers PodRequests), and
+# xpk's ClusterQueue covers only google.com/tpu or nvidia.com/gpu unless created with
+# --cpu-limit/--memory-limit (xpk core/kueue_manager.py), so a cpu request on the log
+# shipper kept every queued run from being admitted ("resource cpu unavailable in
+# ClusterQueue"). No limits either: the apiserver and Kueue copy a limit into a missing
+# request. The pods are therefore BestEffort for cpu and memory (QoS ignores extended
+# resources), exactly as xpk's own workload pods, whose only resource is the accelerator
+# limit (xpk core/docker_resources.py get_main_container_resources).
 MANAGED_BY = "xrun"
 TPU_RESOURCE = "google.com/tpu"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -230,7 +238,6 @@ def xrun_containers(spec: RunSpec) -> list[t.Container]:
                     volume_mounts=list(mount)),
         t.Container(name=LOGS_CONTAINER, image=spec.xrun_image, image_pull_policy="IfNotPresent",
                     command=ship_argv(), env=logs_env(spec), volume_mounts=list(mount),
-                    resources=t.ResourceRequirements(requests=dict(LOGS_RESOURCES)),
                     restart_policy="Always"),
     ]
 

@@ -303,6 +303,9 @@ class KubeAPI:
         # and never makes pods.
         self.job_template_errors = "reject"
         self.kueue_versions: list[str] = []
+        # What the LocalQueues' ClusterQueue covers (its resourceGroups' coveredResources):
+        # xpk's unless a test says otherwise (admission.XPK_COVERED_RESOURCES).
+        self.kueue_covered_resources: tuple[str, ...] = admission.XPK_COVERED_RESOURCES
         self.faults: list[Fault] = []
         self.phases: list[Callable[[KubeAPI, str], None]] = []
         self.hold = 2
@@ -795,14 +798,35 @@ class KubeAPI:
             self._record("jobsets", namespace, "MODIFIED", js)
             threading.Thread(target=self._collect, args=(namespace, name), daemon=True).start()
 
-    def kueue_admit(self, name: str, namespace: str = "default") -> None:
-        """Kueue admits the JobSet's Workload: spec.suspend goes false (the JobSet controller
-        then resumes it and creates its Jobs)."""
+    def kueue_admit(self, name: str, namespace: str = "default") -> bool:
+        """Kueue tries to admit the JobSet's Workload (quota is there). If a pod set requests
+        a resource the ClusterQueue does not cover, the flavor assigner answers "resource X
+        unavailable in ClusterQueue" (kueue v0.17 pkg/scheduler/flavorassigner/
+        flavorassigner.go findFlavorForPodSets, on the totals of pkg/workload/workload.go
+        totalRequestsFromPodSets, sidecars included) and the scheduler records a Warning
+        ``Pending`` event on the Workload (pkg/scheduler/scheduler.go requeueAndUpdate,
+        message from Assignment.Message): it stays suspended, False returned. Else
+        spec.suspend goes false (the JobSet controller then resumes it and creates its Jobs)."""
         with self.cond:
             js = self.jobsets[(namespace, name)]
+            reasons = []
+            for rj in js["spec"]["replicatedJobs"]:
+                pod_spec = rj["template"]["spec"]["template"]["spec"]
+                missing = admission.kueue_uncovered(pod_spec, self.kueue_covered_resources)
+                if missing:  # assignFlavors stops at the first resource it cannot place
+                    reasons.append(f"couldn't assign flavors to pod set {rj['name']}: "
+                                   f"resource {missing[0]} unavailable in ClusterQueue")
+            if reasons:
+                # The Workload is named by jobframework GetWorkloadNameForOwnerWithGVK:
+                # jobset-<name>-<hash of the owner's uid>.
+                suffix = hashlib.sha1(js["metadata"]["uid"].encode()).hexdigest()[:5]
+                self.add_event("Workload", f"jobset-{name}-{suffix}", "Pending", "; ".join(reasons),
+                               namespace=namespace)
+                return False
             js["spec"]["suspend"] = False
             js["metadata"]["generation"] = js["metadata"].get("generation", 1) + 1
             self._record("jobsets", namespace, "MODIFIED", js)
+            return True
 
     def compact(self) -> None:
         """etcd compaction: every resourceVersion up to now is too old to watch from."""

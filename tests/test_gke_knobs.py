@@ -276,3 +276,29 @@ def test_a_flex_start_run_waits_suspended_until_kueue_admits_it(api, kubeconfig)
     api.kueue_admit("flex")
     _wait(lambda: backend.status("flex").state == "Running")
     assert sorted(p["spec"]["nodeName"] for p in api.pods_of("flex")) == ["a3mega-queued-0", "a3mega-queued-1"]
+
+
+def test_kueue_admits_a_queued_run_on_a_cluster_queue_that_covers_only_the_accelerator(api, kubeconfig):
+    """xpk's ClusterQueue covers google.com/tpu (or nvidia.com/gpu) alone. The log shipper's
+    old cpu/memory requests, which Kueue sums into the pod's, kept every queued run
+    suspended: "resource cpu unavailable in ClusterQueue" on its Workload, in xrun status."""
+    api.kueue_versions = ["v1beta1"]
+    assert api.kueue_covered_resources == ("google.com/tpu", "nvidia.com/gpu")
+    JobSetController(api, Program(lines=10_000, line_every=0.05)).start()
+    backend = _backend(kubeconfig)
+    spec = build_spec({**BASE, "name": "queued", "queue": "lq", "backend": "kube"}, {}, storage_default=STORAGE)
+    old = jobset(spec)
+    old["metadata"]["name"] = old["spec"]["network"]["subdomain"] = "old"
+    logs = tmpl(old)["spec"]["initContainers"][1]
+    logs["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}}  # what xrun rendered before
+    backend.submit(old)
+    assert api.kueue_admit("old") is False
+    (event,) = [e for e in api.events if e["involvedObject"]["kind"] == "Workload"]
+    assert event["reason"] == "Pending" and event["involvedObject"]["name"].startswith("jobset-old-")
+    assert event["message"] == "couldn't assign flavors to pod set slice: resource cpu unavailable in ClusterQueue"
+    st = backend.status("old")
+    assert st.state == "Pending" and any("resource cpu unavailable in ClusterQueue" in line for line in st.events)
+    backend.submit(jobset(spec))
+    assert api.kueue_admit("queued") is True
+    _wait(lambda: backend.status("queued").state == "Running")
+    assert api.jobsets[("default", "old")]["spec"]["suspend"] is True and api.pods_of("old") == []
