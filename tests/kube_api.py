@@ -56,6 +56,9 @@ JOBSET_PREFIX = "/apis/jobset.x-k8s.io/"
 # (kubernetes pkg/controller/job/job_controller.go, syncJobBatchPeriod): the failures of one
 # Job within it are judged in one syncJob (× the controller's time_scale here).
 SYNC_JOB_BATCH_PERIOD = 1.0
+# The JobSet's condition while it restarts (jobset api/jobset/v1alpha2/jobset_types.go
+# JobSetRestarting).
+RESTARTING_CONDITION = "RestartingJobSet"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"
 
 
@@ -1098,6 +1101,7 @@ class JobSetController:
         self.rt: dict[str, dict[str, Any]] = {}  # pod uid -> what the kubelet knows
         self.finished: dict[str, float] = {}  # JobSet uid -> when it finished
         self.failed_create: set[str] = set()
+        self.event_series: dict[tuple[str, str, str], dict[str, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="jobset-controller")
 
@@ -1118,21 +1122,55 @@ class JobSetController:
 
     # --- helpers ----------------------------------------------------------------------
     def _event(self, js: dict[str, Any], reason: str, message: str, etype: str = "Normal") -> None:
+        """An event as JobSet v0.12 records it: through the events.k8s.io recorder
+        (jobset_controller.go: ``r.Record.Eventf(obj, nil, type, reason, "Reconciling", msg)``),
+        whose broadcaster (client-go tools/events event_broadcaster.go recordToSink) folds an
+        event with the same type, reason, action and object (the message is not part of the
+        key) into the first one's series: the second writes ``series.count`` 2, later ones
+        only count in the cache until the series is refreshed (30 min) or finished (6 min
+        idle), so events undercount repeats."""
         m = js["metadata"]
-        self.api.add_event("JobSet", m["name"], reason, message, etype, namespace=m["namespace"], uid=m["uid"])
+        key = (m["uid"], etype, reason)
+        seen = self.event_series.get(key)
+        if seen is None:
+            self.event_series[key] = {"count": 1}
+            self.api.add_event("JobSet", m["name"], reason, message, etype, namespace=m["namespace"], uid=m["uid"])
+            return
+        seen["count"] += 1
+        if seen["count"] == 2:
+            with self.api.cond:
+                first = next(e for e in reversed(self.api.events) if e["reason"] == reason and e["type"] == etype
+                             and e["involvedObject"].get("uid") == m["uid"])
+                first["series"] = {"count": 2, "lastObservedTime": now_rfc3339()}
+                self.api.rv += 1
+                first["metadata"]["resourceVersion"] = str(self.api.rv)
 
-    def _condition(self, js: dict[str, Any], ctype: str, value: bool, reason: str, message: str) -> None:
+    def _condition(self, js: dict[str, Any], ctype: str, value: bool, reason: str, message: str,
+                   etype: str = "Normal") -> None:
+        """jobset_controller.go setCondition / updateCondition: a new condition is added only
+        when True; one of the same type is replaced when its status changes, and updated in
+        place (keeping lastTransitionTime) when only its reason or message does; each change
+        records an event with the condition's reason and message."""
         conds = js["status"].setdefault("conditions", [])
         old = next((c for c in conds if c["type"] == ctype), None)
         new = {"type": ctype, "status": "True" if value else "False", "reason": reason, "message": message,
                "lastTransitionTime": now_rfc3339()}
-        if old and old["status"] == new["status"]:
+        if old is None and not value:
             return
-        if old:
-            conds.remove(old)
-        conds.append(new)
+        if old is not None:
+            if old["status"] == new["status"]:
+                if (old["reason"], old["message"]) == (reason, message):
+                    return
+                new["lastTransitionTime"] = old["lastTransitionTime"]
+            conds[conds.index(old)] = new
+        else:
+            conds.append(new)
         self.api._record("jobsets", js["metadata"]["namespace"], "MODIFIED", js)
-        self._event(js, reason, message, "Normal" if ctype != "Failed" else "Warning")
+        self._event(js, reason, message, etype)
+
+    def _restarting_false(self, js: dict[str, Any], reason: str, message: str) -> None:
+        """jobset_controller.go setRestartingConditionFalse (a Normal event if it changed)."""
+        self._condition(js, RESTARTING_CONDITION, False, reason, message)
 
     def _pods(self, ns: str, name: str) -> list[dict[str, Any]]:
         return [p for (n, _), p in list(self.api.pods.items()) if n == ns
@@ -1159,8 +1197,9 @@ class JobSetController:
             if ttl is not None and now - finished >= ttl:
                 self.api.delete_jobset(name, ns)
             return
-        if spec.get("suspend"):
+        if spec.get("suspend"):  # jobset_controller.go setJobSetSuspendedCondition
             self._condition(js, "Suspended", True, "SuspendedJobs", "jobset is suspended")
+            self._restarting_false(js, "JobSetSuspended", "jobset is suspended")
             return
         if any(c["type"] == "Suspended" and c["status"] == "True" for c in st.get("conditions", [])):
             self._condition(js, "Suspended", False, "ResumeJobs", "jobset is resumed")
@@ -1202,10 +1241,14 @@ class JobSetController:
         if st.get("replicatedJobsStatus") != rj_status:
             st["replicatedJobsStatus"] = rj_status
             self.api._record("jobsets", ns, "MODIFIED", js)
+        if ready + succeeded == total:  # jobset_controller.go reconcile: allJobsReady
+            self._restarting_false(js, "JobsReady", "all jobs are ready")
         if failed:  # the first failed Job first (JobSet findFirstFailedJob)
             self._failure_policy(js, [f[1:] for f in sorted(failed)])
         elif succeeded == total:
+            # jobset_controller.go setJobSetCompletedCondition
             self._condition(js, "Completed", True, "AllJobsCompleted", "jobset completed successfully")
+            self._restarting_false(js, "JobSetCompleted", "jobset completed successfully")
 
     def _job_failed(self, job_spec: dict[str, Any], pods: list[dict[str, Any]],
                     now: float) -> tuple[float, str] | None:
@@ -1220,32 +1263,46 @@ class JobSetController:
         return (first, reason) if reason else None
 
     def _failure_policy(self, js: dict[str, Any], failed: list[tuple[str, str, str]]) -> None:
+        """jobset pkg/controllers/failure_policy.go executeFailurePolicy and its action
+        appliers, with the conditions and events they record."""
         policy = js["spec"].get("failurePolicy")
         st = js["status"]
         if policy is None:
-            self._condition(js, "Failed", True, "FailedJobs", "jobset failed due to one or more job failures")
+            self._failed(js, "FailedJobs", f"jobset failed due to one or more job failures (first failed job: {failed[0][1]})")
             return
         rj_name, job_name, reason = failed[0]
-        action = "RestartJobSet"
+        action, rule_name = "RestartJobSet", None
         for rule in policy.get("rules") or []:
             reasons, targets = rule.get("onJobFailureReasons") or [], rule.get("targetReplicatedJobs") or []
             if (not reasons or reason in reasons) and (not targets or rj_name in targets):
-                action = rule["action"]
+                action, rule_name = rule["action"], rule.get("name")
                 break
         if action == "FailJobSet":
-            self._condition(js, "Failed", True, "FailJobSetFailurePolicyAction",
-                            f"applying FailJobSet failure policy action (first failed job: {job_name})")
+            self._failed(js, "FailJobSetFailurePolicyAction",
+                         f"applying FailJobSet failure policy action (first failed job: {job_name})")
             return
-        restarts = int(st.get("restarts") or 0)
-        if action == "RestartJobSet" and restarts >= int(policy.get("maxRestarts", 0)):
-            self._condition(js, "Failed", True, "ReachedMaxRestarts",
-                            "jobset failed due to reaching max number of restarts")
+        if action == "RestartJobSet" and int(st.get("restartsCountTowardsMax") or 0) >= int(policy.get("maxRestarts", 0)):
+            self._failed(js, "ReachedMaxRestarts",
+                         f"jobset failed due to reaching max number of restarts (first failed job: {job_name})")
             return
-        st["restarts"] = restarts + 1
+        # restartJobSetActionApplier / restartJobSetAndIgnoreMaxRestartsActionApplier ->
+        # failurePolicyRecreateAll: restarts+1, the RestartingJobSet condition (reason
+        # FailurePolicy_<rule>, or DefaultFailurePolicy when no rule matched: an event only
+        # if the condition changed), then always the action's event.
+        st["restarts"] = int(st.get("restarts") or 0) + 1
         if action == "RestartJobSet":
             st["restartsCountTowardsMax"] = int(st.get("restartsCountTowardsMax") or 0) + 1
+        message = f"applying {action} failure policy action (first failed job: {job_name})"
+        self._condition(js, RESTARTING_CONDITION, True,
+                        f"FailurePolicy_{rule_name}" if rule_name else "DefaultFailurePolicy", message, "Warning")
         self.api._record("jobsets", js["metadata"]["namespace"], "MODIFIED", js)
-        self._event(js, "Restarting", f"restarting jobset, attempt {restarts + 1}", "Warning")
+        self._event(js, f"{action}FailurePolicyAction", message, "Warning")
+
+    def _failed(self, js: dict[str, Any], reason: str, message: str) -> None:
+        """failure_policy.go setJobSetFailedCondition: Failed (a Warning event), then the
+        RestartingJobSet condition False (JobSetFailed) if it exists."""
+        self._condition(js, "Failed", True, reason, message, "Warning")
+        self._restarting_false(js, "JobSetFailed", "jobset failed")
 
     def _create_pods(self, js: dict[str, Any], attempt: int) -> None:
         """The Jobs' pods as JobSet's constructJob and the Job controller make them."""
