@@ -1076,11 +1076,15 @@ class JobSetController:
       pod_failure_policy.go ``matchPodFailurePolicy``: a FailJob rule -> reason
       PodFailurePolicy; else failures beyond ``backoffLimit`` -> BackoffLimitExceeded),
       judged one sync period (``SYNC_JOB_BATCH_PERIOD`` × ``time_scale``) after its first
-      failed pod, so that failures within one sync are judged together; and the JobSet
-      applies its failurePolicy to the Job that failed first (``findFirstFailedJob``,
-      ``executeFailurePolicy``: the first rule whose
-      onJobFailureReasons/targetReplicatedJobs match, default RestartJobSet; restarts beyond
-      maxRestarts -> Failed ReachedMaxRestarts; no failurePolicy -> Failed FailedJobs).
+      failed pod, so that failures within one sync are judged together. As since
+      Kubernetes 1.31 (job_controller.go ``delayTerminalCondition``) it first gets
+      FailureTarget and its active pods are deleted; it is Failed once none is left.
+    * The JobSet controller, ``jobset_latency`` seconds after the first Job's Failed, applies
+      its failurePolicy to every Job failed by then (``executeFailurePolicy``): the rules in
+      order, the first that any failed Job matches wins, naming the earliest-failed Job it
+      matches (``findFirstFailedPolicyRuleAndJob``); none -> RestartJobSet for the first
+      failed Job (``findFirstFailedJob``); restarts counted towards maxRestarts beyond it ->
+      Failed ReachedMaxRestarts; no failurePolicy -> Failed FailedJobs.
     * All Jobs succeeded (successPolicy All) -> Completed (AllJobsCompleted); a finished
       JobSet is deleted ``ttlSecondsAfterFinished`` later (``ttl_after_finished`` overrides:
       a day is long for a test).
@@ -1093,7 +1097,8 @@ class JobSetController:
 
     def __init__(self, api: KubeAPI, program: Program | None = None, *, tick: float = 0.01,
                  time_scale: float = 0.002, schedule_after: float = 0.03, start_after: float = 0.03,
-                 ttl_after_finished: float | None = None, create_error: str | None = None):
+                 ttl_after_finished: float | None = None, create_error: str | None = None,
+                 jobset_latency: float = 0.0):
         self.api, self.program = api, program or Program()
         self.tick, self.time_scale = tick, time_scale
         self.schedule_after, self.start_after = schedule_after, start_after
@@ -1102,6 +1107,8 @@ class JobSetController:
         self.finished: dict[str, float] = {}  # JobSet uid -> when it finished
         self.failed_create: set[str] = set()
         self.event_series: dict[tuple[str, str, str], dict[str, int]] = {}
+        self.jobs: dict[tuple[str, int, str], dict[str, Any]] = {}  # (JobSet uid, attempt, Job) -> failure
+        self.jobset_latency = jobset_latency
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="jobset-controller")
 
@@ -1224,10 +1231,14 @@ class JobSetController:
                 total += 1
                 mine = [p for p in current if p["metadata"]["labels"]["jobset.sigs.k8s.io/job-global-index"]
                         == str(global_index + j)]
-                decided = self._job_failed(job_spec, mine, now)
-                if decided:
-                    failed.append((decided[0], rj["name"], f"{name}-{rj['name']}-{j}", decided[1]))
-                    counts["failed"] += 1
+                job_name = f"{name}-{rj['name']}-{j}"
+                failed_at, reason = self._job_controller(meta["uid"], attempt, job_name, job_spec, mine, now)
+                if reason is not None:
+                    if failed_at is None:  # FailureTarget: its other pods are terminating
+                        counts["active"] += 1
+                    else:
+                        failed.append((failed_at, global_index + j, rj["name"], job_name, reason))
+                        counts["failed"] += 1
                 elif len(mine) == parallelism and all(p["status"]["phase"] == "Succeeded" for p in mine):
                     succeeded += 1
                     counts["succeeded"] += 1
@@ -1243,12 +1254,37 @@ class JobSetController:
             self.api._record("jobsets", ns, "MODIFIED", js)
         if ready + succeeded == total:  # jobset_controller.go reconcile: allJobsReady
             self._restarting_false(js, "JobsReady", "all jobs are ready")
-        if failed:  # the first failed Job first (JobSet findFirstFailedJob)
-            self._failure_policy(js, [f[1:] for f in sorted(failed)])
+        if failed:
+            # The JobSet controller acts on the Jobs failed when it syncs, some time after
+            # the first Job's Failed condition (its informer and queue: ``jobset_latency``).
+            if now >= min(f[0] for f in failed) + self.jobset_latency:
+                self._failure_policy(js, sorted(failed))
         elif succeeded == total:
             # jobset_controller.go setJobSetCompletedCondition
             self._condition(js, "Completed", True, "AllJobsCompleted", "jobset completed successfully")
             self._restarting_false(js, "JobSetCompleted", "jobset completed successfully")
+
+    def _job_controller(self, js_uid: str, attempt: int, job: str, job_spec: dict[str, Any],
+                        pods: list[dict[str, Any]], now: float) -> tuple[float | None, str | None]:
+        """(when the Job got its Failed condition or None, its failure reason or None), as the
+        Job controller of Kubernetes >= 1.31 gets there (job_controller.go syncJob with
+        delayTerminalCondition): once it judges the Job failed (``_job_failed``) it sets
+        FailureTarget and deletes the Job's active pods (deleteActivePods: SIGTERM, the
+        grace period), and sets Failed, the condition JobSet reads and orders by, only when
+        none is left running or terminating (enactJobFinished)."""
+        key = (js_uid, attempt, job)
+        state = self.jobs.get(key)
+        if state is None:
+            decided = self._job_failed(job_spec, pods, now)
+            if not decided:
+                return None, None
+            state = self.jobs[key] = {"reason": decided[1], "failed_at": None}
+            for pod in pods:
+                if pod["status"]["phase"] in ("Pending", "Running") and not pod["metadata"].get("deletionTimestamp"):
+                    self._terminate(pod, now)
+        if state["failed_at"] is None and not any(p["status"]["phase"] in ("Pending", "Running") for p in pods):
+            state["failed_at"] = now
+        return state["failed_at"], state["reason"]
 
     def _job_failed(self, job_spec: dict[str, Any], pods: list[dict[str, Any]],
                     now: float) -> tuple[float, str] | None:
@@ -1262,21 +1298,21 @@ class JobSetController:
         reason = job_failure(job_spec, pods)
         return (first, reason) if reason else None
 
-    def _failure_policy(self, js: dict[str, Any], failed: list[tuple[str, str, str]]) -> None:
+    def _failure_policy(self, js: dict[str, Any], failed: list[tuple[float, int, str, str, str]]) -> None:
         """jobset pkg/controllers/failure_policy.go executeFailurePolicy and its action
-        appliers, with the conditions and events they record."""
+        appliers, with the conditions and events they record. ``failed``: (Failed time,
+        global index, replicatedJob, Job, reason) of every Job failed by now, oldest first."""
         policy = js["spec"].get("failurePolicy")
         st = js["status"]
+        first_failed = failed[0][3]  # findFirstFailedJob (ties: list order)
         if policy is None:
-            self._failed(js, "FailedJobs", f"jobset failed due to one or more job failures (first failed job: {failed[0][1]})")
+            self._failed(js, "FailedJobs", f"jobset failed due to one or more job failures (first failed job: {first_failed})")
             return
-        rj_name, job_name, reason = failed[0]
-        action, rule_name = "RestartJobSet", None
-        for rule in policy.get("rules") or []:
-            reasons, targets = rule.get("onJobFailureReasons") or [], rule.get("targetReplicatedJobs") or []
-            if (not reasons or reason in reasons) and (not targets or rj_name in targets):
-                action, rule_name = rule["action"], rule.get("name")
-                break
+        rule, job = first_failed_policy_rule_and_job(policy.get("rules") or [], failed)
+        if rule is None:  # defaultFailurePolicyRuleAction
+            action, rule_name, job_name = "RestartJobSet", None, first_failed
+        else:
+            action, rule_name, job_name = rule["action"], rule.get("name"), job
         if action == "FailJobSet":
             self._failed(js, "FailJobSetFailurePolicyAction",
                          f"applying FailJobSet failure policy action (first failed job: {job_name})")
@@ -1425,6 +1461,24 @@ class JobSetController:
                 "exitCode": code, "reason": "Completed" if code == 0 else "Error",
                 "startedAt": started, "finishedAt": now_rfc3339()}})
         self.api.put_pod(pod)
+
+
+def first_failed_policy_rule_and_job(rules: list[dict[str, Any]], failed: list[tuple[float, int, str, str, str]]
+                                     ) -> tuple[dict[str, Any] | None, str | None]:
+    """jobset v0.12.0 pkg/controllers/failure_policy.go findFirstFailedPolicyRuleAndJob: the
+    rules in order; for each, the earliest-failed Job it applies to (ruleIsApplicable:
+    onJobFailureReasons, targetReplicatedJobs; a strictly earlier failure replaces the
+    match, so ties keep list order); the first rule with a match wins. (rule, Job name)."""
+    for rule in rules:
+        match = None
+        for failed_at, _, rj_name, job_name, reason in failed:
+            reasons, targets = rule.get("onJobFailureReasons") or [], rule.get("targetReplicatedJobs") or []
+            applies = (not reasons or reason in reasons) and (not targets or rj_name in targets)
+            if applies and (match is None or failed_at < match[0]):
+                match = (failed_at, job_name)
+        if match is not None:
+            return rule, match[1]
+    return None, None
 
 
 def job_failure(job_spec: dict[str, Any], pods: list[dict[str, Any]]) -> str | None:

@@ -395,3 +395,42 @@ def test_restarts_of_a_gone_jobset_are_read_from_the_events_jobset_really_record
     assert backend.status("thrice").restarts == 3
     assert backend_for(kubeconfig).status("thrice").restarts == 2
     assert restarts_from_events([{"reason": "Restarting", "count": 1}]) == 0
+
+
+def test_the_first_rule_a_failed_job_matches_wins_over_the_job_that_failed_first(api, kubeconfig):
+    """Job A (slice 1) fails first, restartably (rule 1: RestartJobSet on
+    BackoffLimitExceeded); Job B (slice 0) fails 20 ms later with a bug (rule 0:
+    FailOnUserError, FailJobSet on PodFailurePolicy). Each is Failed once its peer, deleted
+    by the Job controller at FailureTarget, has exited (delayTerminalCondition); the JobSet
+    controller syncs after both: findFirstFailedPolicyRuleAndJob tries rule 0 first, so the
+    set fails naming B. Acting on A alone (no latency), the same failures restart it."""
+    def two_rules(name: str) -> dict:
+        obj = manifest(name, num_slices=2)
+        obj["spec"]["failurePolicy"]["rules"].append(
+            {"name": "RestartOnPreemption", "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"]})
+        return obj
+
+    def ended(name: str) -> dict:
+        api.wait_for(lambda: any(c["type"] in ("Failed", "Completed") and c["status"] == "True"
+                                 for c in api.jobsets[("default", name)]["status"].get("conditions", [])), timeout=20)
+        return api.jobsets[("default", name)]["status"]
+
+    program = Program(lines=20, line_every=0.01, fail={("1-0", 0): (1, 42), ("0-0", 0): (3, 1)})
+    ctl = JobSetController(api, program, jobset_latency=0.15).start()
+    backend_for(kubeconfig).submit(two_rules("same-sync"))
+    st = ended("same-sync")
+    assert st["restarts"] == 0
+    (failed,) = [c for c in st["conditions"] if c["type"] == "Failed"]
+    assert (failed["reason"], failed["message"]) == (
+        "FailJobSetFailurePolicyAction", "applying FailJobSet failure policy action (first failed job: same-sync-slice-0)")
+    uid = api.jobsets[("default", "same-sync")]["metadata"]["uid"]
+    a, b = ctl.jobs[(uid, 0, "same-sync-slice-1")], ctl.jobs[(uid, 0, "same-sync-slice-0")]
+    assert (a["reason"], b["reason"]) == ("BackoffLimitExceeded", "PodFailurePolicy")
+    assert a["failed_at"] < b["failed_at"]  # A failed first, and lost
+    ctl.stop()
+    ctl = JobSetController(api, program, jobset_latency=0.0).start()
+    backend_for(kubeconfig).submit(two_rules("apart"))
+    st = ended("apart")
+    assert st["restarts"] == 1 and "Completed" in [c["type"] for c in st["conditions"] if c["status"] == "True"]
+    reasons = [e["reason"] for e in api.events if e["involvedObject"]["name"] == "apart"]
+    assert reasons[:2] == ["FailurePolicy_RestartOnPreemption", "RestartJobSetFailurePolicyAction"]
