@@ -45,6 +45,8 @@ def main(crd_path: Path) -> int:
         for count in (1, 2):
             values = {"name": "crosscheck", "accelerator": name, "image": "img:1", "storage": "gs://xrun-bucket/x",
                       **options}
+            if kind != "gpu":
+                values.pop("scheduler", None)  # gke.io/topology-aware-auto: GPU shapes only, as xpk
             if kind == "tpu":
                 values["num_slices"] = count
             elif kind == "gpu":

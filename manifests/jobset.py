@@ -14,7 +14,7 @@ from typing import Any
 
 from manifests import types as t
 from manifests.catalogue import Networking, Shape
-from manifests.spec import TOPOLOGY_AWARE_SCHEDULER, RunSpec
+from manifests.spec import TOPOLOGY_AWARE_SCHEDULER, RunSpec, topology_gate
 from xrun_contract import GKE_NVIDIA_LIB64, JAX_PLATFORMS_FOR, Env, Layout, PodFiles
 from xrun_contract.errors import XrunError
 from xrun_contract.k8s import (
@@ -31,8 +31,16 @@ CONTAINER = "workload"  # the user's container (the podFailurePolicy reads its e
 INIT_CONTAINER = "xrun-init"  # copies the launcher into the shared folder (xrun's image)
 LOGS_CONTAINER = "xrun-logs"  # native sidecar shipping the output to storage (xrun's image)
 POD_VOLUME = "xrun"  # the emptyDir shared by the three, mounted at PodFiles.MOUNT_PATH
-# The log shipper is a small Python process; its requests count towards the pod's.
-LOGS_RESOURCES = {"cpu": "100m", "memory": "128Mi"}
+# No container of xrun's requests cpu or memory (only the workload requests its accelerator),
+# queued or not. Kueue sums a native sidecar's requests into the pod's (kueue
+# pkg/workload/workload.go totalRequestsFromPodSets -> component-helpers PodRequests), and
+# xpk's ClusterQueue covers only google.com/tpu or nvidia.com/gpu unless created with
+# --cpu-limit/--memory-limit (xpk core/kueue_manager.py), so a cpu request on the log
+# shipper kept every queued run from being admitted ("resource cpu unavailable in
+# ClusterQueue"). No limits either: the apiserver and Kueue copy a limit into a missing
+# request. The pods are therefore BestEffort for cpu and memory (QoS ignores extended
+# resources), exactly as xpk's own workload pods, whose only resource is the accelerator
+# limit (xpk core/docker_resources.py get_main_container_resources).
 MANAGED_BY = "xrun"
 TPU_RESOURCE = "google.com/tpu"
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -262,7 +270,6 @@ def xrun_containers(spec: RunSpec) -> list[t.Container]:
         t.Container(name=LOGS_CONTAINER, image=spec.xrun_image,
                     image_pull_policy=default_pull_policy(spec.xrun_image),
                     command=ship_argv(), env=logs_env(spec), volume_mounts=list(mount),
-                    resources=t.ResourceRequirements(requests=dict(LOGS_RESOURCES)),
                     restart_policy="Always"),
     ]
 
@@ -317,9 +324,12 @@ def pod_spec(spec: RunSpec) -> t.PodSpec:
     apply_capacity(spec, pod)
     apply_placement(spec, pod)
     apply_mounts(spec, pod, container)
-    if spec.scheduler == TOPOLOGY_AWARE_SCHEDULER:
-        # GKE's topology-aware scheduler releases pods gated so (xpk get_gpu_scheduler).
-        pod.scheduling_gates = [t.PodSchedulingGate(name=f"{TOPOLOGY_AWARE_SCHEDULER}-{spec.name}")]
+    if spec.scheduler == TOPOLOGY_AWARE_SCHEDULER and shape.kind == "gpu":
+        # GKE's topology-aware scheduler releases pods gated so; xpk adds the gate to GPU
+        # workloads only (src/xpk/core/scheduling.py get_gpu_scheduler, called from
+        # commands/workload.py for AcceleratorType.GPU). spec.validate refuses it elsewhere
+        # and refuses a name that would make the gate longer than a qualified name allows.
+        pod.scheduling_gates = [t.PodSchedulingGate(name=topology_gate(spec.name))]
     elif spec.scheduler:
         pod.scheduler_name = spec.scheduler
     return pod

@@ -54,6 +54,10 @@ PRIORITY_LADDER = {"very-low": 100, "low": 250, "medium": 500, "high": 750, "ver
 # scheduler: GKE's topology-aware scheduler is asked for with a pod scheduling gate, as xpk
 # renders it (its workload.py get_gpu_scheduler); any other name is the pod's schedulerName.
 TOPOLOGY_AWARE_SCHEDULER = "gke.io/topology-aware-auto"
+# Its gate is "<scheduler>-<run name>", a qualified name (kubernetes pkg/apis/core/validation/
+# validation.go validateSchedulingGates -> ValidateQualifiedName): the part after the "/" at
+# most 63 characters, so a run name of at most 63 - len("topology-aware-auto-") = 43.
+MAX_TOPOLOGY_GATE_NAME = MAX_LABEL - len(TOPOLOGY_AWARE_SCHEDULER.partition("/")[2] + "-")
 # kueue_topology: Kueue's topology-aware scheduling (pod template annotations).
 KUEUE_TOPOLOGY_MODES = ("required", "preferred")
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "toleration_seconds"}
@@ -233,6 +237,12 @@ def max_name_length(spec: RunSpec) -> int:
     return MAX_LABEL - len("-slice-") - j - 1 - p - POD_SUFFIX
 
 
+def topology_gate(name: str) -> str:
+    """The pod scheduling gate GKE's topology-aware scheduler releases, named as xpk names it
+    (xpk src/xpk/core/scheduling.py get_gpu_scheduler: ``f"{args.scheduler}-{args.workload}"``)."""
+    return f"{TOPOLOGY_AWARE_SCHEDULER}-{name}"
+
+
 def check_flag_envs(env: dict[str, str], shape: catalogue.Shape) -> None:
     """Each flag in the env that carries it, where that is knowable: TPU-only flags never in
     XLA_FLAGS (jaxlib aborts at start-up), GPU-only flags never in LIBTPU_INIT_ARGS."""
@@ -306,6 +316,14 @@ def validate(spec: RunSpec) -> None:
             f"name: {spec.name!r} is {len(spec.name)} characters; at most {limit} for "
             f"{spec.slices} slice(s) x {spec.hosts_per_slice} hosts, so pod names "
             "<name>-slice-<j>-<p>-xxxxx stay within 63"
+        )
+    if spec.scheduler == TOPOLOGY_AWARE_SCHEDULER and len(spec.name) > MAX_TOPOLOGY_GATE_NAME:
+        # A longer name passes the JobSet's admission, then every Job creation fails
+        # (JobCreationFailed, no pods): the gate is validated on the pod template.
+        raise XrunError(
+            f"name: {spec.name!r} is {len(spec.name)} characters; at most {MAX_TOPOLOGY_GATE_NAME} with "
+            f"scheduler: {TOPOLOGY_AWARE_SCHEDULER}, so the pod scheduling gate {topology_gate('<name>')} "
+            "stays a qualified name (at most 63 characters after the '/')"
         )
     if not spec.image.strip():
         raise XrunError("image: required (the workload container image, e.g. us-docker.pkg.dev/p/r/xrun:tag)")
@@ -475,6 +493,12 @@ def validate_gke_knobs(spec: RunSpec) -> None:
     if spec.priority and spec.priority not in PRIORITY_LADDER and is_dns1123_subdomain(spec.priority):
         raise XrunError(f"priority: one of {', '.join(PRIORITY_LADDER)} or a PriorityClass name, "
                         f"got {spec.priority!r}")
+    if spec.scheduler == TOPOLOGY_AWARE_SCHEDULER and spec.shape.kind != "gpu":
+        # xpk gates only GPU workloads (src/xpk/commands/workload.py calls get_gpu_scheduler
+        # only for AcceleratorType.GPU; its TPU template puts --scheduler in schedulerName,
+        # where a name with "/" is no DNS-1123 subdomain and the pods are refused).
+        raise XrunError(f"scheduler: {TOPOLOGY_AWARE_SCHEDULER} is GKE's topology-aware scheduling for GPU "
+                        f"node pools (xpk gates only GPU workloads), not for {spec.accelerator}")
     if spec.scheduler and spec.scheduler != TOPOLOGY_AWARE_SCHEDULER and is_dns1123_subdomain(spec.scheduler):
         raise XrunError(f"scheduler: {TOPOLOGY_AWARE_SCHEDULER} or a scheduler name (DNS-1123 subdomain), "
                         f"got {spec.scheduler!r}")

@@ -56,6 +56,9 @@ JOBSET_PREFIX = "/apis/jobset.x-k8s.io/"
 # (kubernetes pkg/controller/job/job_controller.go, syncJobBatchPeriod): the failures of one
 # Job within it are judged in one syncJob (× the controller's time_scale here).
 SYNC_JOB_BATCH_PERIOD = 1.0
+# The JobSet's condition while it restarts (jobset api/jobset/v1alpha2/jobset_types.go
+# JobSetRestarting).
+RESTARTING_CONDITION = "RestartingJobSet"
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/jobsets.jobset.x-k8s.io"
 
 
@@ -305,6 +308,9 @@ class KubeAPI:
         # and never makes pods.
         self.job_template_errors = "reject"
         self.kueue_versions: list[str] = []
+        # What the LocalQueues' ClusterQueue covers (its resourceGroups' coveredResources):
+        # xpk's unless a test says otherwise (admission.XPK_COVERED_RESOURCES).
+        self.kueue_covered_resources: tuple[str, ...] = admission.XPK_COVERED_RESOURCES
         self.faults: list[Fault] = []
         self.phases: list[Callable[[KubeAPI, str], None]] = []
         self.hold = 2
@@ -799,14 +805,35 @@ class KubeAPI:
             self._record("jobsets", namespace, "MODIFIED", js)
             threading.Thread(target=self._collect, args=(namespace, name), daemon=True).start()
 
-    def kueue_admit(self, name: str, namespace: str = "default") -> None:
-        """Kueue admits the JobSet's Workload: spec.suspend goes false (the JobSet controller
-        then resumes it and creates its Jobs)."""
+    def kueue_admit(self, name: str, namespace: str = "default") -> bool:
+        """Kueue tries to admit the JobSet's Workload (quota is there). If a pod set requests
+        a resource the ClusterQueue does not cover, the flavor assigner answers "resource X
+        unavailable in ClusterQueue" (kueue v0.17 pkg/scheduler/flavorassigner/
+        flavorassigner.go findFlavorForPodSets, on the totals of pkg/workload/workload.go
+        totalRequestsFromPodSets, sidecars included) and the scheduler records a Warning
+        ``Pending`` event on the Workload (pkg/scheduler/scheduler.go requeueAndUpdate,
+        message from Assignment.Message): it stays suspended, False returned. Else
+        spec.suspend goes false (the JobSet controller then resumes it and creates its Jobs)."""
         with self.cond:
             js = self.jobsets[(namespace, name)]
+            reasons = []
+            for rj in js["spec"]["replicatedJobs"]:
+                pod_spec = rj["template"]["spec"]["template"]["spec"]
+                missing = admission.kueue_uncovered(pod_spec, self.kueue_covered_resources)
+                if missing:  # assignFlavors stops at the first resource it cannot place
+                    reasons.append(f"couldn't assign flavors to pod set {rj['name']}: "
+                                   f"resource {missing[0]} unavailable in ClusterQueue")
+            if reasons:
+                # The Workload is named by jobframework GetWorkloadNameForOwnerWithGVK:
+                # jobset-<name>-<hash of the owner's uid>.
+                suffix = hashlib.sha1(js["metadata"]["uid"].encode()).hexdigest()[:5]
+                self.add_event("Workload", f"jobset-{name}-{suffix}", "Pending", "; ".join(reasons),
+                               namespace=namespace)
+                return False
             js["spec"]["suspend"] = False
             js["metadata"]["generation"] = js["metadata"].get("generation", 1) + 1
             self._record("jobsets", namespace, "MODIFIED", js)
+            return True
 
     def compact(self) -> None:
         """etcd compaction: every resourceVersion up to now is too old to watch from."""
@@ -1053,11 +1080,15 @@ class JobSetController:
       pod_failure_policy.go ``matchPodFailurePolicy``: a FailJob rule -> reason
       PodFailurePolicy; else failures beyond ``backoffLimit`` -> BackoffLimitExceeded),
       judged one sync period (``SYNC_JOB_BATCH_PERIOD`` × ``time_scale``) after its first
-      failed pod, so that failures within one sync are judged together; and the JobSet
-      applies its failurePolicy to the Job that failed first (``findFirstFailedJob``,
-      ``executeFailurePolicy``: the first rule whose
-      onJobFailureReasons/targetReplicatedJobs match, default RestartJobSet; restarts beyond
-      maxRestarts -> Failed ReachedMaxRestarts; no failurePolicy -> Failed FailedJobs).
+      failed pod, so that failures within one sync are judged together. As since
+      Kubernetes 1.31 (job_controller.go ``delayTerminalCondition``) it first gets
+      FailureTarget and its active pods are deleted; it is Failed once none is left.
+    * The JobSet controller, ``jobset_latency`` seconds after the first Job's Failed, applies
+      its failurePolicy to every Job failed by then (``executeFailurePolicy``): the rules in
+      order, the first that any failed Job matches wins, naming the earliest-failed Job it
+      matches (``findFirstFailedPolicyRuleAndJob``); none -> RestartJobSet for the first
+      failed Job (``findFirstFailedJob``); restarts counted towards maxRestarts beyond it ->
+      Failed ReachedMaxRestarts; no failurePolicy -> Failed FailedJobs.
     * All Jobs succeeded (successPolicy All) -> Completed (AllJobsCompleted); a finished
       JobSet is deleted ``ttlSecondsAfterFinished`` later (``ttl_after_finished`` overrides:
       a day is long for a test).
@@ -1070,7 +1101,8 @@ class JobSetController:
 
     def __init__(self, api: KubeAPI, program: Program | None = None, *, tick: float = 0.01,
                  time_scale: float = 0.002, schedule_after: float = 0.03, start_after: float = 0.03,
-                 ttl_after_finished: float | None = None, create_error: str | None = None):
+                 ttl_after_finished: float | None = None, create_error: str | None = None,
+                 jobset_latency: float = 0.0):
         self.api, self.program = api, program or Program()
         self.tick, self.time_scale = tick, time_scale
         self.schedule_after, self.start_after = schedule_after, start_after
@@ -1078,6 +1110,9 @@ class JobSetController:
         self.rt: dict[str, dict[str, Any]] = {}  # pod uid -> what the kubelet knows
         self.finished: dict[str, float] = {}  # JobSet uid -> when it finished
         self.failed_create: set[str] = set()
+        self.event_series: dict[tuple[str, str, str], dict[str, int]] = {}
+        self.jobs: dict[tuple[str, int, str], dict[str, Any]] = {}  # (JobSet uid, attempt, Job) -> failure
+        self.jobset_latency = jobset_latency
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="jobset-controller")
 
@@ -1098,21 +1133,55 @@ class JobSetController:
 
     # --- helpers ----------------------------------------------------------------------
     def _event(self, js: dict[str, Any], reason: str, message: str, etype: str = "Normal") -> None:
+        """An event as JobSet v0.12 records it: through the events.k8s.io recorder
+        (jobset_controller.go: ``r.Record.Eventf(obj, nil, type, reason, "Reconciling", msg)``),
+        whose broadcaster (client-go tools/events event_broadcaster.go recordToSink) folds an
+        event with the same type, reason, action and object (the message is not part of the
+        key) into the first one's series: the second writes ``series.count`` 2, later ones
+        only count in the cache until the series is refreshed (30 min) or finished (6 min
+        idle), so events undercount repeats."""
         m = js["metadata"]
-        self.api.add_event("JobSet", m["name"], reason, message, etype, namespace=m["namespace"], uid=m["uid"])
+        key = (m["uid"], etype, reason)
+        seen = self.event_series.get(key)
+        if seen is None:
+            self.event_series[key] = {"count": 1}
+            self.api.add_event("JobSet", m["name"], reason, message, etype, namespace=m["namespace"], uid=m["uid"])
+            return
+        seen["count"] += 1
+        if seen["count"] == 2:
+            with self.api.cond:
+                first = next(e for e in reversed(self.api.events) if e["reason"] == reason and e["type"] == etype
+                             and e["involvedObject"].get("uid") == m["uid"])
+                first["series"] = {"count": 2, "lastObservedTime": now_rfc3339()}
+                self.api.rv += 1
+                first["metadata"]["resourceVersion"] = str(self.api.rv)
 
-    def _condition(self, js: dict[str, Any], ctype: str, value: bool, reason: str, message: str) -> None:
+    def _condition(self, js: dict[str, Any], ctype: str, value: bool, reason: str, message: str,
+                   etype: str = "Normal") -> None:
+        """jobset_controller.go setCondition / updateCondition: a new condition is added only
+        when True; one of the same type is replaced when its status changes, and updated in
+        place (keeping lastTransitionTime) when only its reason or message does; each change
+        records an event with the condition's reason and message."""
         conds = js["status"].setdefault("conditions", [])
         old = next((c for c in conds if c["type"] == ctype), None)
         new = {"type": ctype, "status": "True" if value else "False", "reason": reason, "message": message,
                "lastTransitionTime": now_rfc3339()}
-        if old and old["status"] == new["status"]:
+        if old is None and not value:
             return
-        if old:
-            conds.remove(old)
-        conds.append(new)
+        if old is not None:
+            if old["status"] == new["status"]:
+                if (old["reason"], old["message"]) == (reason, message):
+                    return
+                new["lastTransitionTime"] = old["lastTransitionTime"]
+            conds[conds.index(old)] = new
+        else:
+            conds.append(new)
         self.api._record("jobsets", js["metadata"]["namespace"], "MODIFIED", js)
-        self._event(js, reason, message, "Normal" if ctype != "Failed" else "Warning")
+        self._event(js, reason, message, etype)
+
+    def _restarting_false(self, js: dict[str, Any], reason: str, message: str) -> None:
+        """jobset_controller.go setRestartingConditionFalse (a Normal event if it changed)."""
+        self._condition(js, RESTARTING_CONDITION, False, reason, message)
 
     def _pods(self, ns: str, name: str) -> list[dict[str, Any]]:
         return [p for (n, _), p in list(self.api.pods.items()) if n == ns
@@ -1139,8 +1208,9 @@ class JobSetController:
             if ttl is not None and now - finished >= ttl:
                 self.api.delete_jobset(name, ns)
             return
-        if spec.get("suspend"):
+        if spec.get("suspend"):  # jobset_controller.go setJobSetSuspendedCondition
             self._condition(js, "Suspended", True, "SuspendedJobs", "jobset is suspended")
+            self._restarting_false(js, "JobSetSuspended", "jobset is suspended")
             return
         if any(c["type"] == "Suspended" and c["status"] == "True" for c in st.get("conditions", [])):
             self._condition(js, "Suspended", False, "ResumeJobs", "jobset is resumed")
@@ -1165,10 +1235,14 @@ class JobSetController:
                 total += 1
                 mine = [p for p in current if p["metadata"]["labels"]["jobset.sigs.k8s.io/job-global-index"]
                         == str(global_index + j)]
-                decided = self._job_failed(job_spec, mine, now)
-                if decided:
-                    failed.append((decided[0], rj["name"], f"{name}-{rj['name']}-{j}", decided[1]))
-                    counts["failed"] += 1
+                job_name = f"{name}-{rj['name']}-{j}"
+                failed_at, reason = self._job_controller(meta["uid"], attempt, job_name, job_spec, mine, now)
+                if reason is not None:
+                    if failed_at is None:  # FailureTarget: its other pods are terminating
+                        counts["active"] += 1
+                    else:
+                        failed.append((failed_at, global_index + j, rj["name"], job_name, reason))
+                        counts["failed"] += 1
                 elif len(mine) == parallelism and all(p["status"]["phase"] == "Succeeded" for p in mine):
                     succeeded += 1
                     counts["succeeded"] += 1
@@ -1182,10 +1256,39 @@ class JobSetController:
         if st.get("replicatedJobsStatus") != rj_status:
             st["replicatedJobsStatus"] = rj_status
             self.api._record("jobsets", ns, "MODIFIED", js)
-        if failed:  # the first failed Job first (JobSet findFirstFailedJob)
-            self._failure_policy(js, [f[1:] for f in sorted(failed)])
+        if ready + succeeded == total:  # jobset_controller.go reconcile: allJobsReady
+            self._restarting_false(js, "JobsReady", "all jobs are ready")
+        if failed:
+            # The JobSet controller acts on the Jobs failed when it syncs, some time after
+            # the first Job's Failed condition (its informer and queue: ``jobset_latency``).
+            if now >= min(f[0] for f in failed) + self.jobset_latency:
+                self._failure_policy(js, sorted(failed))
         elif succeeded == total:
+            # jobset_controller.go setJobSetCompletedCondition
             self._condition(js, "Completed", True, "AllJobsCompleted", "jobset completed successfully")
+            self._restarting_false(js, "JobSetCompleted", "jobset completed successfully")
+
+    def _job_controller(self, js_uid: str, attempt: int, job: str, job_spec: dict[str, Any],
+                        pods: list[dict[str, Any]], now: float) -> tuple[float | None, str | None]:
+        """(when the Job got its Failed condition or None, its failure reason or None), as the
+        Job controller of Kubernetes >= 1.31 gets there (job_controller.go syncJob with
+        delayTerminalCondition): once it judges the Job failed (``_job_failed``) it sets
+        FailureTarget and deletes the Job's active pods (deleteActivePods: SIGTERM, the
+        grace period), and sets Failed, the condition JobSet reads and orders by, only when
+        none is left running or terminating (enactJobFinished)."""
+        key = (js_uid, attempt, job)
+        state = self.jobs.get(key)
+        if state is None:
+            decided = self._job_failed(job_spec, pods, now)
+            if not decided:
+                return None, None
+            state = self.jobs[key] = {"reason": decided[1], "failed_at": None}
+            for pod in pods:
+                if pod["status"]["phase"] in ("Pending", "Running") and not pod["metadata"].get("deletionTimestamp"):
+                    self._terminate(pod, now)
+        if state["failed_at"] is None and not any(p["status"]["phase"] in ("Pending", "Running") for p in pods):
+            state["failed_at"] = now
+        return state["failed_at"], state["reason"]
 
     def _job_failed(self, job_spec: dict[str, Any], pods: list[dict[str, Any]],
                     now: float) -> tuple[float, str] | None:
@@ -1199,33 +1302,47 @@ class JobSetController:
         reason = job_failure(job_spec, pods)
         return (first, reason) if reason else None
 
-    def _failure_policy(self, js: dict[str, Any], failed: list[tuple[str, str, str]]) -> None:
+    def _failure_policy(self, js: dict[str, Any], failed: list[tuple[float, int, str, str, str]]) -> None:
+        """jobset pkg/controllers/failure_policy.go executeFailurePolicy and its action
+        appliers, with the conditions and events they record. ``failed``: (Failed time,
+        global index, replicatedJob, Job, reason) of every Job failed by now, oldest first."""
         policy = js["spec"].get("failurePolicy")
         st = js["status"]
+        first_failed = failed[0][3]  # findFirstFailedJob (ties: list order)
         if policy is None:
-            self._condition(js, "Failed", True, "FailedJobs", "jobset failed due to one or more job failures")
+            self._failed(js, "FailedJobs", f"jobset failed due to one or more job failures (first failed job: {first_failed})")
             return
-        rj_name, job_name, reason = failed[0]
-        action = "RestartJobSet"
-        for rule in policy.get("rules") or []:
-            reasons, targets = rule.get("onJobFailureReasons") or [], rule.get("targetReplicatedJobs") or []
-            if (not reasons or reason in reasons) and (not targets or rj_name in targets):
-                action = rule["action"]
-                break
+        rule, job = first_failed_policy_rule_and_job(policy.get("rules") or [], failed)
+        if rule is None:  # defaultFailurePolicyRuleAction
+            action, rule_name, job_name = "RestartJobSet", None, first_failed
+        else:
+            action, rule_name, job_name = rule["action"], rule.get("name"), job
         if action == "FailJobSet":
-            self._condition(js, "Failed", True, "FailJobSetFailurePolicyAction",
-                            f"applying FailJobSet failure policy action (first failed job: {job_name})")
+            self._failed(js, "FailJobSetFailurePolicyAction",
+                         f"applying FailJobSet failure policy action (first failed job: {job_name})")
             return
-        restarts = int(st.get("restarts") or 0)
-        if action == "RestartJobSet" and restarts >= int(policy.get("maxRestarts", 0)):
-            self._condition(js, "Failed", True, "ReachedMaxRestarts",
-                            "jobset failed due to reaching max number of restarts")
+        if action == "RestartJobSet" and int(st.get("restartsCountTowardsMax") or 0) >= int(policy.get("maxRestarts", 0)):
+            self._failed(js, "ReachedMaxRestarts",
+                         f"jobset failed due to reaching max number of restarts (first failed job: {job_name})")
             return
-        st["restarts"] = restarts + 1
+        # restartJobSetActionApplier / restartJobSetAndIgnoreMaxRestartsActionApplier ->
+        # failurePolicyRecreateAll: restarts+1, the RestartingJobSet condition (reason
+        # FailurePolicy_<rule>, or DefaultFailurePolicy when no rule matched: an event only
+        # if the condition changed), then always the action's event.
+        st["restarts"] = int(st.get("restarts") or 0) + 1
         if action == "RestartJobSet":
             st["restartsCountTowardsMax"] = int(st.get("restartsCountTowardsMax") or 0) + 1
+        message = f"applying {action} failure policy action (first failed job: {job_name})"
+        self._condition(js, RESTARTING_CONDITION, True,
+                        f"FailurePolicy_{rule_name}" if rule_name else "DefaultFailurePolicy", message, "Warning")
         self.api._record("jobsets", js["metadata"]["namespace"], "MODIFIED", js)
-        self._event(js, "Restarting", f"restarting jobset, attempt {restarts + 1}", "Warning")
+        self._event(js, f"{action}FailurePolicyAction", message, "Warning")
+
+    def _failed(self, js: dict[str, Any], reason: str, message: str) -> None:
+        """failure_policy.go setJobSetFailedCondition: Failed (a Warning event), then the
+        RestartingJobSet condition False (JobSetFailed) if it exists."""
+        self._condition(js, "Failed", True, reason, message, "Warning")
+        self._restarting_false(js, "JobSetFailed", "jobset failed")
 
     def _create_pods(self, js: dict[str, Any], attempt: int) -> None:
         """The Jobs' pods as JobSet's constructJob and the Job controller make them."""
@@ -1348,6 +1465,24 @@ class JobSetController:
                 "exitCode": code, "reason": "Completed" if code == 0 else "Error",
                 "startedAt": started, "finishedAt": now_rfc3339()}})
         self.api.put_pod(pod)
+
+
+def first_failed_policy_rule_and_job(rules: list[dict[str, Any]], failed: list[tuple[float, int, str, str, str]]
+                                     ) -> tuple[dict[str, Any] | None, str | None]:
+    """jobset v0.12.0 pkg/controllers/failure_policy.go findFirstFailedPolicyRuleAndJob: the
+    rules in order; for each, the earliest-failed Job it applies to (ruleIsApplicable:
+    onJobFailureReasons, targetReplicatedJobs; a strictly earlier failure replaces the
+    match, so ties keep list order); the first rule with a match wins. (rule, Job name)."""
+    for rule in rules:
+        match = None
+        for failed_at, _, rj_name, job_name, reason in failed:
+            reasons, targets = rule.get("onJobFailureReasons") or [], rule.get("targetReplicatedJobs") or []
+            applies = (not reasons or reason in reasons) and (not targets or rj_name in targets)
+            if applies and (match is None or failed_at < match[0]):
+                match = (failed_at, job_name)
+        if match is not None:
+            return rule, match[1]
+    return None, None
 
 
 def job_failure(job_spec: dict[str, Any], pods: list[dict[str, Any]]) -> str | None:

@@ -12,7 +12,7 @@ import pytest
 from manifests import admission, catalogue
 from manifests.admission import AdmissionError, check, default, violations
 from manifests.jobset import FAIL_ON_USER_ERROR_RULE, jobset
-from manifests.spec import build_spec
+from manifests.spec import TOPOLOGY_AWARE_SCHEDULER, build_spec, topology_gate
 
 SHAPES = sorted(catalogue.shapes()) + ["cpu-1", "cpu-4"]
 OPTIONS: dict[str, dict[str, Any]] = {
@@ -43,6 +43,8 @@ def with_coordinator(o: dict[str, Any]) -> dict[str, Any]:
 def render(accelerator: str, count: int = 1, name: str = "mt-07-eval", **extra: Any) -> dict[str, Any]:
     kind = catalogue.lookup(accelerator).kind
     values: dict[str, Any] = {"name": name, "accelerator": accelerator, "image": "example.com/xrun:1", **extra}
+    if kind != "gpu" and values.get("scheduler") == TOPOLOGY_AWARE_SCHEDULER:
+        del values["scheduler"]  # GPU only, as xpk (spec.validate refuses it elsewhere)
     if kind == "tpu":
         values["num_slices"] = count
     elif kind == "gpu":
@@ -217,9 +219,10 @@ CASES: list[tuple[str, Break, str, bool]] = [
                                      ctr(o)["volumeMounts"].append({"name": "cache", "mountPath": "/dev/shm"})),
      f"{C0}.volumeMounts[2].mountPath", True),
     ("resource-name", lambda o: ctr(o)["resources"]["limits"].update(gpu="1"), f"{C0}.resources.limits[gpu]", False),
+    # Not alone: base() is queued, and Kueue would also find no quota for pods or cpu.
     ("container-resource-name", lambda o: ctr(o)["resources"]["limits"].update(pods="1"),
-     f"{C0}.resources.limits[pods]", True),
-    ("resource-quantity", lambda o: ctr(o)["resources"]["limits"].update(cpu="-1"), f"{C0}.resources.limits[cpu]", True),
+     f"{C0}.resources.limits[pods]", False),
+    ("resource-quantity", lambda o: ctr(o)["resources"]["limits"].update(cpu="-1"), f"{C0}.resources.limits[cpu]", False),
     ("resource-integer", lambda o: (ctr(o)["resources"].pop("requests"),
                                     ctr(o)["resources"]["limits"].update({"google.com/tpu": "500m"})),
      f"{C0}.resources.limits[google.com/tpu]", True),
@@ -229,7 +232,7 @@ CASES: list[tuple[str, Break, str, bool]] = [
      f"{C0}.resources.limits[google.com/tpu]", True),
     ("resource-request-above-limit", lambda o: (ctr(o)["resources"]["requests"].update(cpu="2"),
                                                 ctr(o)["resources"]["limits"].update(cpu="1500m")),
-     f"{C0}.resources.requests[cpu]", True),
+     f"{C0}.resources.requests[cpu]", False),
     ("toleration-key", lambda o: pod(o)["tolerations"][0].update(key="bad key"), f"{POD}.tolerations[0].key", True),
     ("toleration-operator", lambda o: pod(o)["tolerations"][0].update(operator="Contains"),
      f"{POD}.tolerations[0].operator", True),
@@ -240,6 +243,14 @@ CASES: list[tuple[str, Break, str, bool]] = [
     ("service-account-name", lambda o: pod(o).update(serviceAccountName="Trainer"), f"{POD}.serviceAccountName", True),
     ("priority-class-name", lambda o: pod(o).update(priorityClassName="High_Priority"), f"{POD}.priorityClassName", True),
     ("dns-policy", lambda o: pod(o).update(dnsPolicy="ClusterLast"), f"{POD}.dnsPolicy", True),
+    # xrun's gate for a 44-character run name: 64 characters after the "/".
+    ("scheduling-gate-name", lambda o: pod(o).update(schedulingGates=[{"name": topology_gate("g" * 44)}]),
+     f"{POD}.schedulingGates[0]", True),
+    ("scheduling-gate-name", lambda o: pod(o).update(schedulingGates=[{"name": "example.com/a"}, {"name": "example.com/a"}]),
+     f"{POD}.schedulingGates[1]", True),
+    # Kueue: the log shipper's old requests, on a queued run (base() has queue: team-a).
+    ("kueue-uncovered-resource", lambda o: pod(o)["initContainers"][1].update(resources={"requests": {"cpu": "100m"}}),
+     f"{POD}.initContainers[1].resources.requests[cpu]", True),
 ]
 
 
@@ -301,6 +312,42 @@ def test_the_webhook_refusal_reads_as_upstream_writes_it():
         'spec.replicatedJobs[1]: Duplicate value: map[string]interface {}{"name":"slice"}',
         "spec.ttlSecondsAfterFinished: Invalid value: -1: spec.ttlSecondsAfterFinished in body should be greater "
         "than or equal to 0"]
+
+
+def test_kueue_sums_requests_as_component_helpers_pod_requests_does():
+    """KEP-753's formula (component-helpers resource/helpers.go AggregateContainerRequests),
+    with Kueue's limits-as-missing-requests (workload/resources.go
+    UseLimitsAsMissingRequestsInPod): containers 1 cpu + the sidecar's 0.5 = 1.5; the init
+    container after the sidecar uses 3 + 0.5 = 3.5, which is more: 3.5 cpu. Memory: the
+    workload's limit counts as its request (1Gi), plus the overhead."""
+    pod_spec = {
+        "containers": [{"name": "w", "resources": {"requests": {"cpu": "1"}, "limits": {"memory": "1Gi"}}}],
+        "initContainers": [
+            {"name": "a", "resources": {"requests": {"cpu": "2"}}},
+            {"name": "s", "restartPolicy": "Always", "resources": {"requests": {"cpu": "500m"}}},
+            {"name": "b", "resources": {"requests": {"cpu": "3"}}},
+        ],
+        "overhead": {"memory": "64Mi"},
+    }
+    assert admission.kueue_pod_requests(pod_spec) == {"cpu": 3.5, "memory": 2**30 + 64 * 2**20}
+    pod_spec["initContainers"][2]["resources"]["requests"]["cpu"] = "1"  # 1 + 0.5 < 1 + 0.5 + ... : the sum wins
+    assert admission.kueue_pod_requests(pod_spec)["cpu"] == 2  # max(1.5, 2, 0.5, 1.5)
+    assert admission.kueue_uncovered(pod_spec) == ["cpu", "memory"]
+    assert admission.kueue_uncovered({"containers": [{"resources": {"requests": {"cpu": "0"}}}]}) == []
+
+
+@pytest.mark.parametrize(("shape", "count"), MATRIX)
+def test_a_queued_run_requests_only_what_xpks_cluster_queue_covers(shape, count):
+    """What Kueue sums for each rendered pod (sidecars included) is the accelerator alone:
+    xpk's ClusterQueue covers google.com/tpu or nvidia.com/gpu and nothing else unless made
+    with --cpu-limit/--memory-limit, and Kueue never admits a Workload asking for more."""
+    obj = render(shape, count, queue="team-a")
+    spec = catalogue.lookup(shape)
+    want = {"tpu": {"google.com/tpu": spec.devices_per_vm}, "gpu": {"nvidia.com/gpu": spec.devices_per_vm}}
+    pod_spec = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert {k: q for k, q in admission.kueue_pod_requests(pod_spec).items() if q} == want.get(spec.kind, {})
+    assert admission.kueue_uncovered(pod_spec) == []
+    assert admission.kueue_requests(obj) == []
 
 
 def test_names_longer_than_26_break_the_coordinator_label():

@@ -15,7 +15,7 @@ from kube_api import JobSetController, Program
 
 from manifests.admission import violations
 from manifests.jobset import jobset
-from manifests.spec import build_spec
+from manifests.spec import build_spec, max_name_length
 from orchestrator.backends.kube.backend import KubeBackend
 from xrun_contract.errors import EXIT_USAGE, XrunError
 
@@ -131,8 +131,40 @@ def test_mounts_gcs_fuse_and_pvc():
     assert refused(mounts=[{"pvc": "c", "path": "/dev/shm"}]) == "mounts[0].path: /dev/shm is where xrun mounts its volume 'dshm'"
 
 
+def test_topology_aware_gate_only_on_gpu_and_only_as_long_as_a_qualified_name():
+    """xpk gates GPU workloads only (src/xpk/core/scheduling.py get_gpu_scheduler, called for
+    AcceleratorType.GPU); the gate gke.io/topology-aware-auto-<name> is a qualified name
+    (kubernetes validation.go validateSchedulingGates): 63 characters after the '/', so run
+    names of at most 43. A longer one is admitted as a JobSet and then fails every Job
+    creation, so render refuses it and offline admission flags the gate."""
+    gpu = {"accelerator": "h100-80gb-8", "scheduler": "gke.io/topology-aware-auto"}
+    assert refused(scheduler="gke.io/topology-aware-auto") == (
+        "scheduler: gke.io/topology-aware-auto is GKE's topology-aware scheduling for GPU node pools "
+        "(xpk gates only GPU workloads), not for v6e-16")
+    longest = "g" * 43
+    gate = tmpl(render(name=longest, **gpu))["spec"]["schedulingGates"][0]["name"]
+    assert gate == f"gke.io/topology-aware-auto-{longest}" and len(gate.partition("/")[2]) == 63
+    # 44 characters: within the pod-name limit for one GPU node (47), beyond the gate's.
+    assert len("g" * 44) <= max_name_length(build_spec({**BASE, **gpu, "name": "x"}, {}, STORAGE))
+    assert refused(name="g" * 44, **gpu) == (
+        "name: 'gggggggggggggggggggggggggggggggggggggggggggg' is 44 characters; at most 43 with scheduler: "
+        "gke.io/topology-aware-auto, so the pod scheduling gate gke.io/topology-aware-auto-<name> stays a "
+        "qualified name (at most 63 characters after the '/')")
+    # What the old renderer produced for that name: the Job API would refuse the template.
+    obj = render(name=longest, **gpu)
+    tmpl(obj)["spec"]["schedulingGates"][0]["name"] += "g"
+    (v,) = violations(obj)
+    assert (v.rule, v.layer, v.path) == (
+        "scheduling-gate-name", "job", "spec.replicatedJobs[0].template.spec.template.spec.schedulingGates[0]")
+    assert v.upstream_error().endswith("name part must be no more than 63 characters")
+    r = xrun("render", "--name", "g" * 44, "--accelerator", "h100-80gb-8", "--image", "i",
+             "--scheduler", "gke.io/topology-aware-auto", storage=STORAGE)
+    assert r.returncode == EXIT_USAGE and r.stdout == ""
+    assert r.stderr.strip().splitlines()[-1].startswith("xrun: error: name: ") and "at most 43" in r.stderr
+
+
 def test_scheduler_and_kueue_topology():
-    t = tmpl(render(scheduler="gke.io/topology-aware-auto"))
+    t = tmpl(render(scheduler="gke.io/topology-aware-auto", accelerator="h100-80gb-8"))
     assert t["spec"]["schedulingGates"] == [{"name": "gke.io/topology-aware-auto-knobs"}]
     assert "schedulerName" not in t["spec"]
     assert tmpl(render(scheduler="my-scheduler"))["spec"]["schedulerName"] == "my-scheduler"
@@ -244,3 +276,29 @@ def test_a_flex_start_run_waits_suspended_until_kueue_admits_it(api, kubeconfig)
     api.kueue_admit("flex")
     _wait(lambda: backend.status("flex").state == "Running")
     assert sorted(p["spec"]["nodeName"] for p in api.pods_of("flex")) == ["a3mega-queued-0", "a3mega-queued-1"]
+
+
+def test_kueue_admits_a_queued_run_on_a_cluster_queue_that_covers_only_the_accelerator(api, kubeconfig):
+    """xpk's ClusterQueue covers google.com/tpu (or nvidia.com/gpu) alone. The log shipper's
+    old cpu/memory requests, which Kueue sums into the pod's, kept every queued run
+    suspended: "resource cpu unavailable in ClusterQueue" on its Workload, in xrun status."""
+    api.kueue_versions = ["v1beta1"]
+    assert api.kueue_covered_resources == ("google.com/tpu", "nvidia.com/gpu")
+    JobSetController(api, Program(lines=10_000, line_every=0.05)).start()
+    backend = _backend(kubeconfig)
+    spec = build_spec({**BASE, "name": "queued", "queue": "lq", "backend": "kube"}, {}, storage_default=STORAGE)
+    old = jobset(spec)
+    old["metadata"]["name"] = old["spec"]["network"]["subdomain"] = "old"
+    logs = tmpl(old)["spec"]["initContainers"][1]
+    logs["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}}  # what xrun rendered before
+    backend.submit(old)
+    assert api.kueue_admit("old") is False
+    (event,) = [e for e in api.events if e["involvedObject"]["kind"] == "Workload"]
+    assert event["reason"] == "Pending" and event["involvedObject"]["name"].startswith("jobset-old-")
+    assert event["message"] == "couldn't assign flavors to pod set slice: resource cpu unavailable in ClusterQueue"
+    st = backend.status("old")
+    assert st.state == "Pending" and any("resource cpu unavailable in ClusterQueue" in line for line in st.events)
+    backend.submit(jobset(spec))
+    assert api.kueue_admit("queued") is True
+    _wait(lambda: backend.status("queued").state == "Running")
+    assert api.jobsets[("default", "old")]["spec"]["suspend"] is True and api.pods_of("old") == []

@@ -20,6 +20,7 @@ from kube_api import JobSetController, KubeAPI, Program, gke_tpu_env
 from manifests.jobset import jobset
 from manifests.spec import build_spec
 from orchestrator.backends.kube.backend import KubeBackend
+from orchestrator.backends.kube.state import restarts_from_events
 from xrun_contract import Layout
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import open_storage
@@ -70,7 +71,8 @@ def test_controller_runs_on_its_own_clock_and_restarts_after_the_grace_period(ap
     assert [r.path for r in api.requests if "/jobsets/clock" in r.path] == []  # no reads drove it
     js = next(o for rv, k, _, t, o in reversed(api.history) if k == "jobsets" and t == "DELETED")
     assert js["status"]["restarts"] == 1
-    assert {c["type"]: c["reason"] for c in js["status"]["conditions"]} == {"Completed": "AllJobsCompleted"}
+    assert {c["type"]: c["reason"] for c in js["status"]["conditions"]} == {
+        "Completed": "AllJobsCompleted", "RestartingJobSet": "JobSetCompleted"}
     pods = [(rv, t, o) for rv, k, _, t, o in api.history if k == "pods"]
     # 0-0 got SIGTERM and ignored it for the whole grace period (120 s x time_scale): SIGKILL.
     marked = next(rv for rv, t, o in pods if attempt_of(o) == 0 and o["metadata"].get("deletionTimestamp"))
@@ -81,7 +83,11 @@ def test_controller_runs_on_its_own_clock_and_restarts_after_the_grace_period(ap
     first_new = min(rv for rv, t, o in pods if attempt_of(o) == 1)
     assert marked < last_old_gone < first_new  # new Jobs only once the old pods are gone
     reasons = [e["reason"] for e in api.events if e["involvedObject"]["name"] == "clock"]
-    assert reasons == ["Restarting", "AllJobsCompleted"]
+    # jobset v0.12 failure_policy.go: the RestartingJobSet condition (no rule matched a
+    # SIGKILL: DefaultFailurePolicy) and the action's event; False once all Jobs are ready,
+    # then again (JobSetCompleted) as the set completes.
+    assert reasons == ["DefaultFailurePolicy", "RestartJobSetFailurePolicyAction", "JobsReady",
+                       "AllJobsCompleted", "JobSetCompleted"]
     lines = {text for pod in api.logs.values() for _, text in pod}
     assert {"host 0-1 attempt 0 line 1", "host 0-1 attempt 1 line 3"} <= lines
     assert "host 0-1 attempt 0 line 2" not in lines  # killed before it
@@ -168,11 +174,12 @@ def test_pod_logs_400_before_a_node_and_500_while_its_kubelet_is_down(api, kubec
 
 
 def test_events_expire_and_are_selected_by_involved_object(api, kubeconfig):
-    api.add_event("JobSet", "a", "Restarting", "restarting jobset, attempt 1", uid="uid-a")
+    api.add_event("JobSet", "a", "RestartJobSetFailurePolicyAction", "applying RestartJobSet failure policy action "
+                  "(first failed job: a-slice-0)", uid="uid-a")
     api.add_event("Job", "a-slice-0", "FailedCreate", "Error creating: quota")
     api.add_event("Pod", "other", "FailedScheduling", "not ours")
     code, body = get(api, "/api/v1/namespaces/default/events?fieldSelector=involvedObject.uid%3Duid-a")
-    assert [e["reason"] for e in body["items"]] == ["Restarting"]
+    assert [e["reason"] for e in body["items"]] == ["RestartJobSetFailurePolicyAction"]
     code, body = get(api, "/api/v1/namespaces/default/events?fieldSelector=involvedObject.kind%3DJob")
     assert [e["involvedObject"]["name"] for e in body["items"]] == ["a-slice-0"]
     code, body = get(api, "/api/v1/namespaces/default/events?fieldSelector=involvedObject.color%3Dred")
@@ -365,3 +372,67 @@ def test_status_of_a_run_whose_jobset_the_ttl_deleted_comes_from_its_events(api,
         assert (st.state, st.restarts, st.message) == ("Succeeded", 1, "jobset completed successfully")
     api.event_ttl = 0.0  # an hour later: nothing left to say
     assert backend_for(kubeconfig).status("gone") is None
+
+
+def test_restarts_of_a_gone_jobset_are_read_from_the_events_jobset_really_records(api, kubeconfig):
+    """JobSet v0.12 never records "Restarting" (constants.go JobSetRestartReason is unused);
+    each restart records RestartJobSetFailurePolicyAction (failure_policy.go
+    restartJobSetActionApplier), and the events.k8s.io broadcaster folds the repeats into one
+    event's series: count 2 is written at once, later counts lag (client-go tools/events
+    recordToSink). So after the TTL a backend that never saw the JobSet counts 2 of its 3
+    restarts from the series, and one that read status.restarts keeps 3."""
+    backend = backend_for(kubeconfig)
+    backend.submit(manifest("thrice", max_restarts=3))
+    fail = {("0-0", attempt): (1, 42) for attempt in range(3)}
+    ctl = JobSetController(api, Program(lines=2, line_every=0.01, fail=fail), ttl_after_finished=3600.0).start()
+    api.wait_for(lambda: any(e["reason"] == "AllJobsCompleted" for e in api.events), timeout=30)
+    assert backend.status("thrice").restarts == 3  # status.restarts, read live
+    mine = [e for e in api.events if e["involvedObject"]["name"] == "thrice"]
+    assert "Restarting" not in [e["reason"] for e in mine]
+    (action,) = [e for e in mine if e["reason"] == "RestartJobSetFailurePolicyAction"]
+    assert action["series"]["count"] == 2 and action["type"] == "Warning"
+    assert action["message"] == "applying RestartJobSet failure policy action (first failed job: thrice-slice-0)"
+    ctl.ttl_after_finished = 0.05
+    api.wait_for(lambda: ("default", "thrice") not in api.jobsets)
+    assert backend.status("thrice").restarts == 3
+    assert backend_for(kubeconfig).status("thrice").restarts == 2
+    assert restarts_from_events([{"reason": "Restarting", "count": 1}]) == 0
+
+
+def test_the_first_rule_a_failed_job_matches_wins_over_the_job_that_failed_first(api, kubeconfig):
+    """Job A (slice 1) fails first, restartably (rule 1: RestartJobSet on
+    BackoffLimitExceeded); Job B (slice 0) fails 20 ms later with a bug (rule 0:
+    FailOnUserError, FailJobSet on PodFailurePolicy). Each is Failed once its peer, deleted
+    by the Job controller at FailureTarget, has exited (delayTerminalCondition); the JobSet
+    controller syncs after both: findFirstFailedPolicyRuleAndJob tries rule 0 first, so the
+    set fails naming B. Acting on A alone (no latency), the same failures restart it."""
+    def two_rules(name: str) -> dict:
+        obj = manifest(name, num_slices=2)
+        obj["spec"]["failurePolicy"]["rules"].append(
+            {"name": "RestartOnPreemption", "action": "RestartJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"]})
+        return obj
+
+    def ended(name: str) -> dict:
+        api.wait_for(lambda: any(c["type"] in ("Failed", "Completed") and c["status"] == "True"
+                                 for c in api.jobsets[("default", name)]["status"].get("conditions", [])), timeout=20)
+        return api.jobsets[("default", name)]["status"]
+
+    program = Program(lines=20, line_every=0.01, fail={("1-0", 0): (1, 42), ("0-0", 0): (3, 1)})
+    ctl = JobSetController(api, program, jobset_latency=0.15).start()
+    backend_for(kubeconfig).submit(two_rules("same-sync"))
+    st = ended("same-sync")
+    assert st["restarts"] == 0
+    (failed,) = [c for c in st["conditions"] if c["type"] == "Failed"]
+    assert (failed["reason"], failed["message"]) == (
+        "FailJobSetFailurePolicyAction", "applying FailJobSet failure policy action (first failed job: same-sync-slice-0)")
+    uid = api.jobsets[("default", "same-sync")]["metadata"]["uid"]
+    a, b = ctl.jobs[(uid, 0, "same-sync-slice-1")], ctl.jobs[(uid, 0, "same-sync-slice-0")]
+    assert (a["reason"], b["reason"]) == ("BackoffLimitExceeded", "PodFailurePolicy")
+    assert a["failed_at"] < b["failed_at"]  # A failed first, and lost
+    ctl.stop()
+    ctl = JobSetController(api, program, jobset_latency=0.0).start()
+    backend_for(kubeconfig).submit(two_rules("apart"))
+    st = ended("apart")
+    assert st["restarts"] == 1 and "Completed" in [c["type"] for c in st["conditions"] if c["status"] == "True"]
+    reasons = [e["reason"] for e in api.events if e["involvedObject"]["name"] == "apart"]
+    assert reasons[:2] == ["FailurePolicy_RestartOnPreemption", "RestartJobSetFailurePolicyAction"]

@@ -17,7 +17,7 @@ from cli_helpers import pid_alive, xrun, xrun_popen
 from manifests.spec import build_spec
 from orchestrator.backends.local.supervisor import (
     SYNC_JOB_BATCH_SECONDS,
-    decisive_failure,
+    failure_decision,
     plan_pods,
 )
 from xrun_contract.errors import XrunError as BackendError
@@ -121,14 +121,7 @@ def test_non_restartable_exit_wins_over_a_peer_restartable_exit_a_moment_earlier
     assert "host 0-1 exited with code 3 (not restartable" in st["message"]
 
 
-def test_decisive_failure_mirrors_job_sync_batching_and_first_failed_job():
-    from manifests.jobset import jobset
-
-    spec = build_spec({"name": "d", "accelerator": "v6e-16", "num_slices": 2, "image": "i"}, {},
-                      storage_default="/tmp/x")
-    manifest = jobset(spec)
-    job_spec = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]
-
+def _failed_pods(manifest):
     def failed(*events):  # (slice, host, exit code, seconds after the first failure)
         pods = {(p.slice_index, p.host_index): p for p in plan_pods(manifest, 0, 1234)}
         out = []
@@ -138,21 +131,77 @@ def test_decisive_failure_mirrors_job_sync_batching_and_first_failed_job():
             pod.failed_at = pod.exited_at = 100.0 + at
             out.append(pod)
         return out
+    return failed
 
-    def host(pod):
-        return f"{pod.slice_index}-{pod.host_index}"
 
+def _decided(manifest, *events):
+    d = failure_decision(manifest, _failed_pods(manifest)(*events))
+    return d.action, f"{d.job.pod.slice_index}-{d.job.pod.host_index}", d.job.name
+
+
+def test_failure_decision_mirrors_job_sync_batching_and_jobset_rule_order():
+    from manifests.jobset import jobset
+
+    spec = build_spec({"name": "d", "accelerator": "v6e-16", "num_slices": 2, "image": "i"}, {},
+                      storage_default="/tmp/x")
+    manifest = jobset(spec)
     inside = SYNC_JOB_BATCH_SECONDS / 2
     # Same Job, within one sync: the FailJob match decides, though it came second.
-    assert host(decisive_failure(failed((0, 0, 42, 0.0), (0, 1, 3, inside)), job_spec)) == "0-1"
-    # Same Job, a sync later: the first (restartable) failure has already decided.
+    assert _decided(manifest, (0, 0, 42, 0.0), (0, 1, 3, inside)) == ("FailJobSet", "0-1", "d-slice-0")
+    # Same Job, a sync later: the first (restartable) failure has already failed the Job.
     late = SYNC_JOB_BATCH_SECONDS + 0.5
-    assert host(decisive_failure(failed((0, 0, 42, 0.0), (0, 1, 3, late)), job_spec)) == "0-0"
-    # Two restartable exits: the first.
-    assert host(decisive_failure(failed((0, 1, 137, 0.0), (0, 0, 42, 0.1)), job_spec)) == "0-1"
-    # Another Job's non-restartable exit does not outrank the Job that failed first
-    # (JobSet findFirstFailedJob): slice 1 failed first and restartably.
-    assert host(decisive_failure(failed((1, 2, 42, 0.0), (0, 0, 3, inside)), job_spec)) == "1-2"
+    assert _decided(manifest, (0, 0, 42, 0.0), (0, 1, 3, late)) == ("RestartJobSet", "0-0", "d-slice-0")
+    # Two restartable exits: no rule matches; the default names the first failed Job.
+    assert _decided(manifest, (1, 1, 137, 0.0), (0, 0, 42, 0.1)) == ("RestartJobSet", "1-1", "d-slice-1")
+    # Job d-slice-1 failed first (restartably: no rule), d-slice-0 later in the same sync with
+    # a bug (rule 0, FailOnUserError): JobSet's findFirstFailedPolicyRuleAndJob tries the
+    # rules first, so rule 0 wins and the run fails naming d-slice-0.
+    assert _decided(manifest, (1, 2, 42, 0.0), (0, 0, 3, inside)) == ("FailJobSet", "0-0", "d-slice-0")
+
+
+def test_failure_decision_takes_the_first_rule_any_failed_job_matches():
+    """Job A fails first and matches only rule 1; Job B fails later in the same sync and
+    matches rule 0: rule 0's action wins (jobset failure_policy.go
+    findFirstFailedPolicyRuleAndJob loops over the rules, then the Jobs). Among the Jobs a
+    rule matches, the earliest failed is named."""
+    from manifests.jobset import jobset
+
+    spec = build_spec({"name": "r", "accelerator": "v6e-16", "num_slices": 3, "image": "i"}, {},
+                      storage_default="/tmp/x")
+    manifest = jobset(spec)
+    manifest["spec"]["failurePolicy"]["rules"] = [
+        {"name": "Rule0", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": ["PodFailurePolicy"]},
+        {"name": "Rule1", "action": "FailJobSet", "onJobFailureReasons": ["BackoffLimitExceeded"]},
+    ]
+    inside = SYNC_JOB_BATCH_SECONDS / 4
+    events = ((2, 0, 42, 0.0), (1, 3, 3, inside), (0, 1, 3, 2 * inside))
+    d = failure_decision(manifest, _failed_pods(manifest)(*events))
+    assert (d.action, d.rule, d.job.name, d.job.reason) == (
+        "RestartJobSetAndIgnoreMaxRestarts", "Rule0", "r-slice-1", "PodFailurePolicy")
+    # Only A: rule 1.
+    d = failure_decision(manifest, _failed_pods(manifest)(events[0]))
+    assert (d.action, d.rule, d.job.name) == ("FailJobSet", "Rule1", "r-slice-2")
+    # targetReplicatedJobs and onJobFailureMessagePatterns narrow a rule.
+    manifest["spec"]["failurePolicy"]["rules"][0]["targetReplicatedJobs"] = ["other"]
+    assert failure_decision(manifest, _failed_pods(manifest)(*events)).rule == "Rule1"
+    manifest["spec"]["failurePolicy"]["rules"][0] = {
+        "name": "Rule0", "action": "RestartJobSet", "onJobFailureMessagePatterns": ["exit code 3 "]}
+    assert failure_decision(manifest, _failed_pods(manifest)(*events)).rule == "Rule0"
+
+
+def test_a_bug_in_one_slice_fails_the_run_though_another_slice_failed_first(tmp_path):
+    """Slice 1's host exits 42 (restartable: no rule) and slice 0's host exits 3 (a bug,
+    FailOnUserError) 0.3 s later, in the same sync: the run fails at once naming 0-0,
+    without a restart (the old order, the first failed Job, restarted and blamed 1-0)."""
+    store = tmp_path / "store"
+    cmd = ('if [ "$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX" = 1-0 ]; then exit 42; fi; '
+           'if [ "$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX" = 0-0 ]; then sleep 0.3; exit 3; fi; sleep 30')
+    r = xrun("submit", "--name", "order", "--accelerator", "v6e-8", "--num-slices", "2", "--image", "i",
+             "--max-restarts", "1", "--command", cmd, storage=store)
+    assert r.returncode == 1, r.stderr
+    st = state_of(store, "order")
+    assert st["state"] == "Failed" and st["restarts"] == 0, st["message"]
+    assert "host 0-0 exited with code 3 (not restartable" in st["message"]
 
 
 def test_max_restarts_exhausted(tmp_path):

@@ -40,6 +40,7 @@ from orchestrator.backends.kube.state import (
     latest_hosts,
     one_line,
     pod_host,
+    restarts_from_events,
     summarize_events,
     true_conditions,
 )
@@ -103,6 +104,7 @@ class KubeBackend:
         self._client_lock = threading.Lock()
         self.context_name = context or ""
         self._jobset_uids: dict[str, str] = {}  # JobSets seen, to find their events once gone
+        self._jobset_restarts: dict[str, int] = {}  # their status.restarts as last read
         self._events_cache: tuple[float, Any, list[dict[str, Any]]] | None = None
         self._sidecars_checked = False
 
@@ -310,7 +312,8 @@ class KubeBackend:
             return None
         events.sort(key=lambda e: (e.get("lastTimestamp") or e.get("eventTime") or "",
                                    int((e.get("metadata") or {}).get("resourceVersion") or 0)))
-        restarts = sum(1 for e in events if e.get("reason") == JobSetEvents.RESTARTING)
+        # status.restarts as last read is the count; the events only a lower bound.
+        restarts = max(restarts_from_events(events), self._jobset_restarts.get(name, 0))
         for ev in reversed(events):
             state = JobSetEvents.TERMINAL.get(ev.get("reason", ""))
             if state:
@@ -322,6 +325,7 @@ class KubeBackend:
         if jobset is None:
             return self.ended_from_events(name)
         self._jobset_uids[name] = (jobset.get("metadata") or {}).get("uid", "")
+        self._jobset_restarts[name] = int((jobset.get("status") or {}).get("restarts") or 0)
         pods, _ = self.list_pods(name)
         hosts = latest_hosts(pods)
         state, message = jobset_state(jobset, hosts)

@@ -152,10 +152,17 @@ def latest_hosts(pods: list[dict[str, Any]]) -> list[HostStatus]:
 
 
 class JobSetEvents:
-    """Event reasons the JobSet controller records (kubernetes-sigs/jobset pkg/constants/
-    constants.go), and the run state each terminal one means."""
+    """Event reasons the JobSet controller records (kubernetes-sigs/jobset v0.12.0
+    pkg/constants/constants.go), and the run state each terminal one means."""
 
-    RESTARTING = "Restarting"  # JobSetRestartReason
+    # One per restart of the whole set: failure_policy.go restartJobSetActionApplier and
+    # restartJobSetAndIgnoreMaxRestartsActionApplier enqueue it unconditionally
+    # (failurePolicyRecreateAll -> enqueueEvent). Not counted: the RestartingJobSet
+    # condition's reasons (DefaultFailurePolicy, FailurePolicy_<rule>), recorded only when
+    # the condition changes, and "Restarting" (JobSetRestartReason), which v0.12 defines
+    # and never records.
+    RESTARTS = ("RestartJobSetFailurePolicyAction",  # RestartJobSetActionReason
+                "RestartJobSetAndIgnoreMaxRestartsFailurePolicyAction")  # ...AndIgnoreMaxRestartsActionReason
     TERMINAL = {
         "AllJobsCompleted": SUCCEEDED,  # AllJobsCompletedReason
         "FailedJobs": FAILED,  # FailedJobsReason
@@ -163,6 +170,21 @@ class JobSetEvents:
         "FailJobSetFailurePolicyAction": FAILED,  # FailJobSetActionReason
         "DeadlineExceeded": FAILED,  # DeadlineExceededReason
     }
+
+
+def restarts_from_events(events: list[dict[str, Any]]) -> int:
+    """How many times the JobSet restarted, as far as its events tell (a lower bound:
+    ``status.restarts`` is the count). JobSet v0.12 records through the events.k8s.io
+    recorder, whose broadcaster folds a repeat (same type, reason, action and object,
+    whatever the message) into the first event's ``series`` (client-go tools/events
+    event_broadcaster.go recordToSink); the count it shows lags until the series is
+    refreshed (30 min) or finished (6 min idle)."""
+    total = 0
+    for ev in events:
+        if ev.get("reason") in JobSetEvents.RESTARTS:
+            series = ev.get("series") or {}
+            total += max(1, int(series.get("count") or 0), int(ev.get("count") or 0))
+    return total
 
 
 def expected_jobs(jobset: dict[str, Any]) -> set[str]:

@@ -19,9 +19,11 @@ value that names a path under the volume's mountPath is rewritten to that folder
 
 JobSet semantics, taken from the manifest itself: success when every pod exits 0; a pod
 whose exit code matches the Job's podFailurePolicy ``FailJob`` rule fails the Job with
-reason PodFailurePolicy, which the JobSet failurePolicy rule turns into FailJobSet; any
-other failure restarts the whole set (SIGTERM to every pod, SIGKILL after the grace
-period) while ``restarts < maxRestarts``. Every transition is written to ``state.json``.
+reason PodFailurePolicy, other failures with BackoffLimitExceeded; the JobSet's
+failurePolicy rules are then tried in order against every Job failed in that sync, and
+the first rule any of them matches decides (FailJobSet for xrun's rule; no rule matched:
+RestartJobSet, SIGTERM to every pod, SIGKILL after the grace period, while ``restarts <
+maxRestarts``). Every transition is written to ``state.json``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -116,6 +119,9 @@ class Pod:
     failed_at: float | None = None
     stopping: bool = False
     deadline: float | None = None  # monotonic SIGKILL time of a stop
+    replicated_job: str = ""  # the replicatedJob its Job belongs to
+    job: str = ""  # its Job's name, <jobset>-<replicatedJob>-<index>
+    namespace: str = "default"
 
     @property
     def host(self) -> str:
@@ -221,7 +227,8 @@ def plan_pods(manifest: dict[str, Any], attempt: int, port: int, root: str | Non
                                 int(env.get(Env.HOST_INDEX, completion_index)),
                                 meta["name"], main.argv, env,
                                 init=[_container(c, meta, port, volumes, completion_index) for c in inits],
-                                container=container["name"], folder=folder))
+                                container=container["name"], folder=folder, replicated_job=rj["name"],
+                                job=f"{name}-{rj['name']}-{job_index}", namespace=namespace))
             global_index += 1
     return pods
 
@@ -242,10 +249,10 @@ def _localise(env: dict[str, str], port: int) -> None:
     env.setdefault(Env.LOG_FLUSH_SECONDS, LOCAL_LOG_FLUSH_SECONDS)
 
 
-def _fails_job_for_good(job_spec: dict[str, Any], code: int, container: str = "") -> bool:
-    """Does the Job's podFailurePolicy FailJob rule match this exit code of this container?
-    (A rule's containerName restricts it to that container's code.)"""
-    for rule in job_spec.get("podFailurePolicy", {}).get("rules", []):
+def _fail_job_rule_index(job_spec: dict[str, Any], code: int, container: str = "") -> int | None:
+    """The index of the Job's podFailurePolicy FailJob rule that matches this exit code of
+    this container, or None. (A rule's containerName restricts it to that container's code.)"""
+    for i, rule in enumerate(job_spec.get("podFailurePolicy", {}).get("rules", [])):
         on = rule.get("onExitCodes")
         if rule.get("action") != "FailJob" or not on or code == 0:
             continue
@@ -253,44 +260,130 @@ def _fails_job_for_good(job_spec: dict[str, Any], code: int, container: str = ""
             continue
         values = set(on.get("values", []))
         if (on.get("operator") == "In") == (code in values):
-            return True
-    return False
+            return i
+    return None
+
+
+def _fails_job_for_good(job_spec: dict[str, Any], code: int, container: str = "") -> bool:
+    """Does a podFailurePolicy FailJob rule of the Job match this exit code of this container?"""
+    return _fail_job_rule_index(job_spec, code, container) is not None
 
 
 def _ended(pod: Pod) -> float:
     return pod.failed_at or pod.exited_at or 0.0
 
 
-def decisive_failure(failed: list[Pod], job_spec: dict[str, Any]) -> Pod:
-    """The failed pod that decides what happens to the run.
+@dataclass
+class FailedJob:
+    """A Job as the JobSet controller sees it once the Job controller has failed it."""
 
-    The Job (slice) that failed first decides, as JobSet's findFirstFailedJob
-    (kubernetes-sigs/jobset, pkg/controllers) takes the Job whose JobFailed condition is
-    oldest. Within that Job, the pods that failed within SYNC_JOB_BATCH_SECONDS of its first
-    failure are judged together, and one whose exit code matches a FailJob rule fails the Job
-    for good even if a restartable failure came a moment earlier: a host that exits with a
-    non-restartable code tears down the collective, and its peers' restartable exits can
-    land before its own.
-    """
-    jobs: dict[int, list[Pod]] = {}
+    replicated_job: str
+    name: str
+    reason: str  # the JobFailed condition's reason: PodFailurePolicy or BackoffLimitExceeded
+    message: str
+    failed_at: float  # when it failed (its first failed pod's end, see failed_jobs)
+    pod: Pod  # the pod whose failure gave the reason: the host to name
+
+
+@dataclass
+class FailureDecision:
+    """What the JobSet's failurePolicy does about the failed Jobs of one sync."""
+
+    action: str  # FailJobSet, RestartJobSet, RestartJobSetAndIgnoreMaxRestarts, FailedJobs
+    job: FailedJob  # the Job the action names ("first failed job: ...")
+    rule: str = ""  # the matching rule's name; "" when none matched (the default action)
+
+
+def failed_jobs(failed: list[Pod], job_specs: dict[str, dict[str, Any]]) -> list[FailedJob]:
+    """The Jobs these failed pods fail, as the Job controller judges each (kubernetes
+    pkg/controller/job/job_controller.go syncJob): the pods of one Job that failed within
+    SYNC_JOB_BATCH_SECONDS of its first failure are judged together, and a podFailurePolicy
+    FailJob match among them (getFailJobMessage walks every failed pod) gives reason
+    PodFailurePolicy even if a restartable failure came a moment earlier: a host that exits
+    with a non-restartable code tears down the collective, and its peers' restartable exits
+    can land before its own. Otherwise BackoffLimitExceeded (xrun's backoffLimit is 0).
+
+    ``failed_at`` is the Job's first failed pod's end. Since Kubernetes 1.31 the Job
+    controller first sets FailureTarget, deletes the Job's other pods and sets Failed (the
+    time JobSet orders by) only once they are terminal (job_controller.go
+    delayTerminalCondition, enactJobFinished); here every pod is stopped together once the
+    JobSet has decided, so the first failure stands for it."""
+    jobs: dict[str, list[Pod]] = {}
     for p in failed:
-        jobs.setdefault(p.slice_index, []).append(p)
-    pods = sorted(min(jobs.values(), key=lambda ps: min(_ended(p) for p in ps)), key=_ended)
-    batch = [p for p in pods if _ended(p) <= _ended(pods[0]) + SYNC_JOB_BATCH_SECONDS]
-    for p in batch:
-        if p.exit_code is not None and _fails_job_for_good(job_spec, p.exit_code,
-                                                           p.failed_container):
-            return p
-    return pods[0]
+        jobs.setdefault(p.job or str(p.slice_index), []).append(p)
+    out = []
+    for name, pods in jobs.items():
+        pods = sorted(pods, key=_ended)
+        batch = [p for p in pods if _ended(p) <= _ended(pods[0]) + SYNC_JOB_BATCH_SECONDS]
+        job_spec = job_specs.get(pods[0].replicated_job) or next(iter(job_specs.values()))
+        hit = next((p for p in batch if p.exit_code is not None
+                    and _fails_job_for_good(job_spec, p.exit_code, p.failed_container)), None)
+        if hit is not None:
+            # kubernetes pkg/controller/job/pod_failure_policy.go matchPodFailurePolicy's message.
+            index = _fail_job_rule_index(job_spec, hit.exit_code or 0, hit.failed_container)
+            out.append(FailedJob(hit.replicated_job, name, JobFailureReasons.POD_FAILURE_POLICY,
+                                 f"Container {hit.failed_container} for pod {hit.namespace}/{hit.name} failed with "
+                                 f"exit code {hit.exit_code} matching FailJob rule at index {index}",
+                                 _ended(pods[0]), hit))
+        else:
+            out.append(FailedJob(pods[0].replicated_job, name, JobFailureReasons.BACKOFF_LIMIT_EXCEEDED,
+                                 "Job has reached the specified backoff limit", _ended(pods[0]), pods[0]))
+    return out
 
 
-def _jobset_fails_on_policy(manifest: dict[str, Any]) -> bool:
-    rules = manifest["spec"].get("failurePolicy", {}).get("rules", [])
-    return any(
-        r.get("action") == "FailJobSet"
-        and JobFailureReasons.POD_FAILURE_POLICY in r.get("onJobFailureReasons", [])
-        for r in rules
-    )
+def _rule_applies(rule: dict[str, Any], job: FailedJob) -> bool:
+    """jobset pkg/controllers/failure_policy.go ruleIsApplicable: the Job's failure reason
+    among onJobFailureReasons, its message matching one of onJobFailureMessagePatterns, its
+    replicatedJob among targetReplicatedJobs (each: any, when empty)."""
+    reasons = rule.get("onJobFailureReasons") or []
+    patterns = rule.get("onJobFailureMessagePatterns") or []
+    targets = rule.get("targetReplicatedJobs") or []
+    return ((not reasons or job.reason in reasons)
+            and (not patterns or any(_search(p, job.message) for p in patterns))
+            and (not targets or job.replicated_job in targets))
+
+
+def _search(pattern: str, text: str) -> bool:
+    """Go's regexp.MatchString: a match anywhere; an invalid pattern matches nothing."""
+    try:
+        return re.search(pattern, text) is not None
+    except re.error:
+        return False
+
+
+def first_failed_policy_rule_and_job(rules: list[dict[str, Any]],
+                                     jobs: list[FailedJob]) -> tuple[dict[str, Any] | None, FailedJob | None]:
+    """jobset pkg/controllers/failure_policy.go findFirstFailedPolicyRuleAndJob: the RULES
+    first, in order; the first rule that any failed Job matches wins, with the earliest-
+    failed Job among those it matches. A Job that failed earlier but matches only a later
+    rule does not outrank it."""
+    for rule in rules:
+        match: FailedJob | None = None
+        for job in jobs:
+            if _rule_applies(rule, job) and (match is None or job.failed_at < match.failed_at):
+                match = job
+        if match is not None:
+            return rule, match
+    return None, None
+
+
+def failure_decision(manifest: dict[str, Any], failed: list[Pod]) -> FailureDecision:
+    """jobset pkg/controllers/failure_policy.go executeFailurePolicy on the Jobs these
+    failed pods fail: no failurePolicy -> the JobSet fails (FailedJobs) naming the first
+    failed Job (findFirstFailedJob); else the action of the first rule any failed Job
+    matches (first_failed_policy_rule_and_job), or RestartJobSet for the first failed Job
+    when none does (defaultFailurePolicyRuleAction)."""
+    spec = manifest["spec"]
+    job_specs = {rj["name"]: rj["template"]["spec"] for rj in spec["replicatedJobs"]}
+    jobs = failed_jobs(failed, job_specs)
+    first = min(jobs, key=lambda j: j.failed_at)
+    policy = spec.get("failurePolicy")
+    if policy is None:
+        return FailureDecision("FailedJobs", first)
+    rule, job = first_failed_policy_rule_and_job(policy.get("rules") or [], jobs)
+    if rule is None or job is None:
+        return FailureDecision("RestartJobSet", first)
+    return FailureDecision(rule["action"], job, rule.get("name", ""))
 
 
 def base_env() -> dict[str, str]:
@@ -469,38 +562,48 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_stop)
         spec = self.manifest["spec"]
         max_restarts = int(spec.get("failurePolicy", {}).get("maxRestarts", 0))
-        job_spec = spec["replicatedJobs"][0]["template"]["spec"]
         self.save()
         while True:
             self.start_pods()
             self.transition(RUNNING, f"attempt {self.state['attempt']}: {len(self.pods)} pods started")
-            failed = self.wait_pods(job_spec)
+            failed = self.wait_pods()
             if self.stop_requested:
                 self.stop_pods()
                 self.transition(DELETED, "stopped by xrun delete")
                 return 1
-            if failed is None:
+            if not failed:
                 self.transition(SUCCEEDED, "all pods succeeded")
                 return 0
-            code = failed.exit_code
-            assert code is not None
+            decision = failure_decision(self.manifest, failed)
+            pod, code = decision.job.pod, decision.job.pod.exit_code
             self.stop_pods()
-            if (_fails_job_for_good(job_spec, code, failed.failed_container)
-                    and _jobset_fails_on_policy(self.manifest)):
-                self.transition(FAILED, f"host {failed.host} exited with code {code} (not restartable: podFailurePolicy FailJob)")
+            if decision.action == "FailJobSet":
+                why = ("not restartable: podFailurePolicy FailJob"
+                       if decision.job.reason == JobFailureReasons.POD_FAILURE_POLICY
+                       else f"failurePolicy rule {decision.rule}: FailJobSet")
+                self.transition(FAILED, f"host {pod.host} exited with code {code} ({why})")
                 return 1
-            if self.state["restarts"] >= max_restarts:
-                self.transition(FAILED, f"host {failed.host} exited with code {code}; maxRestarts {max_restarts} reached")
+            if decision.action == "FailedJobs":
+                self.transition(FAILED, f"host {pod.host} exited with code {code} (no failurePolicy)")
+                return 1
+            # RestartJobSet (and the default), RestartJobSetAndIgnoreMaxRestarts (not counted
+            # towards maxRestarts: restartJobSetAndIgnoreMaxRestartsActionApplier). The
+            # feature-gated RestartJob actions restart the whole set here.
+            counted = decision.action != "RestartJobSetAndIgnoreMaxRestarts"
+            towards = int(self.state.get("restarts_towards_max", self.state["restarts"]))
+            if counted and towards >= max_restarts:
+                self.transition(FAILED, f"host {pod.host} exited with code {code}; maxRestarts {max_restarts} reached")
                 return 1
             self.state["restarts"] += 1
-            self.transition(RESTARTING, f"host {failed.host} exited with code {code}; restart {self.state['restarts']}/{max_restarts}")
+            self.state["restarts_towards_max"] = towards + counted
+            self.transition(RESTARTING, f"host {pod.host} exited with code {code}; restart {self.state['restarts']}/{max_restarts}")
             self.state["attempt"] += 1
 
-    def wait_pods(self, job_spec: dict[str, Any]) -> Pod | None:
-        """Until every pod succeeded (None), one failed (the pod whose failure decides, once
-        the Job controller would have seen the failures batched with the first:
-        ``decisive_failure``), or a stop was asked. A pod counts once it has ended (sidecars
-        included)."""
+    def wait_pods(self) -> list[Pod]:
+        """Until every pod succeeded (an empty list), some failed (the failed pods once the
+        Job controller would have judged the failures batched with the first, and the JobSet
+        controller then sees every Job failed by then: ``failure_decision``), or a stop was
+        asked. A pod counts once it has ended (sidecars included)."""
         reported: set[str] = set()
         while not self.stop_requested:
             exited = [p for p in self.pods if p.exited_at is not None and p.name not in reported]
@@ -510,7 +613,7 @@ class Supervisor:
             done = [p for p in self.pods if p.exited_at is not None]
             failed = [p for p in done if p.exit_code != 0]
             if len(done) == len(self.pods):
-                return decisive_failure(failed, job_spec) if failed else None
+                return failed
             if failed:
                 window_end = min(_ended(p) for p in failed) + SYNC_JOB_BATCH_SECONDS
                 # A pod whose container ended inside the window but whose sidecars still drain
@@ -518,9 +621,9 @@ class Supervisor:
                 draining = [p for p in self.pods if p.exited_at is None
                             and p.failed_at is not None and p.failed_at <= window_end]
                 if time.monotonic() >= window_end and not draining:
-                    return decisive_failure(failed, job_spec)
+                    return failed
             time.sleep(POLL_SECONDS)
-        return None
+        return []
 
     def _on_stop(self, _signum, _frame) -> None:
         self.stop_requested = True
