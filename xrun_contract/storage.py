@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -48,6 +49,15 @@ def check_key(key: str) -> str:
     if any(p in (".", "..") for p in parts) or "\\" in key or "\0" in key:
         raise XrunError(f"storage: key {key!r} would leave the storage root", EXIT_USAGE)
     return key
+
+
+def file_kind(mode: int) -> str:
+    """'a FIFO', 'a character device', ... for a file that is not a regular file."""
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _one_line(e: BaseException) -> str:

@@ -30,7 +30,7 @@ from xrun_contract import (
     records,
 )
 from xrun_contract.errors import XrunError
-from xrun_contract.storage import Storage, open_storage, read_chunks
+from xrun_contract.storage import Storage, file_kind, open_storage, read_chunks
 
 ALLOWED = "; give a run name, a run path <root>/runs/<name>, or a log or metrics file"
 
@@ -353,6 +353,10 @@ def load_run(arg: str, storage_root: str | None = None, what: str = "run") -> Ru
             rec = read_stored_run(_FolderRun(path), path.resolve().name)
             rec.source = str(path)
             return _checked(rec, what, arg)
+        if path.exists():  # a device, FIFO or socket: reading it would never end or block
+            kind = file_kind(path.stat().st_mode)
+            raise XrunError(f"{what}: {arg} is {kind}, not a regular file" if kind.startswith("a ")
+                            else f"{what}: {arg} is not a regular file or a run folder")
         if "/" in arg or arg.endswith((".log", ".txt", ".jsonl", ".gz")):
             raise XrunError(f"{what}: no such file or folder: {arg}{ALLOWED}")
         if storage_root is None:
