@@ -70,6 +70,7 @@ def world(tmp_path, monkeypatch):
                               + _BOMB.replace(b"\n", b"\n  ").rstrip() + b"\n"),
         "big.yaml": b"name: ok\n# " + b"x" * (1 << 20) + b"\n",
         "big.env": b"A=" + b"x" * (1 << 20) + b"\n",
+        "big-value.env": b"BIG=" + b"x" * 300_000 + b"\n",
     }
     for name, data in files.items():
         (inputs / name).write_bytes(data)
@@ -119,6 +120,15 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("render-env-no-eq", R("--env", "NOVALUE"), 2, "--env"),
     ("render-env-reserved", R("--env", "XRUN_RUN_NAME=x"), 2, "env"),
     ("render-empty-command", R("--command", " "), 2, "command"),
+    # sizes the kernel (execve: E2BIG) and Kubernetes (etcd's 1.5 MiB request) refuse
+    ("render-env-300k", R("--env", "BIG=" + "x" * 300_000), 2,
+     "env: BIG: BIG=value is 300005 bytes; Linux's limit for one environment string (MAX_ARG_STRLEN) is 131072"),
+    ("render-env-total", R(*[f"--env=V{i}={'x' * 120_000}" for i in range(18)]), 2,
+     "(ARG_MAX) is 2097152 bytes"),
+    ("render-command-200k", R("--command", "echo " + "x" * 200_000), 2, "command: one argument of container"),
+    ("render-manifest-too-big", R(*[f"--env=V{i}={'x' * 100_000}" for i in range(14)],
+                                  "--pod-annotations", "note=" + "y" * 200_000), 2,
+     "accepts objects of at most 1572864 bytes"),
     ("render-unparsable-command", R("--command", "echo 'unterminated"), 2, "command"),
     ("render-storage-scheme", R("--storage", "ftp://host/x"), 2, "storage"),
     # render: files
@@ -151,6 +161,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("render-bad-int", R("--command", f"{TRAIN} steps=ten && echo done"), 2, "steps"),
     # submit: the same refusals, and nothing written
     ("submit-bad-name", ["submit", "--name", "Bad_Name", *GOOD], 2, "name:"),
+    ("submit-env-300k", S("--env", "BIG=" + "x" * 300_000), 2, "env: BIG: BIG=value is 300005 bytes"),
+    ("submit-env-file-300k", S("--env-file", "big-value.env"), 2, "env: BIG: BIG=value is 300005 bytes"),
     ("submit-steps-neg", S("--command", f"{TRAIN} steps=-1"), 2, "steps"),
     ("submit-preset-nope", S("--command", f"{TRAIN} --preset nope"), 2, "preset"),
     ("submit-nonutf8-file", ["submit", "-f", "nonutf8.yaml"], 2, "UTF-8"),

@@ -159,6 +159,9 @@ def render(spec: RunSpec) -> dict[str, Any]:
     check_workload_args(spec)
     manifest = jobset(spec)
     admit(manifest)
+    from manifests import limits
+
+    limits.check(manifest, set(spec.env))  # E2BIG and etcd's request limit: exit 2, not a crash loop
     return manifest
 
 
