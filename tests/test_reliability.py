@@ -318,6 +318,43 @@ def test_forbidden_is_exit_3_at_once(proxied_root, gcs_proxy, capsys):
     assert "403" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("failure", ["connection refused", "DNS lookup failed"])
+def test_unreachable_endpoint_is_exit_3_at_once(failure, monkeypatch, capsys):
+    """A closed port or a name that does not resolve is known at once: every command ends
+    in seconds with exit 3 and one line naming the root, not after the whole default
+    30 s storage timeout of retries (27-30.5 s each before). No network: the port is a
+    closed one on 127.0.0.1, and the name's lookup fails in this process's resolver."""
+    import socket
+
+    from orchestrator.backends.local import free_port
+
+    port = free_port()  # bound and closed: nothing listens there
+    host = "127.0.0.1"
+    if failure.startswith("DNS"):
+        host = "storage.xrun-test.invalid"
+        real = socket.getaddrinfo
+
+        def getaddrinfo(name, *args, **kwargs):
+            if name == host:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return real(name, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://{host}:{port}")
+    monkeypatch.delenv("XRUN_STORAGE_TIMEOUT", raising=False)  # the default: 30 s
+    root = "gs://xrun-unreachable/xrun"
+    for argv in (["list"], ["status", "r"], ["logs", "r"], ["checkpoints", "r"],
+                 ["submit", "--name", "new", "--accelerator", "cpu-2", "--image", "i"]):
+        started = time.monotonic()
+        rc = main([*argv, "--storage", root])
+        took = time.monotonic() - started
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 3, (argv, err)
+        assert len(err) == 1 and "Traceback" not in err[0], err
+        assert err[0].startswith(f"xrun: error: storage: cannot reach {root}: {failure} ({host}:{port};"), err
+        assert took < 5, (argv, took)
+
+
 # ---------------------------------------------------------------------------------------
 # Chunk names
 

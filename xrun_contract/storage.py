@@ -60,6 +60,32 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def unreachable_reason(e: BaseException) -> str | None:
+    """'connection refused' or 'DNS lookup failed' when ``e`` (or what it wraps: requests
+    -> urllib3 MaxRetryError -> NewConnectionError -> the OSError) says the endpoint cannot
+    be reached at all; None for anything else. Both are known at once and do not heal in a
+    retry's seconds: retrying them only spent the whole storage timeout (27-30 s) before
+    the same exit 3."""
+    import socket
+
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo:
+        c = todo.pop()
+        if id(c) in seen or len(seen) > 32:
+            continue
+        seen.add(id(c))
+        if isinstance(c, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(c, socket.gaierror) or type(c).__name__ == "NameResolutionError":
+            return "DNS lookup failed"
+        for nxt in (c.__cause__, c.__context__, getattr(c, "reason", None), getattr(c, "cause", None),
+                    *getattr(c, "args", ())):
+            if isinstance(nxt, BaseException):
+                todo.append(nxt)
+    return None
+
+
 def _one_line(e: BaseException) -> str:
     text = " ".join(str(e).split()) or type(e).__name__
     return text if len(text) <= 300 else text[:300] + "..."
@@ -242,7 +268,11 @@ class GCSStorage(Storage):
 
         # Retry.with_timeout (google-api-core >= 2.17) / with_deadline: the total time over
         # every attempt and backoff sleep; the per-request transport timeout is capped too.
-        retry = DEFAULT_RETRY.with_delay(initial=0.25, multiplier=2.0, maximum=4.0)
+        # Connection refused and DNS failures are permanent for this call (unreachable_reason).
+        transient = DEFAULT_RETRY._predicate
+        retry = DEFAULT_RETRY.with_predicate(
+            lambda e: transient(e) and unreachable_reason(e) is None
+        ).with_delay(initial=0.25, multiplier=2.0, maximum=4.0)
         self._retry = (retry.with_timeout(self.timeout) if hasattr(retry, "with_timeout")
                        else retry.with_deadline(self.timeout))
         self._rpc_timeout = (min(10.0, self.timeout), min(60.0, self.timeout))
@@ -262,8 +292,19 @@ class GCSStorage(Storage):
             raise
         except Exception as e:  # noqa: BLE001 - api errors, RetryError, transport errors
             took = time.monotonic() - started
+            why = unreachable_reason(e)
+            if why:
+                raise XrunError(f"storage: cannot reach {self.root}: {why} ({self._endpoint()}; "
+                                f"{what} {key or '/'} after {took:.1f}s)", EXIT_UNREACHABLE) from None
             raise XrunError(f"storage: {self.url(key)}: cannot {what} after {took:.0f}s "
                             f"(root {self.root}): {_one_line(e)}", EXIT_UNREACHABLE) from None
+
+    def _endpoint(self) -> str:
+        """The host the client talks to (the emulator's, or storage.googleapis.com)."""
+        from urllib.parse import urlsplit
+
+        url = getattr(getattr(self._client, "_connection", None), "API_BASE_URL", "") or ""
+        return urlsplit(url).netloc or url or "storage.googleapis.com"
 
     def _name(self, key: str) -> str:
         key = check_key(key).strip("/")
