@@ -141,13 +141,29 @@ class Storage:
         self.write_bytes(key, text.encode())
 
     def read_json(self, key: str) -> dict | None:
-        text = self.read_text(key)
-        if text is None:
-            return None
+        """A JSON object, or None when there is none or it is not one (``read_record`` says
+        which: readers of run records must tell a corrupt record from a missing one)."""
+        return self.read_record(key)[0]
+
+    def read_record(self, key: str) -> tuple[dict | None, str | None]:
+        """A stored JSON record checked: (the object, None); (None, None) when there is no
+        such object; (None, why) when there is one but it is not a whole JSON object (a
+        truncated write, a disk error, a hand edit)."""
+        data = self.read_bytes(key)
+        if data is None:
+            return None, None
         try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return None
+            obj = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None, "not UTF-8 text"
+        except json.JSONDecodeError as e:
+            what = "empty" if not data.strip() else f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+            return None, what
+        except RecursionError:
+            return None, "not valid JSON: nested too deeply"
+        if not isinstance(obj, dict):
+            return None, f"not a JSON object (a {type(obj).__name__})"
+        return obj, None
 
     def write_json(self, key: str, obj: dict) -> None:
         self.write_text(key, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
