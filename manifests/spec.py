@@ -23,7 +23,7 @@ from manifests.k8s_names import (
     is_valid_label_value,
 )
 from xrun_contract import RESTARTABLE_EXIT_CODE, XRUN_VERSION, Env
-from xrun_contract.errors import XrunError
+from xrun_contract.errors import XrunError, short_repr
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -171,13 +171,13 @@ def _coerce(name: str, value: Any) -> Any:
     kind = FIELDS[name].type
     if kind == "bool":
         if not isinstance(value, bool):
-            raise XrunError(f"{name}: must be true or false, got {value!r}")
+            raise XrunError(f"{name}: must be true or false, got {short_repr(value)}")
         return value
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
                 return int(value)
-            raise XrunError(f"{name}: must be an integer, got {value!r}")
+            raise XrunError(f"{name}: must be an integer, got {short_repr(value)}")
         return value
     if kind == "str":
         if isinstance(value, bool) or not isinstance(value, str | int | float):
@@ -284,7 +284,7 @@ def validate(spec: RunSpec) -> None:
         raise XrunError("name: required (a DNS-1035 label: lowercase letters, digits, '-')")
     if not DNS1035.match(spec.name):
         raise XrunError(
-            f"name: {spec.name!r} is not a DNS-1035 label (lowercase letters, digits and '-', "
+            f"name: {short_repr(spec.name)} is not a DNS-1035 label (lowercase letters, digits and '-', "
             "starting with a letter, ending with a letter or digit)"
         )
     if not spec.accelerator:
@@ -313,7 +313,7 @@ def validate(spec: RunSpec) -> None:
     limit = max_name_length(spec)
     if len(spec.name) > limit:
         raise XrunError(
-            f"name: {spec.name!r} is {len(spec.name)} characters; at most {limit} for "
+            f"name: {short_repr(spec.name)} is {len(spec.name)} characters; at most {limit} for "
             f"{spec.slices} slice(s) x {spec.hosts_per_slice} hosts, so pod names "
             "<name>-slice-<j>-<p>-xxxxx stay within 63"
         )
@@ -328,10 +328,10 @@ def validate(spec: RunSpec) -> None:
     if not spec.image.strip():
         raise XrunError("image: required (the workload container image, e.g. us-docker.pkg.dev/p/r/xrun:tag)")
     if any(c.isspace() for c in spec.image):
-        raise XrunError(f"image: must not contain whitespace, got {spec.image!r}")
+        raise XrunError(f"image: must not contain whitespace, got {short_repr(spec.image)}")
     if not spec.xrun_image.strip() or any(c.isspace() for c in spec.xrun_image):
         raise XrunError(f"xrun_image: must be an image name without whitespace (default "
-                        f"{DEFAULT_XRUN_IMAGE}), got {spec.xrun_image!r}")
+                        f"{DEFAULT_XRUN_IMAGE}), got {short_repr(spec.xrun_image)}")
     if not spec.command.strip():
         raise XrunError("command: must not be empty (default: python3 -m workload.train)")
     try:
@@ -341,7 +341,7 @@ def validate(spec: RunSpec) -> None:
     reserved = Env.all_names()
     for key, value in spec.env.items():
         if not ENV_NAME.match(key):
-            raise XrunError(f"env: {key!r} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            raise XrunError(f"env: {short_repr(key)} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
         if key in reserved and not key.startswith("XRUN_TEST_"):
             raise XrunError(f"env: {key} is set by xrun itself; choose another name")
         if "\x00" in value:
@@ -368,22 +368,22 @@ def validate(spec: RunSpec) -> None:
     for opt in ("service_account", "priority_class"):
         value = getattr(spec, opt)
         if value and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):
-            raise XrunError(f"{opt}: {value!r} is not a valid Kubernetes object name")
+            raise XrunError(f"{opt}: {short_repr(value)} is not a valid Kubernetes object name")
     for opt in ("queue", "kueue_priority", "namespace"):
         value = getattr(spec, opt)
         if value and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63:
-            raise XrunError(f"{opt}: {value!r} is not a valid label value / DNS-1123 label")
+            raise XrunError(f"{opt}: {short_repr(value)} is not a valid label value / DNS-1123 label")
     if spec.backend not in ("", "local", "kube"):
-        raise XrunError(f"backend: must be local or kube, got {spec.backend!r}")
+        raise XrunError(f"backend: must be local or kube, got {short_repr(spec.backend)}")
     if spec.backend == "local" and spec.context:
         raise XrunError("backend: local runs take no --context")
     root = spec.storage
     if not root:
         raise XrunError("storage: required (a folder or gs://bucket/prefix)")
     if "://" in root and not root.startswith("gs://"):
-        raise XrunError(f"storage: {root!r}: use a local folder or gs://bucket/prefix")
+        raise XrunError(f"storage: {short_repr(root)}: use a local folder or gs://bucket/prefix")
     if root.startswith("gs://") and not re.fullmatch(r"gs://[a-z0-9][-a-z0-9_.]{1,221}[a-z0-9](/.*)?", root):
-        raise XrunError(f"storage: {root!r} is not a valid gs://bucket/prefix")
+        raise XrunError(f"storage: {short_repr(root)} is not a valid gs://bucket/prefix")
     if spec.backend_name == "kube" and not root.startswith("gs://"):
         raise XrunError("storage: cluster runs need a gs://bucket/prefix storage root (pods cannot see your local folder)")
     validate_gke_knobs(spec)
@@ -397,19 +397,19 @@ def _key_value_map(name: str, mapping: dict[str, str], values_are_labels: bool) 
     """Keys qualified names (ValidateLabels / ValidateAnnotations); label values when asked."""
     for key, value in mapping.items():
         for m in is_qualified_name(key):
-            raise XrunError(f"{name}: key {key!r}: {m}")
+            raise XrunError(f"{name}: key {short_repr(key)}: {m}")
         if key.startswith(CONTROLLER_PREFIXES):
-            raise XrunError(f"{name}: {key!r} is set by the JobSet/Job controllers on every pod; choose another key")
+            raise XrunError(f"{name}: {short_repr(key)} is set by the JobSet/Job controllers on every pod; choose another key")
         if values_are_labels:
             for m in is_valid_label_value(value):
-                raise XrunError(f"{name}: {key}={value!r}: {m}")
+                raise XrunError(f"{name}: {key}={short_repr(value)}: {m}")
 
 
 def _known_keys(where: str, given: Iterable[str], allowed: Iterable[str]) -> None:
     """One line naming the first unknown key and every allowed one."""
     unknown = sorted(set(given) - set(allowed))
     if unknown:
-        raise XrunError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}")
+        raise XrunError(f"{where}: unknown key {short_repr(unknown[0])}; allowed: {', '.join(sorted(allowed))}")
 
 
 def _toleration(i: int, tol: dict[str, Any]) -> None:
@@ -421,17 +421,17 @@ def _toleration(i: int, tol: dict[str, Any]) -> None:
     if not isinstance(value, str):
         raise XrunError(f"{where}.value: must be a string (quote \"true\")")
     for m in is_qualified_name(key) if key else []:
-        raise XrunError(f"{where}.key: {key!r}: {m}")
+        raise XrunError(f"{where}.key: {short_repr(key)}: {m}")
     if op not in ("Equal", "Exists"):
-        raise XrunError(f"{where}.operator: must be Equal or Exists, got {op!r}")
+        raise XrunError(f"{where}.operator: must be Equal or Exists, got {short_repr(op)}")
     if not key and op != "Exists":
         raise XrunError(f"{where}.operator: must be Exists when key is empty")
     if op == "Exists" and value:
         raise XrunError(f"{where}.value: must be empty with operator Exists")
     for m in is_valid_label_value(value) if op == "Equal" else []:
-        raise XrunError(f"{where}.value: {value!r}: {m}")
+        raise XrunError(f"{where}.value: {short_repr(value)}: {m}")
     if effect not in ("", "NoSchedule", "PreferNoSchedule", "NoExecute"):
-        raise XrunError(f"{where}.effect: must be NoSchedule, PreferNoSchedule or NoExecute, got {effect!r}")
+        raise XrunError(f"{where}.effect: must be NoSchedule, PreferNoSchedule or NoExecute, got {short_repr(effect)}")
     seconds = tol.get("toleration_seconds")
     if seconds is not None and (effect != "NoExecute" or isinstance(seconds, bool) or not isinstance(seconds, int)):
         raise XrunError(f"{where}.toleration_seconds: an integer, only with effect NoExecute")
@@ -445,13 +445,13 @@ def _mount(i: int, mount: dict[str, Any]) -> None:
                         "or pvc (an existing PersistentVolumeClaim)")
     path = mount.get("path")
     if not isinstance(path, str) or not path.startswith("/") or ":" in path or "\n" in path:
-        raise XrunError(f"{where}.path: an absolute path in the container, got {path!r}")
+        raise XrunError(f"{where}.path: an absolute path in the container, got {short_repr(path)}")
     if not isinstance(mount.get("read_only", False), bool):
         raise XrunError(f"{where}.read_only: must be true or false")
     if "bucket" in mount:
         bucket = mount["bucket"]
         if not isinstance(bucket, str) or not re.fullmatch(r"[a-z0-9][-a-z0-9_.]{1,221}[a-z0-9]", bucket):
-            raise XrunError(f"{where}.bucket: a GCS bucket name (no gs://), got {bucket!r}")
+            raise XrunError(f"{where}.bucket: a GCS bucket name (no gs://), got {short_repr(bucket)}")
         if "options" in mount and not isinstance(mount["options"], str):
             raise XrunError(f"{where}.options: gcsfuse mount options as one string, e.g. implicit-dirs,only-dir=data")
     else:
@@ -459,7 +459,7 @@ def _mount(i: int, mount: dict[str, Any]) -> None:
             raise XrunError(f"{where}.options: only for bucket mounts")
         claim = mount["pvc"]
         if not isinstance(claim, str) or is_dns1123_subdomain(claim):
-            raise XrunError(f"{where}.pvc: a PersistentVolumeClaim name (DNS-1123 subdomain), got {claim!r}")
+            raise XrunError(f"{where}.pvc: a PersistentVolumeClaim name (DNS-1123 subdomain), got {short_repr(claim)}")
 
 
 def validate_gke_knobs(spec: RunSpec) -> None:
@@ -467,10 +467,10 @@ def validate_gke_knobs(spec: RunSpec) -> None:
     cap = spec.capacity
     if cap.startswith("reservation:"):
         if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", spec.reservation):
-            raise XrunError(f"capacity: reservation name {spec.reservation!r} is not a Compute Engine name "
+            raise XrunError(f"capacity: reservation name {short_repr(spec.reservation)} is not a Compute Engine name "
                             "(lowercase letters, digits, '-', at most 63)")
     elif cap not in ("on-demand", "spot", "flex-start"):
-        raise XrunError(f"capacity: must be one of {' | '.join(CAPACITIES)}, got {cap!r}")
+        raise XrunError(f"capacity: must be one of {' | '.join(CAPACITIES)}, got {short_repr(cap)}")
     if cap == "flex-start" and not spec.queue:
         raise XrunError("capacity: flex-start needs queue: a Kueue LocalQueue whose ClusterQueue has a "
                         "ProvisioningRequest admission check (GKE queued provisioning)")
@@ -488,11 +488,11 @@ def validate_gke_knobs(spec: RunSpec) -> None:
         if paths.count(path) > 1:
             raise XrunError(f"mounts: {path} is mounted twice")
     if spec.priority and spec.priority_class:
-        raise XrunError(f"priority: give priority ({spec.priority!r}) or priority_class "
-                        f"({spec.priority_class!r}), not both")
+        raise XrunError(f"priority: give priority ({short_repr(spec.priority)}) or priority_class "
+                        f"({short_repr(spec.priority_class)}), not both")
     if spec.priority and spec.priority not in PRIORITY_LADDER and is_dns1123_subdomain(spec.priority):
         raise XrunError(f"priority: one of {', '.join(PRIORITY_LADDER)} or a PriorityClass name, "
-                        f"got {spec.priority!r}")
+                        f"got {short_repr(spec.priority)}")
     if spec.scheduler == TOPOLOGY_AWARE_SCHEDULER and spec.shape.kind != "gpu":
         # xpk gates only GPU workloads (src/xpk/commands/workload.py calls get_gpu_scheduler
         # only for AcceleratorType.GPU; its TPU template puts --scheduler in schedulerName,
@@ -501,11 +501,11 @@ def validate_gke_knobs(spec: RunSpec) -> None:
                         f"node pools (xpk gates only GPU workloads), not for {spec.accelerator}")
     if spec.scheduler and spec.scheduler != TOPOLOGY_AWARE_SCHEDULER and is_dns1123_subdomain(spec.scheduler):
         raise XrunError(f"scheduler: {TOPOLOGY_AWARE_SCHEDULER} or a scheduler name (DNS-1123 subdomain), "
-                        f"got {spec.scheduler!r}")
+                        f"got {short_repr(spec.scheduler)}")
     if spec.kueue_topology:
         mode, _, level = spec.kueue_topology.partition(":")
         if mode not in KUEUE_TOPOLOGY_MODES or not level or is_qualified_name(level):
             raise XrunError("kueue_topology: required:<node label> or preferred:<node label> (e.g. "
-                            f"preferred:cloud.google.com/gce-topology-block), got {spec.kueue_topology!r}")
+                            f"preferred:cloud.google.com/gce-topology-block), got {short_repr(spec.kueue_topology)}")
         if not spec.queue:
             raise XrunError("kueue_topology: needs queue (Kueue's topology-aware scheduling admits through a LocalQueue)")

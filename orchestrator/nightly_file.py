@@ -28,7 +28,7 @@ from typing import Any
 
 from manifests.spec import FIELDS, RunSpec, build_spec, env_values, max_name_length
 from orchestrator.runfile import load_yaml_mapping, read_text
-from xrun_contract.errors import XrunError
+from xrun_contract.errors import XrunError, short_repr
 
 # ---------------------------------------------------------------------------------------
 # The nightly file
@@ -115,7 +115,7 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 def _keys(d: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
     unknown = sorted(str(k) for k in d if k not in allowed)
     if unknown:
-        raise XrunError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(allowed)}")
+        raise XrunError(f"{where}: unknown key {short_repr(unknown[0])}; allowed: {', '.join(allowed)}")
 
 
 def _str(value: Any, where: str, required: bool = True) -> str:
@@ -140,10 +140,10 @@ def parse_percent(value: Any, where: str) -> float:
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*%?\s*", str(value))
         if not m:
-            raise XrunError(f"{where}: {value!r} is not a percentage; use e.g. 5% or 2.5")
+            raise XrunError(f"{where}: {short_repr(value)} is not a percentage; use e.g. 5% or 2.5")
         pct = float(m[1])
     if not 0 <= pct <= 1000:
-        raise XrunError(f"{where}: must be 0% to 1000%, got {value!r}")
+        raise XrunError(f"{where}: must be 0% to 1000%, got {short_repr(value)}")
     return pct
 
 
@@ -153,7 +153,7 @@ def parse_seconds(value: Any, where: str) -> float:
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", str(value))
         if not m:
-            raise XrunError(f"{where}: {value!r} is not a duration; use seconds or e.g. 90s, 30m, 6h")
+            raise XrunError(f"{where}: {short_repr(value)} is not a duration; use seconds or e.g. 90s, 30m, 6h")
         seconds = float(m[1]) * {"": 1, "s": 1, "m": 60, "h": 3600}[m[2]]
     if seconds <= 0:
         raise XrunError(f"{where}: must be positive")
@@ -167,19 +167,19 @@ def check_schedule(schedule: str) -> None:
         return
     parts = s.split()
     if len(parts) != 5:
-        raise XrunError(f"schedule: {schedule!r} must have 5 fields (minute hour day-of-month month "
+        raise XrunError(f"schedule: {short_repr(schedule)} must have 5 fields (minute hour day-of-month month "
                            "day-of-week) or be a macro like @daily")
     for text, (name, lo, hi) in zip(parts, CRON_FIELDS, strict=True):
         for item in text.split(","):
             rng, _, step = item.partition("/")
             if step and not step.isdigit():
-                raise XrunError(f"schedule: {name} step {step!r} is not a number")
+                raise XrunError(f"schedule: {name} step {short_repr(step)} is not a number")
             if rng in ("*", "?"):
                 continue
             for bound in rng.split("-", 1):
                 v = CRON_NAMES.get(bound.lower()) if not bound.isdigit() else int(bound)
                 if v is None or not lo <= v <= hi:
-                    raise XrunError(f"schedule: {name} value {bound!r} is outside {lo}-{hi}")
+                    raise XrunError(f"schedule: {name} value {short_repr(bound)} is outside {lo}-{hi}")
 
 
 def load_nightly(path: str) -> NightlyConfig:
@@ -190,7 +190,7 @@ def load_nightly(path: str) -> NightlyConfig:
     base = _str(d.get("base"), "base")
     raw_branches = _mapping(d.get("branches") or {}, "branches")
     if base not in raw_branches:
-        raise XrunError(f"base: branch {base!r} is not under branches ({', '.join(map(str, raw_branches)) or 'none'})")
+        raise XrunError(f"base: branch {short_repr(base)} is not under branches ({', '.join(map(str, raw_branches)) or 'none'})")
     if len(raw_branches) < 2:
         raise XrunError("branches: need the base and at least one candidate branch")
     branches = []
@@ -215,7 +215,7 @@ def load_nightly(path: str) -> NightlyConfig:
         repeats = c.get("repeats", 1)
         if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
             raise XrunError(f"{where}.repeats: must be a whole number of runs per branch, 1 to {MAX_REPEATS}, "
-                            f"got {repeats!r}")
+                            f"got {short_repr(repeats)}")
         configs.append(Config(str(name), _str(c.get("command"), f"{where}.command"), _env(c.get("env"), f"{where}.env"),
                               repeats))
     slice_ = _mapping(d.get("slice") or {}, "slice")
@@ -224,7 +224,7 @@ def load_nightly(path: str) -> NightlyConfig:
     storage = _str(d.get("storage"), "storage")
     prefix = _str(d.get("prefix", "nightly"), "prefix")
     if not re.fullmatch(r"[a-z]([-a-z0-9]{0,18}[a-z0-9])?", prefix):
-        raise XrunError(f"prefix: {prefix!r} must be 1-20 lowercase letters, digits or '-', starting with a letter")
+        raise XrunError(f"prefix: {short_repr(prefix)} must be 1-20 lowercase letters, digits or '-', starting with a letter")
     schedule = _str(d.get("schedule", "0 3 * * *"), "schedule")
     check_schedule(schedule)
     run = _mapping(d.get("run") or {}, "run")
@@ -233,13 +233,13 @@ def load_nightly(path: str) -> NightlyConfig:
     _keys(cron, CRONJOB_KEYS, "cronjob")
     backend = _str(d.get("backend"), "backend", required=False)
     if backend not in ("", "local", "kube"):
-        raise XrunError(f"backend: must be local or kube, got {backend!r}")
+        raise XrunError(f"backend: must be local or kube, got {short_repr(backend)}")
     warmup = d.get("warmup", 3)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise XrunError(f"warmup: must be a whole number of steps >= 0, got {warmup!r}")
+        raise XrunError(f"warmup: must be a whole number of steps >= 0, got {short_repr(warmup)}")
     alpha = d.get("alpha", 0.05)
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0 < alpha <= 0.5:
-        raise XrunError(f"alpha: must be a number in (0, 0.5], got {alpha!r}")
+        raise XrunError(f"alpha: must be a number in (0, 0.5], got {short_repr(alpha)}")
     cfg = NightlyConfig(
         path=path, text=text, base=base, branches=branches, configs=configs, slice=dict(slice_),
         storage=storage, prefix=prefix, schedule=schedule,

@@ -7,16 +7,21 @@ resolved once (``orchestrator.settings``). Every error is one line, exit 2.
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import stat
 from typing import Any
 
 import yaml
 
 from manifests.spec import RunSpec, build_spec
 from orchestrator import settings
-from xrun_contract.errors import XrunError
+from xrun_contract.errors import XrunError, short_repr
+from xrun_contract.storage import file_kind
 
 MAX_EXIT_CODE = 255
+# Run, nightly and env files are a few KB: past this they are refused before parsing (a
+# manifest Kubernetes accepts is at most 1.5 MiB anyway: manifests.limits).
+MAX_INPUT_BYTES = 1 << 20
 
 
 class _DuplicateKey(Exception):
@@ -24,8 +29,21 @@ class _DuplicateKey(Exception):
         self.key, self.line = key, line
 
 
+class _Alias(Exception):
+    def __init__(self, anchor: Any, line: int):
+        self.anchor, self.line = anchor, line
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML silently keeps the last of duplicate keys; a run file must not."""
+    """PyYAML silently keeps the last of duplicate keys; a run file must not. Aliases
+    (``*name``) are refused: nested ones expand exponentially (a "billion laughs" file of a
+    few hundred bytes is a 9**9-element list), and no run or nightly key needs one."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.events.AliasEvent):
+            event = self.peek_event()
+            raise _Alias(event.anchor, event.start_mark.line + 1)
+        return super().compose_node(parent, index)
 
 
 def _construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
@@ -49,7 +67,10 @@ def load_yaml_mapping(text: str, what: str, path: str) -> dict[str, Any]:
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except _DuplicateKey as e:
-        raise XrunError(f"{what}: duplicate key {e.key!r} (line {e.line})") from None
+        raise XrunError(f"{what}: duplicate key {short_repr(e.key)} (line {e.line})") from None
+    except _Alias as e:
+        raise XrunError(f"{what}: {path}: YAML aliases are not allowed (*{short_repr(e.anchor, 40)[1:-1]}, "
+                        f"line {e.line}); write the value out") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -63,14 +84,35 @@ def load_yaml_mapping(text: str, what: str, path: str) -> dict[str, Any]:
     return data
 
 
-def read_text(path: str, what: str) -> str:
-    """A UTF-8 text file, or one line saying why it cannot be read."""
+def read_text(path: str, what: str, limit: int = MAX_INPUT_BYTES) -> str:
+    """A UTF-8 text file of at most ``limit`` bytes, or one line saying why it cannot be read.
+
+    Opened without blocking and checked to be a regular file before a byte is read: a FIFO
+    would block the open (no writer) or the read (no end), /dev/zero never ends."""
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise XrunError(f"{what}: {path} is not UTF-8 text") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         raise XrunError(f"{what}: cannot read {path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = file_kind(st.st_mode)
+            raise XrunError(f"{what}: {path} is {kind}, not a regular file" if kind.startswith("a ")
+                            else f"{what}: {path} is not a regular file")
+        if st.st_size > limit:
+            raise XrunError(f"{what}: {path} is {st.st_size} bytes; at most {limit} (1 MiB) allowed")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise XrunError(f"{what}: cannot read {path}: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # grew after the stat
+        raise XrunError(f"{what}: {path} is over {limit} bytes; at most {limit} (1 MiB) allowed")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise XrunError(f"{what}: {path} is not UTF-8 text") from None
 
 
 def read_run_file(path: str) -> dict[str, Any]:
@@ -82,9 +124,9 @@ def parse_env_pairs(pairs: list[str], source: str = "--env") -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise XrunError(f"{source}: expected KEY=VALUE, got {pair!r}")
+            raise XrunError(f"{source}: expected KEY=VALUE, got {short_repr(pair)}")
         if key in out:
-            raise XrunError(f"{source}: duplicate env key {key!r}")
+            raise XrunError(f"{source}: duplicate env key {short_repr(key)}")
         out[key] = value
     return out
 
@@ -95,9 +137,9 @@ def parse_pairs(pairs: list[str], field: str) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise XrunError(f"{field}: expected KEY=VALUE, got {pair!r}")
+            raise XrunError(f"{field}: expected KEY=VALUE, got {short_repr(pair)}")
         if key in out:
-            raise XrunError(f"{field}: duplicate key {key!r}")
+            raise XrunError(f"{field}: duplicate key {short_repr(key)}")
         out[key] = value
     return out
 
@@ -124,9 +166,9 @@ def parse_mount(text: str) -> dict[str, Any]:
         source, sep, path = body[len("pvc:"):].partition(":")
         entry = {"pvc": source}
     else:
-        raise XrunError(f"mounts: expected gs://BUCKET:/path or pvc:CLAIM:/path (':ro' for read-only), got {text!r}")
+        raise XrunError(f"mounts: expected gs://BUCKET:/path or pvc:CLAIM:/path (':ro' for read-only), got {short_repr(text)}")
     if not sep:
-        raise XrunError(f"mounts: {text!r} names no path (gs://BUCKET:/path)")
+        raise XrunError(f"mounts: {short_repr(text)} names no path (gs://BUCKET:/path)")
     return {**entry, "path": path, "read_only": read_only}
 
 
@@ -144,10 +186,10 @@ def exit_codes(text: str) -> list[int]:
         part = part.strip()
         lo, sep, hi = part.partition("-")
         if not (lo.isdigit() and (not sep or hi.isdigit())):
-            raise XrunError(f"restartable_exit_codes: {part!r} is not a code or range like 127-255")
+            raise XrunError(f"restartable_exit_codes: {short_repr(part)} is not a code or range like 127-255")
         first, last = int(lo), int(hi) if sep else int(lo)
         if not 1 <= first <= last <= MAX_EXIT_CODE:
-            raise XrunError(f"restartable_exit_codes: {part!r} must be codes or ranges within "
+            raise XrunError(f"restartable_exit_codes: {short_repr(part)} must be codes or ranges within "
                             f"1..{MAX_EXIT_CODE}")
         codes.extend(range(first, last + 1))
     return codes
@@ -162,7 +204,7 @@ def spec_from_inputs(run_file: str | None, flags: dict[str, Any], *, env_file: s
     flag_env = parse_env_pairs(list(env_pairs))
     for key in flag_env:
         if key in env:
-            raise XrunError(f"--env: duplicate env key {key!r} (also in --env-file)")
+            raise XrunError(f"--env: duplicate env key {short_repr(key)} (also in --env-file)")
     env.update(flag_env)
     values = {k: v for k, v in flags.items() if v is not None}
     if restartable_exit_codes is not None:

@@ -9,6 +9,7 @@ second of imports each on a shared machine.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -33,6 +34,13 @@ def _make_run(root: Path, name: str) -> None:
     (run / "manifest.yaml").write_text("kind: JobSet\n")
 
 
+# "Billion laughs": 9**8 strings from a few hundred bytes, under a key whose error quotes
+# the value it got (max_restarts: "must be an integer, got <repr>").
+_BOMB = b"max_restarts:\n  - &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + b"".join(
+    b"  - &%s [%s]\n" % (n.encode(), b", ".join([b"*" + p.encode()] * 9))
+    for p, n in zip("abcdefg", "bcdefgh", strict=True))
+
+
 @pytest.fixture
 def world(tmp_path, monkeypatch):
     """A storage root with run 'done', another root with run 'x', input files, a fake $HOME."""
@@ -55,10 +63,19 @@ def world(tmp_path, monkeypatch):
                              b"configs: {tiny: {command: 'python3 -m workload.train'}}\n"),
         "nightly-nonutf8.yaml": b"prefix: n\xff\n",
         "a-file-root": b"not a folder\n",
+        "bomb.yaml": _BOMB + b"name: ok\naccelerator: cpu-2\nimage: i\n",
+        "nightly-bomb.yaml": (b"prefix: n\nbase: main\nslice: {accelerator: cpu-2}\nstorage: s\n"
+                              b"branches: {main: {image: a}, feat: {image: b}}\n"
+                              b"configs: {tiny: {command: 'python3 -m workload.train'}}\nrun:\n  "
+                              + _BOMB.replace(b"\n", b"\n  ").rstrip() + b"\n"),
+        "big.yaml": b"name: ok\n# " + b"x" * (1 << 20) + b"\n",
+        "big.env": b"A=" + b"x" * (1 << 20) + b"\n",
+        "big-value.env": b"BIG=" + b"x" * 300_000 + b"\n",
     }
     for name, data in files.items():
         (inputs / name).write_bytes(data)
     (inputs / "a-dir").mkdir()
+    os.mkfifo(inputs / "fifo.yaml")  # no writer: an open() without O_NONBLOCK blocks for ever
     for key in ("XRUN_STORAGE_TIMEOUT", "XRUN_STORAGE", "STORAGE_EMULATOR_HOST"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("XRUN_STORAGE", str(store))
@@ -103,6 +120,15 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("render-env-no-eq", R("--env", "NOVALUE"), 2, "--env"),
     ("render-env-reserved", R("--env", "XRUN_RUN_NAME=x"), 2, "env"),
     ("render-empty-command", R("--command", " "), 2, "command"),
+    # sizes the kernel (execve: E2BIG) and Kubernetes (etcd's 1.5 MiB request) refuse
+    ("render-env-300k", R("--env", "BIG=" + "x" * 300_000), 2,
+     "env: BIG: BIG=value is 300005 bytes; Linux's limit for one environment string (MAX_ARG_STRLEN) is 131072"),
+    ("render-env-total", R(*[f"--env=V{i}={'x' * 120_000}" for i in range(18)]), 2,
+     "(ARG_MAX) is 2097152 bytes"),
+    ("render-command-200k", R("--command", "echo " + "x" * 200_000), 2, "command: one argument of container"),
+    ("render-manifest-too-big", R(*[f"--env=V{i}={'x' * 100_000}" for i in range(14)],
+                                  "--pod-annotations", "note=" + "y" * 200_000), 2,
+     "accepts objects of at most 1572864 bytes"),
     ("render-unparsable-command", R("--command", "echo 'unterminated"), 2, "command"),
     ("render-storage-scheme", R("--storage", "ftp://host/x"), 2, "storage"),
     # render: files
@@ -113,6 +139,12 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("render-not-mapping", ["render", "-f", "list.yaml"], 2, "mapping"),
     ("render-unknown-key", ["render", "-f", "unknown.yaml"], 2, "bogus"),
     ("render-missing-file", ["render", "-f", "missing.yaml"], 2, "missing.yaml"),
+    ("render-yaml-bomb", ["render", "-f", "bomb.yaml"], 2, "bomb.yaml: YAML aliases are not allowed"),
+    ("render-big-file", ["render", "-f", "big.yaml"], 2, "big.yaml is 1048588 bytes; at most 1048576"),
+    ("render-big-env-file", R("--env-file", "big.env"), 2, "big.env is 1048579 bytes; at most 1048576"),
+    ("render-fifo-file", ["render", "-f", "fifo.yaml"], 2, "fifo.yaml is a FIFO, not a regular file"),
+    ("render-fifo-env-file", R("--env-file", "fifo.yaml"), 2, "fifo.yaml is a FIFO, not a regular file"),
+    ("render-dev-zero", ["render", "-f", "/dev/zero"], 2, "/dev/zero is a character device, not a regular"),
     ("render-nonutf8-env-file", R("--env-file", "nonutf8.env"), 2, "not UTF-8"),
     ("render-bad-env-file", R("--env-file", "bad.env"), 2, "KEY=VALUE"),
     ("render-output-file-no-dir", R("--output-file", "/nonexistent-xrun/out.yaml"), 2, "--output-file"),
@@ -129,10 +161,14 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("render-bad-int", R("--command", f"{TRAIN} steps=ten && echo done"), 2, "steps"),
     # submit: the same refusals, and nothing written
     ("submit-bad-name", ["submit", "--name", "Bad_Name", *GOOD], 2, "name:"),
+    ("submit-env-300k", S("--env", "BIG=" + "x" * 300_000), 2, "env: BIG: BIG=value is 300005 bytes"),
+    ("submit-env-file-300k", S("--env-file", "big-value.env"), 2, "env: BIG: BIG=value is 300005 bytes"),
     ("submit-steps-neg", S("--command", f"{TRAIN} steps=-1"), 2, "steps"),
     ("submit-preset-nope", S("--command", f"{TRAIN} --preset nope"), 2, "preset"),
     ("submit-nonutf8-file", ["submit", "-f", "nonutf8.yaml"], 2, "UTF-8"),
     ("submit-deep-yaml", ["submit", "-f", "deep.yaml"], 2, "run file"),
+    ("submit-yaml-bomb", ["submit", "-f", "bomb.yaml"], 2, "YAML aliases are not allowed"),
+    ("submit-fifo-file", ["submit", "-f", "fifo.yaml"], 2, "not a regular file"),
     ("submit-codes-huge-range", S("--restartable-exit-codes", "1-99999999"), 2, "restartable_exit_codes"),
     ("submit-max-restarts-huge", S("--max-restarts", "1000"), 2, "max_restarts"),
     ("submit-exists", ["submit", "--name", "done", *GOOD], 2, "already exists"),
@@ -178,11 +214,23 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("compare-threshold", ["compare", "done", "done", "--threshold", "abc"], 2, "threshold"),
     ("report-output-no-dir", ["report", "done", "done", "-o", "/nonexistent-xrun/r.html"], 2, "/nonexistent-xrun"),
     ("report-bad-name", ["report", "done", "a..b"], 2, ""),
+    ("compare-dev-zero", ["compare", "/dev/zero", "x.log"], 2, "/dev/zero is a character device, not a regular"),
+    ("compare-fifo", ["compare", "done", "fifo.yaml"], 2, "fifo.yaml is a FIFO, not a regular file"),
+    ("compare-output-proc", ["compare", "done", "done", "-o", "/proc/xrun-c.md"], 2,
+     "--output: cannot write /proc/xrun-c.md"),
+    ("compare-output-parent-is-file", ["compare", "done", "done", "-o", "a-file-root/c.md"], 2,
+     "--output: a-file-root is not a folder"),
+    ("report-output-proc", ["report", "done", "-o", "/proc/xrun-r.html"], 2, "--output: cannot write /proc"),
+    ("report-output-parent-is-file", ["report", "done", "-o", "a-file-root/r.html"], 2,
+     "--output: a-file-root is not a folder"),
     # nightly
     ("nightly-nonutf8", ["nightly", "-f", "nightly-nonutf8.yaml", "--dry-run"], 2, "UTF-8"),
     ("nightly-dup-keys", ["nightly", "-f", "nightly-dup.yaml", "--dry-run"], 2, "duplicate key"),
     ("nightly-deep", ["nightly", "-f", "deep.yaml", "--dry-run"], 2, ""),
     ("nightly-missing", ["nightly", "-f", "missing.yaml", "--dry-run"], 2, "missing.yaml"),
+    ("nightly-yaml-bomb", ["nightly", "-f", "nightly-bomb.yaml", "--dry-run"], 2, "YAML aliases are not allowed"),
+    ("nightly-big-file", ["nightly", "-f", "big.yaml", "--dry-run"], 2, "at most 1048576"),
+    ("nightly-fifo", ["nightly", "-f", "fifo.yaml", "--dry-run"], 2, "FIFO, not a regular file"),
 ]
 
 
@@ -218,3 +266,52 @@ def test_env_storage_timeout_is_checked(world, capsys, monkeypatch):
     assert main(["status", "done"]) == 2
     assert "XRUN_STORAGE_TIMEOUT" in capsys.readouterr().err
     assert _snapshot(world) == before
+
+
+def _writable(folder: Path) -> bool:
+    probe = folder / f".xrun-probe-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    except OSError:
+        return False
+    probe.unlink()
+    return True
+
+
+@pytest.mark.parametrize("command", ["compare", "report"])
+def test_output_into_read_only_folder(world, capsys, command):
+    """-o into a folder that takes no new file: exit 2, one line, no traceback, nothing
+    written. Root ignores mode bits, so as root the folder is /sys (no file can be created
+    there)."""
+    ro = world / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    folder = ro if not _writable(ro) else Path("/sys")
+    if _writable(folder):
+        pytest.skip("no folder here refuses new files")
+    target = str(folder / "out.html")
+    argv = ["compare", "done", "done", "-o", target] if command == "compare" else ["report", "done", "-o", target]
+    before = _snapshot(world)
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2, err
+    assert err.strip().splitlines() == [f"xrun: error: --output: cannot write {target}: Permission denied"], err
+    assert "Traceback" not in err and out == ""
+    assert _snapshot(world) == before
+
+
+def test_error_lines_quote_bounded_values():
+    """A value quoted in an error is cut, however big (or shared: 9**9 leaves) it is."""
+    from manifests.spec import build_spec
+    from xrun_contract.errors import XrunError
+
+    bomb: list = ["lol"] * 9
+    for _ in range(8):
+        bomb = [bomb] * 9
+    base = {"name": "ok", "accelerator": "cpu-2", "image": "img", "storage": "/tmp/s"}
+    for key, value in (("max_restarts", bomb), ("image", "a b" * 500_000), ("name", "X" * 1_000_000)):
+        started = time.monotonic()
+        with pytest.raises(XrunError) as e:
+            build_spec({**base, key: value}, {})
+        assert time.monotonic() - started < 2
+        assert str(e.value).startswith(f"{key}: ") and len(str(e.value)) < 300, str(e.value)[:400]

@@ -290,3 +290,72 @@ def test_a_restart_is_said_but_its_redone_steps_are_not_a_step_count_difference(
     fewer = compare(load_run("plain", str(root)), run(tmp_path, "short", steps=30))
     assert "different step counts: main trained 40 steps (last step 40), short trained 30 (last step 30)" \
         in fewer.warnings
+
+
+# ---------------------------------------------------------------------------------------
+# A loss that went NaN or Inf: diverged, a regression, never a dropped value
+
+
+def _diverge(path, from_step: int, value: str = "nan"):
+    """The log at ``path`` with the loss of every step from ``from_step`` on set to ``value``."""
+    import re
+
+    out = []
+    for line in path.read_text().splitlines(keepends=True):
+        m = re.search(r"completed step: (\d+),", line)
+        if m and int(m[1]) >= from_step:
+            line = re.sub(r"loss: \S+", f"loss: {value}", line)
+        out.append(line)
+    path.write_text("".join(out))
+    return path
+
+
+@pytest.mark.parametrize("value", ["nan", "inf"])
+def test_a_diverged_candidate_is_a_regression(tmp_path, capsys, value):
+    """Before: exit 0, 'Final loss' showed the last finite loss (or '-'), no word."""
+    from orchestrator.cli import main as cli
+
+    base = write_log(tmp_path / "main.log", RunShape(seed=1))
+    cand = _diverge(write_log(tmp_path / "feat.log", RunShape(seed=2)), 40, value)
+    assert cli(["compare", str(base), str(cand), "--format", "json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    assert out["warnings"][0] == (f"candidate feat diverged: its loss stopped being finite at step 40 ({value}); "
+                                  "counted as a regression")
+    assert out["regressions"] == ["Final loss"] and out["exit_code"] == 1
+    assert cli(["compare", str(base), str(cand), "--format", "md"]) == 1
+    loss_line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| Final loss |"))
+    assert loss_line.endswith(f"| {value} from step 40 | **diverged**: loss not finite from step 40 ({value}) |")
+    html = tmp_path / "r.html"
+    assert cli(["report", str(base), str(cand), "-o", str(html)]) == 1
+    assert "diverged" in html.read_text()
+    capsys.readouterr()
+    # The other way round the base diverged: said above the table; the candidate is no regression.
+    assert cli(["compare", str(cand), str(base), "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["warnings"][0] == f"base feat diverged: its loss stopped being finite at step 40 ({value})"
+
+
+@pytest.mark.parametrize("runs", [4, 2])
+def test_nightly_flags_a_diverged_candidate_run(tmp_path, runs):
+    """Per-run verdict (4 runs a side) or per-step of the first pair (2): a candidate run
+    that diverged, even the second, regresses the comparison, its step in the verdict."""
+    from orchestrator.analysis.compare import compare_runs
+    from orchestrator.services.nightly import _delta
+
+    base = [run(tmp_path, f"b{i}", seed=i) for i in range(runs)]
+    cand = [load_run(str(write_log(tmp_path / f"c{i}.log", RunShape(seed=10 + i)))) for i in range(runs)]
+    cand[1] = load_run(str(_diverge(write_log(tmp_path / "c1.log", RunShape(seed=11)), 30)))
+    rs = compare_runs(base, cand)
+    assert rs.on_runs == (runs >= 4) and rs.regressed
+    assert [_delta(r, rs.on_runs) for r in rs.regressions] == [
+        "Final loss: diverged (loss not finite from step 30)"]
+
+
+def test_a_diverged_run_trained_its_steps(tmp_path):
+    """Its last step is the last it trained, not the last with a finite loss: no
+    'different step counts' warning for two 60-step runs."""
+    base = run(tmp_path, "main", seed=1)
+    cand = load_run(str(_diverge(write_log(tmp_path / "feat.log", RunShape(seed=2)), 40)))
+    c = compare(base, cand)
+    assert not [w for w in c.warnings if w.startswith("different step counts")], c.warnings
+    assert c.to_dict()["candidate"]["final_step"] == 60

@@ -318,6 +318,93 @@ def test_forbidden_is_exit_3_at_once(proxied_root, gcs_proxy, capsys):
     assert "403" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("failure", ["connection refused", "DNS lookup failed"])
+def test_unreachable_endpoint_is_exit_3_at_once(failure, monkeypatch, capsys):
+    """A closed port or a name that does not resolve is known at once: every command ends
+    in seconds with exit 3 and one line naming the root, not after the whole default
+    30 s storage timeout of retries (27-30.5 s each before). No network: the port is a
+    closed one on 127.0.0.1, and the name's lookup fails in this process's resolver."""
+    import socket
+
+    from orchestrator.backends.local import free_port
+
+    port = free_port()  # bound and closed: nothing listens there
+    host = "127.0.0.1"
+    if failure.startswith("DNS"):
+        host = "storage.xrun-test.invalid"
+        real = socket.getaddrinfo
+
+        def getaddrinfo(name, *args, **kwargs):
+            if name == host:
+                raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+            return real(name, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://{host}:{port}")
+    monkeypatch.delenv("XRUN_STORAGE_TIMEOUT", raising=False)  # the default: 30 s
+    root = "gs://xrun-unreachable/xrun"
+    for argv in (["list"], ["status", "r"], ["logs", "r"], ["checkpoints", "r"],
+                 ["submit", "--name", "new", "--accelerator", "cpu-2", "--image", "i"]):
+        started = time.monotonic()
+        rc = main([*argv, "--storage", root])
+        took = time.monotonic() - started
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 3, (argv, err)
+        assert len(err) == 1 and "Traceback" not in err[0], err
+        assert err[0].startswith(f"xrun: error: storage: cannot reach {root}: {failure} ({host}:{port};"), err
+        assert took < 5, (argv, took)
+
+
+# ---------------------------------------------------------------------------------------
+# Corrupt stored records: Unknown, the reason and the file, in every command
+
+
+@pytest.mark.parametrize("damage", ["state.json garbage", "state.json empty", "state.json list",
+                                    "run.json half"])
+def test_corrupt_records_are_unknown_in_every_command(tmp_path, monkeypatch, capsys, damage):
+    """A half-written run.json or a garbage state.json: status, list, logs and checkpoints
+    all show the state Unknown and say which file is corrupt and why (before: exit 0, no
+    word, list said Pending while status said Succeeded from the metrics' end record)."""
+    from synthetic_runs import RunShape, write_stored_run
+
+    root = tmp_path / "store"
+    run = write_stored_run(root, "r", RunShape(steps=10))
+    LocalStorage(str(root)).write_text(Layout.log_chunk("r", "0-0", 0, 0), "hello\n")
+    (run / "checkpoints" / "10").mkdir(parents=True)
+    (run / "checkpoints" / "10" / "data").write_bytes(b"x")
+    file = run / damage.split()[0]
+    text = file.read_text()
+    file.write_bytes({"garbage": b"\x00\x17{garbage", "empty": b"", "list": b"[1, 2]",
+                      "half": text[:len(text) // 2].encode()}[damage.split()[1]])
+    damaged = file.read_bytes()
+    monkeypatch.setenv("XRUN_STORAGE", str(root))
+    warning = f"xrun: warning: run r: {file} is corrupt ("
+
+    def run_cli(*argv: str) -> tuple[str, list[str]]:
+        rc = main(list(argv))
+        out, err = capsys.readouterr()
+        assert rc == 0, (argv, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(warning) and lines[0].endswith("): state Unknown"), (argv, err)
+        return out, lines
+
+    out, _ = run_cli("status", "r", "-o", "json")
+    view = json.loads(out)
+    assert view["state"] == "Unknown" and view["phase"] == "unknown", view["state"]
+    assert view["message"].startswith(f"{file} is corrupt ("), view["message"]
+    out, _ = run_cli("status", "r")
+    assert "Unknown" in out and "Succeeded" not in out
+    out, _ = run_cli("list", "-o", "json")
+    assert [(r["name"], r["state"]) for r in json.loads(out)] == [("r", "Unknown")]
+    out, _ = run_cli("list")
+    assert out.splitlines()[1].split()[:2] == ["r", "Unknown"]
+    out, _ = run_cli("logs", "r")
+    assert "hello" in out
+    out, _ = run_cli("checkpoints", "r")
+    assert "10" in out
+    assert file.read_bytes() == damaged, "a reader rewrote the corrupt record"
+
+
 # ---------------------------------------------------------------------------------------
 # Chunk names
 

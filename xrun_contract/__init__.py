@@ -533,8 +533,11 @@ CHECKPOINT_EVENTS = (
 PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, DELETED = (
     "Pending", "Running", "Restarting", "Succeeded", "Failed", "Deleted",
 )
+# What a reader shows when a stored record (run.json, state.json) is corrupt: nothing it
+# says can be trusted, so no state is guessed from the rest.
+UNKNOWN = "Unknown"
 TERMINAL_STATES = (SUCCEEDED, FAILED, DELETED)
-RUN_STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, DELETED)
+RUN_STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, DELETED, UNKNOWN)
 
 
 def is_terminal(state: str) -> bool:

@@ -19,11 +19,31 @@ EXIT_WAIT_TIMEOUT = 124
 EXIT_WAIT_FAILED = 125
 
 
+# An error line never grows past this (a value quoted in it is cut by short_repr first).
+MAX_MESSAGE = 2000
+
+
+def short_repr(value: object, limit: int = 80) -> str:
+    """``repr(value)`` cut to about ``limit`` characters, without building the whole repr of
+    a huge or deeply shared value (reprlib bounds the walk): error lines quote values."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxstring = r.maxother = max(limit, 10)
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 6
+    r.maxlevel = 3
+    text = r.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 class XrunError(Exception):
     """A one-line, user-facing failure and the exit code it maps to (2 unless said)."""
 
     def __init__(self, message: str, exit_code: int = EXIT_USAGE):
-        super().__init__(" ".join(str(message).split()))
+        text = " ".join(str(message).split())
+        if len(text) > MAX_MESSAGE:
+            text = text[:MAX_MESSAGE - 3] + "..."
+        super().__init__(text)
         self.exit_code = exit_code
 
     @property

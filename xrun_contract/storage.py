@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Iterable
@@ -48,6 +49,41 @@ def check_key(key: str) -> str:
     if any(p in (".", "..") for p in parts) or "\\" in key or "\0" in key:
         raise XrunError(f"storage: key {key!r} would leave the storage root", EXIT_USAGE)
     return key
+
+
+def file_kind(mode: int) -> str:
+    """'a FIFO', 'a character device', ... for a file that is not a regular file."""
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def unreachable_reason(e: BaseException) -> str | None:
+    """'connection refused' or 'DNS lookup failed' when ``e`` (or what it wraps: requests
+    -> urllib3 MaxRetryError -> NewConnectionError -> the OSError) says the endpoint cannot
+    be reached at all; None for anything else. Both are known at once and do not heal in a
+    retry's seconds: retrying them only spent the whole storage timeout (27-30 s) before
+    the same exit 3."""
+    import socket
+
+    seen: set[int] = set()
+    todo: list[BaseException] = [e]
+    while todo:
+        c = todo.pop()
+        if id(c) in seen or len(seen) > 32:
+            continue
+        seen.add(id(c))
+        if isinstance(c, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(c, socket.gaierror) or type(c).__name__ == "NameResolutionError":
+            return "DNS lookup failed"
+        for nxt in (c.__cause__, c.__context__, getattr(c, "reason", None), getattr(c, "cause", None),
+                    *getattr(c, "args", ())):
+            if isinstance(nxt, BaseException):
+                todo.append(nxt)
+    return None
 
 
 def _one_line(e: BaseException) -> str:
@@ -105,13 +141,29 @@ class Storage:
         self.write_bytes(key, text.encode())
 
     def read_json(self, key: str) -> dict | None:
-        text = self.read_text(key)
-        if text is None:
-            return None
+        """A JSON object, or None when there is none or it is not one (``read_record`` says
+        which: readers of run records must tell a corrupt record from a missing one)."""
+        return self.read_record(key)[0]
+
+    def read_record(self, key: str) -> tuple[dict | None, str | None]:
+        """A stored JSON record checked: (the object, None); (None, None) when there is no
+        such object; (None, why) when there is one but it is not a whole JSON object (a
+        truncated write, a disk error, a hand edit)."""
+        data = self.read_bytes(key)
+        if data is None:
+            return None, None
         try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return None
+            obj = json.loads(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            return None, "not UTF-8 text"
+        except json.JSONDecodeError as e:
+            what = "empty" if not data.strip() else f"not valid JSON: {e.msg} at line {e.lineno} column {e.colno}"
+            return None, what
+        except RecursionError:
+            return None, "not valid JSON: nested too deeply"
+        if not isinstance(obj, dict):
+            return None, f"not a JSON object (a {type(obj).__name__})"
+        return obj, None
 
     def write_json(self, key: str, obj: dict) -> None:
         self.write_text(key, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
@@ -232,7 +284,11 @@ class GCSStorage(Storage):
 
         # Retry.with_timeout (google-api-core >= 2.17) / with_deadline: the total time over
         # every attempt and backoff sleep; the per-request transport timeout is capped too.
-        retry = DEFAULT_RETRY.with_delay(initial=0.25, multiplier=2.0, maximum=4.0)
+        # Connection refused and DNS failures are permanent for this call (unreachable_reason).
+        transient = DEFAULT_RETRY._predicate
+        retry = DEFAULT_RETRY.with_predicate(
+            lambda e: transient(e) and unreachable_reason(e) is None
+        ).with_delay(initial=0.25, multiplier=2.0, maximum=4.0)
         self._retry = (retry.with_timeout(self.timeout) if hasattr(retry, "with_timeout")
                        else retry.with_deadline(self.timeout))
         self._rpc_timeout = (min(10.0, self.timeout), min(60.0, self.timeout))
@@ -252,8 +308,19 @@ class GCSStorage(Storage):
             raise
         except Exception as e:  # noqa: BLE001 - api errors, RetryError, transport errors
             took = time.monotonic() - started
+            why = unreachable_reason(e)
+            if why:
+                raise XrunError(f"storage: cannot reach {self.root}: {why} ({self._endpoint()}; "
+                                f"{what} {key or '/'} after {took:.1f}s)", EXIT_UNREACHABLE) from None
             raise XrunError(f"storage: {self.url(key)}: cannot {what} after {took:.0f}s "
                             f"(root {self.root}): {_one_line(e)}", EXIT_UNREACHABLE) from None
+
+    def _endpoint(self) -> str:
+        """The host the client talks to (the emulator's, or storage.googleapis.com)."""
+        from urllib.parse import urlsplit
+
+        url = getattr(getattr(self._client, "_connection", None), "API_BASE_URL", "") or ""
+        return urlsplit(url).netloc or url or "storage.googleapis.com"
 
     def _name(self, key: str) -> str:
         key = check_key(key).strip("/")

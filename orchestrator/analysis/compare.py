@@ -70,6 +70,10 @@ class RunFigures:
     goodput: dict[str, Any]
     warmup: int
     stride: int
+    # Diverged: the first step (of the executions that count) whose loss is NaN or Inf, and
+    # that value as logged ("nan", "inf"); None when every loss is finite.
+    diverged_step: int | None = None
+    diverged_value: str = ""
 
     @property
     def steady_median(self) -> float | None:
@@ -98,6 +102,8 @@ def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
     losses = [(st, loss) for st, loss, is_final in zip(steps.step, steps.loss, final, strict=True)
               if is_final and math.isfinite(loss)]
     losses.sort()
+    not_finite = min(((st, loss) for st, loss, is_final in zip(steps.step, steps.loss, final, strict=True)
+                      if is_final and not math.isfinite(loss)), default=None)
     k = max(5, min(50, len(losses) // 10))
     # One stall per save: its wait for the previous save plus its blocking part.
     per_save: dict[tuple[int, int], float] = {}
@@ -123,13 +129,31 @@ def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
         last_tokens=_finite(steps.tokens[last_i]) if last_i >= 0 else None,
         loss_tail=[loss for _, loss in losses[-k:]],
         final_loss=losses[-1][1] if losses else None,
-        final_step=losses[-1][0] if losses else None,
+        final_step=max(steps.step) if len(steps) else None,  # a diverged run's last step too
         steps_executed=steps.count, steps_distinct=sum(final) * steps.stride,
         total_step_seconds=steps.total_seconds, stall_events=events, stall_total=stall_total,
         stall_in_steps=max(0.0, stall_total - outside),
         stall_saves=int(rec.checkpoint_totals["saves"]), time_to_first_step=ttfs,
         ttfs_basis=basis, goodput=goodput(rec, warmup=warmup), warmup=warmup, stride=steps.stride,
+        diverged_step=not_finite[0] if not_finite else None,
+        diverged_value=str(not_finite[1]) if not_finite else "",
     )
+
+
+def diverged_text(fig: RunFigures) -> str:
+    """'its loss stopped being finite at step 37 (nan)'."""
+    return f"its loss stopped being finite at step {fig.diverged_step} ({fig.diverged_value})"
+
+
+def mark_diverged(row: Row, fig: RunFigures) -> None:
+    """The Final loss row of a candidate that diverged: a regression, whatever the test of
+    its last finite losses said (they are what is left before the NaN)."""
+    row.cand = f"{fig.diverged_value} from step {fig.diverged_step}"
+    row.cand_value = None
+    row.delta = row.delta_pct = row.p_value = None
+    row.verdict, row.gating, row.beyond_threshold = "regressed", True, True
+    row.diverged_step = fig.diverged_step
+    row.diff = f"**diverged**: loss not finite from step {fig.diverged_step} ({fig.diverged_value})"
 
 
 def _finite(x: float) -> float | None:
@@ -171,6 +195,7 @@ class Row:
     gating: bool = False  # may set the exit code
     beyond_threshold: bool = False
     note: str = ""  # what the figure is, said under the table
+    diverged_step: int | None = None  # the candidate's loss went NaN/Inf at this step
 
 
 def _fmt(v: float | None, decimals: int, unit: str = "") -> str:
@@ -447,6 +472,12 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
     if candidate_failed:
         warnings.insert(0, f"candidate {lc} did not succeed ({cand.outcome}) while the base did: "
                            "counted as a regression")
+    # A NaN/Inf loss is a diverged run, never a "Final loss -" dropped from the verdict.
+    if fb.diverged_step is not None:
+        warnings.insert(0, f"base {lb} diverged: {diverged_text(fb)}")
+    if fc.diverged_step is not None:
+        mark_diverged(rows[1], fc)
+        warnings.insert(0, f"candidate {lc} diverged: {diverged_text(fc)}; counted as a regression")
     notes = _notes(fb, fc, lb, lc, threshold_pct, alpha, warmup, rows, base, cand)
     return Comparison(base, cand, lb, lc, fb, fc, rows, warnings, notes, threshold_pct, alpha,
                       warmup, candidate_failed)
@@ -782,7 +813,10 @@ class RunSetComparison:
     def regressions(self) -> list[Row]:
         if self.on_runs:
             return [r for r in self.rows if r.gating and r.beyond_threshold]
-        return self.per_step.regressions if self.per_step else []
+        found = self.per_step.regressions if self.per_step else []
+        # A candidate run that diverged regresses whatever the basis (not only the first pair).
+        return found + [r for r in self.rows if r.diverged_step is not None
+                        and all(f.metric != r.metric for f in found)]
 
     @property
     def regressed(self) -> bool:
@@ -821,7 +855,8 @@ def compare_runs(base: list[RunRecord], cand: list[RunRecord], threshold_pct: fl
                  alpha: float = DEFAULT_ALPHA, warmup: int = DEFAULT_WARMUP) -> RunSetComparison:
     """Repeated runs of two branches: each figure tested on the per-run values."""
     bv = [run_values(figures(r, warmup)) for r in base]
-    cv = [run_values(figures(r, warmup)) for r in cand]
+    cand_figs = [figures(r, warmup) for r in cand]
+    cv = [run_values(f) for f in cand_figs]
     per_step = compare(base[0], cand[0], threshold_pct, alpha, warmup) if base and cand else None
     lb, lc = (per_step.base_label, per_step.cand_label) if per_step else ("base", "candidate")
     cmp = Comparator(threshold_pct, alpha)
@@ -833,6 +868,11 @@ def compare_runs(base: list[RunRecord], cand: list[RunRecord], threshold_pct: fl
         if row.verdict == "not tested" and (len(xb) < MIN_RUNS or len(xc) < MIN_RUNS):
             row.diff = row.diff.replace("too few samples", f"benchstat needs n >= {MIN_RUNS} runs per side")
         rows.append(row)
+    diverged = [f for f in cand_figs if f.diverged_step is not None]
+    if diverged:
+        loss_row = next(r for r in rows if r.metric == "Final loss")
+        mark_diverged(loss_row, min(diverged, key=lambda f: f.diverged_step or 0))
+        loss_row.diff += f" in {len(diverged)}/{len(cand)} candidate runs"
     return RunSetComparison(lb, lc, bv, cv, rows, per_step, threshold_pct, alpha)
 
 

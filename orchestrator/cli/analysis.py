@@ -7,6 +7,7 @@ the field, nothing written); 3 storage or cluster unreachable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from pathlib import Path
@@ -35,7 +36,9 @@ class Percent(click.ParamType):
 
 
 def _check_output(path: str | None) -> None:
-    """Refuse an output path we could not write before doing any work."""
+    """Refuse an output path we could not write before doing any work (the folder must
+    exist, be a folder and be writable as far as access(2) knows; what it cannot know, e.g.
+    /proc or /sys as root, :func:`_write` reports the same way). Nothing is created here."""
     if path is None or path == "-":
         return
     p = Path(path)
@@ -43,6 +46,14 @@ def _check_output(path: str | None) -> None:
         raise XrunError(f"--output: {path} is a folder; give a file name")
     if not p.parent.exists():
         raise XrunError(f"--output: folder {p.parent} does not exist")
+    if not p.parent.is_dir():
+        raise XrunError(f"--output: {p.parent} is not a folder, so {path} cannot be written")
+    if not os.access(p.parent, os.W_OK | os.X_OK):
+        raise XrunError(f"--output: cannot write {path}: Permission denied")
+
+
+def _tmp_name(p: Path) -> Path:
+    return p.with_name(f".{p.name}.tmp-{os.getpid()}")
 
 
 def _write(text: str, path: str | None) -> None:
@@ -50,9 +61,14 @@ def _write(text: str, path: str | None) -> None:
         click.echo(text, nl=False)
         return
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, p)
+    tmp = _tmp_name(p)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, p)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise XrunError(f"--output: cannot write {path}: {e.strerror or e}") from None
     click.echo(f"xrun: wrote {p}", err=True)
 
 

@@ -33,7 +33,7 @@ from orchestrator.runfile import parse_mount, parse_pairs, parse_toleration, spe
 from orchestrator.services import follow as following
 from orchestrator.services import logs as logs_service
 from orchestrator.services import runs
-from xrun_contract import RUN_STATES, SUCCEEDED
+from xrun_contract import RUN_STATES, SUCCEEDED, UNKNOWN
 from xrun_contract.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, XrunError
 
 VERBOSE = click.option("-v", "--verbose", is_flag=True,
@@ -103,6 +103,15 @@ def spec_from_options(opts: dict[str, Any]) -> RunSpec:
         env_pairs=tuple(opts.pop("env_pairs", ()) or ()),
         restartable_exit_codes=opts.pop("restartable_exit_codes", None),
     )
+
+
+def _warn_corrupt(storage: Any, name: str) -> None:
+    """One warning line per corrupt stored record of the run (status, logs, checkpoints and
+    list all say it, and all show the state as Unknown)."""
+    from orchestrator.readers.loaders import record_problems
+
+    for problem in record_problems(storage, name):
+        warn(f"run {name}: {problem}: state {UNKNOWN}")
 
 
 @click.command()
@@ -261,7 +270,9 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
       xrun status mt-07
       xrun status mt-07 -o json | jq .state
     """
-    view = runs.status(open_storage(storage), name, context, namespace, warn=warn)
+    st = open_storage(storage)
+    view = runs.status(st, name, context, namespace, warn=warn)
+    _warn_corrupt(st, name)
     if fmt == "table":
         Console(soft_wrap=True).print(render_table(view))
     else:
@@ -323,6 +334,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
         raise XrunError(f"--grep: {pattern!r} is not a regular expression: {e}") from None
     st = open_storage(storage)
     runs.run_info(st, name)
+    _warn_corrupt(st, name)
     logs_service.check_hosts(st, name, set(hosts) or None)
     backend = runs.backend_of(st, name)
     tty = Console().is_terminal
@@ -409,6 +421,7 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
     """
     st = open_storage(storage)
     items = [c.as_dict() for c in runs.checkpoints(st, name, sizes=sizes)]
+    _warn_corrupt(st, name)
     if fmt != "table":
         click.echo(dump(items, fmt), nl=False)
         return EXIT_OK
@@ -472,6 +485,9 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
     st = open_storage(storage)
     cluster = runs.backend_for("kube", st.root, context, namespace) if context else None
     items = runs.list_runs(st, cluster, where)
+    for r in items:
+        if r.get("state") == UNKNOWN and r.get("message"):
+            warn(f"run {r['name']}: {r['message']}: state {UNKNOWN}")
     if fmt in ("json", "yaml"):
         click.echo(dump(items, fmt), nl=False)
         return EXIT_OK

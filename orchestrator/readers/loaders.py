@@ -24,13 +24,14 @@ from orchestrator.readers.record import RunRecord, _maybe_json, format_params
 from xrun_contract import (
     ATTEMPT_RE,
     TERMINAL_STATES,
+    UNKNOWN,
     Env,
     Layout,
     check_run_name,
     records,
 )
 from xrun_contract.errors import XrunError
-from xrun_contract.storage import Storage, open_storage, read_chunks
+from xrun_contract.storage import Storage, file_kind, open_storage, read_chunks
 
 ALLOWED = "; give a run name, a run path <root>/runs/<name>, or a log or metrics file"
 
@@ -231,8 +232,8 @@ class StoredRun:
         self.found = False  # run.json or state.json exists
 
     def poll(self, metrics: bool = True) -> RunRecord:
-        run = self.storage.read_json(Layout.run_json(self.name))
-        state = self.storage.read_json(Layout.state(self.name))
+        run = self._record(Layout.run_json(self.name))
+        state = self._record(Layout.state(self.name))
         if run:
             apply_run_json(self.rec, run)
         if metrics:
@@ -248,8 +249,38 @@ class StoredRun:
                     self.rec, data.decode("utf-8", errors="replace").splitlines())
         if state:
             apply_state(self.rec, state)
-        self.found = self.found or run is not None or state is not None
+        self.found = self.found or run is not None or state is not None or bool(self.rec.problems)
+        if self.rec.problems:
+            mark_unknown(self.rec)
         return self.rec
+
+    def _record(self, key: str) -> dict[str, Any] | None:
+        """run.json or state.json, checked: a corrupt one is a problem of the record (its
+        state becomes UNKNOWN) until a later poll reads it whole."""
+        obj, why = self.storage.read_record(key)
+        problem = f"{self.storage.url(key)} is corrupt ({why})" if why else None
+        self.rec.problems = [p for p in self.rec.problems if not p.startswith(f"{self.storage.url(key)} ")]
+        if problem:
+            self.rec.problems.append(problem)
+        return obj
+
+
+def record_problems(storage: Storage, name: str) -> list[str]:
+    """'<file> is corrupt (<why>)' for each of the run's run.json and state.json that exists
+    but is not a whole JSON object (what status, list, logs and checkpoints all report)."""
+    out = []
+    for key in (Layout.run_json(name), Layout.state(name)):
+        _obj, why = storage.read_record(key)
+        if why:
+            out.append(f"{storage.url(key)} is corrupt ({why})")
+    return out
+
+
+def mark_unknown(rec: RunRecord) -> None:
+    """A run with a corrupt stored record: state UNKNOWN, the reason and the file as its
+    message (a state.json read earlier, or the metrics' end record, is not trusted)."""
+    rec.state = UNKNOWN
+    rec.state_info = {**rec.state_info, "message": "; ".join(rec.problems)}
 
 
 def read_stored_run(storage: Storage, name: str, metrics: bool = True) -> RunRecord:
@@ -264,6 +295,8 @@ def read_stored_run(storage: Storage, name: str, metrics: bool = True) -> RunRec
         found_logs = _read_stored_logs(storage, name, rec)
         if rec.state_info:
             apply_state(rec, rec.state_info)
+        if rec.problems:
+            mark_unknown(rec)
     if not reader.found and rec.steps.count == 0 and not found_logs:
         raise XrunError(f"run: nothing stored for {name!r} under {storage.root}")
     if rec.process_id is None and rec.kind == "storage" and rec.versions.get("process_id") is None:
@@ -353,13 +386,18 @@ def load_run(arg: str, storage_root: str | None = None, what: str = "run") -> Ru
             rec = read_stored_run(_FolderRun(path), path.resolve().name)
             rec.source = str(path)
             return _checked(rec, what, arg)
+        if path.exists():  # a device, FIFO or socket: reading it would never end or block
+            kind = file_kind(path.stat().st_mode)
+            raise XrunError(f"{what}: {arg} is {kind}, not a regular file" if kind.startswith("a ")
+                            else f"{what}: {arg} is not a regular file or a run folder")
         if "/" in arg or arg.endswith((".log", ".txt", ".jsonl", ".gz")):
             raise XrunError(f"{what}: no such file or folder: {arg}{ALLOWED}")
         if storage_root is None:
             raise XrunError(f"{what}: {arg!r} is not a file; give --storage to read run names")
         check_run_name(arg, what)
         storage = open_storage(storage_root)
-        if storage.read_json(Layout.run_json(arg)) is None and storage.read_json(Layout.state(arg)) is None:
+        if (storage.read_record(Layout.run_json(arg)) == (None, None)
+                and storage.read_record(Layout.state(arg)) == (None, None)):
             raise XrunError(f"{what}: no run named {arg!r} under {storage.root} (see 'xrun list'), "
                               "and no such file")
         return _checked(read_stored_run(storage, arg), what, arg)

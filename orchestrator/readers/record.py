@@ -184,6 +184,9 @@ class RunRecord:
     state_info: dict[str, Any] = field(default_factory=dict)
     # The latest startup "phase" record (phase, activity, step, seconds, attempt, time).
     phase: dict[str, Any] | None = None
+    # Stored records that exist but cannot be read (a corrupt run.json or state.json), each
+    # "<file> is corrupt (<why>)": the run's state is then UNKNOWN, whatever else says.
+    problems: list[str] = field(default_factory=list)
 
     # -- identity -------------------------------------------------------------------
     @property

@@ -19,6 +19,7 @@ from xrun_contract import (
     RESTARTING,
     RUNNING,
     SUCCEEDED,
+    UNKNOWN,
     Layout,
     is_terminal,
 )
@@ -42,7 +43,7 @@ def progress(rec: RunRecord) -> dict[str, Any]:
     if tok == tok:  # not NaN
         out["tokens_per_s"] = tok * (rec.devices or 1)
     state = rec.state
-    if rec.total_steps and out["step_seconds"] and not is_terminal(state):
+    if rec.total_steps and out["step_seconds"] and not is_terminal(state) and state != UNKNOWN:
         out["eta_seconds"] = max(0, rec.total_steps - out["step"]) * out["step_seconds"]
     return out
 
@@ -52,7 +53,7 @@ def phase(rec: RunRecord, state: str, restarts: int, hosts: list[dict[str, Any]]
     """What the run is doing now, in words: scheduling / starting / the workload's startup
     activity (``PHASE_ACTIVITY``: initializing distributed, restoring step N, compiling) /
     training / checkpointing / restarting attempt K; the state itself once it ended."""
-    if is_terminal(state):
+    if is_terminal(state) or state == UNKNOWN:
         return state.lower()
     if state == RESTARTING:
         return f"restarting attempt {restarts}"
@@ -122,6 +123,8 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         restarts, message = rec.restarts, str(state_info.get("message", ""))
         hosts = [{"host": h, **v} for h, v in sorted((state_info.get("hosts") or {}).items())]
         events = []
+    if rec.problems:  # a corrupt run.json or state.json: what list, logs, checkpoints say too
+        current, message = UNKNOWN, "; ".join(rec.problems)
     rec.state = current  # the ETA and goodput read the state as shown
     for h in hosts:
         h["reason"] = host_reason(h)

@@ -283,6 +283,8 @@ def _trends(cfg: NightlyConfig, past: list[dict[str, Any]]) -> list[dict[str, An
 
 
 def _delta(row: Any, on_runs: bool = True) -> str:
+    if getattr(row, "diverged_step", None) is not None:
+        return f"{row.metric}: diverged (loss not finite from step {row.diverged_step})"
     basis = "runs" if on_runs else "steps"
     return (f"{row.metric} {row.delta_pct:+.1f}% ({basis} p={row.p_value:.3g})"
             if row.delta_pct is not None and row.p_value is not None else row.metric)

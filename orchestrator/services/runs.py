@@ -82,8 +82,8 @@ def run_info(storage: Storage, name: str) -> dict[str, Any]:
     """run.json of a stored run; a name with nothing stored is bad input, and a name that is
     not a run name (a path, '..') is refused before any key is built from it."""
     check_run_name(name)
-    run = _read(storage, Layout.run_json(name))
-    if run is None and _read(storage, Layout.state(name)) is None:
+    run, run_problem = _read_record(storage, Layout.run_json(name))
+    if run is None and not run_problem and _read_record(storage, Layout.state(name)) == (None, None):
         raise XrunError(f"run: no run named {name!r} under {storage.root} (see 'xrun list')")
     return run or {}
 
@@ -96,6 +96,15 @@ def backend_of(storage: Storage, name: str, context: str | None = None,
     ctx = context if context is not None else run.get("context", "")
     ns = namespace or run.get("namespace") or None
     return backend_for(kind, storage.root, ctx, ns)
+
+
+def _read_record(storage: Storage, key: str) -> tuple[dict[str, Any] | None, str | None]:
+    try:
+        return storage.read_record(key)
+    except XrunError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any client error here means storage is unreachable
+        raise XrunError(f"storage: cannot read {storage.url(key)}: {e}", EXIT_UNREACHABLE) from None
 
 
 def _read(storage: Storage, key: str) -> dict[str, Any] | None:
@@ -159,6 +168,9 @@ def render(spec: RunSpec) -> dict[str, Any]:
     check_workload_args(spec)
     manifest = jobset(spec)
     admit(manifest)
+    from manifests import limits
+
+    limits.check(manifest, set(spec.env))  # E2BIG and etcd's request limit: exit 2, not a crash loop
     return manifest
 
 
@@ -483,6 +495,7 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
             "total_steps": r.total_steps,
             "loss": r.steps.loss[-1] if last else None,
             "labels": run_labels(r.spec, r.name),
+            **({"message": "; ".join(r.problems)} if r.problems else {}),
         })
     if cluster is not None:
         by_name = {r["name"]: r for r in runs}
