@@ -34,7 +34,6 @@ from manifests.k8s_names import (
     is_dns1035_label,
     is_dns1123_label,
     is_dns1123_subdomain,
-    is_env_var_name,
     is_qualified_name,
     is_valid_label_value,
     is_valid_port_name,
@@ -142,8 +141,9 @@ def default(obj: dict[str, Any]) -> dict[str, Any]:
     CRD structural defaults (apiextensions-apiserver applies the schema's ``default:``
     values; jobset_types.go ``+kubebuilder:default`` markers): failurePolicy.restartStrategy
     Recreate, replicatedJobs[].groupName "default" and replicas 1, container ports' protocol
-    TCP, empty names of env key refs. Then the JobSet mutating webhook (jobset_webhook.go:
-    Default): successPolicy {operator: All}, startupPolicy {startupPolicyOrder: AnyOrder},
+    TCP, empty names of env key refs; a volume without a source becomes an emptyDir (core/v1
+    defaults.go SetDefaults_Volume, applied when the Job is decoded). Then the JobSet
+    mutating webhook (jobset_webhook.go: Default): successPolicy {operator: All}, startupPolicy {startupPolicyOrder: AnyOrder},
     each Job's completionMode Indexed and pod restartPolicy OnFailure when unset,
     network.enableDNSHostnames and publishNotReadyAddresses true, failure policy rule names
     failurePolicyRule<i> when empty, volumeClaimPolicies retentionPolicy Delete. Job fields
@@ -162,6 +162,13 @@ def default(obj: dict[str, Any]) -> dict[str, Any]:
         rj.setdefault("groupName", "default")
         rj.setdefault("replicas", 1)
         pod = _pod_spec(rj)
+        for vol in _list(pod.get("volumes")):
+            # core/v1 defaults.go SetDefaults_Volume (applied when the Job is decoded): a
+            # volume without a source is an emptyDir.
+            if isinstance(vol, dict) and all(v is None for k, v in vol.items() if k != "name"):
+                for k in [k for k in vol if k != "name"]:
+                    del vol[k]
+                vol["emptyDir"] = {}
         for ctr in _containers(pod):
             for port in _list(ctr.get("ports")):
                 if isinstance(port, dict):
@@ -919,29 +926,57 @@ def containers(obj: dict[str, Any]) -> list[Violation]:
 
 
 def container_restart_policy(obj: dict[str, Any]) -> list[Violation]:
-    """core validation.go: validateInitContainers / validateInitContainerRestartPolicy: an init
-    container's restartPolicy, when set, is Always (a native sidecar; Never and OnFailure need
-    the alpha ContainerRestartRules gate); validateContainers: a regular container's
-    restartPolicy is Forbidden ("may not be set for non-init containers")."""
-    out = []
-    for pod, base in _pod_specs(obj):
-        for i, ctr in enumerate(_list(pod.get("initContainers"))):
-            policy = _dict(ctr).get("restartPolicy")
-            if policy is not None and policy != "Always":
-                out.append(_job_rule(f"{base}.initContainers[{i}].restartPolicy", "container-restart-policy",
-                                     f"{json.dumps(policy)} is not Always", "validateInitContainerRestartPolicy",
-                                     NOT_SUPPORTED, policy, 'supported values: "Always"'))
-        for i, ctr in enumerate(_list(pod.get("containers"))):
-            if _dict(ctr).get("restartPolicy") is not None:
-                out.append(_job_rule(f"{base}.containers[{i}].restartPolicy", "container-restart-policy",
-                                     "may not be set for non-init containers", "validateContainers", FORBIDDEN,
-                                     detail="may not be set for non-init containers"))
+    """core validation.go: validateContainerRestartPolicy, as Kubernetes 1.36 applies it to
+    every container (validateContainers, and validateInitContainerRestartPolicy for init
+    containers) with ContainerRestartRules (beta, on since 1.35) and
+    RestartAllContainersOnContainerExits (beta, on since 1.36) default-on
+    (pkg/features/kube_features.go): restartPolicy, when set, Always, Never or OnFailure;
+    restartPolicyRules need a restartPolicy, at most 20, each with action Restart or
+    RestartAllContainers and exitCodes (operator In or NotIn, at most 255 values)."""
+    out, func = [], "validateContainerRestartPolicy"
+    policies = ("Always", "Never", "OnFailure")
+    for ctr, base, _ in _all_containers(obj):
+        policy, rules = ctr.get("restartPolicy"), _list(ctr.get("restartPolicyRules"))
+        if policy is None:
+            if rules:
+                out.append(_job_rule(f"{base}.restartPolicy", "container-restart-policy",
+                                     "required with restartPolicyRules", func, REQUIRED,
+                                     detail="must specify restartPolicy when restart rules are used"))
+        elif policy not in policies:
+            out.append(_job_rule(f"{base}.restartPolicy", "container-restart-policy",
+                                 f"{json.dumps(policy)} is not Always, Never or OnFailure", func, NOT_SUPPORTED,
+                                 policy, 'supported values: "Always", "Never", "OnFailure"'))
+        if len(rules) > 20:
+            out.append(_job_rule(f"{base}.restartPolicyRules", "container-restart-rules", f"{len(rules)} rules; at most 20",
+                                 func, TOO_MANY, len(rules), "must have at most 20 items"))
+        for i, rule in enumerate(rules):
+            rule, rpath = _dict(rule), f"{base}.restartPolicyRules[{i}]"
+            action = rule.get("action", "")
+            if action not in ("Restart", "RestartAllContainers"):
+                out.append(_job_rule(f"{rpath}.action", "container-restart-rules",
+                                     f"{json.dumps(action)} is not Restart or RestartAllContainers", func,
+                                     NOT_SUPPORTED, action, 'supported values: "Restart", "RestartAllContainers"'))
+            codes = rule.get("exitCodes")
+            if not isinstance(codes, dict):
+                out.append(_job_rule(f"{rpath}.exitCodes", "container-restart-rules", "required", func, REQUIRED,
+                                     detail="must be specified"))
+                continue
+            op = codes.get("operator", "")
+            if op not in ("In", "NotIn"):
+                out.append(_job_rule(f"{rpath}.exitCodes.operator", "container-restart-rules",
+                                     f"{json.dumps(op)} is not In or NotIn", func, NOT_SUPPORTED, op,
+                                     'supported values: "In", "NotIn"'))
+            if len(_list(codes.get("values"))) > 255:
+                n = len(codes["values"])
+                out.append(_job_rule(f"{rpath}.exitCodes.values", "container-restart-rules", f"{n} values; at most 255",
+                                     func, TOO_MANY, n, "must have at most 255 items"))
     return out
 
 
 def env_vars(obj: dict[str, Any]) -> list[Violation]:
-    """core validation.go: ValidateEnv: names required and valid (validation.go IsEnvVarName,
-    the rule without RelaxedEnvironmentVariableValidation); validateEnvVarValueFrom: value
+    """core validation.go: ValidateEnv: names required and, with
+    RelaxedEnvironmentVariableValidation (GA and locked on since 1.34), printable ASCII
+    without '=' (apimachinery validation.go IsRelaxedEnvVarName); validateEnvVarValueFrom: value
     and valueFrom exclusive, exactly one source, fieldRef paths the Downward API supports
     (validateObjectFieldSelector: metadata.labels/annotations subscripts must be qualified names)."""
     out = []
@@ -952,7 +987,8 @@ def env_vars(obj: dict[str, Any]) -> list[Violation]:
             if not name:
                 out.append(_job_rule(f"{path}.name", "env-name", "required", "ValidateEnv", REQUIRED))
             else:
-                for m in is_env_var_name(str(name)):
+                if any(not " " <= ch <= "~" or ch == "=" for ch in str(name)):
+                    m = "a valid environment variable name must consist only of printable ASCII characters other than '='"
                     out.append(_job_rule(f"{path}.name", "env-name", f"{json.dumps(name)} {m}", "ValidateEnv",
                                          INVALID, name, m))
             vf = env.get("valueFrom")
@@ -1056,7 +1092,8 @@ def host_network_ports(obj: dict[str, Any]) -> list[Violation]:
 
 def volumes(obj: dict[str, Any]) -> list[Violation]:
     """core validation.go: ValidateVolumes: names required, DNS-1123 labels, unique;
-    validateVolumeSource: exactly one volume type."""
+    validateVolumeSource: at most one volume type (none is defaulted to an emptyDir by
+    core/v1 defaults.go SetDefaults_Volume: see ``default``)."""
     out = []
     for pod, base in _pod_specs(obj):
         seen: set[Any] = set()
@@ -1073,11 +1110,8 @@ def volumes(obj: dict[str, Any]) -> list[Violation]:
                     out.append(_job_rule(f"{path}.name", "volume-name-unique", f"duplicate volume {json.dumps(name)}",
                                          "ValidateVolumes", DUPLICATE, name))
                 seen.add(name)
-            sources = [k for k in vol if k != "name"]
-            if not sources:
-                out.append(_job_rule(path, "volume-source", "must specify a volume type", "validateVolumeSource",
-                                     REQUIRED, detail="must specify a volume type"))
-            elif len(sources) > 1:
+            sources = [k for k, v in vol.items() if k != "name" and v is not None]
+            if len(sources) > 1:
                 out.append(_job_rule(f"{path}.{sources[1]}", "volume-source", "may not specify more than 1 volume type",
                                      "validateVolumeSource", FORBIDDEN, detail="may not specify more than 1 volume type"))
     return out
