@@ -1,11 +1,15 @@
 """Offline admission: what a real cluster would refuse in a rendered JobSet, before it is sent.
 
-Pure (dict in, violations out; no I/O, clients or env). Three layers, as a cluster applies them:
+Pure (dict in, violations out; no I/O, clients or env). Four layers, as a cluster applies them:
 
 * ``apiserver``: kube-apiserver on the JobSet itself: object metadata
   (apimachinery ``pkg/api/validation/objectmeta.go``) and the JobSet CRD's OpenAPI schema
   (enums, minimums, list-map keys, CEL rules from ``api/jobset/v1alpha2/jobset_types.go``).
   A real server answers 422 Invalid.
+* ``mutating``: JobSet's mutating webhook ``mjobset.kb.io`` failing to decode the JobSet into
+  its Go types (an int32 field out of range, a value that is no resource quantity). It runs
+  first and answers 400 with the bare error text, prefixed ``admission webhook
+  "mjobset.kb.io" denied the request:``; nothing else is checked.
 * ``webhook``: JobSet's validating webhook ``vjobset.kb.io`` (kubernetes-sigs/jobset v0.12
   ``pkg/webhooks/jobset_webhook.go`` ``ValidateCreate``); v0.12 answers 422 Invalid too, the
   message prefixed ``admission webhook "vjobset.kb.io" denied the request:``.
@@ -30,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from manifests.k8s_names import (
-    QUANTITY_FMT,
     is_dns1035_label,
     is_dns1123_label,
     is_dns1123_subdomain,
@@ -42,6 +45,10 @@ from manifests.k8s_names import (
 )
 
 APISERVER, WEBHOOK, JOB = "apiserver", "webhook", "job"
+# JobSet's mutating webhook (mjobset.kb.io) failing to decode the object into its Go types
+# (encoding/json, resource.Quantity): controller-runtime answers admission.Errored (400) with
+# the bare error text, before the schema or any validating webhook sees the object.
+MUTATING = "mutating"
 # JobSet's webhook registrations (kubernetes-sigs/jobset config/components/webhook/manifests.yaml),
 # the names kube-apiserver quotes in "admission webhook %q denied the request".
 MUTATING_WEBHOOK = "mjobset.kb.io"
@@ -101,7 +108,10 @@ class Violation:
         return f"{text}: {self.detail}" if self.detail else text
 
     def upstream_error(self) -> str:
-        """field.Error.Error: ``<field>: <body>``."""
+        """field.Error.Error: ``<field>: <body>``; a decode failure of the mutating webhook is
+        no field error, only its text (``detail``)."""
+        if self.layer == MUTATING:
+            return self.detail
         return f"{self.upstream_field}: {self.error_body()}"
 
 
@@ -433,9 +443,28 @@ def startup_policy_excludes_depends_on(obj: dict[str, Any]) -> list[Violation]:
     return []
 
 
+# apimachinery pkg/api/resource/quantity.go: splitREString, and the errors ParseQuantity returns.
+_QUANTITY_SPLIT = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+_QUANTITY_SUFFIX = r"(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][-+]?[0-9]+)?"
+
+
+def _quantity_error(value: Any) -> str:
+    """The error resource.Quantity's UnmarshalJSON returns for a value ParseQuantity refuses:
+    ErrFormatWrong when it is not number-then-suffix, ErrSuffix for an unknown suffix,
+    ErrNumeric otherwise."""
+    m = re.fullmatch(_QUANTITY_SPLIT, str(value))
+    if not m:
+        return f"quantities must match the regular expression '{_QUANTITY_SPLIT}'"
+    if not re.fullmatch(_QUANTITY_SUFFIX, m[2]):
+        return "unable to parse quantity's suffix"
+    return "unable to parse numeric part of quantity"
+
+
 def resource_quantity_format(obj: dict[str, Any]) -> list[Violation]:
-    """The CRD schema's Quantity pattern on every resources.requests/limits value
-    (controller-gen's schema for resource.Quantity; apimachinery quantity.go: ParseQuantity)."""
+    """apimachinery quantity.go: ParseQuantity, through Quantity.UnmarshalJSON when JobSet's
+    mutating webhook (mjobset.kb.io) decodes the JobSet: a requests/limits value that is no
+    quantity fails the decode, and the webhook's answer is that error alone (no field), before
+    the CRD schema's Quantity pattern is reached."""
     out = []
     for ctr, base, _ in _all_containers(obj):
         res = _dict(ctr.get("resources"))
@@ -445,8 +474,65 @@ def resource_quantity_format(obj: dict[str, Any]) -> list[Violation]:
                     path = f"{base}.resources.{kind}[{name}]"
                     out.append(Violation(path, "quantity-format", f"{json.dumps(value)} is not a resource quantity",
                                          "kubernetes/apimachinery pkg/api/resource/quantity.go:ParseQuantity",
-                                         APISERVER, INVALID, value,
-                                         f"{path} in body should match '{QUANTITY_FMT}'"))
+                                         MUTATING, INTERNAL, value, _quantity_error(value), "<nil>"))
+    return out
+
+
+# The int32 fields of the JobSet and of the Job and pod templates it embeds, by JSON path
+# without list indices, with the Go struct that holds each (jobset_types.go; k8s.io/api
+# batch/v1 and core/v1 types.go). Paths relative to a Job spec / pod spec / container are
+# joined below.
+_JOBSET_INT32 = {"spec.ttlSecondsAfterFinished": "JobSetSpec", "spec.failurePolicy.maxRestarts": "FailurePolicy",
+                 "spec.replicatedJobs.replicas": "ReplicatedJob"}
+_JOB_INT32 = {"parallelism": "JobSpec", "completions": "JobSpec", "backoffLimit": "JobSpec",
+              "backoffLimitPerIndex": "JobSpec", "maxFailedIndexes": "JobSpec", "ttlSecondsAfterFinished": "JobSpec",
+              "podFailurePolicy.rules.onExitCodes.values": "PodFailurePolicyOnExitCodesRequirement",
+              "successPolicy.rules.succeededCount": "SuccessPolicyRule"}
+_POD_INT32 = {"priority": "PodSpec",
+              "topologySpreadConstraints.maxSkew": "TopologySpreadConstraint",
+              "topologySpreadConstraints.minDomains": "TopologySpreadConstraint",
+              "volumes.secret.defaultMode": "SecretVolumeSource", "volumes.secret.items.mode": "KeyToPath",
+              "volumes.configMap.defaultMode": "ConfigMapVolumeSource", "volumes.configMap.items.mode": "KeyToPath",
+              "volumes.projected.defaultMode": "ProjectedVolumeSource",
+              "volumes.downwardAPI.defaultMode": "DownwardAPIVolumeSource",
+              "volumes.downwardAPI.items.mode": "DownwardAPIVolumeFile"}
+_CONTAINER_INT32 = {"ports.containerPort": "ContainerPort", "ports.hostPort": "ContainerPort",
+                    "restartPolicyRules.exitCodes.values": "ContainerRestartRuleOnExitCodes",
+                    **{f"{probe}.{key}": "Probe" for probe in ("livenessProbe", "readinessProbe", "startupProbe")
+                       for key in ("initialDelaySeconds", "timeoutSeconds", "periodSeconds", "successThreshold",
+                                   "failureThreshold")}}
+_POD_PATH = "spec.replicatedJobs.template.spec.template.spec"
+_INT32_FIELDS = {**_JOBSET_INT32, **{f"spec.replicatedJobs.template.spec.{k}": v for k, v in _JOB_INT32.items()},
+                 **{f"{_POD_PATH}.{k}": v for k, v in _POD_INT32.items()},
+                 **{f"{_POD_PATH}.{kind}.{k}": v for kind in ("containers", "initContainers")
+                    for k, v in _CONTAINER_INT32.items()}}
+
+
+_CR_DEFAULTER = "kubernetes-sigs/controller-runtime pkg/webhook/admission/defaulter_custom.go:Handle"
+
+
+def int32_fields(obj: dict[str, Any]) -> list[Violation]:
+    """encoding/json (Go's decode.go: UnmarshalTypeError) when JobSet's mutating webhook
+    (mjobset.kb.io; controller-runtime defaulter_custom.go Handle, which answers a decode
+    error with Errored(400)) decodes the JobSet into jobset_types.go: a number outside an int32 field's range fails the decode, and the
+    webhook answers that error alone (``json: cannot unmarshal number N into Go struct field
+    <Struct>.<json path> of type int32``), before any schema or validating rule."""
+    out = []
+
+    def walk(value: Any, dotted: str, path: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{dotted}.{k}" if dotted else str(k), f"{path}.{k}" if path else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, dotted, f"{path}[{i}]")
+        elif dotted in _INT32_FIELDS and _int(value) is not None and not -2**31 <= value < 2**31:
+            text = (f"json: cannot unmarshal number {value} into Go struct field "
+                    f"{_INT32_FIELDS[dotted]}.{dotted} of type int32")
+            out.append(Violation(path, "int32-range", f"{value} does not fit an int32", _CR_DEFAULTER,
+                                 MUTATING, INTERNAL, value, text, "<nil>"))
+
+    walk(obj, "", "")
     return out
 
 
@@ -663,6 +749,8 @@ def replicas_times_parallelism(obj: dict[str, Any]) -> list[Violation]:
     for _, rj, base in _rjobs(obj):
         par = _int(_dict(_dict(rj.get("template")).get("spec")).get("parallelism"))
         reps = _int(rj.get("replicas")) or 1
+        if not all(-2**31 <= n < 2**31 for n in (reps, 1 if par is None else par)):
+            continue  # the mutating webhook's decode refuses it first (int32_fields)
         if (1 if par is None else par) * reps > 2**31 - 1:
             out.append(_plain(f"{base}.replicas", "replicas-parallelism",
                               f"the product of replicas and parallelism must not exceed 2147483647 for "
@@ -1307,7 +1395,7 @@ def pod_spec_fields(obj: dict[str, Any]) -> list[Violation]:
 RULES: tuple[Callable[[dict[str, Any]], list[Violation]], ...] = (
     # apiserver on the JobSet
     jobset_name, labels, annotation_keys, schema_enums, replicated_job_names_unique, schema_minimums,
-    startup_policy_excludes_depends_on, resource_quantity_format,
+    startup_policy_excludes_depends_on, resource_quantity_format, int32_fields,
     # JobSet validating webhook
     feature_gates, managed_by, network_subdomain, group_names, job_names, pod_names, replicas_times_parallelism, depends_on,
     success_policy_targets, failure_policy_rule_names, failure_policy_targets, failure_policy_reasons,

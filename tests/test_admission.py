@@ -140,8 +140,12 @@ CASES: list[tuple[str, Break, str, bool]] = [
     ("startup-policy-depends-on", lambda o: (o["spec"].update(startupPolicy={"startupPolicyOrder": "InOrder"}),
                                              second_rjob(o, dependsOn=[{"name": "slice", "status": "Ready"}])),
      "spec", True),
+    # JobSet's mutating webhook failing to decode the JobSet
     ("quantity-format", lambda o: ctr(o)["resources"]["limits"].update({"google.com/tpu": "four"}),
      f"{C0}.resources.limits[google.com/tpu]", True),
+    ("int32-range", lambda o: o["spec"]["failurePolicy"].update(maxRestarts=2**31), "spec.failurePolicy.maxRestarts",
+     True),
+    ("int32-range", lambda o: on_exit(o)["values"].append(2**32), f"{PFP}.onExitCodes.values[3]", True),
     # JobSet validating webhook
     ("failure-rule-name", lambda o: rule0(o).update(name="fail-on-user-error"), "spec.failurePolicy.rules[0].name", True),
     ("failure-rule-name-length", lambda o: rule0(o).update(name="A" * 129), "spec.failurePolicy.rules[0].name", True),
@@ -163,7 +167,8 @@ CASES: list[tuple[str, Break, str, bool]] = [
     ("coordinator-label", lambda o: rename(with_coordinator(o), "c" * 27), "spec.coordinator", True),
     ("coordinator", lambda o: with_coordinator(o)["spec"]["coordinator"].update(podIndex=99),
      "spec.coordinator.podIndex", True),
-    ("replicas-parallelism", lambda o: o["spec"]["replicatedJobs"][0].update(replicas=2**31), f"{RJ0}.replicas", True),
+    ("replicas-parallelism", lambda o: (o["spec"]["replicatedJobs"][0].update(replicas=2**16),
+                                        job(o).update(parallelism=2**16)), f"{RJ0}.replicas", True),
     ("depends-on-first", lambda o: o["spec"]["replicatedJobs"][0].update(dependsOn=[{"name": "slice", "status": "Ready"}]),
      f"{RJ0}.dependsOn", True),
     ("depends-on-order", lambda o: second_rjob(o, dependsOn=[{"name": "ghost", "status": "Ready"}]),

@@ -103,6 +103,20 @@ def test_apiserver_and_job_rules_come_back_as_invalid_with_the_field(api, kubeco
     assert api.jobsets == {}
 
 
+def test_what_the_mutating_webhook_cannot_decode_comes_back_as_its_400(api, kubeconfig):
+    """JobSet's mutating webhook decodes the JobSet first: an int32 overflow is its decode
+    error alone, 400 BadRequest with no field, as the real server answers."""
+    body = manifest("huge")
+    body["spec"]["replicatedJobs"][0]["replicas"] = 2**31
+    e = raw_create(kubeconfig, body)
+    status = json.loads(e.body)
+    assert (e.status, status["reason"]) == (400, "BadRequest")
+    assert status["message"] == (
+        'admission webhook "mjobset.kb.io" denied the request: json: cannot unmarshal number 2147483648 into Go '
+        "struct field ReplicatedJob.spec.replicatedJobs.replicas of type int32")
+    assert api.jobsets == {}
+
+
 def test_an_admitted_jobset_is_stored_defaulted(api, kubeconfig):
     body = manifest("good")
     KubeBackend(None, "default", kubeconfig, poll_seconds=0.05, watch_timeout_seconds=1).submit(body)
