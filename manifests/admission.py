@@ -380,24 +380,30 @@ def _enum(value: Any, allowed: tuple[str, ...], path: str, rule: str, src: str) 
 def schema_enums(obj: dict[str, Any]) -> list[Violation]:
     """jobset_types.go ``+kubebuilder:validation:Enum`` markers, enforced by the CRD schema:
     successPolicy.operator, startupPolicy.startupPolicyOrder, failurePolicy.restartStrategy,
-    failure rule actions, dependsOn status."""
+    failure rule actions, dependsOn status. The four without a default are Go fields without
+    ``omitempty`` (``json:"operator"``, ``json:"startupPolicyOrder"``, ``json:"action"``,
+    ``json:"status"``; the CRD's ``required:`` lists them): the mutating webhook decodes the
+    JobSet and patches it back, so an absent one reaches the schema as "" and the enum
+    refuses it."""
     spec = _dict(obj.get("spec"))
     out = []
-    out += _enum(_dict(spec.get("successPolicy")).get("operator"), ("All", "Any"),
-                 "spec.successPolicy.operator", "success-policy-operator", f"{JS_TYPES}:SuccessPolicy")
-    out += _enum(_dict(spec.get("startupPolicy")).get("startupPolicyOrder"), ("AnyOrder", "InOrder"),
-                 "spec.startupPolicy.startupPolicyOrder", "startup-policy-order", f"{JS_TYPES}:StartupPolicy")
+    if isinstance(spec.get("successPolicy"), dict):
+        out += _enum(spec["successPolicy"].get("operator", ""), ("All", "Any"),
+                     "spec.successPolicy.operator", "success-policy-operator", f"{JS_TYPES}:SuccessPolicy")
+    if isinstance(spec.get("startupPolicy"), dict):
+        out += _enum(spec["startupPolicy"].get("startupPolicyOrder", ""), ("AnyOrder", "InOrder"),
+                     "spec.startupPolicy.startupPolicyOrder", "startup-policy-order", f"{JS_TYPES}:StartupPolicy")
     fp = _dict(spec.get("failurePolicy"))
     out += _enum(fp.get("restartStrategy"), ("Recreate", "BlockingRecreate", "InPlaceRestart"),
                  "spec.failurePolicy.restartStrategy", "restart-strategy", f"{JS_TYPES}:JobSetRestartStrategy")
     actions = ("FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts", "RestartJob",
                "RestartJobAndIgnoreMaxRestarts")
     for i, rule in enumerate(_list(fp.get("rules"))):
-        out += _enum(_dict(rule).get("action"), actions, f"spec.failurePolicy.rules[{i}].action",
+        out += _enum(_dict(rule).get("action", ""), actions, f"spec.failurePolicy.rules[{i}].action",
                      "failure-rule-action", f"{JS_TYPES}:FailurePolicyRule")
     for _, rj, base in _rjobs(obj):
         for j, dep in enumerate(_list(rj.get("dependsOn"))):
-            out += _enum(_dict(dep).get("status"), ("Ready", "Complete"), f"{base}.dependsOn[{j}].status",
+            out += _enum(_dict(dep).get("status", ""), ("Ready", "Complete"), f"{base}.dependsOn[{j}].status",
                          "depends-on-status", f"{JS_TYPES}:DependsOn")
     return out
 
