@@ -583,6 +583,26 @@ def feature_gates(obj: dict[str, Any]) -> list[Violation]:
     return out
 
 
+def kueue_queue_name(obj: dict[str, Any]) -> list[Violation]:
+    """kubernetes-sigs/kueue pkg/controller/jobframework/validation.go: ValidateQueueName
+    (ValidateLabelAsCRDName), from Kueue's JobSet validating webhook (also named
+    vjobset.kb.io; pkg/controller/jobs/jobset/jobset_webhook.go validateCreate): the JobSet's
+    ``kueue.x-k8s.io/queue-name`` label, when present, names a LocalQueue, so it must be a
+    DNS-1123 subdomain (an empty value is a valid label value but no queue)."""
+    key = "kueue.x-k8s.io/queue-name"
+    labels = _dict(_dict(obj.get("metadata")).get("labels"))
+    if key not in labels:
+        return []
+    value = labels[key]
+    errs = is_dns1123_subdomain(str(value))
+    if not errs:
+        return []
+    path = f"metadata.labels[{key}]"
+    return [Violation(path, "kueue-queue-name", f"{json.dumps(value)} names no LocalQueue: {errs[0]}",
+                      "kubernetes-sigs/kueue pkg/controller/jobframework/validation.go:ValidateLabelAsCRDName",
+                      WEBHOOK, INVALID, value, ",".join(errs))]
+
+
 def managed_by(obj: dict[str, Any]) -> list[Violation]:
     """jobset_webhook.go: ValidateCreate: spec.managedBy is a domain-prefixed path
     (validation.go IsDomainPrefixedPath) of at most 63 characters."""
@@ -1403,7 +1423,7 @@ RULES: tuple[Callable[[dict[str, Any]], list[Violation]], ...] = (
     jobset_name, labels, annotation_keys, schema_enums, replicated_job_names_unique, schema_minimums,
     startup_policy_excludes_depends_on, resource_quantity_format, int32_fields,
     # JobSet validating webhook
-    feature_gates, managed_by, network_subdomain, group_names, job_names, pod_names, replicas_times_parallelism, depends_on,
+    feature_gates, kueue_queue_name, managed_by, network_subdomain, group_names, job_names, pod_names, replicas_times_parallelism, depends_on,
     success_policy_targets, failure_policy_rule_names, failure_policy_targets, failure_policy_reasons,
     coordinator, coordinator_label,
     # kube-apiserver on the child Jobs and pods

@@ -184,6 +184,9 @@ CASES: list[tuple[str, Break, str, bool]] = [
     ("feature-gate", lambda o: (rule0(o).update(action="RestartJob", name="bad-name")),
      "spec.failurePolicy.rules[0].action", True),  # the gate error alone, as upstream returns early
     ("managed-by", lambda o: o["spec"].update(managedBy="kueue"), "spec.managedBy", True),
+    # Kueue's validating webhook
+    ("kueue-queue-name", lambda o: o["metadata"]["labels"].update({"kueue.x-k8s.io/queue-name": ""}),
+     "metadata.labels[kueue.x-k8s.io/queue-name]", True),
     # kube-apiserver on the Jobs and pods
     ("job-nonnegative", lambda o: job(o).update(backoffLimit=-1), f"{RJ0}.template.spec.backoffLimit", True),
     ("job-completion-mode", lambda o: job(o).update(completionMode="Sequential"), f"{RJ0}.template.spec.completionMode",
