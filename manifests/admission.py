@@ -1,11 +1,15 @@
 """Offline admission: what a real cluster would refuse in a rendered JobSet, before it is sent.
 
-Pure (dict in, violations out; no I/O, clients or env). Three layers, as a cluster applies them:
+Pure (dict in, violations out; no I/O, clients or env). Four layers, as a cluster applies them:
 
 * ``apiserver``: kube-apiserver on the JobSet itself: object metadata
   (apimachinery ``pkg/api/validation/objectmeta.go``) and the JobSet CRD's OpenAPI schema
   (enums, minimums, list-map keys, CEL rules from ``api/jobset/v1alpha2/jobset_types.go``).
   A real server answers 422 Invalid.
+* ``mutating``: JobSet's mutating webhook ``mjobset.kb.io`` failing to decode the JobSet into
+  its Go types (an int32 field out of range, a value that is no resource quantity). It runs
+  first and answers 400 with the bare error text, prefixed ``admission webhook
+  "mjobset.kb.io" denied the request:``; nothing else is checked.
 * ``webhook``: JobSet's validating webhook ``vjobset.kb.io`` (kubernetes-sigs/jobset v0.12
   ``pkg/webhooks/jobset_webhook.go`` ``ValidateCreate``); v0.12 answers 422 Invalid too, the
   message prefixed ``admission webhook "vjobset.kb.io" denied the request:``.
@@ -34,11 +38,9 @@ from decimal import Decimal
 from typing import Any
 
 from manifests.k8s_names import (
-    QUANTITY_FMT,
     is_dns1035_label,
     is_dns1123_label,
     is_dns1123_subdomain,
-    is_env_var_name,
     is_qualified_name,
     is_valid_label_value,
     is_valid_port_name,
@@ -47,6 +49,10 @@ from manifests.k8s_names import (
 )
 
 APISERVER, WEBHOOK, JOB, KUEUE = "apiserver", "webhook", "job", "kueue"
+# JobSet's mutating webhook (mjobset.kb.io) failing to decode the object into its Go types
+# (encoding/json, resource.Quantity): controller-runtime answers admission.Errored (400) with
+# the bare error text, before the schema or any validating webhook sees the object.
+MUTATING = "mutating"
 # JobSet's webhook registrations (kubernetes-sigs/jobset config/components/webhook/manifests.yaml),
 # the names kube-apiserver quotes in "admission webhook %q denied the request".
 MUTATING_WEBHOOK = "mjobset.kb.io"
@@ -106,7 +112,10 @@ class Violation:
         return f"{text}: {self.detail}" if self.detail else text
 
     def upstream_error(self) -> str:
-        """field.Error.Error: ``<field>: <body>``."""
+        """field.Error.Error: ``<field>: <body>``; a decode failure of the mutating webhook is
+        no field error, only its text (``detail``)."""
+        if self.layer == MUTATING:
+            return self.detail
         return f"{self.upstream_field}: {self.error_body()}"
 
 
@@ -146,8 +155,9 @@ def default(obj: dict[str, Any]) -> dict[str, Any]:
     CRD structural defaults (apiextensions-apiserver applies the schema's ``default:``
     values; jobset_types.go ``+kubebuilder:default`` markers): failurePolicy.restartStrategy
     Recreate, replicatedJobs[].groupName "default" and replicas 1, container ports' protocol
-    TCP, empty names of env key refs. Then the JobSet mutating webhook (jobset_webhook.go:
-    Default): successPolicy {operator: All}, startupPolicy {startupPolicyOrder: AnyOrder},
+    TCP, empty names of env key refs; a volume without a source becomes an emptyDir (core/v1
+    defaults.go SetDefaults_Volume, applied when the Job is decoded). Then the JobSet
+    mutating webhook (jobset_webhook.go: Default): successPolicy {operator: All}, startupPolicy {startupPolicyOrder: AnyOrder},
     each Job's completionMode Indexed and pod restartPolicy OnFailure when unset,
     network.enableDNSHostnames and publishNotReadyAddresses true, failure policy rule names
     failurePolicyRule<i> when empty, volumeClaimPolicies retentionPolicy Delete. Job fields
@@ -166,6 +176,13 @@ def default(obj: dict[str, Any]) -> dict[str, Any]:
         rj.setdefault("groupName", "default")
         rj.setdefault("replicas", 1)
         pod = _pod_spec(rj)
+        for vol in _list(pod.get("volumes")):
+            # core/v1 defaults.go SetDefaults_Volume (applied when the Job is decoded): a
+            # volume without a source is an emptyDir.
+            if isinstance(vol, dict) and all(v is None for k, v in vol.items() if k != "name"):
+                for k in [k for k in vol if k != "name"]:
+                    del vol[k]
+                vol["emptyDir"] = {}
         for ctr in _containers(pod):
             for port in _list(ctr.get("ports")):
                 if isinstance(port, dict):
@@ -367,24 +384,30 @@ def _enum(value: Any, allowed: tuple[str, ...], path: str, rule: str, src: str) 
 def schema_enums(obj: dict[str, Any]) -> list[Violation]:
     """jobset_types.go ``+kubebuilder:validation:Enum`` markers, enforced by the CRD schema:
     successPolicy.operator, startupPolicy.startupPolicyOrder, failurePolicy.restartStrategy,
-    failure rule actions, dependsOn status."""
+    failure rule actions, dependsOn status. The four without a default are Go fields without
+    ``omitempty`` (``json:"operator"``, ``json:"startupPolicyOrder"``, ``json:"action"``,
+    ``json:"status"``; the CRD's ``required:`` lists them): the mutating webhook decodes the
+    JobSet and patches it back, so an absent one reaches the schema as "" and the enum
+    refuses it."""
     spec = _dict(obj.get("spec"))
     out = []
-    out += _enum(_dict(spec.get("successPolicy")).get("operator"), ("All", "Any"),
-                 "spec.successPolicy.operator", "success-policy-operator", f"{JS_TYPES}:SuccessPolicy")
-    out += _enum(_dict(spec.get("startupPolicy")).get("startupPolicyOrder"), ("AnyOrder", "InOrder"),
-                 "spec.startupPolicy.startupPolicyOrder", "startup-policy-order", f"{JS_TYPES}:StartupPolicy")
+    if isinstance(spec.get("successPolicy"), dict):
+        out += _enum(spec["successPolicy"].get("operator", ""), ("All", "Any"),
+                     "spec.successPolicy.operator", "success-policy-operator", f"{JS_TYPES}:SuccessPolicy")
+    if isinstance(spec.get("startupPolicy"), dict):
+        out += _enum(spec["startupPolicy"].get("startupPolicyOrder", ""), ("AnyOrder", "InOrder"),
+                     "spec.startupPolicy.startupPolicyOrder", "startup-policy-order", f"{JS_TYPES}:StartupPolicy")
     fp = _dict(spec.get("failurePolicy"))
     out += _enum(fp.get("restartStrategy"), ("Recreate", "BlockingRecreate", "InPlaceRestart"),
                  "spec.failurePolicy.restartStrategy", "restart-strategy", f"{JS_TYPES}:JobSetRestartStrategy")
     actions = ("FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts", "RestartJob",
                "RestartJobAndIgnoreMaxRestarts")
     for i, rule in enumerate(_list(fp.get("rules"))):
-        out += _enum(_dict(rule).get("action"), actions, f"spec.failurePolicy.rules[{i}].action",
+        out += _enum(_dict(rule).get("action", ""), actions, f"spec.failurePolicy.rules[{i}].action",
                      "failure-rule-action", f"{JS_TYPES}:FailurePolicyRule")
     for _, rj, base in _rjobs(obj):
         for j, dep in enumerate(_list(rj.get("dependsOn"))):
-            out += _enum(_dict(dep).get("status"), ("Ready", "Complete"), f"{base}.dependsOn[{j}].status",
+            out += _enum(_dict(dep).get("status", ""), ("Ready", "Complete"), f"{base}.dependsOn[{j}].status",
                          "depends-on-status", f"{JS_TYPES}:DependsOn")
     return out
 
@@ -430,9 +453,28 @@ def startup_policy_excludes_depends_on(obj: dict[str, Any]) -> list[Violation]:
     return []
 
 
+# apimachinery pkg/api/resource/quantity.go: splitREString, and the errors ParseQuantity returns.
+_QUANTITY_SPLIT = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
+_QUANTITY_SUFFIX = r"(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][-+]?[0-9]+)?"
+
+
+def _quantity_error(value: Any) -> str:
+    """The error resource.Quantity's UnmarshalJSON returns for a value ParseQuantity refuses:
+    ErrFormatWrong when it is not number-then-suffix, ErrSuffix for an unknown suffix,
+    ErrNumeric otherwise."""
+    m = re.fullmatch(_QUANTITY_SPLIT, str(value))
+    if not m:
+        return f"quantities must match the regular expression '{_QUANTITY_SPLIT}'"
+    if not re.fullmatch(_QUANTITY_SUFFIX, m[2]):
+        return "unable to parse quantity's suffix"
+    return "unable to parse numeric part of quantity"
+
+
 def resource_quantity_format(obj: dict[str, Any]) -> list[Violation]:
-    """The CRD schema's Quantity pattern on every resources.requests/limits value
-    (controller-gen's schema for resource.Quantity; apimachinery quantity.go: ParseQuantity)."""
+    """apimachinery quantity.go: ParseQuantity, through Quantity.UnmarshalJSON when JobSet's
+    mutating webhook (mjobset.kb.io) decodes the JobSet: a requests/limits value that is no
+    quantity fails the decode, and the webhook's answer is that error alone (no field), before
+    the CRD schema's Quantity pattern is reached."""
     out = []
     for ctr, base, _ in _all_containers(obj):
         res = _dict(ctr.get("resources"))
@@ -442,8 +484,65 @@ def resource_quantity_format(obj: dict[str, Any]) -> list[Violation]:
                     path = f"{base}.resources.{kind}[{name}]"
                     out.append(Violation(path, "quantity-format", f"{json.dumps(value)} is not a resource quantity",
                                          "kubernetes/apimachinery pkg/api/resource/quantity.go:ParseQuantity",
-                                         APISERVER, INVALID, value,
-                                         f"{path} in body should match '{QUANTITY_FMT}'"))
+                                         MUTATING, INTERNAL, value, _quantity_error(value), "<nil>"))
+    return out
+
+
+# The int32 fields of the JobSet and of the Job and pod templates it embeds, by JSON path
+# without list indices, with the Go struct that holds each (jobset_types.go; k8s.io/api
+# batch/v1 and core/v1 types.go). Paths relative to a Job spec / pod spec / container are
+# joined below.
+_JOBSET_INT32 = {"spec.ttlSecondsAfterFinished": "JobSetSpec", "spec.failurePolicy.maxRestarts": "FailurePolicy",
+                 "spec.replicatedJobs.replicas": "ReplicatedJob"}
+_JOB_INT32 = {"parallelism": "JobSpec", "completions": "JobSpec", "backoffLimit": "JobSpec",
+              "backoffLimitPerIndex": "JobSpec", "maxFailedIndexes": "JobSpec", "ttlSecondsAfterFinished": "JobSpec",
+              "podFailurePolicy.rules.onExitCodes.values": "PodFailurePolicyOnExitCodesRequirement",
+              "successPolicy.rules.succeededCount": "SuccessPolicyRule"}
+_POD_INT32 = {"priority": "PodSpec",
+              "topologySpreadConstraints.maxSkew": "TopologySpreadConstraint",
+              "topologySpreadConstraints.minDomains": "TopologySpreadConstraint",
+              "volumes.secret.defaultMode": "SecretVolumeSource", "volumes.secret.items.mode": "KeyToPath",
+              "volumes.configMap.defaultMode": "ConfigMapVolumeSource", "volumes.configMap.items.mode": "KeyToPath",
+              "volumes.projected.defaultMode": "ProjectedVolumeSource",
+              "volumes.downwardAPI.defaultMode": "DownwardAPIVolumeSource",
+              "volumes.downwardAPI.items.mode": "DownwardAPIVolumeFile"}
+_CONTAINER_INT32 = {"ports.containerPort": "ContainerPort", "ports.hostPort": "ContainerPort",
+                    "restartPolicyRules.exitCodes.values": "ContainerRestartRuleOnExitCodes",
+                    **{f"{probe}.{key}": "Probe" for probe in ("livenessProbe", "readinessProbe", "startupProbe")
+                       for key in ("initialDelaySeconds", "timeoutSeconds", "periodSeconds", "successThreshold",
+                                   "failureThreshold")}}
+_POD_PATH = "spec.replicatedJobs.template.spec.template.spec"
+_INT32_FIELDS = {**_JOBSET_INT32, **{f"spec.replicatedJobs.template.spec.{k}": v for k, v in _JOB_INT32.items()},
+                 **{f"{_POD_PATH}.{k}": v for k, v in _POD_INT32.items()},
+                 **{f"{_POD_PATH}.{kind}.{k}": v for kind in ("containers", "initContainers")
+                    for k, v in _CONTAINER_INT32.items()}}
+
+
+_CR_DEFAULTER = "kubernetes-sigs/controller-runtime pkg/webhook/admission/defaulter_custom.go:Handle"
+
+
+def int32_fields(obj: dict[str, Any]) -> list[Violation]:
+    """encoding/json (Go's decode.go: UnmarshalTypeError) when JobSet's mutating webhook
+    (mjobset.kb.io; controller-runtime defaulter_custom.go Handle, which answers a decode
+    error with Errored(400)) decodes the JobSet into jobset_types.go: a number outside an int32 field's range fails the decode, and the
+    webhook answers that error alone (``json: cannot unmarshal number N into Go struct field
+    <Struct>.<json path> of type int32``), before any schema or validating rule."""
+    out = []
+
+    def walk(value: Any, dotted: str, path: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{dotted}.{k}" if dotted else str(k), f"{path}.{k}" if path else str(k))
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, dotted, f"{path}[{i}]")
+        elif dotted in _INT32_FIELDS and _int(value) is not None and not -2**31 <= value < 2**31:
+            text = (f"json: cannot unmarshal number {value} into Go struct field "
+                    f"{_INT32_FIELDS[dotted]}.{dotted} of type int32")
+            out.append(Violation(path, "int32-range", f"{value} does not fit an int32", _CR_DEFAULTER,
+                                 MUTATING, INTERNAL, value, text, "<nil>"))
+
+    walk(obj, "", "")
     return out
 
 
@@ -486,6 +585,26 @@ def feature_gates(obj: dict[str, Any]) -> list[Violation]:
                           "RestartJobAndIgnoreMaxRestarts failure policy actions are not allowed when RestartJob "
                           "feature gate is disabled", "validateFailurePolicy"))
     return out
+
+
+def kueue_queue_name(obj: dict[str, Any]) -> list[Violation]:
+    """kubernetes-sigs/kueue pkg/controller/jobframework/validation.go: ValidateQueueName
+    (ValidateLabelAsCRDName), from Kueue's JobSet validating webhook (also named
+    vjobset.kb.io; pkg/controller/jobs/jobset/jobset_webhook.go validateCreate): the JobSet's
+    ``kueue.x-k8s.io/queue-name`` label, when present, names a LocalQueue, so it must be a
+    DNS-1123 subdomain (an empty value is a valid label value but no queue)."""
+    key = "kueue.x-k8s.io/queue-name"
+    labels = _dict(_dict(obj.get("metadata")).get("labels"))
+    if key not in labels:
+        return []
+    value = labels[key]
+    errs = is_dns1123_subdomain(str(value))
+    if not errs:
+        return []
+    path = f"metadata.labels[{key}]"
+    return [Violation(path, "kueue-queue-name", f"{json.dumps(value)} names no LocalQueue: {errs[0]}",
+                      "kubernetes-sigs/kueue pkg/controller/jobframework/validation.go:ValidateLabelAsCRDName",
+                      WEBHOOK, INVALID, value, ",".join(errs))]
 
 
 def managed_by(obj: dict[str, Any]) -> list[Violation]:
@@ -660,6 +779,8 @@ def replicas_times_parallelism(obj: dict[str, Any]) -> list[Violation]:
     for _, rj, base in _rjobs(obj):
         par = _int(_dict(_dict(rj.get("template")).get("spec")).get("parallelism"))
         reps = _int(rj.get("replicas")) or 1
+        if not all(-2**31 <= n < 2**31 for n in (reps, 1 if par is None else par)):
+            continue  # the mutating webhook's decode refuses it first (int32_fields)
         if (1 if par is None else par) * reps > 2**31 - 1:
             out.append(_plain(f"{base}.replicas", "replicas-parallelism",
                               f"the product of replicas and parallelism must not exceed 2147483647 for "
@@ -923,29 +1044,57 @@ def containers(obj: dict[str, Any]) -> list[Violation]:
 
 
 def container_restart_policy(obj: dict[str, Any]) -> list[Violation]:
-    """core validation.go: validateInitContainers / validateInitContainerRestartPolicy: an init
-    container's restartPolicy, when set, is Always (a native sidecar; Never and OnFailure need
-    the alpha ContainerRestartRules gate); validateContainers: a regular container's
-    restartPolicy is Forbidden ("may not be set for non-init containers")."""
-    out = []
-    for pod, base in _pod_specs(obj):
-        for i, ctr in enumerate(_list(pod.get("initContainers"))):
-            policy = _dict(ctr).get("restartPolicy")
-            if policy is not None and policy != "Always":
-                out.append(_job_rule(f"{base}.initContainers[{i}].restartPolicy", "container-restart-policy",
-                                     f"{json.dumps(policy)} is not Always", "validateInitContainerRestartPolicy",
-                                     NOT_SUPPORTED, policy, 'supported values: "Always"'))
-        for i, ctr in enumerate(_list(pod.get("containers"))):
-            if _dict(ctr).get("restartPolicy") is not None:
-                out.append(_job_rule(f"{base}.containers[{i}].restartPolicy", "container-restart-policy",
-                                     "may not be set for non-init containers", "validateContainers", FORBIDDEN,
-                                     detail="may not be set for non-init containers"))
+    """core validation.go: validateContainerRestartPolicy, as Kubernetes 1.36 applies it to
+    every container (validateContainers, and validateInitContainerRestartPolicy for init
+    containers) with ContainerRestartRules (beta, on since 1.35) and
+    RestartAllContainersOnContainerExits (beta, on since 1.36) default-on
+    (pkg/features/kube_features.go): restartPolicy, when set, Always, Never or OnFailure;
+    restartPolicyRules need a restartPolicy, at most 20, each with action Restart or
+    RestartAllContainers and exitCodes (operator In or NotIn, at most 255 values)."""
+    out, func = [], "validateContainerRestartPolicy"
+    policies = ("Always", "Never", "OnFailure")
+    for ctr, base, _ in _all_containers(obj):
+        policy, rules = ctr.get("restartPolicy"), _list(ctr.get("restartPolicyRules"))
+        if policy is None:
+            if rules:
+                out.append(_job_rule(f"{base}.restartPolicy", "container-restart-policy",
+                                     "required with restartPolicyRules", func, REQUIRED,
+                                     detail="must specify restartPolicy when restart rules are used"))
+        elif policy not in policies:
+            out.append(_job_rule(f"{base}.restartPolicy", "container-restart-policy",
+                                 f"{json.dumps(policy)} is not Always, Never or OnFailure", func, NOT_SUPPORTED,
+                                 policy, 'supported values: "Always", "Never", "OnFailure"'))
+        if len(rules) > 20:
+            out.append(_job_rule(f"{base}.restartPolicyRules", "container-restart-rules", f"{len(rules)} rules; at most 20",
+                                 func, TOO_MANY, len(rules), "must have at most 20 items"))
+        for i, rule in enumerate(rules):
+            rule, rpath = _dict(rule), f"{base}.restartPolicyRules[{i}]"
+            action = rule.get("action", "")
+            if action not in ("Restart", "RestartAllContainers"):
+                out.append(_job_rule(f"{rpath}.action", "container-restart-rules",
+                                     f"{json.dumps(action)} is not Restart or RestartAllContainers", func,
+                                     NOT_SUPPORTED, action, 'supported values: "Restart", "RestartAllContainers"'))
+            codes = rule.get("exitCodes")
+            if not isinstance(codes, dict):
+                out.append(_job_rule(f"{rpath}.exitCodes", "container-restart-rules", "required", func, REQUIRED,
+                                     detail="must be specified"))
+                continue
+            op = codes.get("operator", "")
+            if op not in ("In", "NotIn"):
+                out.append(_job_rule(f"{rpath}.exitCodes.operator", "container-restart-rules",
+                                     f"{json.dumps(op)} is not In or NotIn", func, NOT_SUPPORTED, op,
+                                     'supported values: "In", "NotIn"'))
+            if len(_list(codes.get("values"))) > 255:
+                n = len(codes["values"])
+                out.append(_job_rule(f"{rpath}.exitCodes.values", "container-restart-rules", f"{n} values; at most 255",
+                                     func, TOO_MANY, n, "must have at most 255 items"))
     return out
 
 
 def env_vars(obj: dict[str, Any]) -> list[Violation]:
-    """core validation.go: ValidateEnv: names required and valid (validation.go IsEnvVarName,
-    the rule without RelaxedEnvironmentVariableValidation); validateEnvVarValueFrom: value
+    """core validation.go: ValidateEnv: names required and, with
+    RelaxedEnvironmentVariableValidation (GA and locked on since 1.34), printable ASCII
+    without '=' (apimachinery validation.go IsRelaxedEnvVarName); validateEnvVarValueFrom: value
     and valueFrom exclusive, exactly one source, fieldRef paths the Downward API supports
     (validateObjectFieldSelector: metadata.labels/annotations subscripts must be qualified names)."""
     out = []
@@ -956,7 +1105,8 @@ def env_vars(obj: dict[str, Any]) -> list[Violation]:
             if not name:
                 out.append(_job_rule(f"{path}.name", "env-name", "required", "ValidateEnv", REQUIRED))
             else:
-                for m in is_env_var_name(str(name)):
+                if any(not " " <= ch <= "~" or ch == "=" for ch in str(name)):
+                    m = "a valid environment variable name must consist only of printable ASCII characters other than '='"
                     out.append(_job_rule(f"{path}.name", "env-name", f"{json.dumps(name)} {m}", "ValidateEnv",
                                          INVALID, name, m))
             vf = env.get("valueFrom")
@@ -1060,7 +1210,8 @@ def host_network_ports(obj: dict[str, Any]) -> list[Violation]:
 
 def volumes(obj: dict[str, Any]) -> list[Violation]:
     """core validation.go: ValidateVolumes: names required, DNS-1123 labels, unique;
-    validateVolumeSource: exactly one volume type."""
+    validateVolumeSource: at most one volume type (none is defaulted to an emptyDir by
+    core/v1 defaults.go SetDefaults_Volume: see ``default``)."""
     out = []
     for pod, base in _pod_specs(obj):
         seen: set[Any] = set()
@@ -1077,11 +1228,8 @@ def volumes(obj: dict[str, Any]) -> list[Violation]:
                     out.append(_job_rule(f"{path}.name", "volume-name-unique", f"duplicate volume {json.dumps(name)}",
                                          "ValidateVolumes", DUPLICATE, name))
                 seen.add(name)
-            sources = [k for k in vol if k != "name"]
-            if not sources:
-                out.append(_job_rule(path, "volume-source", "must specify a volume type", "validateVolumeSource",
-                                     REQUIRED, detail="must specify a volume type"))
-            elif len(sources) > 1:
+            sources = [k for k, v in vol.items() if k != "name" and v is not None]
+            if len(sources) > 1:
                 out.append(_job_rule(f"{path}.{sources[1]}", "volume-source", "may not specify more than 1 volume type",
                                      "validateVolumeSource", FORBIDDEN, detail="may not specify more than 1 volume type"))
     return out
@@ -1394,9 +1542,9 @@ def kueue_requests(obj: dict[str, Any]) -> list[Violation]:
 RULES: tuple[Callable[[dict[str, Any]], list[Violation]], ...] = (
     # apiserver on the JobSet
     jobset_name, labels, annotation_keys, schema_enums, replicated_job_names_unique, schema_minimums,
-    startup_policy_excludes_depends_on, resource_quantity_format,
+    startup_policy_excludes_depends_on, resource_quantity_format, int32_fields,
     # JobSet validating webhook
-    feature_gates, managed_by, network_subdomain, group_names, job_names, pod_names, replicas_times_parallelism, depends_on,
+    feature_gates, kueue_queue_name, managed_by, network_subdomain, group_names, job_names, pod_names, replicas_times_parallelism, depends_on,
     success_policy_targets, failure_policy_rule_names, failure_policy_targets, failure_policy_reasons,
     coordinator, coordinator_label,
     # kube-apiserver on the child Jobs and pods

@@ -676,8 +676,8 @@ class KubeAPI:
     def admit_jobset(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None,
                                                           list[admission.Violation]]:
         """(the object to store, the error Status or None, what the Job API will refuse), in
-        kube-apiserver's order: mutating admission (mjobset.kb.io Default and the CRD's
-        structural defaults), the apiserver's validation (object metadata, CRD schema), then
+        kube-apiserver's order: mutating admission (mjobset.kb.io decoding the JobSet, then
+        Default and the CRD's structural defaults), the apiserver's validation (object metadata, CRD schema), then
         validating admission (vjobset.kb.io ValidateCreate).
 
         Violations of the ``job`` layer only surface on a real cluster when the controller
@@ -688,6 +688,12 @@ class KubeAPI:
         found = admission.violations(obj)
         group = "jobset.x-k8s.io"
         job_errors = [v for v in found if v.layer == admission.JOB]
+        errors = [v for v in found if v.layer == admission.MUTATING]
+        if errors:
+            # The mutating webhook's decode fails first, on the first bad field alone:
+            # controller-runtime's admission.Errored(400) with the bare error text.
+            return obj, webhook_denial(admission.MUTATING_WEBHOOK,
+                                       status(400, "BadRequest", errors[0].upstream_error())), job_errors
         errors = [v for v in found if v.layer == admission.APISERVER]
         if errors:
             return obj, invalid("JobSet", group, name, errors), job_errors

@@ -52,24 +52,33 @@ def job_from(js: dict[str, Any], index: int) -> dict[str, Any]:
             "spec": tmpl["spec"]}
 
 
+def _refused(e: ApiException) -> dict[str, Any]:
+    """The Status of a refusal, or ``e`` raised again when it is no verdict on the object.
+    A 403 is a refusal only when a webhook wrote it: Kueue's validating webhook returns a
+    plain aggregate error, which controller-runtime answers as ``admission.Denied`` (403
+    Forbidden, ``admission webhook ... denied the request``); any other 403 is RBAC."""
+    status = json.loads(e.body) if e.body else {}
+    webhook_denial = e.status == 403 and str(status.get("message", "")).startswith("admission webhook ")
+    if e.status >= 500 or e.status in (401, 404) or (e.status == 403 and not webhook_denial):
+        raise e
+    return status
+
+
 def server_verdict(cluster, obj: dict[str, Any]) -> Refusal | None:
     try:
         cluster.custom.create_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets", obj, dry_run="All")
     except ApiException as e:
-        if e.status >= 500 or e.status in (401, 403, 404):
-            raise
-        return Refusal("JobSet", json.loads(e.body))
-    from kubernetes import client
-
-    batch = client.BatchV1Api(cluster.api_client)
+        return Refusal("JobSet", _refused(e))
+    # The Jobs go through the generic client: the typed BatchV1Api checks required fields
+    # client-side (pydantic) and would refuse a Job before the server sees it, where the
+    # controller's Job (built from the typed template) carries "" for them.
     for i, _ in enumerate((obj.get("spec") or {}).get("replicatedJobs") or []):
         try:
-            batch.create_namespaced_job(NAMESPACE, job_from(obj, i), dry_run="All")
+            cluster.custom.create_namespaced_custom_object(
+                "batch", "v1", NAMESPACE, "jobs", job_from(obj, i), dry_run="All")
         except ApiException as e:
-            if e.status >= 500 or e.status in (401, 403, 404):
-                raise
-            return Refusal("Job", json.loads(e.body), prefix=f"spec.replicatedJobs[{i}].template.")
+            return Refusal("Job", _refused(e), prefix=f"spec.replicatedJobs[{i}].template.")
     return None
 
 
