@@ -25,7 +25,7 @@ from cluster_helpers import NAMESPACE
 from kubernetes.client.exceptions import ApiException
 from test_admission import CASES, MATRIX, OPTIONS, base, render
 
-from manifests.admission import default, violations
+from manifests.admission import KUEUE, default, violations
 
 
 class Refusal:
@@ -105,6 +105,28 @@ def same(ours: str, theirs: str) -> bool:
     return a == b or a.startswith(b + ".") or a.startswith(b + "[")
 
 
+def kueue_refuses(cluster, breaks, ours: list) -> None:
+    """Kueue refuses nothing at create: a queued JobSet it cannot fit stays suspended, its
+    Workload's QuotaReserved False with the flavor assigner's reason. Broken the same way on
+    a shape xpk's queue has a flavor and quota for (v6e-8) and created for real in that
+    queue, the reason must name the resource we refuse."""
+    from orchestrator.backends.kube.backend import KubeBackend
+
+    name = f"kueue-{abs(hash(ours[0].path)) % 10**6}"
+    obj = render("v6e-8", 1, name=name, queue="multislice-queue")
+    breaks(obj)
+    assert [v.rule for v in violations(obj)] == [v.rule for v in ours]
+    cluster.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets", obj)
+    try:
+        backend = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig)
+        message = cluster.wait("Kueue's reason", lambda: backend.status(name).message
+                               if "ClusterQueue" in backend.status(name).message else None, 60)
+        resources = {re.search(r"\[([^\]]+)\]$", v.path)[1] for v in ours}
+        assert any(f"resource {r} unavailable in ClusterQueue" in message for r in resources), message
+    finally:
+        cluster.custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets", name)
+
+
 @pytest.mark.parametrize("case", CASES, ids=[f"{i:02d}-{c[0]}" for i, c in enumerate(CASES)])
 def test_every_offline_refusal_is_refused_by_the_real_server_on_that_field(cluster, case):
     rule, breaks, path, _alone = case
@@ -112,6 +134,9 @@ def test_every_offline_refusal_is_refused_by_the_real_server_on_that_field(clust
     breaks(obj)
     ours = [v for v in violations(obj) if v.rule == rule]
     assert ours, rule
+    if all(v.layer == KUEUE for v in ours):
+        kueue_refuses(cluster, breaks, ours)
+        return
     theirs = server_verdict(cluster, obj)
     assert theirs is not None, f"{rule}: we refuse {path}, the real server admits it"
     for v in ours:

@@ -16,6 +16,18 @@ JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
 JOBSET_KIND = "JobSet"
 JOBSET_PLURAL = "jobsets"
 KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"  # Kueue v0.15+ serves and stores Workloads at v1beta2
+
+
+class KueueWorkload:
+    """What xrun reads of the Workload Kueue makes for a queued JobSet (kueue
+    apis/kueue/v1beta2/workload_types.go; the owner's uid label from
+    pkg/controller/constants/constants.go JobUIDLabel)."""
+
+    JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+    QUOTA_RESERVED = "QuotaReserved"  # False while waiting: the flavor assigner's reason
+    EVICTED = "Evicted"  # True once preempted or evicted, until admitted again
+    PREEMPTED = "Preempted"
 
 
 class Labels:

@@ -299,8 +299,10 @@ def tpu_node(name: str, pool: str, accelerator: str, topology: str, machine: str
         "cloud.google.com/gke-nodepool": pool,
         **extra_labels,
     }
-    return node(name, labels, {"google.com/tpu": str(chips)},
-                [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}])
+    taints = [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}]
+    if extra_labels.get("cloud.google.com/gke-spot") == "true":  # GKE taints Spot nodes so
+        taints.append({"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"})
+    return node(name, labels, {"google.com/tpu": str(chips)}, taints)
 
 
 def gpu_node(name: str, machine: str, accelerator: str, pool: str) -> dict[str, Any]:

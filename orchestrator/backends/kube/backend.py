@@ -37,6 +37,7 @@ from orchestrator.backends.kube.state import (
     container_started,
     expected_jobs,
     jobset_state,
+    kueue_message,
     latest_hosts,
     one_line,
     pod_host,
@@ -51,7 +52,9 @@ from xrun_contract.k8s import (
     JOBSET_PLURAL,
     JOBSET_VERSION,
     KUEUE_GROUP,
+    KUEUE_VERSION,
     Conditions,
+    KueueWorkload,
     Labels,
 )
 
@@ -329,6 +332,8 @@ class KubeBackend:
         pods, _ = self.list_pods(name)
         hosts = latest_hosts(pods)
         state, message = jobset_state(jobset, hosts)
+        if state == PENDING and (jobset.get("spec") or {}).get("suspend"):
+            message = self.kueue_message(jobset) or message
         events: list[str] = []
         if state in (PENDING, RESTARTING) or any(h.state == "Pending" for h in hosts):
             pod_names = {(p.get("metadata") or {}).get("name", "") for p in pods}
@@ -341,6 +346,22 @@ class KubeBackend:
             state=state, restarts=int(status.get("restarts") or 0), hosts=hosts, message=message,
             conditions=list(status.get("conditions") or []), events=events,
         )
+
+    def kueue_message(self, jobset: dict[str, Any]) -> str:
+        """Kueue's word on a suspended, queued JobSet (its Workload's conditions), or ""."""
+        meta = jobset.get("metadata") or {}
+        if not (meta.get("labels") or {}).get(Labels.QUEUE_NAME) or not meta.get("uid"):
+            return ""
+        from kubernetes import client
+
+        custom = client.CustomObjectsApi(self.api_client)
+        try:
+            found = self.call("list", f"workloads.{KUEUE_GROUP}", custom.list_namespaced_custom_object,
+                              KUEUE_GROUP, KUEUE_VERSION, self.namespace, "workloads",
+                              label_selector=f"{KueueWorkload.JOB_UID_LABEL}={meta['uid']}")
+        except XrunError:  # a hint only: RBAC may hide Workloads
+            return ""
+        return next((m for w in found.get("items") or [] if (m := kueue_message(w))), "")
 
     def delete(self, name: str, *, wait: bool = True) -> bool:
         """Foreground delete (pods go before the JobSet); with ``wait`` until no pod is left."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.backends.base import HostStatus
 from xrun_contract import DELETED, FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, host_id
-from xrun_contract.k8s import Annotations, Conditions, Labels, PodPhases
+from xrun_contract.k8s import Annotations, Conditions, KueueWorkload, Labels, PodPhases
 
 CONTAINER = "workload"  # manifests.jobset.CONTAINER: the user's container
 MAX_EVENTS = 6
@@ -242,6 +242,20 @@ def jobset_state(jobset: dict[str, Any], hosts: list[HostStatus] | None) -> tupl
     if restarts:
         return RESTARTING, restart_msg
     return PENDING, ""
+
+
+def kueue_message(workload: dict[str, Any]) -> str:
+    """Why Kueue holds a queued run, from its Workload's conditions: an eviction (e.g.
+    "Preempted to accommodate a workload ... due to prioritization in the ClusterQueue"),
+    else why quota is not reserved ("couldn't assign flavors to pod set slice: insufficient
+    quota ..."). Empty once admitted."""
+    conds = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
+    evicted, reserved = conds.get(KueueWorkload.EVICTED), conds.get(KueueWorkload.QUOTA_RESERVED)
+    if evicted and evicted.get("status") == "True" and not (reserved and reserved.get("status") == "True"):
+        return one_line(f"Kueue evicted it ({evicted.get('reason', '')}): {evicted.get('message', '')}", 300)
+    if reserved and reserved.get("status") == "False" and reserved.get("message"):
+        return one_line(f"Kueue: {reserved['message']}", 300)
+    return ""
 
 
 def summarize_events(events: list[dict[str, Any]], jobset_name: str, pod_names: set[str],

@@ -1,0 +1,195 @@
+"""Queued runs under the real Kueue v0.17 (tests/cluster/up.sh): admitted, not admitted for
+quota, preempted; and the issue-28 defects that only a real Kueue and JobSet show.
+
+Queues as xpk makes them: ``multislice-queue`` → ClusterQueue ``xpk-cluster-queue`` with
+quota for ``google.com/tpu`` only (16 chips of v6e 2x4), preemption of lower priorities
+within the queue; ``cpu-memory-queue`` also has cpu and memory quota.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+
+import pytest
+from cli_helpers import xrun_popen
+from cluster_helpers import NAMESPACE, timing, unique
+from test_cluster_lifecycle import cli, run_file, status_json
+
+from manifests.jobset import jobset
+from manifests.spec import build_spec
+from orchestrator.backends.kube.backend import KubeBackend
+
+
+@pytest.fixture
+def storage(gcs_bucket) -> str:
+    return f"{gcs_bucket}/xrun"
+
+
+def suspended(cluster, name: str) -> bool:
+    return bool(cluster.jobset(name)["spec"].get("suspend"))
+
+
+def test_a_queued_run_waits_suspended_then_runs_once_kueue_admits_it(cluster, storage, tmp_path):
+    """Defect 1: with xrun's sidecar requesting cpu and memory, xpk's accelerator-only
+    ClusterQueue never admitted a queued run. Now it is admitted and runs to the end."""
+    name = unique("q")
+    r = cli(cluster, storage, "submit", "-f", run_file(tmp_path, name, queue="multislice-queue"))
+    assert r.returncode == 0, r.stderr
+    assert f"run {name}: Succeeded" in r.stderr
+    # Kueue's JobSet webhook created it suspended; its Workload was admitted on our flavor.
+    wl = next(w for w in cluster.custom.list_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", NAMESPACE, "workloads")["items"]
+        if w["metadata"]["ownerReferences"][0]["name"] == name)
+    conds = {c["type"]: c["status"] for c in wl["status"]["conditions"]}
+    assert conds.get("Admitted") == "True", wl["status"]
+    assert wl["status"]["admission"]["clusterQueue"] == "xpk-cluster-queue"
+
+
+def test_a_sidecar_cpu_request_is_never_admitted_by_xpks_queue(cluster, storage):
+    """What defect 1 was, on the real Kueue: the same JobSet with the old sidecar requests
+    stays suspended, and Kueue says why (the message xrun status shows)."""
+    name = unique("cpu")
+    body = jobset(build_spec({
+        "name": name, "accelerator": "v6e-8", "image": "example.com/xrun:1", "backend": "kube",
+        "storage": f"{storage}", "command": "true", "queue": "multislice-queue",
+        "xrun_image": "example.com/xrun-workload:1"}, {}))
+    pod = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    sidecar = next(c for c in pod["initContainers"] if c.get("restartPolicy") == "Always")
+    sidecar["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}}
+    cluster.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE,
+                                                   "jobsets", body)
+    backend = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig)
+    def verdict():
+        st = backend.status(name)
+        return st if "ClusterQueue" in st.message else None
+
+    st = cluster.wait("Kueue's verdict", verdict, 60)
+    assert st.state == "Pending", st
+    assert re.search(r"Kueue: couldn.t assign flavors .* resource (cpu|memory) unavailable in ClusterQueue", st.message), st
+    assert suspended(cluster, name)
+    cluster.custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE,
+                                                   "jobsets", name)
+
+
+def status_once_written(cluster, storage: str, name: str) -> dict | None:
+    r = cli(cluster, storage, "status", name, "-o", "json")
+    return json.loads(r.stdout) if r.returncode in (0, 1) else None
+
+
+def test_a_run_over_the_queues_quota_is_not_admitted_and_status_says_why(cluster, storage, tmp_path):
+    name = unique("big")
+    follow = xrun_popen("submit", "-f", run_file(tmp_path, name, queue="multislice-queue",
+                                                 num_slices=3),
+                        storage=storage, KUBECONFIG=cluster.kubeconfig)
+    try:
+        view = cluster.wait("Kueue's message in status", lambda: (
+            v if "insufficient quota" in json.dumps(v := status_once_written(cluster, storage, name))
+            else None), 60, every=1)
+        assert view["state"] == "Pending", view
+        assert "Kueue: couldn't assign flavors" in view["message"] and "insufficient quota" in view["message"], view
+        assert suspended(cluster, name)
+    finally:
+        follow.kill()
+        follow.communicate()
+        cli(cluster, storage, "delete", name)
+
+
+def test_a_higher_priority_run_preempts_a_lower_one(cluster, storage, tmp_path):
+    low, high = unique("low"), unique("high")
+    follow_low = xrun_popen("submit", "-f", run_file(
+        tmp_path, low, queue="multislice-queue", num_slices=2, priority="very-low",
+        pod_annotations=timing(run_s=300)), storage=storage, KUBECONFIG=cluster.kubeconfig)
+    follow_high = None
+    try:
+        cluster.wait("the low run Running", lambda: len(
+            [p for p in cluster.pods(low) if p["status"].get("phase") == "Running"]) == 4, 90)
+        follow_high = xrun_popen("submit", "-f", run_file(
+            tmp_path, high, queue="multislice-queue", num_slices=2, priority="very-high",
+            pod_annotations=timing(run_s=300)), storage=storage, KUBECONFIG=cluster.kubeconfig)
+        # Kueue evicts the low run (suspends its JobSet again) to admit the high one.
+        cluster.wait("the low run preempted", lambda: suspended(cluster, low), 90)
+        view = cluster.wait("status says preempted", lambda: (
+            v if "reempt" in json.dumps(v := status_json(cluster, storage, low)) else None), 30, every=1)
+        assert view["state"] == "Pending" and "Preempted" in view["message"], view
+        cluster.wait("the high run Running", lambda: len(
+            [p for p in cluster.pods(high) if p["status"].get("phase") == "Running"]) == 4, 90)
+    finally:
+        for f in (follow_low, follow_high):
+            if f:
+                f.kill()
+                f.communicate()
+        cli(cluster, storage, "delete", low)
+        cli(cluster, storage, "delete", high)
+
+
+def test_rules_beat_failure_order_when_jobs_fail_in_one_reconcile(cluster, storage):
+    """Defect 3, on the real JobSet controller: slice 1 fails first with a restartable code
+    (rule 0 does not match it), slice 0 a moment later with exit 1 (a PodFailurePolicy
+    failure, rule 0's FailJobSet). Both Jobs are Failed before JobSet reconciles (its
+    controller is paused meanwhile), and the rule wins: the JobSet fails, no restart
+    (jobset pkg/controllers/failure_policy.go findFirstFailedPolicyRuleAndJob)."""
+    name = unique("order")
+    body = jobset(build_spec({
+        "name": name, "accelerator": "v6e-8", "num_slices": 2, "image": "example.com/xrun:1",
+        "backend": "kube", "storage": storage, "command": "true", "termination_grace_seconds": 2,
+        "xrun_image": "example.com/xrun-workload:1", "pod_annotations": timing(run_s=300)}, {}))
+    cluster.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE,
+                                                   "jobsets", body)
+    from orchestrator.backends.kube.state import pod_host
+
+    def running() -> list | None:
+        pods = cluster.pods(name)
+        return pods if len([p for p in pods if p["status"].get("phase") == "Running"]) == 4 else None
+
+    pods = cluster.wait("4 pods Running", running, 90)
+    by_host = {pod_host(p)[0]: p["metadata"]["name"] for p in pods}
+    jobset_pid = cluster.state["pids"]["jobset"]
+    os.kill(jobset_pid, signal.SIGSTOP)
+    try:
+        cluster.fail_pod(by_host["1-0"], 42)
+        time.sleep(0.5)
+        cluster.fail_pod(by_host["0-0"], 1)
+        from kubernetes import client
+
+        batch = client.BatchV1Api(cluster.api_client)
+
+        def both_failed() -> bool:
+            jobs = batch.list_namespaced_job(NAMESPACE, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}").items
+            return len([j for j in jobs if any(c.type == "Failed" and c.status == "True"
+                                               for c in j.status.conditions or [])]) == 2
+        cluster.wait("both Jobs Failed", both_failed, 60)
+    finally:
+        os.kill(jobset_pid, signal.SIGCONT)
+    js = cluster.wait_condition(name, "Failed", 60)
+    failed = next(c for c in js["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "FailJobSetFailurePolicyAction", failed
+    assert js["status"].get("restarts", 0) == 0
+
+
+def test_restarts_are_counted_from_the_events_jobset_really_records(cluster, storage, tmp_path):
+    """Defect 4: after a restart, the JobSet's own events name the restart with the reasons
+    JobSet emits (never "Restarting"), and xrun counts restarts from them once the JobSet
+    object is gone."""
+    from test_cluster_lifecycle import PodFailer
+
+    name = unique("ev")
+    failer = PodFailer(cluster, name, "0-1", 42)
+    failer.start()
+    r = cli(cluster, storage, "submit", "-f", run_file(tmp_path, name))
+    failer.stop.set()
+    assert r.returncode == 0, r.stderr
+    events = cluster.core.list_namespaced_event(
+        NAMESPACE, field_selector=f"involvedObject.name={name},involvedObject.kind=JobSet").items
+    reasons = {e.reason for e in events}
+    assert "Restarting" not in reasons
+    assert reasons & {"RestartJobSetFailurePolicyAction", "RestartingJobSet"}, reasons
+    cluster.custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE,
+                                                   "jobsets", name)
+    cluster.wait("JobSet gone", lambda: name not in [j["metadata"]["name"] for j in cluster.custom.list_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets")["items"]], 30)
+    ended = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig).ended_from_events(name)
+    assert ended is not None and ended.restarts == 1, ended
