@@ -2,6 +2,10 @@
 # Install everything the tests need into .venv (fresh machine safe) and run them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The real control plane the cluster tests run against (kube-apiserver, etcd, JobSet, Kueue,
+# KWOK, fake-gcs-server), built from upstream Go modules into ~/.cache/xrun-cluster; a warm
+# cache answers at once. Without Go this fails here with one line saying what to install.
+bash tests/cluster/build.sh >/dev/null
 if [ -x .ci/install-chromium.sh ] || [ -f .ci/install-chromium.sh ]; then bash .ci/install-chromium.sh; fi
 python3 -m venv .venv
 . .venv/bin/activate
