@@ -1,5 +1,12 @@
 """A scripted Kubernetes API server on 127.0.0.1, reached by the real ``kubernetes`` client.
 
+Being retired. The real control plane (tests/cluster/up.sh: kube-apiserver, JobSet, Kueue,
+KWOK) now answers for Kubernetes semantics: admission both ways (test_admission_real.py),
+the run lifecycle (test_cluster_lifecycle.py), Kueue (test_cluster_kueue.py). What stays
+here is what a real server cannot be made to do on demand (5xx answers, latency, a kubelet
+that is unreachable) and the older tests not yet moved; where this fake mirrors a rule, the
+rule cites its upstream source, and the real cluster tests check the same behaviour.
+
 It speaks plain HTTP/1.1 (chunked streams for watches and followed logs) and serves the
 paths xrun uses: JobSet create/get/list/delete (+ CRD discovery), pods list/get/watch, pod
 logs (follow, timestamps, sinceSeconds, tailLines), events, nodes, config maps and Kueue
