@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import pid_alive
 from cluster_helpers import NAMESPACE, start, stop, timing, unique
 from kubernetes.client.exceptions import ApiException
 
@@ -91,28 +92,6 @@ def test_an_xrun_v6e8_jobset_runs_to_completed_on_kwok_nodes(cluster):
     assert len(pools) == 1 and next(iter(pools)).startswith("v6e-2x4-")
 
 
-def _descendants(pid: int) -> set[int]:
-    out = subprocess.run(["ps", "-e", "-o", "pid=,ppid="], capture_output=True, text=True).stdout
-    children: dict[int, list[int]] = {}
-    for line in out.splitlines():
-        p, pp = map(int, line.split())
-        children.setdefault(pp, []).append(p)
-    found, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            found.add(c)
-            todo.append(c)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.split(") ", 1)[1][0] != "Z"
-
-
 def test_up_and_down_scripts_leave_no_process(tmp_path):
     """A second cluster beside the session's (free ports), started and stopped by the
     scripts themselves: down.sh leaves none of the recorded processes."""
@@ -125,11 +104,11 @@ def test_up_and_down_scripts_leave_no_process(tmp_path):
     pids = [state["supervisor"], *state["pids"].values()]
     assert sorted(state["pids"]) == sorted(
         ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "jobset", "kueue", "kwok"])
-    assert all(_alive(p) for p in pids)
+    assert all(pid_alive(p) for p in pids)
     down = subprocess.run(["bash", str(REPO / "tests/cluster/down.sh"), str(root)],
                           capture_output=True, text=True, timeout=60)
     assert down.returncode == 0, down.stderr
-    assert [p for p in pids if _alive(p)] == []
+    assert [p for p in pids if pid_alive(p)] == []
 
 
 def test_a_killed_owner_takes_its_cluster_with_it(tmp_path):
@@ -143,9 +122,9 @@ def test_a_killed_owner_takes_its_cluster_with_it(tmp_path):
         owner.kill()
         owner.wait()
         deadline = time.monotonic() + 30
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in pids) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert [p for p in pids if _alive(p)] == []
+        assert [p for p in pids if pid_alive(p)] == []
     finally:
         owner.kill()
         stop(root)
@@ -158,8 +137,8 @@ def test_a_sigkilled_supervisor_leaves_no_component(tmp_path):
         state = json.loads((root / "state.json").read_text())
         os.kill(state["supervisor"], 9)
         deadline = time.monotonic() + 15
-        while any(_alive(p) for p in state["pids"].values()) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in state["pids"].values()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert [n for n, p in state["pids"].items() if _alive(p)] == []
+        assert [n for n, p in state["pids"].items() if pid_alive(p)] == []
     finally:
         stop(root)

@@ -13,8 +13,9 @@ import json
 import re
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -98,22 +99,24 @@ def backend_of(storage: Storage, name: str, context: str | None = None,
     return backend_for(kind, storage.root, ctx, ns)
 
 
-def _read_record(storage: Storage, key: str) -> tuple[dict[str, Any] | None, str | None]:
+_T = TypeVar("_T")
+
+
+def _reading(storage: Storage, key: str, read: Callable[[str], _T]) -> _T:
     try:
-        return storage.read_record(key)
+        return read(key)
     except XrunError:
         raise
     except Exception as e:  # noqa: BLE001 - any client error here means storage is unreachable
         raise XrunError(f"storage: cannot read {storage.url(key)}: {e}", EXIT_UNREACHABLE) from None
+
+
+def _read_record(storage: Storage, key: str) -> tuple[dict[str, Any] | None, str | None]:
+    return _reading(storage, key, storage.read_record)
 
 
 def _read(storage: Storage, key: str) -> dict[str, Any] | None:
-    try:
-        return storage.read_json(key)
-    except XrunError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any client error here means storage is unreachable
-        raise XrunError(f"storage: cannot read {storage.url(key)}: {e}", EXIT_UNREACHABLE) from None
+    return _reading(storage, key, storage.read_json)
 
 
 # ---------------------------------------------------------------------------------------

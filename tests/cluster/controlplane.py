@@ -518,13 +518,8 @@ class Supervisor:
         kwok_mod = module_dir("sigs.k8s.io/kwok", v["KWOK_VERSION"])
         certdir = str(pki / "serving")
 
-        jobset_cfg = self.root / "jobset-config.yaml"
-        jobset_cfg.write_text(yaml.safe_dump({
-            "apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
-            "leaderElection": {"leaderElect": False},
-            "internalCertManagement": {"enable": False},
-            "webhook": {"host": "127.0.0.1", "port": p["jobset-webhook"], "certDir": certdir},
-            "metrics": {"bindAddress": "0"}, "health": {"healthProbeBindAddress": "0"}}))
+        jobset_cfg = manager_config(self.root / "jobset-config.yaml", "config.jobset.x-k8s.io/v1alpha1",
+                                    p["jobset-webhook"], certdir)
         jobset = jobset_objects(jobset_mod, p["jobset-webhook"], ca_b64)
         api.apply_crds(self, jobset)
         self.start("jobset", [f"--config={jobset_cfg}", "--zap-log-level=info"], kenv)
@@ -539,14 +534,9 @@ class Supervisor:
             metrics_certs.mkdir(parents=True, exist_ok=True)
             shutil.copy(pki / "server.crt", metrics_certs / "tls.crt")
             shutil.copy(pki / "server.key", metrics_certs / "tls.key")
-        kueue_cfg = self.root / "kueue-config.yaml"
-        kueue_cfg.write_text(yaml.safe_dump({
-            "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
-            "leaderElection": {"leaderElect": False},
-            "internalCertManagement": {"enable": False},
-            "webhook": {"host": "127.0.0.1", "port": p["kueue-webhook"], "certDir": certdir},
-            "metrics": {"bindAddress": "0"}, "health": {"healthProbeBindAddress": "0"},
-            "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]}}))
+        kueue_cfg = manager_config(self.root / "kueue-config.yaml", "config.kueue.x-k8s.io/v1beta2",
+                                   p["kueue-webhook"], certdir,
+                                   integrations={"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]})
         kueue = kueue_objects(kueue_mod, p["kueue-webhook"], ca_b64)
         api.apply_crds(self, kueue)
         self.start("kueue", [f"--config={kueue_cfg}", "--feature-gates=VisibilityOnDemand=false",
@@ -603,6 +593,18 @@ class Supervisor:
                     print(f"{name} exited with {p.returncode}: starting it again", flush=True)
                     self.start(name, self.args[name], self.envs[name])
             time.sleep(0.2)
+
+
+def manager_config(path: Path, api_version: str, port: int, certdir: str, **extra: Any) -> Path:
+    """A controller-runtime manager's Configuration (JobSet's, Kueue's) as envtest runs one:
+    no leader election, no internal cert management (our CA signs the webhook server's
+    certificate), the webhook server on 127.0.0.1, metrics and health probes off."""
+    path.write_text(yaml.safe_dump({
+        "apiVersion": api_version, "kind": "Configuration",
+        "leaderElection": {"leaderElect": False}, "internalCertManagement": {"enable": False},
+        "webhook": {"host": "127.0.0.1", "port": port, "certDir": certdir},
+        "metrics": {"bindAddress": "0"}, "health": {"healthProbeBindAddress": "0"}, **extra}))
+    return path
 
 
 def _tls_up(port: int) -> bool:
