@@ -72,6 +72,14 @@ NATIVE_SIDECARS_MIN = (1, 29)
 # Event lists for a waiting run: at most this often, and Pending pods asked about by name.
 EVENTS_SECONDS = 2.0
 MAX_PENDING_PODS_ASKED = 3
+# Resources that are not namespaced: a RoleBinding cannot grant them, so a refusal names
+# the cluster scope (kube-apiserver's own message says "at the cluster scope").
+CLUSTER_SCOPED = frozenset({
+    "nodes", "namespaces", "priorityclasses.scheduling.k8s.io",
+    "customresourcedefinitions.apiextensions.k8s.io",
+    "validatingwebhookconfigurations.admissionregistration.k8s.io",
+    "mutatingwebhookconfigurations.admissionregistration.k8s.io",
+})
 
 
 class KubeBackend:
@@ -216,8 +224,11 @@ class KubeBackend:
         if e.status == 403:
             if "admission webhook" in msg:
                 return XrunError(f"{what} rejected by an admission webhook: {msg}", EXIT_FAILED)
+            where = ("cluster-wide (a ClusterRole and ClusterRoleBinding: a namespace's RoleBinding cannot "
+                     "grant it)" if resource in CLUSTER_SCOPED or "at the cluster scope" in msg
+                     else f"in namespace '{ns}'")
             return XrunError(
-                f"forbidden: RBAC must allow verb '{verb}' on resource '{resource}' in namespace '{ns}' "
+                f"forbidden: RBAC must allow verb '{verb}' on resource '{resource}' {where} "
                 f"(context {self.context_name or '?'}): {msg}", EXIT_FAILED)
         if e.status == 404:
             details = status_obj.get("details") or {}
@@ -231,6 +242,11 @@ class KubeBackend:
             return XrunError(f"{what} already exists in namespace '{ns}'; use --replace or another name", EXIT_FAILED)
         if e.status in (400, 422):
             return XrunError(f"{what} rejected by the cluster ({e.status} {status_obj.get('reason') or e.reason}): {msg}", EXIT_FAILED)
+        if e.status == 500 and "failed calling webhook" in msg:
+            # The API answered; an admission webhook it must call (failurePolicy Fail) did not:
+            # its controller is down or unreachable. Nothing of this kind can be created.
+            return XrunError(f"{verb} {what} refused: an admission webhook could not be called (is the "
+                             f"controller serving it running?): {msg}", EXIT_FAILED)
         if e.status >= 500:
             return XrunError(f"Kubernetes API at {self._where()} failed ({e.status}): {msg}", EXIT_UNREACHABLE)
         return XrunError(f"{verb} {what}: {e.status} {e.reason}: {msg}", EXIT_FAILED)
