@@ -465,6 +465,11 @@ class KubeBackend:
                          KUEUE_GROUP, version, self.namespace, "localqueues", queue_name,
                          name=queue_name, missing_ok=True)
 
+    def local_queues(self, version: str) -> builtins.list[dict[str, Any]]:
+        custom, _ = self._apis()
+        return (self.call("list", f"localqueues.{KUEUE_GROUP}", custom.list_namespaced_custom_object,
+                          KUEUE_GROUP, version, self.namespace, "localqueues") or {}).get("items") or []
+
     def nodes(self, label_selector: str) -> builtins.list[dict[str, Any]]:
         _, core = self._apis()
         return (self.call("list", "nodes", core.list_node, label_selector=label_selector) or {}).get("items") or []
@@ -475,6 +480,50 @@ class KubeBackend:
 
         api = client.SchedulingV1Api(self.api_client)
         return (self.call("list", "priorityclasses.scheduling.k8s.io", api.list_priority_class) or {}).get("items") or []
+
+    def dry_run_jobset(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create the JobSet with dryRun=All: every admission webhook runs, nothing is stored;
+        the answer is the object as it would have been stored (defaulted)."""
+        custom, _ = self._apis()
+        name = manifest.get("metadata", {}).get("name", "")
+        return self.call("create", JOBSET_CRD, custom.create_namespaced_custom_object, GROUP, VERSION,
+                         self.namespace, PLURAL, manifest, dry_run="All", name=name) or {}
+
+    def webhook_configurations(self) -> builtins.list[dict[str, Any]]:
+        """Every Validating- and MutatingWebhookConfiguration (cluster-scoped), with its kind."""
+        from kubernetes import client
+
+        api = client.AdmissionregistrationV1Api(self.api_client)
+        out: builtins.list[dict[str, Any]] = []
+        for kind, fn in (("ValidatingWebhookConfiguration", api.list_validating_webhook_configuration),
+                         ("MutatingWebhookConfiguration", api.list_mutating_webhook_configuration)):
+            resource = f"{kind.lower()}s.admissionregistration.k8s.io"
+            for item in (self.call("list", resource, fn) or {}).get("items") or []:
+                out.append({**item, "kind": kind})
+        return out
+
+    def deployments(self, namespace: str) -> builtins.list[dict[str, Any]]:
+        from kubernetes import client
+
+        apps = client.AppsV1Api(self.api_client)
+        return (self.call("list", "deployments.apps", apps.list_namespaced_deployment, namespace)
+                or {}).get("items") or []
+
+    def can(self, verb: str, group: str, resource: str, subresource: str = "") -> tuple[bool, str]:
+        """Whether this user may ``verb`` the resource in the backend's namespace, as the
+        API server's authorizer answers a SelfSubjectAccessReview (allowed, reason)."""
+        from kubernetes import client
+
+        api = client.AuthorizationV1Api(self.api_client)
+        attrs = {"namespace": self.namespace, "verb": verb, "group": group, "resource": resource}
+        if subresource:
+            attrs["subresource"] = subresource
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attrs}}
+        out = self.call("create", "selfsubjectaccessreviews.authorization.k8s.io",
+                        api.create_self_subject_access_review, body) or {}
+        status = out.get("status") or {}
+        return bool(status.get("allowed")), str(status.get("reason") or status.get("evaluationError") or "")
 
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes import client
