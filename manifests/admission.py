@@ -878,7 +878,7 @@ def _job_rule(path: str, rule: str, message: str, func: str, cause: str = INVALI
 
 def job_spec(obj: dict[str, Any]) -> list[Violation]:
     """batch validation.go: validateJobSpec: non-negative counts, completionMode values,
-    Indexed needs completions (and parallelism <= 100000), restartPolicy OnFailure or Never
+    Indexed needs completions once parallelism is set (both unset default to 1; parallelism <= 100000), restartPolicy OnFailure or Never
     (Never when podFailurePolicy is set), podReplacementPolicy Failed with podFailurePolicy."""
     out = []
     for job, base in _job_specs(obj):
@@ -894,7 +894,9 @@ def job_spec(obj: dict[str, Any]) -> list[Violation]:
                                  f"{json.dumps(mode)} is not one of \"NonIndexed\", \"Indexed\"", "validateJobSpec",
                                  NOT_SUPPORTED, mode, 'supported values: "NonIndexed", "Indexed"', K8S_BATCH))
         if mode == "Indexed":
-            if job.get("completions") is None:
+            # SetDefaults_Job sets completions = parallelism = 1 when both are unset, before
+            # validation: only parallelism without completions is refused.
+            if job.get("completions") is None and job.get("parallelism") is not None:
                 out.append(_job_rule(f"{base}.completions", "job-indexed-completions",
                                      "required when completionMode is Indexed", "validateJobSpec", REQUIRED,
                                      detail="when completion mode is Indexed", src=K8S_BATCH))

@@ -206,6 +206,23 @@ def deployment(namespace: str, name: str, image: str, ready: int = 1) -> dict[st
             "status": {"replicas": 1, "readyReplicas": ready} if ready else {"replicas": 1}}
 
 
+def jobset_webhook_configurations(service: tuple[str, str] | None = ("jobset-system", "jobset-webhook-service"),
+                                  url: str = "") -> list[dict[str, Any]]:
+    """JobSet's Validating/MutatingWebhookConfiguration (config/components/webhook, namePrefix
+    jobset-): the JobSet webhooks and the pod webhooks, behind a Service or at a URL."""
+    def hook(name: str, path: str, resources: list[str], group: str) -> dict[str, Any]:
+        client = {"url": url} if url else {"service": {"namespace": service[0], "name": service[1], "path": path}}
+        return {"name": name, "clientConfig": client, "failurePolicy": "Fail", "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "rules": [{"apiGroups": [group], "apiVersions": ["v1alpha2" if group else "v1"],
+                           "operations": ["CREATE", "UPDATE"], "resources": resources}]}
+    return [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": f"{kind}WebhookConfiguration",
+             "metadata": {"name": f"jobset-{kind.lower()}-webhook-configuration"},
+             "webhooks": [hook(f"{k}jobset.kb.io", f"/{verb}-jobset-x-k8s-io-v1alpha2-jobset", ["jobsets"], "jobset.x-k8s.io"),
+                          hook(f"{k}pod.kb.io", f"/{verb}--v1-pod", ["pods"], "")]}
+            for kind, k, verb in (("Validating", "v", "validate"), ("Mutating", "m", "mutate"))]
+
+
 def pod_name(jobset: str, slice_index: int, host_index: int, attempt: int) -> str:
     suffix = hashlib.md5(f"{jobset}/{attempt}/{slice_index}/{host_index}".encode()).hexdigest()[:5]
     return f"{jobset}-slice-{slice_index}-{host_index}-{suffix}"
@@ -302,6 +319,9 @@ class KubeAPI:
         self.deployments: dict[tuple[str, str], dict[str, Any]] = {
             ("jobset-system", "jobset-controller-manager"): deployment(
                 "jobset-system", "jobset-controller-manager", "registry.k8s.io/jobset/jobset:v0.12.0")}
+        # JobSet's webhook configurations as its release manifests register them (served by
+        # the Service jobset-system/jobset-webhook-service in front of the Deployment above).
+        self.webhook_configurations: list[dict[str, Any]] = jobset_webhook_configurations()
         self.crd_installed = True
         # What GET /version reports (apimachinery version.Info; GKE's minor has no "+").
         self.git_version = "v1.31.4-gke.1000"
@@ -605,6 +625,20 @@ class KubeAPI:
         if p == "/apis/scheduling.k8s.io/v1/priorityclasses" and m == "GET":
             return self._send(h, 200, {"kind": "PriorityClassList", "apiVersion": "scheduling.k8s.io/v1",
                                        "metadata": {"resourceVersion": str(self.rv)}, "items": self.priority_classes})
+        mm = re.fullmatch(r"/apis/admissionregistration\.k8s\.io/v1/(validating|mutating)webhookconfigurations", p)
+        if mm and m == "GET":
+            kind = f"{mm[1].capitalize()}WebhookConfiguration"
+            if f"{mm[1]}webhookconfigurations" in self.forbidden:
+                return self._send(h, 403, self.rbac_denied("list", f"{mm[1]}webhookconfigurations",
+                                                           "admissionregistration.k8s.io"))
+            return self._send(h, 200, {"kind": f"{kind}List", "apiVersion": "admissionregistration.k8s.io/v1",
+                                       "metadata": {"resourceVersion": str(self.rv)},
+                                       "items": [c for c in self.webhook_configurations if c["kind"] == kind]})
+        mm = re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments", p)
+        if mm and m == "GET":
+            return self._send(h, 200, {"kind": "DeploymentList", "apiVersion": "apps/v1",
+                                       "metadata": {"resourceVersion": str(self.rv)},
+                                       "items": [d for (ns, _), d in sorted(self.deployments.items()) if ns == mm[1]]})
         mm = re.fullmatch(r"/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)", p)
         if mm and m == "GET":
             dep = self.deployments.get((mm[1], mm[2]))
@@ -643,6 +677,15 @@ class KubeAPI:
         mm = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/log", p)
         if mm and m == "GET":
             return self._log(h, mm[1], mm[2], q)
+        if p == "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews" and m == "POST":
+            # The authorizer's answer (every user may ask: system:basic-user): allowed unless
+            # the resource (or resource/subresource) is in ``forbidden``.
+            attrs = ((req.body or {}).get("spec") or {}).get("resourceAttributes") or {}
+            res = attrs.get("resource", "")
+            full = f"{res}/{attrs['subresource']}" if attrs.get("subresource") else res
+            allowed = res not in self.forbidden and full not in self.forbidden
+            return self._send(h, 201, {**req.body, "status": {"allowed": allowed, **(
+                {} if allowed else {"reason": ""})}})
         return self._send(h, 404, "404 page not found\n")
 
     def rbac_denied(self, verb: str, resource: str, group: str, name: str = "") -> dict[str, Any]:
@@ -768,6 +811,8 @@ class KubeAPI:
                 if refusal is not None:
                     return self._send(h, refusal["code"], refusal)
                 key = (ns, body["metadata"]["name"])
+                if req.query.get("dryRun") == "All":  # admitted and defaulted, never stored
+                    return self._send(h, 201, js)
                 if key in self.jobsets:
                     return self._send(h, 409, status(409, "AlreadyExists",
                                                      f'jobsets.jobset.x-k8s.io "{key[1]}" already exists',

@@ -429,9 +429,13 @@ def test_default_fills_what_the_webhook_fills():
     rj = spec["replicatedJobs"][0]
     assert rj["replicas"] == 1 and rj["template"]["spec"]["completionMode"] == "Indexed"
     assert rj["template"]["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
-    # Indexed without completions: the Job API refuses it, and the coordinator-free JobSet
-    # is otherwise admissible.
-    assert [v.rule for v in violations(minimal)] == ["job-indexed-completions"]
+    # Indexed with neither completions nor parallelism: the Job API defaults both to 1
+    # (SetDefaults_Job) before validating, as kube-apiserver 1.36 does
+    # (test_cluster_doctor.py::test_indexed_job_defaults_agree_with_the_server).
+    assert violations(minimal) == []
+    with_parallelism = copy.deepcopy(minimal)
+    with_parallelism["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] = 2
+    assert [v.rule for v in violations(with_parallelism)] == ["job-indexed-completions"]
     assert default(out) == out
 
 

@@ -211,11 +211,40 @@ def test_doctor_tells_forbidden_from_missing(api, backend):
     assert check.result == "warn" and check.detail.startswith(
         "RBAC forbids reading Deployment jobset-system/jobset-controller-manager, so its version is unchecked "
         "(needs get on deployments.apps in jobset-system)")
+    api.faults.clear()
+    # No Deployment where the release manifests put it is not "no controller" (a Helm install
+    # names it otherwise; the real test cluster runs it as a process: test_cluster_doctor.py).
+    # JobSet's webhooks are registered behind a Service: the controller's Deployment is the
+    # one beside that Service.
     del api.deployments[("jobset-system", "jobset-controller-manager")]
+    api.deployments[("jobset-system", "jobset")] = deployment("jobset-system", "jobset",
+                                                              "registry.k8s.io/jobset/jobset:v0.11.1")
+    check = doctor.check_jobset_controller(backend)
+    assert (check.result, check.detail) == ("warn", "jobset-system/jobset runs registry.k8s.io/jobset/jobset:v0.11.1 "
+                                                    "(1 ready): works, but xrun's admission rules are v0.12's; upgrade "
+                                                    "(install JobSet: kubectl apply --server-side -f https://github.com/"
+                                                    "kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml)")
+    # No Deployment to read: the webhooks answering a dry-run create (defaulted) prove it runs.
+    del api.deployments[("jobset-system", "jobset")]
+    check = doctor.check_jobset_controller(backend)
+    assert check.result == "warn" and check.detail.startswith(
+        "JobSet controller answers: JobSet's webhooks mjobset.kb.io (jobset-mutating-webhook-configuration), "
+        "vjobset.kb.io (jobset-validating-webhook-configuration) are registered, served by service "
+        "jobset-system/jobset-webhook-service, and a dry-run JobSet passed them")
+    (create,) = api.requests_to("POST", "/jobsets$")
+    assert create.query["dryRun"] == "All" and not api.jobsets
+    # Kueue's JobSet webhooks have the same names: alone, they are no JobSet controller.
+    kueue = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+             "metadata": {"name": "kueue-validating-webhook-configuration"}, "webhooks": [
+                 {"name": "vjobset.kb.io", "rules": [{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"]}]},
+                 {"name": "vworkload.kb.io", "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"]}]}]}
+    api.webhook_configurations = [kueue]
     check = doctor.check_jobset_controller(backend)
     assert (check.result, check.exit_code) == ("FAIL", 1)
-    assert check.detail.startswith("no JobSet controller: Deployment jobset-system/jobset-controller-manager not "
-                                   "found, so JobSets would never get Jobs; install JobSet")
+    assert check.detail.startswith("no JobSet controller: no Deployment jobset-system/jobset-controller-manager, "
+                                   "and no webhook configuration registers JobSet's webhooks (vjobset.kb.io, "
+                                   "mjobset.kb.io; Kueue's of the same names do not count), so JobSets would "
+                                   "never get Jobs; install JobSet")
 
 
 # --- doctor: a pod on the node pool writes storage ---------------------------------------
@@ -481,7 +510,7 @@ def test_readme_first_run_on_gke_against_the_scripted_cluster(api, gcs_emulator,
     finally:
         kubelet.close()
     assert [ln.split()[1] for ln in outputs["doctor"].stdout.splitlines()] == [
-        "api", "jobset", "jobset-controller", "priority", "nodes", "storage", "pod-storage"]
+        "api", "jobset", "jobset-controller", "rbac", "priority", "nodes", "storage", "pod-storage"]
     assert all(ln.split()[0] == "ok" for ln in outputs["doctor"].stdout.splitlines())
     assert yaml.safe_load(outputs["render"].stdout)["metadata"]["name"] == name
     assert "step 1 loss 2.5" in outputs["logs"].stdout

@@ -213,10 +213,11 @@ def test_doctor_passes_on_a_ready_cluster(api, kubeconfig, gcs_bucket, tmp_path)
     r = xrun("doctor", "-f", str(run_file), storage="/nonexistent", KUBECONFIG=kubeconfig)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert [ln.split()[:2] for ln in lines] == [["ok", "api"], ["ok", "jobset"], ["ok", "jobset-controller"], ["ok", "kueue"],
+    assert [ln.split()[:2] for ln in lines] == [["ok", "api"], ["ok", "jobset"], ["ok", "jobset-controller"], ["ok", "rbac"], ["ok", "kueue"],
                                                 ["ok", "priority"], ["ok", "nodes"], ["ok", "storage"], ["skip", "pod-storage"]]
     assert "jobset-system/jobset-controller-manager runs registry.k8s.io/jobset/jobset:v0.12.0 (1 ready)" in lines[2]
-    del lines[2]
+    assert "RBAC allows the 12 verbs xrun uses in namespace 'team'" in lines[3]
+    del lines[2:4]
     assert "(context test-ctx, Kubernetes v1.31.4-gke.1000), namespace team" in lines[0]
     assert "served v1alpha2 (storage v1alpha2); xrun uses v1alpha2" in lines[1]
     assert "LocalQueue team/lq exists (ClusterQueue cq-tpu, kueue.x-k8s.io/v1beta1)" in lines[2]

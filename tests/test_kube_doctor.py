@@ -107,7 +107,8 @@ def test_a_server_without_native_sidecars_fails_the_api_check(api, backend, tmp_
         in api_check.detail
     assert ("1.28 has them only behind the SidecarContainers feature gate" in api_check.detail) == gate_note
     # The API answered: the cluster's other checks still run.
-    assert [(c.name, c.result) for c in checks][1:4] == [("jobset", "ok"), ("jobset-controller", "ok"), ("priority", "ok")]
+    assert [(c.name, c.result) for c in checks][1:5] == [("jobset", "ok"), ("jobset-controller", "ok"), ("rbac", "ok"),
+                                                          ("priority", "ok")]
     assert doctor.exit_code(checks) == 1
 
 

@@ -4,7 +4,9 @@ Checks, in order: the API answers, and its Kubernetes runs native sidecars (>= 1
 pod's log shipper is one; an older server fails the check); the JobSet CRD is installed
 and serves ``v1alpha2`` (falling back to API discovery when RBAC hides CRDs); the JobSet
 controller's version (its Deployment's image tag: job-global-index needs >= 0.6, xrun targets
-0.12), telling "RBAC forbids me to look" from "not there"; the Kueue LocalQueue exists when a
+0.12), telling "RBAC forbids me to look" from "not there", and where no Deployment shows it,
+JobSet's webhooks answering a dry-run create; RBAC lets this user do what xrun does in the
+namespace (SelfSubjectAccessReviews, naming each verb and resource missing); the Kueue LocalQueue exists when a
 queue is named; nodes carry the accelerator, TPU topology and machine-type labels the
 manifest's nodeSelector asks for, or a cluster autoscaler could add them; the storage root
 takes a write from here; and, given a full run spec (``-f run.yaml``), a pod on the target
@@ -39,7 +41,7 @@ from orchestrator.backends.kube.backend import (
 )
 from xrun_contract import PROBE_RE
 from xrun_contract.errors import XrunError
-from xrun_contract.k8s import Labels
+from xrun_contract.k8s import JOBSET_GROUP, Labels
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 AUTOSCALER_STATUS = ("kube-system", "cluster-autoscaler-status")
@@ -126,7 +128,14 @@ def _version(tag: str) -> tuple[int, ...] | None:
 
 
 def check_jobset_controller(backend: KubeBackend) -> Check:
-    """The controller's release, from its Deployment's image tag (the CRD does not carry it)."""
+    """The controller's release, from its Deployment's image tag (the CRD does not carry it).
+
+    Looked for where JobSet's release manifests put it; else through what the API shows:
+    the webhook configurations that register JobSet's own webhooks (``vjobset.kb.io``,
+    ``mjobset.kb.io``; Kueue registers webhooks of the same names, so a configuration that
+    also serves Kueue's resources does not count), the Deployment behind their Service, and
+    a dry-run JobSet create that only passes, defaulted, when those webhooks answer (the
+    controller serves them from the same process)."""
     ns, name = JOBSET_CONTROLLER
     try:
         dep = backend.deployment(ns, name)
@@ -134,31 +143,146 @@ def check_jobset_controller(backend: KubeBackend) -> Check:
         if e.exit_code == 1 and "forbidden" in str(e):
             return Check("jobset-controller", WARN, f"RBAC forbids reading Deployment {ns}/{name}, so its version is "
                                                     f"unchecked (needs get on deployments.apps in {ns}); xrun needs "
-                                                    f"JobSet >= {'.'.join(map(str, JOBSET_MIN))}, targets "
-                                                    f"{'.'.join(map(str, JOBSET_TARGET))}")
+                                                    f"JobSet >= {_release(JOBSET_MIN)}, targets {_release(JOBSET_TARGET)}")
         return Check("jobset-controller", FAIL, str(e), e.exit_code)
-    if dep is None:
-        return Check("jobset-controller", FAIL, f"no JobSet controller: Deployment {ns}/{name} not found, so JobSets "
-                                                f"would never get Jobs; {INSTALL_HINT}", 1)
+    if dep is not None:
+        return _controller_deployment(dep)
+    return _controller_from_api(backend, f"Deployment {ns}/{name}")
+
+
+def _release(v: tuple[int, ...]) -> str:
+    return ".".join(map(str, v))
+
+
+def _controller_deployment(dep: dict[str, Any]) -> Check:
+    meta = dep.get("metadata") or {}
     containers = (((dep.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or []
     image = next((c.get("image", "") for c in containers if "jobset" in c.get("image", "")),
                  containers[0].get("image", "") if containers else "")
     tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
     version = _version(tag)
     ready = (dep.get("status") or {}).get("readyReplicas") or 0
-    where = f"{ns}/{name} runs {image or '?'} ({ready} ready)"
+    where = f"{meta.get('namespace', '?')}/{meta.get('name', '?')} runs {image or '?'} ({ready} ready)"
     if version is None:
         return Check("jobset-controller", WARN, f"{where}: no release in the image tag; xrun targets "
-                                                f"v{'.'.join(map(str, JOBSET_TARGET))}")
+                                                f"v{_release(JOBSET_TARGET)}")
     if version[:2] < JOBSET_MIN:
-        return Check("jobset-controller", FAIL, f"{where}: older than v{'.'.join(map(str, JOBSET_MIN))}, which "
+        return Check("jobset-controller", FAIL, f"{where}: older than v{_release(JOBSET_MIN)}, which "
                                                 f"sets the job-global-index label every pod reads; {INSTALL_HINT}", 1)
     if not ready:
         return Check("jobset-controller", FAIL, f"{where}: no ready replica, JobSets would not be reconciled", 1)
     if version[:2] < JOBSET_TARGET:
         return Check("jobset-controller", WARN, f"{where}: works, but xrun's admission rules are v"
-                                                f"{'.'.join(map(str, JOBSET_TARGET))}'s; upgrade ({INSTALL_HINT})")
+                                                f"{_release(JOBSET_TARGET)}'s; upgrade ({INSTALL_HINT})")
     return Check("jobset-controller", OK, where)
+
+
+def jobset_webhooks(configurations: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    """(configuration name, webhook) for each webhook of JobSet's own configurations: those
+    with a webhook on jobset.x-k8s.io jobsets and none on Kueue's resources (Kueue's JobSet
+    integration registers ``vjobset.kb.io``/``mjobset.kb.io`` too)."""
+
+    def groups(w: dict[str, Any]) -> set[str]:
+        return {g for r in w.get("rules") or [] for g in r.get("apiGroups") or []}
+
+    def on_jobsets(w: dict[str, Any]) -> bool:
+        return any(JOBSET_GROUP in (r.get("apiGroups") or []) and "jobsets" in (r.get("resources") or [])
+                   for r in w.get("rules") or [])
+
+    out = []
+    for conf in configurations:
+        hooks = conf.get("webhooks") or []
+        if any(on_jobsets(w) for w in hooks) and not any(KUEUE_GROUP in groups(w) for w in hooks):
+            out += [((conf.get("metadata") or {}).get("name", "?"), w) for w in hooks if on_jobsets(w)]
+    return out
+
+
+def _probe_jobset(name: str) -> dict[str, Any]:
+    """The smallest JobSet, left for JobSet's mutating webhook to default (dry run only)."""
+    return {"apiVersion": f"{JOBSET_GROUP}/{VERSION}", "kind": "JobSet", "metadata": {"name": name},
+            "spec": {"replicatedJobs": [{"name": "probe", "replicas": 1, "template": {"spec": {"template": {
+                "spec": {"containers": [{"name": "probe", "image": "registry.k8s.io/pause:3.10"}]}}}}}]}}
+
+
+def _controller_from_api(backend: KubeBackend, looked: str) -> Check:
+    need = f"xrun needs JobSet >= {_release(JOBSET_MIN)}, targets {_release(JOBSET_TARGET)}"
+    try:
+        hooks: list[tuple[str, dict[str, Any]]] | None = jobset_webhooks(backend.webhook_configurations())
+    except XrunError as e:
+        if e.exit_code != 1 or "forbidden" not in str(e):
+            return Check("jobset-controller", FAIL, str(e), e.exit_code)
+        hooks = None  # RBAC hides them: the dry run below still tells
+    if hooks == []:
+        return Check("jobset-controller", FAIL, f"no JobSet controller: no {looked}, and no webhook configuration "
+                                                "registers JobSet's webhooks (vjobset.kb.io, mjobset.kb.io; "
+                                                f"Kueue's of the same names do not count), so JobSets would never "
+                                                f"get Jobs; {INSTALL_HINT}", 1)
+    served_by = sorted({(w.get("clientConfig") or {}).get("url") or "service {namespace}/{name}".format(
+        **((w.get("clientConfig") or {}).get("service") or {"namespace": "?", "name": "?"})) for _, w in hooks or []})
+    # A Service in front of the webhooks: the controller's Deployment is beside it.
+    for ns in sorted({((w.get("clientConfig") or {}).get("service") or {}).get("namespace", "")
+                      for _, w in hooks or []} - {""}):
+        with contextlib.suppress(XrunError):
+            deps = [d for d in backend.deployments(ns)
+                    if any("jobset" in c.get("image", "") for c in
+                           (((d.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers") or [])]
+            if deps:
+                return _controller_deployment(deps[0])
+    names = ", ".join(sorted({f"{w.get('name', '?')} ({conf})" for conf, w in hooks or []}))
+    registered = (f"JobSet's webhooks {names} are registered, served by {', '.join(served_by)}"
+                  if hooks else "the webhook configurations are not readable with your RBAC")
+    try:
+        got = backend.dry_run_jobset(_probe_jobset(f"xrun-doctor-{uuid.uuid4().hex[:8]}"))
+    except XrunError as e:
+        if e.exit_code == 1 and "forbidden: RBAC" in str(e):
+            return Check("jobset-controller", WARN, f"no {looked}; {registered}; a dry-run JobSet create would "
+                                                    f"prove they answer, but {e}; {need}")
+        if e.exit_code == 1 and "webhook could not be called" in str(e):
+            return Check("jobset-controller", FAIL, f"no {looked}; {registered}, but they do not answer, so every "
+                                                    f"JobSet create is refused: {e}", 1)
+        return Check("jobset-controller", FAIL, f"no {looked}; a dry-run JobSet create failed: {e}", e.exit_code)
+    network = (got.get("spec") or {}).get("network") or {}
+    if network.get("enableDNSHostnames") is not True:
+        return Check("jobset-controller", FAIL, f"no JobSet controller: no {looked}, and a dry-run JobSet came back "
+                                                "without JobSet's defaults (spec.network.enableDNSHostnames), so "
+                                                f"JobSet's mutating webhook did not run; {INSTALL_HINT}", 1)
+    return Check("jobset-controller", WARN, f"JobSet controller answers: {registered}, and a dry-run JobSet "
+                                            "passed them, defaulted by JobSet's mutating webhook; its release is "
+                                            f"unknown (no {looked} and no Deployment behind the webhooks to read "
+                                            f"an image tag from); {need}")
+
+
+def check_rbac(backend: KubeBackend) -> Check:
+    """Whether this user may do what xrun's cluster backend does in the namespace (the same
+    rules the nightly's Role grants), each asked of the API server's authorizer with a
+    SelfSubjectAccessReview. A missing one is named as the verb and resource to allow."""
+    from manifests.nightly import RBAC_RULES
+
+    missing: dict[str, list[str]] = {}
+    asked = 0
+    try:
+        for rule in RBAC_RULES:
+            for group in rule["apiGroups"]:
+                for res in rule["resources"]:
+                    resource, _, sub = res.partition("/")
+                    # A subresource such as pods/log is only read (GET): list/watch mean nothing there.
+                    for verb in (["get"] if sub else rule["verbs"]):
+                        asked += 1
+                        allowed, _reason = backend.can(verb, group, resource, sub)
+                        if not allowed:
+                            missing.setdefault(f"{res}.{group}" if group else res, []).append(verb)
+    except XrunError as e:
+        if e.exit_code == 1:
+            return Check("rbac", WARN, f"cannot ask the API server what RBAC allows: {e}")
+        return Check("rbac", FAIL, str(e), e.exit_code)
+    ns, ctx = backend.namespace, backend.context_name or "?"
+    if missing:
+        named = "; ".join(f"verb{'s' if len(verbs) > 1 else ''} {', '.join(repr(v) for v in verbs)} on resource {r!r}"
+                          for r, verbs in missing.items())
+        return Check("rbac", FAIL, f"RBAC must allow {named} in namespace '{ns}' (context {ctx}): xrun submits, "
+                                   "follows and deletes JobSets and reads their pods, logs and events there", 1)
+    return Check("rbac", OK, f"RBAC allows the {asked} verbs xrun uses in namespace '{ns}' "
+                             "(jobsets create/get/list/watch/delete; pods and events get/list/watch; pods/log get)")
 
 
 def check_pod_storage(backend: KubeBackend, spec: RunSpec, timeout_s: float = PROBE_TIMEOUT_S) -> Check:
@@ -242,10 +366,23 @@ def check_queue(backend: KubeBackend, queue: str) -> Check:
     except XrunError as e:
         return Check("kueue", FAIL, str(e), e.exit_code)
     if lq is None:
+        try:
+            others = sorted((q.get("metadata") or {}).get("name", "") for q in backend.local_queues(version))
+        except XrunError:
+            others = []
+        there = f"; LocalQueues there: {', '.join(others)}" if others else ""
         return Check("kueue", FAIL, f"LocalQueue {queue!r} not found in namespace {backend.namespace!r} "
-                                    f"({KUEUE_GROUP}/{version})", 1)
+                                    f"({KUEUE_GROUP}/{version}){there}", 1)
     cq = (lq.get("spec") or {}).get("clusterQueue", "?")
-    return Check("kueue", OK, f"LocalQueue {backend.namespace}/{queue} exists (ClusterQueue {cq}, {KUEUE_GROUP}/{version})")
+    where = f"LocalQueue {backend.namespace}/{queue} (ClusterQueue {cq}, {KUEUE_GROUP}/{version})"
+    # Kueue's own verdict: Active False (its ClusterQueue missing or inactive) means workloads
+    # sent there are never admitted, and the run's JobSet stays suspended.
+    active = next((c for c in (lq.get("status") or {}).get("conditions") or [] if c.get("type") == "Active"), None)
+    if active is not None and active.get("status") == "False":
+        return Check("kueue", FAIL, f"{where} is not active ({active.get('reason', '?')}: "
+                                    f"{active.get('message', '')}), so Kueue would never admit the run", 1)
+    return Check("kueue", OK, f"LocalQueue {backend.namespace}/{queue} exists (ClusterQueue {cq}, {KUEUE_GROUP}/{version})"
+                              + ("; Kueue reports it active" if active is not None else ""))
 
 
 def check_priority(backend: KubeBackend, wanted: str) -> Check:
@@ -342,6 +479,7 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
     else:
         checks.append(check_jobset(backend))
         checks.append(check_jobset_controller(backend))
+        checks.append(check_rbac(backend))
         if queue:
             checks.append(check_queue(backend, queue))
         checks.append(check_priority(backend, priority))
@@ -392,7 +530,7 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
     if run_file:
         data = read_run_file(run_file)
         values = {k: data[k] for k in ("accelerator", "num_slices", "nodes", "cpu_devices_per_host",
-                                       "queue", "namespace", "context", "storage", "capacity")
+                                       "queue", "namespace", "context", "storage", "capacity", "priority")
                   if data.get(k) is not None}
     values.update({k: v for k, v in flags.items() if v is not None and k not in ("image", "service_account")})
     for key in ("num_slices", "nodes"):

@@ -75,6 +75,14 @@ NATIVE_SIDECARS_MIN = (1, 29)
 # Event lists for a waiting run: at most this often, and Pending pods asked about by name.
 EVENTS_SECONDS = 2.0
 MAX_PENDING_PODS_ASKED = 3
+# Resources that are not namespaced: a RoleBinding cannot grant them, so a refusal names
+# the cluster scope (kube-apiserver's own message says "at the cluster scope").
+CLUSTER_SCOPED = frozenset({
+    "nodes", "namespaces", "priorityclasses.scheduling.k8s.io",
+    "customresourcedefinitions.apiextensions.k8s.io",
+    "validatingwebhookconfigurations.admissionregistration.k8s.io",
+    "mutatingwebhookconfigurations.admissionregistration.k8s.io",
+})
 
 
 class KubeBackend:
@@ -219,8 +227,11 @@ class KubeBackend:
         if e.status == 403:
             if "admission webhook" in msg:
                 return XrunError(f"{what} rejected by an admission webhook: {msg}", EXIT_FAILED)
+            where = ("cluster-wide (a ClusterRole and ClusterRoleBinding: a namespace's RoleBinding cannot "
+                     "grant it)" if resource in CLUSTER_SCOPED or "at the cluster scope" in msg
+                     else f"in namespace '{ns}'")
             return XrunError(
-                f"forbidden: RBAC must allow verb '{verb}' on resource '{resource}' in namespace '{ns}' "
+                f"forbidden: RBAC must allow verb '{verb}' on resource '{resource}' {where} "
                 f"(context {self.context_name or '?'}): {msg}", EXIT_FAILED)
         if e.status == 404:
             details = status_obj.get("details") or {}
@@ -234,6 +245,11 @@ class KubeBackend:
             return XrunError(f"{what} already exists in namespace '{ns}'; use --replace or another name", EXIT_FAILED)
         if e.status in (400, 422):
             return XrunError(f"{what} rejected by the cluster ({e.status} {status_obj.get('reason') or e.reason}): {msg}", EXIT_FAILED)
+        if e.status == 500 and "failed calling webhook" in msg:
+            # The API answered; an admission webhook it must call (failurePolicy Fail) did not:
+            # its controller is down or unreachable. Nothing of this kind can be created.
+            return XrunError(f"{verb} {what} refused: an admission webhook could not be called (is the "
+                             f"controller serving it running?): {msg}", EXIT_FAILED)
         if e.status >= 500:
             return XrunError(f"Kubernetes API at {self._where()} failed ({e.status}): {msg}", EXIT_UNREACHABLE)
         return XrunError(f"{verb} {what}: {e.status} {e.reason}: {msg}", EXIT_FAILED)
@@ -470,6 +486,11 @@ class KubeBackend:
                          KUEUE_GROUP, version, self.namespace, "localqueues", queue_name,
                          name=queue_name, missing_ok=True)
 
+    def local_queues(self, version: str) -> builtins.list[dict[str, Any]]:
+        custom, _ = self._apis()
+        return (self.call("list", f"localqueues.{KUEUE_GROUP}", custom.list_namespaced_custom_object,
+                          KUEUE_GROUP, version, self.namespace, "localqueues") or {}).get("items") or []
+
     def nodes(self, label_selector: str) -> builtins.list[dict[str, Any]]:
         _, core = self._apis()
         return (self.call("list", "nodes", core.list_node, label_selector=label_selector) or {}).get("items") or []
@@ -480,6 +501,50 @@ class KubeBackend:
 
         api = client.SchedulingV1Api(self.api_client)
         return (self.call("list", "priorityclasses.scheduling.k8s.io", api.list_priority_class) or {}).get("items") or []
+
+    def dry_run_jobset(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        """Create the JobSet with dryRun=All: every admission webhook runs, nothing is stored;
+        the answer is the object as it would have been stored (defaulted)."""
+        custom, _ = self._apis()
+        name = manifest.get("metadata", {}).get("name", "")
+        return self.call("create", JOBSET_CRD, custom.create_namespaced_custom_object, GROUP, VERSION,
+                         self.namespace, PLURAL, manifest, dry_run="All", name=name) or {}
+
+    def webhook_configurations(self) -> builtins.list[dict[str, Any]]:
+        """Every Validating- and MutatingWebhookConfiguration (cluster-scoped), with its kind."""
+        from kubernetes import client
+
+        api = client.AdmissionregistrationV1Api(self.api_client)
+        out: builtins.list[dict[str, Any]] = []
+        for kind, fn in (("ValidatingWebhookConfiguration", api.list_validating_webhook_configuration),
+                         ("MutatingWebhookConfiguration", api.list_mutating_webhook_configuration)):
+            resource = f"{kind.lower()}s.admissionregistration.k8s.io"
+            for item in (self.call("list", resource, fn) or {}).get("items") or []:
+                out.append({**item, "kind": kind})
+        return out
+
+    def deployments(self, namespace: str) -> builtins.list[dict[str, Any]]:
+        from kubernetes import client
+
+        apps = client.AppsV1Api(self.api_client)
+        return (self.call("list", "deployments.apps", apps.list_namespaced_deployment, namespace)
+                or {}).get("items") or []
+
+    def can(self, verb: str, group: str, resource: str, subresource: str = "") -> tuple[bool, str]:
+        """Whether this user may ``verb`` the resource in the backend's namespace, as the
+        API server's authorizer answers a SelfSubjectAccessReview (allowed, reason)."""
+        from kubernetes import client
+
+        api = client.AuthorizationV1Api(self.api_client)
+        attrs = {"namespace": self.namespace, "verb": verb, "group": group, "resource": resource}
+        if subresource:
+            attrs["subresource"] = subresource
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attrs}}
+        out = self.call("create", "selfsubjectaccessreviews.authorization.k8s.io",
+                        api.create_self_subject_access_review, body) or {}
+        status = out.get("status") or {}
+        return bool(status.get("allowed")), str(status.get("reason") or status.get("evaluationError") or "")
 
     def deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         from kubernetes import client
