@@ -13,7 +13,6 @@ exit wait, and blocked / total training time (target <= 5%).
 from __future__ import annotations
 
 import argparse
-import http.server
 import json
 import os
 import subprocess
@@ -26,22 +25,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 
-def start_emulator() -> tuple[object, str]:
-    """gcp-storage-emulator in memory on 127.0.0.1 (as tests/conftest.py starts it)."""
-    from gcp_storage_emulator.server import create_server
-    from workload_helpers import emulator_sends_generations
-
-    from orchestrator.backends.local import free_port
-
-    port = free_port()
-    server = create_server("127.0.0.1", port, in_memory=True)
-    server._storage._write_config_to_file = lambda: None
-    http.server.HTTPServer.request_queue_size = 128
-    emulator_sends_generations()
-    server.start()
-    return server, f"http://127.0.0.1:{port}"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--preset", default="bench-21m")
@@ -51,13 +34,19 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
 
+    from fake_gcs import fake_gcs_server
+
+    with fake_gcs_server() as url:  # the tests' emulator (tests/fake_gcs.py), in memory
+        run_bench(args, url)
+
+
+def run_bench(args: argparse.Namespace, url: str) -> None:
     from gcs_proxy import GCSProxy
 
     from xrun_contract import CKPT_WAIT_PREVIOUS_RE, Layout
     from xrun_contract.checkpoints import committed_steps
     from xrun_contract.storage import gcs_client, open_storage
 
-    server, url = start_emulator()
     proxy = GCSProxy(url, lifetime_s=3600).start()
     proxy.throttle(args.mib_per_s * (1 << 20))
     os.environ["STORAGE_EMULATOR_HOST"] = url  # this process reads results directly
@@ -110,7 +99,6 @@ def main() -> None:
         "committed_steps": committed_steps(st, Layout.checkpoints(run)),
     }
     proxy.stop()
-    server.stop()
     print(f"preset {args.preset}, {args.steps} steps, save every {args.every}, storage "
           f"throttled to {args.mib_per_s:.0f} MiB/s ({result['uploaded_mib_per_save']:.0f} MiB "
           f"uploaded per save)")

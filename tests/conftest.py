@@ -1,8 +1,8 @@
-"""Shared fixtures: a real gcp-storage-emulator on 127.0.0.1, free ports, the repo root."""
+"""Shared fixtures: fake-gcs-server and the fault proxy on 127.0.0.1, the scripted Kubernetes
+API, the real control plane."""
 
 from __future__ import annotations
 
-import http.server
 import os
 import sys
 from pathlib import Path
@@ -13,39 +13,30 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-from orchestrator.backends.local import free_port  # noqa: E402  (after sys.path is set)
-
-
 @pytest.fixture(scope="session")
 def gcs_emulator():
-    """Starts gcp-storage-emulator (in memory) and points the GCS client and TensorStore at it.
+    """Starts fake-gcs-server (tests/fake_gcs.py, in memory) and points the GCS client and
+    TensorStore at it.
 
     Yields the emulator's base URL. Env vars are set for this process and inherited by
-    every subprocess the tests start (workload hosts, xrun CLI).
+    every subprocess the tests start (workload hosts, xrun CLI). Without Go to build the
+    binary the tests that need it fail with one line saying what to install.
     """
-    from gcp_storage_emulator.server import create_server
-    from workload_helpers import emulator_checks_preconditions, emulator_sends_generations
+    from fake_gcs import FakeGCSUnavailable, binary, fake_gcs_server
 
-    port = free_port()
-    server = create_server("127.0.0.1", port, in_memory=True)
-    # In memory mode the emulator re-serialises its whole object index after every write
-    # (quadratic in the object count) into a file that is only read at start-up. Skip that
-    # bookkeeping: the index itself stays in memory and every request is served as before.
-    server._storage._write_config_to_file = lambda: None
-    # The emulator's single-threaded HTTPServer listens with a backlog of 5: parallel
-    # clients (TensorStore, several hosts) get SYNs dropped and stall a second per retry.
-    http.server.HTTPServer.request_queue_size = 128
-    emulator_sends_generations()  # as real GCS does; TensorStore's OCDBT writes need it
-    emulator_checks_preconditions()  # ifGenerationMatch, as GCS: exclusive submits need it
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")}
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    os.environ["TENSORSTORE_GCS_HTTP_URL"] = url
     try:
-        yield url
+        exe, why = binary(), ""
+    except FakeGCSUnavailable as e:
+        exe, why = None, str(e)
+    if why:  # outside the except: one line, no chained traceback
+        pytest.fail(why, pytrace=False)
+    old = {k: os.environ.get(k) for k in ("STORAGE_EMULATOR_HOST", "TENSORSTORE_GCS_HTTP_URL")}
+    try:
+        with fake_gcs_server(exe) as url:
+            os.environ["STORAGE_EMULATOR_HOST"] = url
+            os.environ["TENSORSTORE_GCS_HTTP_URL"] = url
+            yield url
     finally:
-        server.stop()
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -1,5 +1,11 @@
 """A fault proxy for storage tests: HTTP on 127.0.0.1 in front of the GCS emulator.
 
+This is the one hand-written GCS fake the tests keep. Storage semantics (objects,
+generations, preconditions, uploads, listing) come from a real emulator, fake-gcs-server
+(tests/fake_gcs.py); the proxy adds only what no emulator does: 429/5xx answers, dropped
+connections, outages and a throttled link (latency). It forwards every other request
+unchanged, so it stands in front of whichever emulator the tests run.
+
 Point a client at ``proxy.url`` instead of the emulator (``proxy.env()`` gives the two env
 vars: ``STORAGE_EMULATOR_HOST`` for google-cloud-storage/gcsfs, ``TENSORSTORE_GCS_HTTP_URL``
 for TensorStore) and shape what it sees:

@@ -17,7 +17,6 @@ import workload_helpers
 from cli_helpers import xrun
 from workload_helpers import (
     assert_tensorboard_matches,
-    emulator_sends_generations,
     events,
     launch,
     losses,
@@ -238,7 +237,6 @@ def test_gcs_save_restore_with_token_file(gcs_bucket, tmp_path):
     """Storage and data on gs://: attempt 0 saves synchronously and fails at step 6; attempt
     1 resumes from step 4 past a half-written step 8, saves asynchronously, and redoes steps
     5-6 with the same losses."""
-    emulator_sends_generations()
     root = f"{gcs_bucket}/root"
     store = open_storage(root)
     rng = np.random.default_rng(0)
