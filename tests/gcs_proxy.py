@@ -89,6 +89,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _handle(self) -> None:
         proxy = self.server.proxy
+        if proxy._server is None:
+            # Stopped: shutdown() only stops accepting, so a client's kept-alive connection
+            # would still be served here, bypassing the next test's proxy (the kernel may give
+            # it the same port) and reaching the emulator after the session stopped it.
+            self.close_connection = True
+            return
         url = urllib.parse.unquote(self.path)
         proxy.stats.requests += 1
         body = self._read_body(proxy)
