@@ -10,12 +10,15 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if ! command -v go >/dev/null 2>&1; then
-  echo "xrun cluster tests: Go >= 1.26 is required to build the control plane (install it from go.dev/dl or your distribution, then put 'go' on PATH)" >&2
+  echo "xrun tests: Go >= 1.26 is required to build the test control plane and fake-gcs-server (install it from go.dev/dl or your distribution, then put 'go' on PATH)" >&2
   exit 1
 fi
 export GOTOOLCHAIN=local GOFLAGS=-mod=readonly CGO_ENABLED=0
 . "$here/versions.env"
-key=$( { go env GOVERSION; cat "$here/build.sh" "$here/versions.env" "$here"/tools/*/go.mod "$here"/tools/*/go.sum; } | sha256sum | cut -c1-16)
+# What the binaries depend on: Go's version, the module versions and sums, and how they are
+# built (bump RECIPE when a flag below changes). Edits elsewhere in this file reuse the cache.
+RECIPE="trimpath,cgo0,-s -w,version ldflags,kube tags selinux+notest:1"
+key=$( { go env GOVERSION; echo "$RECIPE"; cat "$here/versions.env" "$here"/tools/*/go.mod "$here"/tools/*/go.sum; } | sha256sum | cut -c1-16)
 cache=${XRUN_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/xrun-cluster}
 out=$cache/$key/bin
 bins=(etcd kube-apiserver kube-controller-manager kube-scheduler jobset kueue kwok fake-gcs-server)
