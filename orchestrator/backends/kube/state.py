@@ -13,12 +13,18 @@ from typing import Any
 
 from orchestrator.backends.base import HostStatus
 from xrun_contract import DELETED, FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, host_id
+from xrun_contract.errors import XrunError
 from xrun_contract.k8s import Annotations, Conditions, Labels, PodPhases
 
 CONTAINER = "workload"  # manifests.jobset.CONTAINER: the user's container
 MAX_EVENTS = 6
 
 _TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
+
+
+class ApiUnavailable(XrunError):
+    """The API server could not be reached or answered 5xx: an outage (a restart, an
+    upgrade of the control plane) that a follower waits out, unlike a refusal."""
 
 
 def parse_time(text: str | None) -> tuple[int, int] | None:
