@@ -20,6 +20,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cli_helpers import xrun_popen
@@ -166,3 +167,66 @@ def test_logs_follow_ends_when_the_run_ends(cluster, storage, tmp_path):
     out, err = follow_logs(cluster, storage, tmp_path, name, feeder, run_s=8, timeout=90)
     assert_exact(feeder, out, err)
     assert time.monotonic() - started < 60
+
+
+def watches_after(cluster: Cluster, name: str, since: str) -> list[int]:
+    """The resourceVersions xrun's pod watches of run ``name`` resumed from, in order, for
+    the watches the API server received after ``since`` (RFC3339, from the audit log)."""
+    out = []
+    for e in cluster.audit_lines():
+        uri = e.get("requestURI", "")
+        if (e.get("verb") == "watch" and e.get("stage") == "ResponseStarted"
+                and f"jobset-name%3D{name}" in uri and e["requestReceivedTimestamp"] > since):
+            m = re.search(r"resourceVersion=(\d+)", uri)
+            if m:
+                out.append(int(m[1]))
+    return out
+
+
+def test_logs_follow_survives_a_compaction_410(cluster, storage, tmp_path):
+    """A compaction alone does not expire a watch: the API server's watch cache still
+    serves the old resourceVersion (checked on kube-apiserver 1.36.3). The restarted API
+    server's cache begins at etcd's current revision, so the follower's next watch, from
+    its last resourceVersion (now compacted away), is answered 410 Gone (an ERROR event);
+    it lists the pods again and watches from the list."""
+    name = unique("lgc")
+    feeder = Feeder(cluster, name, lines=50, every=0.2)
+    marks: dict[str, Any] = {}
+
+    def disrupt() -> None:
+        wait_line(feeder, 15)
+        marks["since"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
+        marks["compacted"] = cluster.compact_etcd()
+        cluster.restart_apiserver()
+
+    out, err = follow_logs(cluster, storage, tmp_path, name, feeder, run_s=22, disrupt=disrupt)
+    assert_exact(feeder, out, err)
+    rvs = watches_after(cluster, name, marks["since"])
+    # the first watch after the restart resumed from before the compaction (the 410), a
+    # later one from after it (the new list)
+    assert rvs and rvs[0] <= marks["compacted"] < rvs[-1], (marks, rvs)
+
+
+def test_logs_follow_reads_a_restarted_containers_previous_log(cluster, storage, tmp_path):
+    """Host 0-0's container restarts while the follower's stream is down (the API server
+    restarting): the old container's last lines are only in its previous log. They are
+    read (``previous=true``, from the last line passed on), then the new container's."""
+    name = unique("lgr")
+    state: dict[str, Any] = {}
+
+    def on_line(pod: str, host: str, n: int) -> None:
+        if host != "0-0" or n != 20:
+            return
+        old = cluster.kill_apiserver()
+        tail = [f"{host} n=019.tail{k}" for k in range(5)]  # the old container's last lines
+        cluster.write_log(pod, CONTAINER, tail)
+        feeder.written[host].extend(tail)
+        cluster.restart_container_log(pod, CONTAINER)
+        cluster.wait_apiserver(old)
+        state["restarts"] = cluster.mark_container_restarted(pod, CONTAINER)
+        time.sleep(1)  # the new container's first line comes after its status
+
+    feeder = Feeder(cluster, name, lines=40, every=0.2, on_line=on_line)
+    out, err = follow_logs(cluster, storage, tmp_path, name, feeder, run_s=22)
+    assert state.get("restarts") == 1
+    assert_exact(feeder, out, err)
