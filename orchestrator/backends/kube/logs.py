@@ -25,6 +25,7 @@ from orchestrator.backends.kube.state import (
     one_line,
     parse_time,
     pod_host,
+    restart_count,
 )
 from xrun_contract import DELETED, FAILED, SUCCEEDED
 from xrun_contract.errors import EXIT_FAILED, XrunError
@@ -68,6 +69,9 @@ class _LogSession:
         # by us, not left to the server, then read once more from their last line.
         self.ended: set[str] = set()
         self.streams: dict[str, Any] = {}  # pod uid -> its open followed log response
+        # pod uid -> the workload container's restartCount as last seen (watch or pump): a
+        # restarted container's last lines may be only in its previous log.
+        self.restarts: dict[str, int] = {}
 
     # Lifecycle
     def run(self) -> Iterator[tuple[str, int, str]]:
@@ -149,6 +153,7 @@ class _LogSession:
             return
         if container_done(pod):
             self._end(uid)
+        self._note_restarts(uid, restart_count(pod))
         with self.lock:
             if uid in self.started or self.stop.is_set():
                 return
@@ -157,6 +162,18 @@ class _LogSession:
                                  name=f"xrun-log-{meta.get('name')}")
             self.pumps.append(t)
         t.start()
+
+    def _note_restarts(self, uid: str, count: int) -> None:
+        """The workload container of pod ``uid`` has restarted ``count`` times: a pump
+        reading an older container is cut, so it reads the previous log's rest first."""
+        with self.lock:
+            if count <= self.restarts.get(uid, 0):
+                return
+            self.restarts[uid] = count
+            resp = self.streams.get(uid)
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                resp.shutdown()
 
     def _end(self, uid: str | None = None) -> None:
         """The container of pod ``uid`` (every pod's, when None) has ended: close its followed
@@ -268,6 +285,9 @@ class _LogSession:
         last: tuple[int, int] | None = None  # timestamp of the last line passed on
         at_last = 0  # lines passed on with exactly that timestamp
         first, follow = True, self.follow
+        # The container's restartCount whose log we read; when the pod reports more, the
+        # previous container's log is read (from the last line on) before the current one's.
+        reading, previous = restart_count(pod), False
         outage = _Outage(self.stop)
         failing_since: float | None = None  # first of a run of 5xx answers
         kubelet_failures = 0
@@ -275,7 +295,15 @@ class _LogSession:
             with self.lock:
                 if uid in self.ended:
                     follow = False
-            kwargs: dict[str, Any] = {"container": CONTAINER, "follow": follow, "timestamps": True}
+                seen = self.restarts.get(uid, 0)
+            if seen > reading:
+                # Only the last restart's predecessor has a previous log (the kubelet keeps
+                # one): with more restarts since, the ones between are gone.
+                previous, reading = True, seen
+            streaming = follow and not previous
+            kwargs: dict[str, Any] = {"container": CONTAINER, "follow": streaming, "timestamps": True}
+            if previous:
+                kwargs["previous"] = True
             if first:
                 if self.since_seconds is not None:
                     kwargs["since_seconds"] = self.since_seconds
@@ -288,14 +316,14 @@ class _LogSession:
             clean = False
             try:
                 resp = self._open(core.read_namespaced_pod_log, pod_name, self.b.namespace,
-                                  timeout=(self.b.request_timeout[0], FOLLOW_READ_TIMEOUT if follow
+                                  timeout=(self.b.request_timeout[0], FOLLOW_READ_TIMEOUT if streaming
                                            else self.b.request_timeout[1]), **kwargs)
                 skip, failing_since, kubelet_failures = at_last, None, 0
                 outage.ok()
-                if follow:
+                if streaming:
                     with self.lock:
                         self.streams[uid] = resp
-                        ended = uid in self.ended
+                        ended = uid in self.ended or self.restarts.get(uid, 0) > reading
                     if ended:  # ended while it opened: read what it has, then once more
                         with contextlib.suppress(Exception):
                             resp.shutdown()
@@ -322,6 +350,9 @@ class _LogSession:
             except ApiException as e:
                 if e.status == 404:
                     return  # pod gone
+                if e.status == 400 and previous:
+                    previous = False  # no previous container's log (kubelet: not found)
+                    continue
                 if e.status == 400 and first:
                     with self.lock:  # container not started after all: a later event retries
                         self.started.discard(uid)
@@ -344,10 +375,13 @@ class _LogSession:
                 if self.stop.is_set():
                     return
                 with self.lock:
-                    ended = uid in self.ended
-                if not (ended and follow):  # not our own cut: the API server is down
+                    ended = uid in self.ended or self.restarts.get(uid, 0) > reading
+                if not (ended and streaming):  # not our own cut: the API server is down
                     outage.wait(self.b.unreachable(e))
             first = False
+            if previous:
+                previous = not clean  # read; else read it again
+                continue
             if clean and not follow:
                 return
             if not follow:
@@ -360,6 +394,7 @@ class _LogSession:
             current = self._get_pod(core, pod_name, outage)
             if current is None:
                 return
+            self._note_restarts(uid, restart_count(current))
             if container_done(current):
                 follow = False  # one last read (from the last line on) catches a cut tail
             elif clean:
@@ -384,7 +419,8 @@ class _Outage:
     ``API_RETRY_SECONDS`` from the first, then the last error is raised."""
 
     def __init__(self, stop: threading.Event):
-        self.stop, self.since, self.count = stop, None, 0
+        self.stop, self.count = stop, 0
+        self.since: float | None = None
 
     def ok(self) -> None:
         self.since, self.count = None, 0

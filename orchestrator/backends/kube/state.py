@@ -80,6 +80,14 @@ def container_started(pod: dict[str, Any]) -> bool:
     )
 
 
+def restart_count(pod: dict[str, Any]) -> int:
+    """How often the kubelet restarted the workload container of this pod."""
+    try:
+        return int(_container_status(pod).get("restartCount") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def container_done(pod: dict[str, Any]) -> bool:
     state = _container_status(pod).get("state") or {}
     return bool(state.get("terminated")) or (pod.get("status") or {}).get("phase") in PodPhases.DONE
