@@ -230,3 +230,22 @@ def test_logs_follow_reads_a_restarted_containers_previous_log(cluster, storage,
     out, err = follow_logs(cluster, storage, tmp_path, name, feeder, run_s=22)
     assert state.get("restarts") == 1
     assert_exact(feeder, out, err)
+
+
+def test_submit_follow_survives_an_apiserver_restart(cluster, storage, tmp_path):
+    """`xrun submit --follow` reads the hosts' lines from storage (the pods' log shippers),
+    never pods/log, and the cluster only for the run's state: an API-server restart
+    mid-run is a warning, and the run is followed to its end."""
+    name = unique("lgs")
+    follow = xrun_popen("submit", "--follow", "-f",
+                        run_file(tmp_path, name, pod_annotations=timing(run_s=12, start_s=2.0)),
+                        storage=storage, KUBECONFIG=cluster.kubeconfig)
+    try:
+        cluster.wait("pods Running", lambda: len([p for p in cluster.pods(name)
+                                                  if p["status"].get("phase") == "Running"]) == 2, 60)
+        cluster.restart_apiserver()
+        out, err = follow.communicate(timeout=120)
+    finally:
+        follow.kill()
+    assert follow.returncode == 0, err
+    assert f"run {name}: Succeeded" in err
