@@ -221,6 +221,9 @@ class Cluster:
         finally:
             conn.close()
 
+    def etcd_revision(self) -> int:
+        return int(self._etcd("/v3/maintenance/status", {})["header"]["revision"])
+
     def compact_etcd(self) -> int:
         """Compact etcd at its current revision (its gRPC gateway): every watch that resumes
         from an older resourceVersion is then answered 410 Gone by the API server."""
