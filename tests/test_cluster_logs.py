@@ -103,7 +103,7 @@ def printed(out: str) -> dict[str, list[str]]:
         m = LINE.match(line)
         if not m:
             continue
-        assert m["prefix"].split(" ")[0] == m["host"], line
+        assert m["prefix"] == m["host"], line  # "[0-1]": attempt 0 has no "#N"
         got.setdefault(m["host"], []).append(f"{m['host']} n={m['n']}{m['tag']}")
     return got
 
