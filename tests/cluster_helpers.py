@@ -169,10 +169,43 @@ class Cluster:
 
     def restart_apiserver(self, timeout: float = 90.0) -> None:
         """Kill the API server; the supervisor starts it again. Returns once it is ready."""
+        self.wait_apiserver(self.kill_apiserver(), timeout)
+
+    def kill_apiserver(self) -> int:
+        """SIGKILL the API server (the supervisor starts another); its pid."""
         old = self.state["pids"]["kube-apiserver"]
         os.kill(old, signal.SIGKILL)
+        return old
+
+    def wait_apiserver(self, old: int, timeout: float = 90.0) -> None:
+        """Until the API server that replaced ``old`` is ready."""
         self.wait("a new kube-apiserver", lambda: self.state["pids"]["kube-apiserver"] != old, 20)
         self.wait("kube-apiserver ready", self._ready, timeout, every=0.2)
+
+    def restart_container_log(self, pod: str, container: str) -> None:
+        """What the kubelet's log files go through when a container restarts: the old
+        container's log becomes the previous one (``previous=true``), a new one begins.
+        KWOK's followed stream reopens the new file (crilogs follows a recreated file)."""
+        self.log_file(pod, container).replace(self.log_file(pod, container, previous=True))
+        self.log_file(pod, container).touch()
+
+    def mark_container_restarted(self, pod: str, container: str, exit_code: int = 1) -> int:
+        """Patch the pod's status as the kubelet reports a restarted container: restartCount
+        one up, the old container in lastState.terminated, the new one running. KWOK has
+        no stage that restarts a container in place, and xrun's pods are restartPolicy
+        Never, so this is the one way to show a follower a restarted container."""
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        pod_obj = self.core.read_namespaced_pod(pod, NAMESPACE, _preload_content=False)
+        status = json.loads(pod_obj.data)["status"]
+        statuses = status.get("containerStatuses") or []
+        cs = next(c for c in statuses if c["name"] == container)
+        cs["restartCount"] = int(cs.get("restartCount") or 0) + 1
+        cs["lastState"] = {"terminated": {"exitCode": exit_code, "reason": "Error",
+                                          "startedAt": (cs.get("state") or {}).get("running", {}).get("startedAt", now),
+                                          "finishedAt": now}}
+        cs["state"] = {"running": {"startedAt": now}}
+        self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {"containerStatuses": statuses}})
+        return cs["restartCount"]
 
     def _etcd(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         ctx = ssl.create_default_context(cafile=str(self.root / "pki/ca.crt"))
@@ -187,6 +220,9 @@ class Cluster:
             return data
         finally:
             conn.close()
+
+    def etcd_revision(self) -> int:
+        return int(self._etcd("/v3/maintenance/status", {})["header"]["revision"])
 
     def compact_etcd(self) -> int:
         """Compact etcd at its current revision (its gRPC gateway): every watch that resumes

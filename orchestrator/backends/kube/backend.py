@@ -32,6 +32,7 @@ from orchestrator.backends.kube.logs import _LogSession
 from orchestrator.backends.kube.state import (
     PENDING,
     RESTARTING,
+    ApiUnavailable,
     JobSetEvents,
     _epoch,
     container_started,
@@ -211,7 +212,7 @@ class KubeBackend:
 
     def unreachable(self, e: BaseException) -> XrunError:
         reason = getattr(e, "reason", None) or e
-        return XrunError(f"cannot reach the Kubernetes API at {self._where()}: {one_line(str(reason), 200)}", EXIT_UNREACHABLE)
+        return ApiUnavailable(f"cannot reach the Kubernetes API at {self._where()}: {one_line(str(reason), 200)}", EXIT_UNREACHABLE)
 
     def api_error(self, e: Any, verb: str, resource: str, name: str = "") -> XrunError:
         """Map an ApiException to the one-line message and exit code of the module docstring."""
@@ -251,7 +252,7 @@ class KubeBackend:
             return XrunError(f"{verb} {what} refused: an admission webhook could not be called (is the "
                              f"controller serving it running?): {msg}", EXIT_FAILED)
         if e.status >= 500:
-            return XrunError(f"Kubernetes API at {self._where()} failed ({e.status}): {msg}", EXIT_UNREACHABLE)
+            return ApiUnavailable(f"Kubernetes API at {self._where()} failed ({e.status}): {msg}", EXIT_UNREACHABLE)
         return XrunError(f"{verb} {what}: {e.status} {e.reason}: {msg}", EXIT_FAILED)
 
     # --- JobSets --------------------------------------------------------------------

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends.kube.state import (
     CONTAINER,
+    ApiUnavailable,
     container_done,
     container_started,
     jobset_state,
     one_line,
     parse_time,
     pod_host,
+    restart_count,
 )
 from xrun_contract import DELETED, FAILED, SUCCEEDED
 from xrun_contract.errors import EXIT_FAILED, XrunError
@@ -42,6 +44,10 @@ FOLLOW_READ_TIMEOUT = 300.0
 # rebooting, being repaired, or its kubelet is overloaded) is retried, from the last line,
 # for this long while the pod exists; then the run is reported unreachable.
 KUBELET_RETRY_SECONDS = 300.0
+# The API server unreachable or answering 5xx (restarted, or upgraded: a zonal GKE cluster's
+# API is down for minutes) is waited out this long from the first failure of a run of them;
+# the pod watch and every log stream then resume where they were.
+API_RETRY_SECONDS = 300.0
 
 
 _DONE = object()
@@ -59,6 +65,13 @@ class _LogSession:
         self.watcher: threading.Thread | None = None
         self.stop = threading.Event()
         self.responses: set[Any] = set()
+        # Pods whose container has ended (or the run has): their followed streams are ended
+        # by us, not left to the server, then read once more from their last line.
+        self.ended: set[str] = set()
+        self.streams: dict[str, Any] = {}  # pod uid -> its open followed log response
+        # pod uid -> the workload container's restartCount as last seen (watch or pump): a
+        # restarted container's last lines may be only in its previous log.
+        self.restarts: dict[str, int] = {}
 
     # Lifecycle
     def run(self) -> Iterator[tuple[str, int, str]]:
@@ -138,6 +151,9 @@ class _LogSession:
             return
         if not container_started(pod):
             return
+        if container_done(pod):
+            self._end(uid)
+        self._note_restarts(uid, restart_count(pod))
         with self.lock:
             if uid in self.started or self.stop.is_set():
                 return
@@ -147,6 +163,32 @@ class _LogSession:
             self.pumps.append(t)
         t.start()
 
+    def _note_restarts(self, uid: str, count: int) -> None:
+        """The workload container of pod ``uid`` has restarted ``count`` times: a pump
+        reading an older container is cut, so it reads the previous log's rest first."""
+        with self.lock:
+            if count <= self.restarts.get(uid, 0):
+                return
+            self.restarts[uid] = count
+            resp = self.streams.get(uid)
+        if resp is not None:
+            with contextlib.suppress(Exception):
+                resp.shutdown()
+
+    def _end(self, uid: str | None = None) -> None:
+        """The container of pod ``uid`` (every pod's, when None) has ended: close its followed
+        log stream. A kubelet ends it by itself, once the container is not running, but not
+        when it cannot tell (its runtime not answering: crilogs assumes running, and KWOK
+        always does) nor when the connection died without a FIN; the pump then reads the
+        log once more, unfollowed, from its last line, so nothing is lost."""
+        with self.lock:
+            uids = [uid] if uid is not None else list(self.started)
+            self.ended.update(uids)
+            open_streams = [self.streams[u] for u in uids if u in self.streams]
+        for resp in open_streams:
+            with contextlib.suppress(Exception):
+                resp.shutdown()
+
     def _terminal(self) -> bool:
         jobset = self.b.get_jobset(self.name)
         if jobset is None:
@@ -154,6 +196,13 @@ class _LogSession:
         return jobset_state(jobset, [])[0] in (SUCCEEDED, FAILED, DELETED)
 
     def _watch(self, rv: str) -> None:
+        try:
+            self._watch_pods(rv)
+        finally:
+            if not self.stop.is_set():
+                self._end()  # the run is over (or the watch failed): no stream follows on
+
+    def _watch_pods(self, rv: str) -> None:
         """Follow the pod list from ``rv`` until the JobSet is finished or gone.
 
         A dropped connection resumes from the last resourceVersion seen (no event twice);
@@ -165,16 +214,19 @@ class _LogSession:
         from urllib3.exceptions import HTTPError
 
         _, core = self.b._apis()
-        failures = 0
+        outage = _Outage(self.stop)
+        relist = False
         while not self.stop.is_set():
             try:
+                if relist:
+                    rv, relist = self._relist(), False
                 resp = self._open(
                     core.list_namespaced_pod, self.b.namespace,
                     label_selector=f"{Labels.JOBSET_NAME}={self.name}", watch=True, resource_version=rv,
                     allow_watch_bookmarks=True, timeout_seconds=self.b.watch_timeout_seconds,
                     timeout=(self.b.request_timeout[0], self.b.watch_timeout_seconds + 30),
                 )
-                failures = 0
+                outage.ok()
                 try:
                     for line in iter_resp_lines(resp):
                         if not line.strip():
@@ -194,23 +246,25 @@ class _LogSession:
                             return
                 finally:
                     self._release(resp)
+                if self.stop.is_set() or self._terminal():
+                    return
             except _Expired:
-                rv = self._relist()
-                continue
+                relist = True
             except ApiException as e:
                 if e.status == 410:
-                    rv = self._relist()
+                    relist = True
                     continue
-                raise self.b.api_error(e, "watch", "pods") from None
+                error = self.b.api_error(e, "watch", "pods")
+                if not isinstance(error, ApiUnavailable):
+                    raise error from None
+                outage.wait(error)
+            except ApiUnavailable as e:
+                outage.wait(e)
             except (HTTPError, OSError, ValueError) as e:
                 if self.stop.is_set():
                     return
-                failures += 1  # a dropped connection: resume from the last resourceVersion
-                if failures > 5:
-                    raise self.b.unreachable(e) from None
-                time.sleep(min(0.2 * failures, 2.0))
-            if self.stop.is_set() or self._terminal():
-                return
+                # a dropped connection: resume from the last resourceVersion
+                outage.wait(self.b.unreachable(e))
 
     def _relist(self) -> str:
         pods, rv = self.b.list_pods(self.name)
@@ -230,11 +284,26 @@ class _LogSession:
         host, attempt = pod_host(pod)
         last: tuple[int, int] | None = None  # timestamp of the last line passed on
         at_last = 0  # lines passed on with exactly that timestamp
-        first, follow, failures = True, self.follow, 0
+        first, follow = True, self.follow
+        # The container's restartCount whose log we read; when the pod reports more, the
+        # previous container's log is read (from the last line on) before the current one's.
+        reading, previous = restart_count(pod), False
+        outage = _Outage(self.stop)
         failing_since: float | None = None  # first of a run of 5xx answers
         kubelet_failures = 0
         while not self.stop.is_set():
-            kwargs: dict[str, Any] = {"container": CONTAINER, "follow": follow, "timestamps": True}
+            with self.lock:
+                if uid in self.ended:
+                    follow = False
+                seen = self.restarts.get(uid, 0)
+            if seen > reading:
+                # Only the last restart's predecessor has a previous log (the kubelet keeps
+                # one): with more restarts since, the ones between are gone.
+                previous, reading = True, seen
+            streaming = follow and not previous
+            kwargs: dict[str, Any] = {"container": CONTAINER, "follow": streaming, "timestamps": True}
+            if previous:
+                kwargs["previous"] = True
             if first:
                 if self.since_seconds is not None:
                     kwargs["since_seconds"] = self.since_seconds
@@ -247,9 +316,17 @@ class _LogSession:
             clean = False
             try:
                 resp = self._open(core.read_namespaced_pod_log, pod_name, self.b.namespace,
-                                  timeout=(self.b.request_timeout[0], FOLLOW_READ_TIMEOUT if follow
+                                  timeout=(self.b.request_timeout[0], FOLLOW_READ_TIMEOUT if streaming
                                            else self.b.request_timeout[1]), **kwargs)
-                failures, skip, failing_since, kubelet_failures = 0, at_last, None, 0
+                skip, failing_since, kubelet_failures = at_last, None, 0
+                outage.ok()
+                if streaming:
+                    with self.lock:
+                        self.streams[uid] = resp
+                        ended = uid in self.ended or self.restarts.get(uid, 0) > reading
+                    if ended:  # ended while it opened: read what it has, then once more
+                        with contextlib.suppress(Exception):
+                            resp.shutdown()
                 try:
                     for raw in iter_resp_lines(resp):
                         stamp, _, text = raw.partition(" ")
@@ -266,16 +343,21 @@ class _LogSession:
                             last = ts
                             skip = 0
                 finally:
+                    with self.lock:
+                        self.streams.pop(uid, None)
                     self._release(resp)
                 clean = True
             except ApiException as e:
                 if e.status == 404:
                     return  # pod gone
+                if e.status == 400 and previous:
+                    previous = False  # no previous container's log (kubelet: not found)
+                    continue
                 if e.status == 400 and first:
                     with self.lock:  # container not started after all: a later event retries
                         self.started.discard(uid)
                     return
-                if e.status < 500:
+                if e.status < 500 and e.status != 429:
                     raise self.b.api_error(e, "get", "pods/log", pod_name) from None
                 # The kubelet is unreachable: retry from the last line passed on while the pod
                 # lives (the next read resumes by timestamp, so nothing repeats or is lost).
@@ -284,8 +366,7 @@ class _LogSession:
                 if now - failing_since > KUBELET_RETRY_SECONDS:
                     raise self.b.api_error(e, "get", "pods/log", pod_name) from None
                 kubelet_failures += 1
-                current = self.b.call("get", "pods", core.read_namespaced_pod, pod_name, self.b.namespace,
-                                      name=pod_name, missing_ok=True)
+                current = self._get_pod(core, pod_name, outage)
                 if current is None:
                     return
                 self.stop.wait(min(0.05 * 2 ** min(kubelet_failures, 6), 2.0))
@@ -293,23 +374,64 @@ class _LogSession:
             except (HTTPError, OSError) as e:
                 if self.stop.is_set():
                     return
-                failures += 1
-                if failures > 10:
-                    raise self.b.unreachable(e) from None
-                time.sleep(min(0.1 * failures, 1.0))
+                with self.lock:
+                    ended = uid in self.ended or self.restarts.get(uid, 0) > reading
+                if not (ended and streaming):  # not our own cut: the API server is down
+                    outage.wait(self.b.unreachable(e))
             first = False
+            if previous:
+                previous = not clean  # read; else read it again
+                continue
             if clean and not follow:
                 return
             if not follow:
                 continue  # the final read was cut: read it again
-            current = self.b.call("get", "pods", core.read_namespaced_pod, pod_name, self.b.namespace,
-                                  name=pod_name, missing_ok=True)
+            with self.lock:
+                ended = uid in self.ended
+            if ended:
+                follow = False  # we cut it: read once more, unfollowed, from the last line
+                continue
+            current = self._get_pod(core, pod_name, outage)
             if current is None:
                 return
+            self._note_restarts(uid, restart_count(current))
             if container_done(current):
                 follow = False  # one last read (from the last line on) catches a cut tail
             elif clean:
                 time.sleep(0.1)
+
+    def _get_pod(self, core: Any, pod_name: str, outage: _Outage) -> dict[str, Any] | None:
+        """The pod now (None once gone or when stopping), waiting out an API outage."""
+        while not self.stop.is_set():
+            try:
+                current = self.b.call("get", "pods", core.read_namespaced_pod, pod_name, self.b.namespace,
+                                      name=pod_name, missing_ok=True)
+            except ApiUnavailable as e:
+                outage.wait(e)
+                continue
+            outage.ok()
+            return current
+        return None
+
+
+class _Outage:
+    """A run of failures to reach the API server: waited out (backing off) for
+    ``API_RETRY_SECONDS`` from the first, then the last error is raised."""
+
+    def __init__(self, stop: threading.Event):
+        self.stop, self.count = stop, 0
+        self.since: float | None = None
+
+    def ok(self) -> None:
+        self.since, self.count = None, 0
+
+    def wait(self, error: XrunError) -> None:
+        now = time.monotonic()
+        self.since = self.since if self.since is not None else now
+        if now - self.since > API_RETRY_SECONDS:
+            raise error
+        self.count += 1
+        self.stop.wait(min(0.2 * self.count, 2.0))
 
 
 class _Expired(Exception):

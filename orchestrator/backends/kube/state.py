@@ -13,12 +13,18 @@ from typing import Any
 
 from orchestrator.backends.base import HostStatus
 from xrun_contract import DELETED, FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, host_id
+from xrun_contract.errors import XrunError
 from xrun_contract.k8s import Annotations, Conditions, KueueWorkload, Labels, PodPhases
 
 CONTAINER = "workload"  # manifests.jobset.CONTAINER: the user's container
 MAX_EVENTS = 6
 
 _TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
+
+
+class ApiUnavailable(XrunError):
+    """The API server could not be reached or answered 5xx: an outage (a restart, an
+    upgrade of the control plane) that a follower waits out, unlike a refusal."""
 
 
 def parse_time(text: str | None) -> tuple[int, int] | None:
@@ -72,6 +78,14 @@ def container_started(pod: dict[str, Any]) -> bool:
     return bool(state.get("running") or state.get("terminated")) or (
         (pod.get("status") or {}).get("phase") in PodPhases.STARTED
     )
+
+
+def restart_count(pod: dict[str, Any]) -> int:
+    """How often the kubelet restarted the workload container of this pod."""
+    try:
+        return int(_container_status(pod).get("restartCount") or 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def container_done(pod: dict[str, Any]) -> bool:
