@@ -191,11 +191,8 @@ def mutations() -> list[tuple[str, dict[str, Any]]]:
         for how, new in variants:
             obj = copy.deepcopy(seed)
             parent = _get(obj, path[:-1])
-            if how == "removed":
-                if isinstance(parent, list):
-                    parent.pop(path[-1])
-                else:
-                    parent.pop(path[-1])
+            if how == "removed":  # list.pop(index) and dict.pop(key) alike
+                parent.pop(path[-1])
             else:
                 parent[path[-1]] = new
             out.append((f"{_dotted(path)}:{how}", obj))
