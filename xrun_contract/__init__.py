@@ -139,6 +139,12 @@ class Env:
     MEGASCALE_SLICE_ID = "MEGASCALE_SLICE_ID"
     MEGASCALE_PORT = "MEGASCALE_PORT"
 
+    # The shipped working tree (``workdir``): the archive's sha256 (init container: fetch
+    # ``Layout.code(sha)``, check, unpack into ``$XRUN_POD_DIR/code``) and, in the user's
+    # container, the unpacked folder the launcher runs the command in (cwd, first on PYTHONPATH).
+    CODE_SHA256 = "XRUN_CODE_SHA256"
+    WORKDIR = "XRUN_WORKDIR"
+
     @classmethod
     def all_names(cls) -> set[str]:
         return {v for k, v in vars(cls).items() if k.isupper() and isinstance(v, str)}
@@ -163,6 +169,13 @@ class Layout:
 
     RUNS = "runs"
     REPORTS = "reports"
+    CODE = "code"
+
+    @staticmethod
+    def code(sha256: str) -> str:
+        """A shipped working tree: a deterministic tar.gz named by its own sha256, shared by
+        every run that ships the same tree (written once with an exclusive create)."""
+        return f"code/{sha256}.tar.gz"
 
     @staticmethod
     def run(name: str) -> str:
@@ -434,6 +447,7 @@ class PodFiles:
     LAUNCHER = "bin/xrun-launch"
     OUTPUT = "output.log"
     SHIPPED = "shipped.json"
+    CODE = "code"  # the shipped working tree, unpacked by the init container
 
 
 # Lines of the pod launcher that runs the user's command (names kept from the former

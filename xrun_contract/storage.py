@@ -133,6 +133,11 @@ class Storage:
     def exists(self, key: str) -> bool:
         return self.read_bytes(key) is not None
 
+    def exists_object(self, key: str) -> bool:
+        """Whether ``key`` exists, without reading it (a metadata request on GCS): for large
+        objects such as shipped working trees (``Layout.code``)."""
+        return self.exists(key)
+
     def read_text(self, key: str) -> str | None:
         data = self.read_bytes(key)
         return None if data is None else data.decode("utf-8", errors="replace")
@@ -253,6 +258,9 @@ class LocalStorage(Storage):
     def url(self, key: str = "") -> str:
         return str(self._path(key)) if key else self.root
 
+    def exists_object(self, key: str) -> bool:
+        return self._path(key).is_file()
+
 
 def gcs_client():
     """A google-cloud-storage client; anonymous against STORAGE_EMULATOR_HOST (tests, local)."""
@@ -338,6 +346,10 @@ class GCSStorage(Storage):
                 retry=self._retry, timeout=self._rpc_timeout))
         except NotFound:
             return None
+
+    def exists_object(self, key: str) -> bool:
+        blob = self._bucket.blob(self._name(key))
+        return bool(self._call("stat", key, lambda: blob.exists(retry=self._retry, timeout=self._rpc_timeout)))
 
     def write_bytes(self, key: str, data: bytes) -> None:
         blob = self._bucket.blob(self._name(key))

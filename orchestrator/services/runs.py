@@ -26,6 +26,9 @@ from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.loaders import StoredRun, read_stored_run
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
+from orchestrator.services import code
+from orchestrator.services.code import PackOptions
+from orchestrator.workdir import Packed
 from xrun_contract import (
     DELETED,
     FAILED,
@@ -166,8 +169,14 @@ def observe(storage: Storage, name: str, backend: Backend,
 # Render and submit
 
 
-def render(spec: RunSpec) -> dict[str, Any]:
-    """The JobSet for ``spec``, admitted offline as the cluster would admit it."""
+def render(spec: RunSpec, pack: PackOptions | None = None) -> dict[str, Any]:
+    """The JobSet for ``spec``, admitted offline as the cluster would admit it; a ``workdir``
+    is packed (nothing uploaded) so the manifest names its archive."""
+    spec, _ = code.prepare(spec, pack)
+    return _render(spec)
+
+
+def _render(spec: RunSpec) -> dict[str, Any]:
     check_workload_args(spec)
     manifest = jobset(spec)
     admit(manifest)
@@ -181,7 +190,7 @@ def render_for_submit(spec: RunSpec) -> dict[str, Any]:
     """:func:`render`, and what only a submission needs: a cluster run's ``xrun_image`` must
     be pullable by its nodes (``render`` alone prints the manifest for any image)."""
     check_cluster_xrun_image(spec)
-    return render(spec)
+    return _render(spec)
 
 
 def admit(manifest: dict[str, Any]) -> None:
@@ -252,37 +261,55 @@ class Submitted:
     manifest: dict[str, Any]
     storage: Storage
     backend: Backend
+    packed: Packed | None = None  # the shipped working tree, when the spec has a workdir
+    uploaded: bool = False  # whether this submit uploaded its archive (False: already stored)
 
     @property
     def url(self) -> str:
         return self.storage.url(Layout.run(self.spec.name))
 
 
-def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Submitted:
+def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
+           pack: PackOptions | None = None) -> Submitted:
     """Write manifest.yaml and run.json under the run's folder, then hand the manifest to the
     backend. ``replace`` removes an earlier run of the same name first (its stored data and
     checkpoints with it), and only once that run is over as its backend and state.json say
     and no process of it lives; ``force`` replaces a live one too, stopping it first.
 
     Exclusive per name: run.json is created atomically (``Storage.create_exclusive``: O_EXCL
-    locally, ifGenerationMatch=0 on GCS), so of racing submits exactly one starts."""
+    locally, ifGenerationMatch=0 on GCS), so of racing submits exactly one starts.
+
+    A ``workdir`` is packed first (bad input: exit 2, nothing written) and its archive
+    uploaded before run.json, only when absent (``code.upload``)."""
     if force and not replace:
         raise XrunError("--force: only with --replace (it replaces a run that is still live)")
+    spec, packed = code.prepare(spec, pack)
     manifest = render_for_submit(spec)
     storage = _open(spec.storage)
     backend = backend_for_spec(spec)
     _preflight(backend)
+    uploaded = False
+    if packed is not None:
+        uploaded = code.upload(storage, packed)
+    elif spec.code_sha256:
+        code.check_uploaded(storage, spec.code_sha256)
     record = {
         "name": spec.name, "spec": spec.to_dict(), "submitted_at": time.time(),
         "backend": spec.backend_name, "context": spec.context, "namespace": spec.namespace,
         "xrun_version": XRUN_VERSION, "storage": storage.root, "submit_id": writer_id(),
     }
+    if packed is not None:
+        record["code"] = {**packed.record(), "uploaded": uploaded}
+    elif spec.code_sha256:
+        record["code"] = {"sha256": spec.code_sha256}
     data = (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode()
     if not _create(storage, Layout.run_json(spec.name), data):
         _make_room(storage, spec, backend, replace, force)
         if not _create(storage, Layout.run_json(spec.name), data):
             raise XrunError(f"name: another submit of {spec.name!r} won the race under "
                             f"{storage.root}; choose another name")
+    if packed is not None and not storage.exists_object(Layout.code(packed.sha256)):
+        code.upload(storage, packed)  # a gc or purge removed it between our upload and run.json
     try:  # run.json first: the run is traceable even if the cluster rejects it
         storage.write_text(Layout.manifest(spec.name), dump_yaml(manifest))
     except XrunError:
@@ -293,7 +320,7 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Subm
     resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
     if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
         storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
-    return Submitted(spec, manifest, storage, backend)
+    return Submitted(spec, manifest, storage, backend, packed, uploaded)
 
 
 def _preflight(backend: Backend) -> None:
@@ -545,6 +572,7 @@ class Deleted:
     stopped: bool
     purged: int | None = None
     url: str = ""
+    code_removed: str = ""  # the sha256 of the archive purged with the run
 
 
 def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = True) -> Deleted:
@@ -559,7 +587,10 @@ def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = Tru
                                                   message="deleted by xrun delete"), backend.name)
     out = Deleted(stopped, url=storage.url(Layout.run(name)))
     if purge:
+        sha = ((storage.read_json(Layout.run_json(name)) or {}).get("spec") or {}).get("code_sha256", "")
         out.purged = storage.delete_prefix(Layout.run(name))
+        # Its shipped tree too, unless another run still names it.
+        out.code_removed = sha if sha and code.release(storage, name, sha) else ""
     return out
 
 
