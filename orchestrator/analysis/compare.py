@@ -358,7 +358,7 @@ class Comparison:
         def run(rec: RunRecord, fig: RunFigures, label: str) -> dict[str, Any]:
             return {
                 "label": label, "name": rec.name, "source": rec.source, "kind": rec.kind,
-                "branch": rec.branch, "commit": rec.commit, "image": rec.image,
+                "branch": rec.branch, "commit": rec.commit, "image": rec.image, "code": rec.code,
                 "state": rec.state, "exit_code": rec.exit_code, "finished": rec.finished,
                 "restarts": rec.restarts, "versions": rec.versions, "accelerator": rec.accelerator,
                 "devices": rec.devices, "process_id": rec.process_id,
@@ -735,6 +735,9 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
     for fig, lab in ((fb, lb), (fc, lc)):
         if fig.stride > 1:
             n.append(f"{lab}: a long run; statistics use every {fig.stride}th step.")
+    for rec, lab in ((base, lb), (cand, lc)):
+        if rec.code_text:  # the shipped working tree (workdir) each side ran
+            n.append(f"{lab}: {rec.code_text}.")
     for rec, lab in ((base, lb), (cand, lc)):
         for note in rec.notes[:5]:
             n.append(f"{lab}: {note}.")

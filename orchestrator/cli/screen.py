@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.analysis.goodput import format_goodput, format_startup
+from orchestrator.readers.record import code_text
 from xrun_contract import (
     DELETED,
     FAILED,
@@ -108,6 +109,8 @@ def render_table(view: dict[str, Any]) -> Group:
     for timeline in _startups(gp):
         head.add_row("Startup", format_startup(timeline))
     head.add_row("Storage", view["storage"])
+    if view.get("code"):
+        head.add_row("Code", code_text(view["code"]))
     for ev in view.get("events") or []:
         head.add_row("Event", Text(ev, style="yellow"))
     hosts = Table(show_edge=False, box=None, header_style="bold")

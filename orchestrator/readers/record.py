@@ -135,6 +135,8 @@ class RunRecord:
     branch: str = ""
     commit: str = ""
     image: str = ""
+    # The shipped working tree (run.json "code": sha256, files, git commit/branch/dirty/diff).
+    code: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     config: Any = None
     accelerator: str = ""
@@ -193,6 +195,11 @@ class RunRecord:
     def short_commit(self) -> str:
         c = self.commit.strip()
         return c[:7] if re.fullmatch(r"[0-9a-fA-F]{8,40}", c) else c
+
+    @property
+    def code_text(self) -> str:
+        """'code 1a2b3c4d5e6f (git abc1234 on main, dirty: diff 9f8e7d6c5b4a)', '' without a workdir."""
+        return code_text(self.code)
 
     @property
     def label(self) -> str:
@@ -367,3 +374,16 @@ def format_params(count: float) -> str:
     if count >= 1e5:
         return f"{count / 1e6:.3f} million"
     return f"{count:,.0f}"
+
+
+def code_text(code: dict[str, Any] | None) -> str:
+    """One line for run.json's ``code`` record (status, compare notes, nightly summary)."""
+    if not code or not code.get("sha256"):
+        return ""
+    git = code.get("git") or {}
+    where = ""
+    if git.get("commit"):
+        where = f"git {str(git['commit'])[:7]}" + (f" on {git['branch']}" if git.get("branch") else "")
+        if git.get("dirty"):
+            where += f", dirty: diff {str(git.get('diff_sha256') or '')[:12]}"
+    return f"code {str(code['sha256'])[:12]}" + (f" ({where})" if where else "")

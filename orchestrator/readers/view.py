@@ -139,6 +139,7 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         "accelerator": rec.spec.get("accelerator", ""),
         "submitted_at": rec.submitted_at,
         "storage": storage.url(Layout.run(rec.name)),
+        "code": rec.code or None,  # the shipped working tree (workdir), as run.json records it
         "hosts": hosts,
         **progress(rec),
         "latest_checkpoint": latest.as_dict() if latest else None,

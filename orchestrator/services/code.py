@@ -109,7 +109,7 @@ def gc(storage: Storage, *, dry_run: bool = False, grace_s: float = GRACE_S,
             out.removed.append(sha)
             out.bytes_removed += o.size
             if not dry_run:
-                storage.delete_prefix(o.key)
+                storage.delete_object(o.key)
     return out
 
 
@@ -117,4 +117,4 @@ def release(storage: Storage, run: str, sha256: str) -> bool:
     """``delete --purge``: remove the run's archive unless another run names it; True if removed."""
     if not sha256 or sha256 in named_archives(storage, except_run=run):
         return False
-    return storage.delete_prefix(Layout.code(sha256)) > 0
+    return storage.delete_object(Layout.code(sha256))
