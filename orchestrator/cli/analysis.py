@@ -179,8 +179,9 @@ def report(base: str, candidates: tuple[str, ...], storage: str | None, threshol
 @click.option("--dry-run", is_flag=True, help="Print the run files that would be submitted; run nothing.")
 @click.option("--storage", help="Override the file's storage root.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, None), help="Per-run time limit in seconds (overrides the file).")
+@click.option("--repo", type=click.Path(file_okay=False), help="Override the file's repo: (a git checkout the branches are built from).")
 def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str | None,
-            timeout_s: float | None) -> int:
+            timeout_s: float | None, repo: str | None) -> int:
     """Run every (branch, config) on the same slice, compare each candidate with the base.
 
     Runs are named <prefix>-<branch>-<YYYYmmdd-HHMMSS>-<i> and run one after another.
@@ -199,6 +200,13 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
     from orchestrator.services.nightly import render_cronjob_yaml, run_nightly
 
     cfg = load_nightly(nightly_file)
+    if repo:
+        import dataclasses
+        import os
+
+        if not cfg.repo:
+            raise XrunError("--repo: the nightly file has no repo: key (its branches name prebuilt images)")
+        cfg = dataclasses.replace(cfg, repo=os.path.abspath(repo))
     if storage:
         cfg = cfg.with_storage(storage)
     if timeout_s:
@@ -207,10 +215,17 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
         click.echo(render_cronjob_yaml(cfg, cfg.text), nl=False)
         return EXIT_OK
     if dry_run:
+        import dataclasses
+
         import yaml
 
         from orchestrator.nightly_file import plan_runs
+        from orchestrator.services.nightly import resolve_branches
 
+        if cfg.repo:  # the commits each branch would run now (no worktree is made)
+            commits = resolve_branches(cfg)
+            cfg = dataclasses.replace(cfg, branches=[dataclasses.replace(b, commit=commits[b.name])
+                                                     for b in cfg.branches])
         for run in plan_runs(cfg):
             click.echo("---")
             click.echo(yaml.safe_dump(run.run_file, sort_keys=False), nl=False)
