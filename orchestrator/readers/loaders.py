@@ -120,7 +120,8 @@ def apply_run_json(rec: RunRecord, run: dict[str, Any]) -> None:
     rec.branch = str(spec.get("branch") or env.get(Env.BRANCH) or rec.branch or "")
     rec.commit = str(spec.get("commit") or env.get(Env.COMMIT) or rec.commit or "")
     rec.image = str(spec.get("image") or rec.image or "")
-    rec.code = run.get("code") if isinstance(run.get("code"), dict) else {}
+    code = run.get("code")
+    rec.code = code if isinstance(code, dict) else {}
     rec.accelerator = str(spec.get("accelerator") or rec.accelerator or "")
     if isinstance(run.get("submitted_at"), int | float):
         rec.submitted_at = float(run["submitted_at"])
