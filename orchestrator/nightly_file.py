@@ -50,7 +50,8 @@ SLICE_KEYS = ("accelerator", "num_slices", "nodes", "cpu_devices_per_host")
 BRANCH_KEYS = ("image", "commit", "env")
 CONFIG_KEYS = ("command", "env", "repeats")
 MAX_REPEATS = 50
-CRONJOB_KEYS = ("name", "namespace", "image", "service_account", "gcp_service_account", "time_zone", "suspend")
+CRONJOB_KEYS = ("name", "namespace", "image", "service_account", "gcp_service_account", "time_zone", "suspend",
+                "git_url", "git_secret")
 # RunSpec fields a nightly sets itself; the rest may be given for every run under `run:`.
 NIGHTLY_SET = {"name", "image", "command", "branch", "commit", "storage", "backend", "context",
                "namespace", "workdir", "code_sha256", *SLICE_KEYS}

@@ -118,3 +118,47 @@ def test_refusals_come_before_anything_runs_and_worktrees_go_on_failure(night):
     dry = xrun("nightly", "-f", str(nightly_file(tmp, repo, store)), "--dry-run", storage=store)
     assert dry.returncode == 0, dry.stderr
     assert git(repo, "rev-parse", "feat-slow") in dry.stdout and worktrees(repo) == [f"worktree {repo}"]
+    # A clone, as the CronJob makes it (--repo): feat-slow is only a remote branch there.
+    clone = tmp / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--no-single-branch", str(repo), str(clone)], check=True)
+    dry = xrun("nightly", "-f", str(nightly_file(tmp, repo, store)), "--dry-run", "--repo", str(clone), storage=store)
+    assert dry.returncode == 0 and git(repo, "rev-parse", "feat-slow") in dry.stdout, dry.stderr
+
+
+def test_the_cronjob_form_clones_with_a_deploy_key_and_is_admitted(cluster, tmp_path):
+    """--render-cronjob with repo: the CronJob's pod clones the repository (init container,
+    deploy key Secret) and runs the nightly on that clone; created for real on the real
+    control plane, and its pod admitted (dryRun). Without git_url: exit 2 saying how."""
+    from cluster_helpers import unique
+    from test_cluster_nightly import collection, request
+
+    ns = unique("nightly-git")
+    cluster.core.create_namespace({"metadata": {"name": ns}})
+    spec = {"prefix": "nightly", "repo": "/work/repo", "image": "example.com/maxtext:stable",
+            "storage": "gs://team-bucket/xrun", "slice": {"accelerator": "v6e-8"}, "base": "main",
+            "branches": {"main": {}, "feat/nnx": {}}, "backend": "kube", "namespace": ns,
+            "configs": {"tiny": {"command": "python3 train.py"}},
+            "cronjob": {"image": "example.com/xrun-cli:0.1.0"}}
+    path = tmp_path / "nightly.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    r = xrun("nightly", "-f", str(path), "--render-cronjob", storage=tmp_path / "root")
+    assert r.returncode == 2 and "cronjob.git_url:" in r.stderr and "CI job" in r.stderr, r.stderr
+    spec["cronjob"].update(git_url="git@github.com:team/maxtext.git", git_secret="maxtext-deploy-key")
+    path.write_text(yaml.safe_dump(spec))
+    r = xrun("nightly", "-f", str(path), "--render-cronjob", storage=tmp_path / "root")
+    assert r.returncode == 0, r.stderr
+    docs = {d["kind"]: d for d in yaml.safe_load_all(r.stdout) if d}
+    for doc in docs.values():
+        code, body = request(cluster, "POST", collection(doc["kind"], ns), doc, fieldValidation="Strict")
+        assert code == 201, (doc["kind"], body)
+    pod_spec = docs["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nightly-git-manual"}, "spec": pod_spec}
+    code, admitted = request(cluster, "POST", collection("Pod", ns), pod, dryRun="All", fieldValidation="Strict")
+    assert code == 201, admitted
+    (clone,) = admitted["spec"]["initContainers"]
+    assert clone["command"][:2] == ["git", "clone"] and "git@github.com:team/maxtext.git" in clone["command"]
+    assert "ssh -i /etc/xrun-git/ssh-privatekey" in clone["env"][0]["value"]
+    (main,) = admitted["spec"]["containers"]
+    assert main["command"][-2:] == ["--repo", "/work/repo"]
+    key = next(v for v in admitted["spec"]["volumes"] if v["name"] == "git-key")
+    assert key["secret"] == {"secretName": "maxtext-deploy-key", "defaultMode": 0o400}

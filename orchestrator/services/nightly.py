@@ -99,7 +99,8 @@ def resolve_branches(cfg: NightlyConfig) -> dict[str, str]:
     out = {}
     for b in cfg.branches:
         commit = ""
-        for ref in (f"refs/heads/{b.name}", b.name):
+        # A local branch, a remote one of a clone (the CronJob's), or any other name git knows.
+        for ref in (f"refs/heads/{b.name}", f"refs/remotes/origin/{b.name}", b.name):
             r = subprocess.run(["git", "-C", cfg.repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
                                capture_output=True, text=True, timeout=60)
             if r.returncode == 0:
@@ -418,6 +419,16 @@ def render_cronjob_yaml(cfg: NightlyConfig, text: str) -> str:
     if not isinstance(suspend, bool):
         raise XrunError("cronjob.suspend: must be true or false")
     runs = sum(c.repeats for c in cfg.configs) * len(cfg.branches)
+    git_url = _str(cron.get("git_url"), "cronjob.git_url", required=False)
+    git_secret = _str(cron.get("git_secret"), "cronjob.git_secret", required=False)
+    if cfg.repo and not git_url:
+        raise XrunError("cronjob.git_url: with repo: the CronJob needs its own checkout: give git_url (cloned by "
+                        "an init container of cronjob.image, which needs git) and git_secret (a Secret with a "
+                        "read-only deploy key), or run 'xrun nightly' from a CI job that checks the repository out")
+    if git_url and not cfg.repo:
+        raise XrunError("cronjob.git_url: only with repo: (the branches are then built from that clone)")
+    if git_secret and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", git_secret):
+        raise XrunError(f"cronjob.git_secret: {git_secret!r} is not a valid Secret name")
     spec = CronJobSpec(
         name=name, namespace=_str(cron.get("namespace", cfg.namespace), "cronjob.namespace"),
         schedule=cfg.schedule,
@@ -426,5 +437,6 @@ def render_cronjob_yaml(cfg: NightlyConfig, text: str) -> str:
         gcp_service_account=_str(cron.get("gcp_service_account"), "cronjob.gcp_service_account", required=False),
         time_zone=_str(cron.get("time_zone", cfg.time_zone), "cronjob.time_zone", required=False),
         active_deadline_seconds=int(cfg.timeout_s * runs + 3600), suspend=suspend,
+        git_url=git_url, git_secret=git_secret,
     )
     return yaml.safe_dump_all(nightly_objects(spec), sort_keys=False, default_flow_style=False, width=100)
