@@ -162,3 +162,40 @@ def test_the_cronjob_form_clones_with_a_deploy_key_and_is_admitted(cluster, tmp_
     assert main["command"][-2:] == ["--repo", "/work/repo"]
     key = next(v for v in admitted["spec"]["volumes"] if v["name"] == "git-key")
     assert key["secret"] == {"secretName": "maxtext-deploy-key", "defaultMode": 0o400}
+
+
+def test_readme_your_code_on_the_cluster(night):
+    """The README section's commands as written (in a folder holding `examples/`), but for
+    the full nightly, which the tests above run with fewer steps. The storage root is the
+    nightly's: its compilation cache is warm, so the run starts in seconds."""
+    import shlex
+
+    tmp_path = night["tmp"] / "readme"
+    tmp_path.mkdir()
+
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Your code on the cluster", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    store = night["store"]
+    outs = {}
+    for line in block.strip().splitlines():
+        argv = shlex.split(line, comments=True)
+        if argv[:2] == ["xrun", "nightly"] and "--dry-run" not in argv:
+            continue  # tests/test_nightly_git.py
+        if argv[0] == "xrun":
+            r = xrun(*argv[1:], storage=store, cwd=tmp_path, timeout=300)
+        else:
+            r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, (line, r.stdout[-2000:], r.stderr[-2000:])
+        outs[" ".join(argv[:2])] = r
+    repo = tmp_path / "nightly-repo"
+    main, slow = git(repo, "rev-parse", "main"), git(repo, "rev-parse", "feat-slow")
+    assert "run my-change: Succeeded" in outs["xrun submit"].stderr
+    assert "pipeline: main, 0.1 s per batch" in outs["xrun submit"].stdout  # the shipped tree's file
+    assert re.search(rf"Code\s+code [0-9a-f]{{12}} \(git {main[:7]} on main\)", outs["xrun status"].stdout)
+    assert main in outs["xrun nightly"].stdout and slow in outs["xrun nightly"].stdout
+    # The README's repository is made by the same script: its main tree is byte for byte the
+    # nightly's main, so it is the same archive (named by content), not uploaded again.
+    assert "already in storage" in outs["xrun submit"].stderr
+    assert "would remove 0 archive(s)" in outs["xrun gc"].stderr and "kept 2 named by runs" in outs["xrun gc"].stderr

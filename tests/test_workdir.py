@@ -269,3 +269,4 @@ def test_a_workdir_manifest_is_admitted_by_the_real_cluster(cluster, tmp_path):
     main = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert main[Env.WORKDIR] == "/xrun/code"
     assert any(m["mountPath"] == "/xrun" for m in pod["containers"][0]["volumeMounts"])
+
