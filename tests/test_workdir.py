@@ -117,24 +117,34 @@ def test_credentials_and_size_are_refused_unless_allowed(tmp_path):
 
 
 def test_an_unchanged_tree_is_not_uploaded_again(tmp_path, gcs_bucket):
-    repo = make_repo(tmp_path / "repo", {"train.py": "print(1)\n"})
-    storage = open_storage(gcs_bucket + "/xr")
-    packed = pack(str(repo))
-    assert code.upload(storage, packed) is True
+    """On fake-gcs-server, through the CLI: the pod downloads the tree from GCS, and a second
+    submit of the unchanged tree writes no archive (same objects, sizes and generations)."""
     from xrun_contract.storage import gcs_client
 
-    def objects():
-        return {b.name: (b.size, b.generation) for b in gcs_client().list_blobs(gcs_bucket[5:])}
+    repo = make_repo(tmp_path / "repo", {"only_here.txt": "from the bucket\n"})
+    root = gcs_bucket + "/xr"
 
-    before = objects()
-    assert before == {f"xr/{Layout.code(packed.sha256)}": (len(packed.data), before[f"xr/{Layout.code(packed.sha256)}"][1])}
-    again = pack(str(repo))
-    assert again.sha256 == packed.sha256
-    assert code.upload(storage, again) is False
-    assert objects() == before  # no new object, not rewritten (same generation)
-    (repo / "train.py").write_text("print(2)\n")
+    def archives():
+        return {b.name: (b.size, b.generation) for b in gcs_client().list_blobs(gcs_bucket[5:], prefix="xr/code/")}
+
+    def submit(name: str):
+        return xrun("submit", "--name", name, "--accelerator", "cpu-1", "--image", "local", "--workdir", str(repo),
+                    "--command", "cat only_here.txt", "--follow", storage=root, XDG_STATE_HOME=str(tmp_path / "state"))
+
+    first = submit("wd-gcs-1")
+    assert first.returncode == 0, first.stderr
+    assert "from the bucket" in first.stdout and "uploaded" in first.stderr
+    before = archives()
+    sha = pack(str(repo)).sha256
+    assert list(before) == [f"xr/{Layout.code(sha)}"]
+    second = submit("wd-gcs-2")
+    assert second.returncode == 0 and "already in storage" in second.stderr, second.stderr
+    assert "from the bucket" in second.stdout
+    assert archives() == before  # no new object, none rewritten (same generation)
+    (repo / "only_here.txt").write_text("changed\n")
     changed = pack(str(repo))
-    assert code.upload(storage, changed) is True and len(objects()) == 2
+    assert changed.sha256 != sha
+    assert code.upload(open_storage(root), changed) is True and len(archives()) == 2
 
 
 CMD = ('cat only_here.txt; echo "cwd=$(pwd)"; python3 -c "import helper; print(helper.WHO)"; '

@@ -105,7 +105,7 @@ class Env:
     COMPILATION_CACHE = "XRUN_COMPILATION_CACHE"
     # Test-only switches, read by the workload; never set by a real manifest unless asked.
     TEST_FAIL_AT_STEP = "XRUN_TEST_FAIL_AT_STEP"  # "<step>:<exit code>[:<process id>]"
-    TEST_STEP_DELAY = "XRUN_TEST_STEP_DELAY"  # seconds added to every step (a "slow branch")
+    TEST_STEP_DELAY = "XRUN_TEST_STEP_DELAY"  # seconds added to every step (tests of kills, screens)
 
     # The pod's shared folder (an emptyDir mounted in every container of the pod): the
     # launcher lives there and the user's output goes there for the log shipper (PodFiles).
