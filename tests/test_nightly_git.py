@@ -78,6 +78,10 @@ def test_the_nightly_runs_each_branchs_head_and_flags_the_slow_one(night):
     for run in summary["runs"]:
         rec = json.loads((store / "runs" / run["name"] / "run.json").read_text())
         assert rec["code"]["git"]["commit"] == heads[run["branch"]] and not rec["code"]["git"]["dirty"]
+    # The comparison's notes say which tree each side ran (also in the HTML report).
+    for b in ("main", "feat-slow"):
+        assert f"{b} {heads[b][:7]}: code {next(iter(codes[b]))[:12]} (git {heads[b][:7]})." in r.stdout
+    assert f"code {next(iter(codes['main']))[:12]}" in (report / "index.html").read_text()
     hist = [json.loads(line) for p in (store / "history").iterdir() for line in p.read_text().splitlines()]
     assert {h["branch"]: h["commit"] for h in hist} == heads
 
