@@ -49,8 +49,13 @@ def fetch(pod_dir: Path) -> Path | None:
     root = os.environ.get(Env.STORAGE, "")
     if not root:
         raise CodeError(f"{Env.CODE_SHA256} is set but {Env.STORAGE} is not")
-    storage = open_storage(root)
-    data = storage.read_bytes(Layout.code(sha256))
+    from xrun_contract.errors import XrunError
+
+    try:
+        storage = open_storage(root)
+        data = storage.read_bytes(Layout.code(sha256))
+    except XrunError as e:  # storage unreachable: one line, and the pod's init fails
+        raise CodeError(str(e)) from None
     if data is None:
         raise CodeError(f"no archive {storage.url(Layout.code(sha256))} (removed by 'xrun gc'?)")
     dest = pod_dir / PodFiles.CODE

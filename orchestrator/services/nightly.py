@@ -99,6 +99,8 @@ def resolve_branches(cfg: NightlyConfig) -> dict[str, str]:
     out = {}
     for b in cfg.branches:
         commit = ""
+        if b.name.startswith("-") or "\0" in b.name:  # git refuses such names; never an option to git
+            raise XrunError(f"branches.{b.name}: not a git branch name", EXIT_USAGE)
         # A local branch, a remote one of a clone (the CronJob's), or any other name git knows.
         for ref in (f"refs/heads/{b.name}", f"refs/remotes/origin/{b.name}", b.name):
             r = subprocess.run(["git", "-C", cfg.repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
