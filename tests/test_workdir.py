@@ -280,3 +280,35 @@ def test_a_workdir_manifest_is_admitted_by_the_real_cluster(cluster, tmp_path):
     assert main[Env.WORKDIR] == "/xrun/code"
     assert any(m["mountPath"] == "/xrun" for m in pod["containers"][0]["volumeMounts"])
 
+
+
+def test_the_init_container_checks_the_digest(tmp_path):
+    """xrun-init (python3 -m workload.sidecar install) unpacks only an archive whose sha256
+    is the manifest's: a replaced or missing one fails it, one line, nothing unpacked."""
+    import sys
+
+    from cli_helpers import REPO
+
+    repo = make_repo(tmp_path / "repo", {"a.py": "A = 1\n", "bin/run.sh": "echo\n"})
+    (repo / "bin" / "run.sh").chmod(0o755)
+    packed = pack(str(repo))
+    store = open_storage(str(tmp_path / "store"))
+
+    def install(sha: str) -> subprocess.CompletedProcess:
+        pod = tmp_path / f"pod-{sha[:6]}"
+        env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO), Env.CODE_SHA256: sha,
+               Env.STORAGE: str(tmp_path / "store"), Env.POD_DIR: str(pod)}
+        return subprocess.run([sys.executable, "-m", "workload.sidecar", "install", str(pod)], env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    assert code.upload(store, packed)
+    ok = install(packed.sha256)
+    assert ok.returncode == 0, ok.stderr
+    dest = tmp_path / f"pod-{packed.sha256[:6]}" / "code"
+    assert (dest / "a.py").read_text() == "A = 1\n" and os.access(dest / "bin" / "run.sh", os.X_OK)
+    forged = "f" * 64  # an object under a name its bytes do not hash to
+    store.write_bytes(Layout.code(forged), packed.data)
+    bad = install(forged)
+    assert bad.returncode == 1 and "corrupt or replaced" in bad.stderr and not (tmp_path / "pod-ffffff" / "code").exists()
+    missing = install("e" * 64)
+    assert missing.returncode == 1 and "no archive" in missing.stderr and "Traceback" not in missing.stderr
