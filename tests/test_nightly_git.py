@@ -35,7 +35,7 @@ def nightly_file(tmp: Path, repo: Path, store: Path, **changes) -> Path:
     """The example as it is, with a short config and this test's repo and storage."""
     spec = yaml.safe_load(EXAMPLE.read_text())
     spec.update(repo=str(repo), storage=str(store), threshold="25%", timeout=180, backend="local",
-                slice={"accelerator": "cpu-1", "cpu_devices_per_host": 1},
+                slice={"accelerator": "cpu-1"},  # as the README's submit: it starts warm
                 configs={"tiny": {"command": "python3 train.py --preset tiny steps=8 checkpoint_every=0",
                                   "repeats": 4}})
     spec.update(changes)
