@@ -110,11 +110,11 @@ def test_progress_line_figures_and_plain_cadence(capsys):
             "loss": 0.0001234, "tokens_per_s": 0.5, "eta_seconds": 75.0, "restarts": 1,
             "latest_checkpoint": {"step": 30}}
     line = plain_progress(view)
-    assert line == ("xrun: r training | step 40/100 | loss 0.00012340 | tokens/s (total) 0.500 | "
+    assert line == ("xrun: r training | step 40/100 | loss 0.00012340 | tokens/s (total, 20-step median) 0.500 | "
                     "ETA 1m15s | checkpoint step 30 | restarts 1")
     assert "0.000 " not in line
     rich = rich_progress(view).plain
-    assert "40%" in rich and "━" in rich and "tokens/s (total) 0.500" in rich
+    assert "40%" in rich and "━" in rich and "tokens/s (total, 20-step median) 0.500" in rich
     from rich.console import Console
 
     screen = ProgressScreen(Console(file=open(os.devnull, "w")), interval=3600)  # noqa: SIM115

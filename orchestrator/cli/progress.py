@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from orchestrator.cli.screen import _duration
+from orchestrator.readers.figures import WINDOW
 from xrun_contract import HEADER_RE, host_prefix, significant
 
 # Lines that are noise on a terminal: Gloo's connection chatter (gloo/transport), absl /
@@ -78,7 +79,7 @@ def progress_parts(view: dict[str, Any]) -> list[tuple[str, str]]:
         total = view.get("total_steps")
         parts.append(("step", f"{view['step']}/{total}" if total else str(view["step"])))
         parts.append(("loss", _num(view.get("loss"), 5)))
-        parts.append(("tokens/s (total)", _tokens(view.get("tokens_per_s"))))
+        parts.append((f"tokens/s (total, {WINDOW}-step median)", _tokens(view.get("tokens_per_s"))))
         if view.get("eta_seconds") is not None:
             parts.append(("ETA", _duration(view["eta_seconds"])))
     ck = view.get("latest_checkpoint")

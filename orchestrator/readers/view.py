@@ -7,10 +7,10 @@ plain dict: what ``-o json|yaml`` prints and what the CLI's screen renders.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from orchestrator.backends.base import BackendStatus
+from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import latest_committed, list_checkpoints
 from orchestrator.readers.record import RunRecord
 from xrun_contract import (
@@ -25,27 +25,10 @@ from xrun_contract import (
 )
 from xrun_contract.storage import Storage
 
-RECENT_STEPS = 20  # the step time shown is the median of this many latest steps
-
 
 def progress(rec: RunRecord) -> dict[str, Any]:
-    """Step, loss, throughput (all devices) and ETA from the record's latest steps."""
-    out: dict[str, Any] = {"step": None, "total_steps": rec.total_steps, "loss": None,
-                           "tokens_per_s": None, "step_seconds": None, "eta_seconds": None,
-                           "attempt": 0}
-    steps = rec.steps
-    if not len(steps):
-        return out
-    out["step"], out["loss"], out["attempt"] = steps.step[-1], steps.loss[-1], steps.attempt[-1]
-    recent = [s for s in steps.seconds[-RECENT_STEPS:]]
-    out["step_seconds"] = statistics.median(recent)
-    tok = steps.tokens[-1]
-    if tok == tok:  # not NaN
-        out["tokens_per_s"] = tok * (rec.devices or 1)
-    state = rec.state
-    if rec.total_steps and out["step_seconds"] and not is_terminal(state) and state != UNKNOWN:
-        out["eta_seconds"] = max(0, rec.total_steps - out["step"]) * out["step_seconds"]
-    return out
+    """Step, loss, throughput (all devices) and ETA: :func:`orchestrator.readers.figures.progress`."""
+    return figures.progress(rec)
 
 
 def phase(rec: RunRecord, state: str, restarts: int, hosts: list[dict[str, Any]],
