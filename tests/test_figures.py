@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from cli_helpers import xrun, xrun_popen
 from synthetic_runs import RunShape, write_stored_run
 
@@ -130,3 +131,141 @@ def test_live_figures_are_the_window_median():
     rec.steps.append(26, 0.3, 1.0, 512 / 4 / 0.3, 1.0, attempt=1)
     fig = figures.progress(rec, "Running")
     assert fig["window_steps"] == 2 and re.fullmatch(r"2\.65\d*", str(fig["step_seconds"]))
+
+
+# ---------------------------------------------------------------------------------------
+# The live line under a PTY: the newest step read, and the time in a startup phase
+
+
+def test_live_line_shows_newest_step_and_phase_time_in_a_pty(tmp_path: Path):
+    """A run whose metrics lag its log by 4 steps (as the metrics chunks flush every 2 s and
+    the log every second): every redraw of the pinned line shows the step of the newest
+    step line printed above it, and a startup phase shows how long it has lasted."""
+    import os
+    import pty
+    import select
+    import sys
+
+    from cli_helpers import REPO, xrun_env
+
+    from xrun_contract import Layout, format_step_line, stamp_line
+
+    root = tmp_path / "store"
+    run_dir = write_stored_run(root, "live", RunShape(steps=2, config={"preset": "tiny", "steps": 40}))
+    for c in (run_dir / "metrics").glob("*.jsonl"):
+        c.unlink()
+    sleeper = subprocess.Popen(["sleep", "120"])
+    now = time.time()
+    state = {"state": "Running", "restarts": 0, "supervisor_pid": sleeper.pid,
+             "transitions": [{"time": now - 60, "state": "Running", "reason": ""}],
+             "hosts": {"0-0": {"state": "Running"}, "0-1": {"state": "Running"}}}
+    (run_dir / "state.json").write_text(json.dumps(state))
+    seq = {"m": 0, "log": 0}
+
+    def metrics(*recs: dict) -> None:
+        (run_dir / "metrics" / f"attempt-000-{seq['m']:08d}-abcd1234.jsonl").write_text(
+            "".join(json.dumps({"attempt": 0, "time": time.time(), **r}) + "\n" for r in recs))
+        seq["m"] += 1
+
+    def log(text: str) -> None:
+        key = root / Layout.log_chunk("live", "0-0", 0, seq["log"], "abcd1234")
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text(stamp_line(time.time(), text + "\n"))
+        seq["log"] += 1
+
+    metrics({"kind": "header", "versions": {"global_devices": "4"}, "total_steps": 40,
+             "config": {"steps": 40}},
+            {"kind": "phase", "phase": "initialized", "activity": "compiling", "seconds": 5.0,
+             "time": now - 35})
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "logs", "live", "-f"],
+                         stdin=slave, stdout=slave, stderr=slave, close_fds=True, cwd=REPO,
+                         env={**xrun_env(root), "COLUMNS": "200"})
+    os.close(slave)
+    out = b""
+
+    def read_for(seconds: float) -> None:
+        nonlocal out
+        end = time.time() + seconds
+        while time.time() < end:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    out += os.read(master, 65536)
+                except OSError:
+                    return
+
+    try:
+        read_for(2.5)
+        steps: list[dict] = []
+        for step in range(1, 25):
+            line = format_step_line(step, 0.2, 1.0, 100.0, 2048, 5.0 - step / 10)
+            log(line)
+            steps.append({"kind": "step", "step": step, "seconds": 0.2, "tflops_per_device": 1.0,
+                          "tokens_per_s_per_device": 100.0, "total_weights": 2048,
+                          "loss": 5.0 - step / 10})
+            if step % 4 == 0 and step > 4:
+                metrics(*steps[-8:-4])  # four steps behind the log
+            read_for(0.35)
+        state.update(state="Succeeded", transitions=[*state["transitions"],
+                                                     {"time": time.time(), "state": "Succeeded"}])
+        (run_dir / "state.json").write_text(json.dumps(state))
+        p.wait(timeout=30)
+        read_for(0.5)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        sleeper.kill()
+        sleeper.wait()
+        os.close(master)
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode("utf-8", "replace"))
+    assert re.search(r"live compiling\s+for (3[5-9]|4\d)s", screen), screen[:3000]
+    newest = None
+    shown: list[tuple[int | None, int]] = []
+    for m in re.finditer(r"completed step: (\d+),|live training .*?step (\d+)/40", screen):
+        if m[1]:
+            newest = int(m[1])
+        elif newest is not None:
+            shown.append((newest, int(m[2])))
+    assert len(shown) >= 10, screen[-3000:]
+    assert all(s == n for n, s in shown), shown
+
+
+# ---------------------------------------------------------------------------------------
+# Goodput
+
+
+def test_goodput_categories_sum_to_wall_and_a_slower_branch_is_never_improved(tmp_path: Path):
+    from orchestrator.analysis.compare import compare, compare_runs
+    from orchestrator.analysis.goodput import goodput
+    from orchestrator.readers.loaders import load_run
+
+    root = tmp_path / "store"
+    base, cand = [], []
+    for seed in range(4):
+        for branch, secs, out in (("main", 0.15, base), ("slow", 0.54, cand)):
+            name = f"{branch}-{seed}"
+            write_stored_run(root, name, RunShape(steps=40, seconds=secs, jitter=0.01 * secs, seed=seed,
+                                                  ckpt_every=10, stall_s=1.0), branch=branch,
+                             submitted_at=1_000_000.0 + seed)
+            out.append(load_run(name, str(root)))
+    for rec in base + cand:
+        gp = goodput(rec)
+        c = gp["categories"]
+        assert sum(c.values()) == pytest.approx(gp["wall_s"], rel=1e-6)
+        assert c["other"] < 0.05 * gp["wall_s"], c  # every second named
+        assert c["productive"] <= 40 * gp["best_step_s"] * 1.0001
+    # Each slow run's goodput share is higher (the same 20 s startup in a longer run) ...
+    assert min(goodput(r)["goodput_pct"] for r in cand) > max(goodput(r)["goodput_pct"] for r in base)
+    runs = compare_runs(base, cand)
+    row = next(r for r in runs.rows if r.metric == "Goodput %")
+    steady = next(r for r in runs.rows if r.metric.startswith("Steady-state"))
+    # ... but the branch is 3.6x slower: never "improved".
+    assert steady.verdict == "regressed" and row.verdict == "not improved", (steady.diff, row.diff)
+    assert "steps are slower" in row.diff
+    single = next(r for r in compare(base[0], cand[0]).rows if r.metric == "Goodput %")
+    assert single.verdict == "not improved"
+    # The faster branch against the slower one may improve (no guard the other way).
+    back = next(r for r in compare_runs(cand, base).rows if r.metric == "Goodput %")
+    assert back.verdict != "not improved"

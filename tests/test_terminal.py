@@ -421,7 +421,7 @@ def test_follow_in_a_terminal_shows_phases_once_header_no_zero_figures(tmp_path:
     # attempt 1's startup phases with "restarts 1"; "restarting attempt K" is unit-tested.)
     startup = r"(starting|initializing distributed|opening checkpoints|initializing state|compiling|restoring step \d+)"
     assert "pt training" in screen, screen[-3000:]
-    assert re.search(rf"pt {startup}  checkpoint none", screen), screen[-3000:]  # attempt 0
+    assert re.search(rf"pt {startup}  for \d+s  checkpoint none", screen), screen[-3000:]  # attempt 0
     assert re.search(rf"pt {startup} .*restarts 1", screen), screen[-3000:]  # attempt 1
     assert re.search(r"pt training .*checkpoint step \d+", screen)
     assert re.search(r"step \d+/16", screen) and "tokens/s (total)" in screen

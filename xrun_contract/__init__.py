@@ -417,6 +417,9 @@ PHASE_ACTIVITY = {
     "first_step": "first step done",
 }
 PHASE_LINE = "xrun phase: {activity}, seconds: {seconds:.3f}"
+# Appended to a phase line: "seconds" is the offset from the process start; this says how
+# long the activity that just ended took (its own span when a thread ran it alongside).
+PHASE_TOOK = " since start; {activity} took {seconds} s"  # seconds: significant(x, 3)
 PHASE_RE = re.compile(
     r"xrun phase: (?P<activity>[a-z ]+?)(?: step (?P<step>\d+))?, seconds: (?P<seconds>[\d.]+)"
 )

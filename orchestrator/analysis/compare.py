@@ -465,6 +465,7 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
                           fc.goodput["goodput_pct"] if fc.steps_executed else None, 1,
                           why="one value per run"),
     ]
+    slower_goodput(rows)
     # A loss that changed only within noise is still not identical numerics: say so.
     warnings = confounders(base, cand, fb, fc, lb, lc)
     warnings += disagreements(rows, fb, fc, lc, threshold_pct)
@@ -481,6 +482,26 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
     notes = _notes(fb, fc, lb, lc, threshold_pct, alpha, warmup, rows, base, cand)
     return Comparison(base, cand, lb, lc, fb, fc, rows, warnings, notes, threshold_pct, alpha,
                       warmup, candidate_failed)
+
+
+STEP_TIME_METRICS = ("Steady-state s/step (median)", "Avg s/step")
+
+
+def slower_goodput(rows: list[Row]) -> None:
+    """A candidate whose steps are slower is never "improved" in goodput: a higher share
+    there means its slower steps outweigh the same startup, not that less time was lost."""
+    times = [r for r in rows if r.metric in STEP_TIME_METRICS and r.delta is not None]
+    slower = [r for r in times if (r.delta or 0.0) > 0]
+    for r in rows:
+        if r.metric != "Goodput %" or r.delta is None or r.delta <= 0:
+            continue
+        if slower:
+            worst = max(slower, key=lambda x: x.delta_pct or 0.0)
+            pct = f" ({worst.delta_pct:+.1f}%)" if worst.delta_pct is not None else ""
+            r.verdict = "not improved"
+            r.beyond_threshold = False
+            r.diff = (f"{_signed(r.delta, 1)} not improved: the candidate's steps are slower "
+                      f"({worst.metric}{pct}), so its startup is a smaller share of a longer run")
 
 
 def _params(p: float | None) -> str:
@@ -868,6 +889,7 @@ def compare_runs(base: list[RunRecord], cand: list[RunRecord], threshold_pct: fl
         if row.verdict == "not tested" and (len(xb) < MIN_RUNS or len(xc) < MIN_RUNS):
             row.diff = row.diff.replace("too few samples", f"benchstat needs n >= {MIN_RUNS} runs per side")
         rows.append(row)
+    slower_goodput(rows)
     diverged = [f for f in cand_figs if f.diverged_step is not None]
     if diverged:
         loss_row = next(r for r in rows if r.metric == "Final loss")

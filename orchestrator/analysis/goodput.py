@@ -1,10 +1,15 @@
-"""Goodput: where a run's wall time went, in seconds per category.
+"""Goodput: where a run's wall time went, in seconds per category; they sum to wall time.
 
-Productive step time is what training is for; everything else is overhead someone can
-reduce: startup (submit to the first step), compilation (what the first steps of each
-attempt took beyond a steady step), checkpoint saves that blocked training, restarts (from
-the last step of a failed attempt to the first step of the next) and the steps they redid.
-``other`` is what no record explains (teardown after the last step, gaps between steps).
+Productive time is what the run's final steps would have taken at the run's own best
+steady rate (``best_step_s``: the 10th percentile of its steady-state step times, the median
+when it has fewer than 10): a branch whose steps got slower gains no productive time. The
+rest is named: startup (submit to the first step), compilation (what the first steps of each
+attempt took beyond a best step), slow steps (steady steps' time beyond the best rate),
+checkpoint saves that blocked training, restarts (from the last step of a failed attempt to
+the first step of the next) and the steps they redid, between steps (time inside an
+attempt that no step's time covers: host work, logging), teardown (from the last step to
+the end). ``other`` is what is left, only clock skew and rounding when every record is
+there.
 
 Input is the one :class:`~orchestrator.readers.record.RunRecord` a run reads back as (metrics
 JSONL, logs, run.json and state.json's transitions).
@@ -18,7 +23,9 @@ from typing import Any
 
 from orchestrator.readers.record import RunRecord
 
-CATEGORIES = ("startup", "compilation", "productive", "checkpoint", "restarts", "redone_steps", "other")
+CATEGORIES = ("startup", "compilation", "productive", "slow_steps", "checkpoint", "restarts",
+              "redone_steps", "between_steps", "teardown", "other")
+BEST_PERCENTILE = 10  # the run's best rate: this percentile of its steady step times
 DEFAULT_WARMUP = 3
 
 
@@ -40,6 +47,7 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
     final = rec.final_mask()
     steady_seconds = [s for s, ok in zip(steps.seconds, steady, strict=True) if ok]
     median = statistics.median(steady_seconds) if steady_seconds else None
+    best = best_step_seconds(steady_seconds)
 
     stalls = _stall_per_execution(rec, median)
     stall_total = rec.checkpoint_totals["blocked"] + rec.checkpoint_totals["waited"]
@@ -48,7 +56,7 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
 
     # Step time by kind of execution: compile excess, stall, then productive or redone.
     first_of_attempt: dict[int, int] = {}
-    compile_s = redone_s = productive_s = 0.0
+    compile_s = redone_s = productive_s = slow_s = 0.0
     redone_n = 0
     per_attempt: dict[int, dict[str, float]] = {}
     rows = zip(steps.rows(), final, stalls, strict=True)
@@ -58,15 +66,19 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
         first = first_of_attempt.setdefault(attempt, step)
         work = seconds - stall
         excess = 0.0
-        if step < first + warmup and median is not None:
-            excess = max(0.0, work - median)
+        if step < first + warmup and best is not None:
+            excess = max(0.0, work - best)
         compile_s += excess * stride
+        work -= excess
         if is_final:
-            productive_s += (work - excess) * stride
+            productive = min(work, best) if best is not None else work
+            productive_s += max(0.0, productive) * stride
+            slow_s += max(0.0, work - productive) * stride
         else:
-            redone_s += (work - excess) * stride
+            redone_s += work * stride
             redone_n += stride
-        a = per_attempt.setdefault(attempt, {"start": math.nan, "end": math.nan})
+        a = per_attempt.setdefault(attempt, {"start": math.nan, "end": math.nan, "steps": 0.0})
+        a["steps"] += seconds * stride
         if math.isfinite(t):
             if math.isnan(a["start"]):
                 a["start"] = t - seconds
@@ -75,6 +87,7 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
     cats["compilation"] = compile_s
     cats["redone_steps"] = redone_s
     cats["productive"] = max(0.0, productive_s)
+    cats["slow_steps"] = slow_s
 
     # Times: submit (or process start) to first step, restarts, end.
     attempts = sorted(a for a in per_attempt if math.isfinite(per_attempt[a]["start"]))
@@ -86,6 +99,12 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
             cats["startup"] = max(0.0, first_start - origin)
         for prev, cur in zip(attempts, attempts[1:], strict=False):
             cats["restarts"] += max(0.0, per_attempt[cur]["start"] - per_attempt[prev]["end"])
+        # Inside each attempt, the time its steps' own times do not cover (the stalls a
+        # step record leaves out are counted in "checkpoint" already).
+        inside = sum(per_attempt[a]["end"] - per_attempt[a]["start"] - per_attempt[a]["steps"]
+                     for a in attempts)
+        cats["between_steps"] = max(0.0, inside - max(0.0, stall_total - sum(stalls) * stride))
+        last_end = per_attempt[attempts[-1]]["end"]
     partial = origin is None or end is None
     known = sum(cats.values())
     if partial:
@@ -96,6 +115,9 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
             notes.append("steps carry no timestamps: startup and restarts are inside 'other'")
         assert end is not None and origin is not None  # not partial
         wall = max(0.0, end - origin)
+        if attempts:
+            cats["teardown"] = max(0.0, min(end - last_end, wall - known))
+            known = sum(cats.values())
         cats["other"] = wall - known
         if cats["other"] < 0:
             if cats["other"] < -0.05 * wall:
@@ -111,6 +133,7 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
         "partial": partial,
         "basis": basis,
         "steady_step_s": median,
+        "best_step_s": best,
         "steps": {"executed": steps.count, "redone": redone_n, "attempts": len(per_attempt)},
         # Not stalls, shown beside them: saves deferred instead of waited for (they cost
         # checkpoint age, not training time) and the last save committing before exit
@@ -119,6 +142,17 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
         "exit_wait_s": float(rec.checkpoint_totals.get("exit_wait", 0.0)),
         "notes": notes,
     }
+
+
+def best_step_seconds(steady_seconds: list[float]) -> float | None:
+    """The run's best steady rate as a step time: the BEST_PERCENTILE-th percentile of its
+    steady steps (one fast outlier does not set it), their median below 10 steps."""
+    xs = sorted(s for s in steady_seconds if math.isfinite(s))
+    if not xs:
+        return None
+    if len(xs) < 10:
+        return statistics.median(xs)
+    return xs[int(len(xs) * BEST_PERCENTILE / 100)]
 
 
 # The startup timeline: the main path's milestones (xrun_contract.PHASES) in order, each

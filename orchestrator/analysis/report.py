@@ -29,7 +29,8 @@ from orchestrator.readers.record import RunRecord
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 GOODPUT_COLORS = {
     "productive": "#2ca02c", "startup": "#7f7f7f", "compilation": "#bcbd22", "checkpoint": "#ff7f0e",
-    "restarts": "#d62728", "redone_steps": "#e377c2", "other": "#c7c7c7",
+    "restarts": "#d62728", "redone_steps": "#e377c2", "slow_steps": "#9edae5",
+    "between_steps": "#c5b0d5", "teardown": "#8c564b", "other": "#c7c7c7",
 }
 MAX_POINTS = 2000  # per series in a chart
 MAX_EVENTS = 200  # checkpoint markers per run

@@ -152,7 +152,7 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
 
 
 VERDICT_STYLE = {"improved": "green", "regressed": "red", "within noise": "dim",
-                 "differs": "yellow", "missing": "yellow"}
+                 "differs": "yellow", "missing": "yellow", "not improved": "yellow"}
 
 
 def _delta(r: Any) -> str:

@@ -127,10 +127,43 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         "latest_checkpoint": latest.as_dict() if latest else None,
         "checkpoints_in_progress": in_progress,
         "phase": phase(rec, current, restarts, hosts, in_progress),
+        "phase_since": None,
         "transitions": list(state_info.get("transitions", [])),
         "goodput": _goodput(rec),
     }
+    view["phase_since"] = phase_since(rec, view)
     return view
+
+
+def phase_since(rec: RunRecord, view: dict[str, Any]) -> float | None:
+    """When the run entered the phase the view shows (unix time; None once it ended), so
+    the live line can say how long it has been in it."""
+    ph, restarts = str(view.get("phase") or ""), view.get("restarts") or 0
+    if is_terminal(view["state"]) or view["state"] == UNKNOWN:
+        return None
+    transitions = view.get("transitions") or []
+
+    def last_transition(state: str) -> float | None:
+        times = [t.get("time") for t in transitions if t.get("state") == state]
+        return float(times[-1]) if times and isinstance(times[-1], int | float) else None
+
+    if ph == "scheduling":
+        return rec.submitted_at
+    if ph.startswith("restarting"):
+        return last_transition(RESTARTING)
+    if ph == "starting":
+        return last_transition(RUNNING) or rec.submitted_at
+    if ph in ("training", "checkpointing"):
+        steps = rec.steps
+        times = [t for t, a in zip(steps.time, steps.attempt, strict=True) if a >= restarts and t == t]
+        began = [p["time"] for p in rec.phases
+                 if p.get("phase") == "compiled" and p.get("attempt", 0) >= restarts and p.get("time")]
+        if ph == "training":
+            return max(began) if began else (times[0] if times else None)
+        return None
+    if rec.phase and rec.phase.get("time") is not None:
+        return float(rec.phase["time"])
+    return None
 
 
 def _goodput(rec: RunRecord) -> dict[str, Any] | None:
