@@ -269,3 +269,32 @@ def test_goodput_categories_sum_to_wall_and_a_slower_branch_is_never_improved(tm
     # The faster branch against the slower one may improve (no guard the other way).
     back = next(r for r in compare_runs(cand, base).rows if r.metric == "Goodput %")
     assert back.verdict != "not improved"
+
+
+def test_the_compile_wait_is_one_named_segment_and_counted_as_compilation(tmp_path: Path):
+    """Segments plus the named wait sum to the time to the first step (within 2%); the wait
+    for the compile is a segment once, and goodput counts it as compilation, not startup."""
+    from orchestrator.analysis.goodput import format_startup, goodput
+    from orchestrator.readers.loaders import load_run
+
+    root = tmp_path / "store"
+    run_dir = write_stored_run(root, "st", RunShape(steps=20), submitted_at=1_000_000.0)
+    start = 1_000_020.0  # write_stored_run: the process starts 20 s after submit
+    first = start + RunShape(steps=20).samples()[0]["seconds"]
+    phases = [("process_start", 0.0, None), ("imports", 0.5, None), ("distributed", 1.0, None),
+              ("checkpoint_manager", 1.2, None), ("initialized", 1.5, None),
+              ("compiled", 3.5, 1.1), ("first_step", first - start, None)]
+    extra = [{"kind": "phase", "phase": ph, "activity": "", "seconds": sec, "time": start + sec,
+              "attempt": 0, **({"began": began} if began is not None else {})} for ph, sec, began in phases]
+    (run_dir / "metrics" / "attempt-000-00000009.jsonl").write_text("".join(json.dumps(r) + "\n" for r in extra))
+    rec = load_run("st", str(root))
+    gp = goodput(rec)
+    (timeline,) = gp["startup_timeline"]
+    names = [s["name"] for s in timeline["segments"]]
+    assert names.count("waiting for compile") == 1 and "compile" not in names
+    assert sum(s["seconds"] for s in timeline["segments"]) == pytest.approx(timeline["to_first_step_s"], rel=0.02)
+    wait = next(s["seconds"] for s in timeline["segments"] if s["name"] == "waiting for compile")
+    assert wait == pytest.approx(2.0)
+    assert gp["categories"]["compilation"] >= wait and gp["categories"]["startup"] == pytest.approx(20.0 - wait)
+    assert sum(gp["categories"].values()) == pytest.approx(gp["wall_s"])
+    assert "waiting for compile 2.0s" in format_startup(timeline) and "waited" not in format_startup(timeline)

@@ -105,6 +105,13 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
                      for a in attempts)
         cats["between_steps"] = max(0.0, inside - max(0.0, stall_total - sum(stalls) * stride))
         last_end = per_attempt[attempts[-1]]["end"]
+    timelines = startup_timelines(rec, origin if basis == "submit" else None)
+    waits = {t["attempt"]: sum(s["seconds"] for s in t["segments"] if s.get("wait")) for t in timelines}
+    for attempt, wait in waits.items():
+        key = "startup" if attempts and attempt == attempts[0] else "restarts"
+        moved = min(wait, cats[key])
+        cats[key] -= moved  # the first step waited for the compile: compilation, not startup
+        cats["compilation"] += moved
     partial = origin is None or end is None
     known = sum(cats.values())
     if partial:
@@ -128,7 +135,7 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
         "wall_s": wall,
         "categories": {k: round(v, 6) for k, v in cats.items()},
         # What "startup" consists of, per attempt, from the workload's phase records.
-        "startup_timeline": startup_timelines(rec, origin if basis == "submit" else None),
+        "startup_timeline": timelines,
         "goodput_pct": 100.0 * cats["productive"] / wall if wall > 0 else 0.0,
         "partial": partial,
         "basis": basis,
@@ -206,7 +213,11 @@ def startup_timelines(rec: RunRecord, submitted_at: float | None = None) -> list
             at = float(ph["seconds"])
             begin = prev
             if phase == "first_step" and compile_end is not None and compile_end > prev:
-                begin = compile_end  # the first step could start only once compiled
+                # The first step could start only once compiled: the wait is a named segment,
+                # so the segments cover the whole span to the first step.
+                segments.append({"name": "waiting for compile", "start_s": round(origin + prev, 6),
+                                 "seconds": round(compile_end - prev, 6), "wait": True})
+                begin = compile_end
             if phase == "restored" and ph.get("step") is not None:
                 label = f"restore step {ph['step']}"
             segments.append({"name": label, "start_s": round(origin + begin, 6),
@@ -238,6 +249,7 @@ def format_startup(timeline: dict[str, Any]) -> str:
     """One line: 'startup 5.2s to step 1: launch 0.6s, imports 2.0s, ...; compile 1.2s
     beside them (first step waited 0.1s for it)'."""
     parts = [f"{s['name']} {_dur(s['seconds'])}" for s in timeline["segments"]]
+    waited = any(s.get("wait") for s in timeline["segments"])
     total = timeline.get("to_first_step_s")
     head = (f"{_dur(total)} to the first step" if total is not None
             else "no first step yet") + f" (from {timeline['basis']})"
@@ -246,9 +258,10 @@ def format_startup(timeline: dict[str, Any]) -> str:
     text = head + (": " + ", ".join(parts) if parts else "")
     for p in timeline.get("parallel", []):
         if p.get("seconds") is not None:
-            text += f"; {p['name']} {_dur(p['seconds'])} beside them"
-            text += (f" (waited {_dur(p['waited_s'])} for it)" if p["waited_s"] >= 0.05
-                     else " (no wait)")
+            # Its own span, overlapping the segments: what the main path waited for is the
+            # "waiting for compile" segment, never counted twice.
+            text += (f"; {p['name']} ran {_dur(p['seconds'])} in a thread alongside"
+                     + ("" if waited else ", no wait"))
     return text
 
 
