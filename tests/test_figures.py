@@ -298,3 +298,115 @@ def test_the_compile_wait_is_one_named_segment_and_counted_as_compilation(tmp_pa
     assert gp["categories"]["compilation"] >= wait and gp["categories"]["startup"] == pytest.approx(20.0 - wait)
     assert sum(gp["categories"].values()) == pytest.approx(gp["wall_s"])
     assert "waiting for compile 2.0s" in format_startup(timeline) and "waited" not in format_startup(timeline)
+
+
+# ---------------------------------------------------------------------------------------
+# The smaller defects (#31 item 8), each against the real CLI or the real reader
+
+
+def _in_pty(root: Path, *args: str, columns: int = 200) -> str:
+    import os
+    import pty
+    import select
+    import sys
+
+    from cli_helpers import REPO, xrun_env
+
+    master, slave = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], stdin=slave, stdout=slave,
+                         stderr=slave, close_fds=True, cwd=REPO, env={**xrun_env(root), "COLUMNS": str(columns)})
+    os.close(slave)
+    out = b""
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 30)
+            try:
+                chunk = os.read(master, 65536) if ready else b""
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        p.wait(timeout=30)
+        os.close(master)
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode("utf-8", "replace")).replace("\r", "")
+
+
+def test_logs_tail_counts_shown_lines_and_torn_gloo_lines_are_quiet(tmp_path: Path):
+    from orchestrator.cli.progress import LineFilter
+    from xrun_contract import Layout, stamp_line
+
+    root = tmp_path / "store"
+    write_stored_run(root, "tl", RunShape(steps=5))
+    now = time.time()
+    lines = []
+    for i in range(10):
+        lines += [f"useful {i}", "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1",
+                  "I1203 10:39:13.123456 123 file.cc:12] chatter"]
+    lines += ["[Glo", "oo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"]
+    d = root / Layout.host_logs("tl", "0-0", 0)
+    d.mkdir(parents=True)
+    (d / "00000000.log").write_text("".join(stamp_line(now - 100 + i, x + "\n") for i, x in enumerate(lines)))
+    screen = _in_pty(root, "logs", "tl", "--tail", "4")
+    shown = [ln for ln in screen.splitlines() if ln.strip()]
+    assert [ln.split()[-1] for ln in shown] == ["6", "7", "8", "9"], shown
+    assert "peer ranks" not in screen and "[Glo" not in screen
+    keep = LineFilter().keep
+    assert not keep("oo] Rank 1 is connected to 1 peer ranks.") and keep("completed step: 3, loss: 2")
+    r = xrun("logs", "tl", "--tail", "2", storage=root)  # piped: every line as stored
+    assert r.stdout.splitlines()[-1].endswith("peer ranks is : 1")
+
+
+def test_checkpoint_paths_whole_when_piped_and_deleted_hosts_not_failed(tmp_path: Path):
+    root = tmp_path / "store"
+    run_dir = write_stored_run(root, "a-rather-long-run-name-for-paths", RunShape(steps=5))
+    (run_dir / "checkpoints" / "5" / "state").mkdir(parents=True)
+    (run_dir / "checkpoints" / "5" / "state" / "data").write_text("x")
+    r = xrun("checkpoints", "a-rather-long-run-name-for-paths", storage=root, COLUMNS="60")
+    assert r.returncode == 0, r.stderr
+    assert "…" not in r.stdout and str(run_dir / "checkpoints" / "5") in r.stdout
+    state = json.loads((run_dir / "state.json").read_text())
+    state.update(state="Deleted", hosts={"0-0": {"state": "Failed", "exit_code": 143},
+                                         "0-1": {"state": "Failed", "exit_code": 1}})
+    (run_dir / "state.json").write_text(json.dumps(state))
+    view = json.loads(xrun("status", "a-rather-long-run-name-for-paths", "-o", "json", storage=root).stdout)
+    hosts = {h["host"]: h for h in view["hosts"]}
+    assert hosts["0-0"]["state"] == "Deleted" and "xrun delete" in hosts["0-0"]["reason"]
+    assert hosts["0-1"]["state"] == "Failed"  # a real failure stays one
+
+
+def test_report_exit_reason_single_run_title_commit_and_history_one_night(tmp_path: Path):
+    from synthetic_runs import write_log
+
+    from orchestrator.analysis.history import Night, trend_text
+    from orchestrator.readers.record import RunRecord, short_commit
+
+    main = write_log(tmp_path / "main.log", RunShape(seed=1))
+    slow = write_log(tmp_path / "slow.log", RunShape(seconds=0.2, seed=2))
+    out = tmp_path / "r.html"
+    r = xrun("report", str(main), str(slow), "-o", str(out), storage=tmp_path / "store")
+    assert r.returncode == 1 and "REGRESSED" in r.stderr and "Steady-state s/step" in r.stderr, r.stderr
+    r = xrun("report", str(main), "-o", str(out), storage=tmp_path / "store")
+    assert r.returncode == 0 and "<title>xrun run report" in out.read_text()
+    assert "comparison" not in out.read_text().split("<title>")[1].split("</title>")[0]
+    assert short_commit("574ad3fb9") == "574ad3fb9" and short_commit("a" * 40) == "a" * 7
+    assert RunRecord(branch="main", commit="574ad3fb9").label == "main 574ad3fb9"
+    one = [Night("2026-01-02-030000", "2026-01-02", "574ad3fb9", values=[1.0, 1.1, 1.0, 1.05])]
+    text = trend_text(one, "steady_s_per_step", "main", [])
+    assert "needs a second night" in text and "repeats" not in text and "574ad3fb9" in text
+
+
+def test_tensorboard_names_each_run_by_its_name(tmp_path: Path):
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
+    from workload.tensorboard import EventWriter
+    from xrun_contract.storage import open_storage
+
+    store = open_storage(str(tmp_path))
+    w = EventWriter(store, "tb-run", attempt=0, interval=3600)
+    w.scalars(1, {"learning/loss": 2.0})
+    w.close()
+    mux = EventMultiplexer().AddRunsFromDirectory(str(tmp_path / "runs"))
+    mux.Reload()
+    assert list(mux.Runs()) == ["tb-run"]

@@ -155,7 +155,7 @@ def test_the_report_renders_in_chromium_with_tables_charts_and_warnings(report_f
         assert [row[0] for row in t["rows"]][:8] == ["Metric", "Parameters", "Final loss", "TFLOP/s", "Tok/s",
                                                      "Avg s/step", "Memory %", "JAX"]
     head = got["tables"][0]["rows"][0]
-    assert head == ["Metric", "main abc1234", "slow def5678", "Diff (slow def5678 − main abc1234)"]
+    assert head == ["Metric", "main abc1234aaaa", "slow def5678bbbb", "Diff (slow def5678bbbb − main abc1234aaaa)"]
     steady = next(row for row in got["tables"][0]["rows"] if row[0].startswith("Steady"))
     assert "regressed" in steady[3]
     plots = {p["id"].split("-")[0]: p for p in got["plots"]}
@@ -165,7 +165,7 @@ def test_the_report_renders_in_chromium_with_tables_charts_and_warnings(report_f
         assert p["legendRight"], p  # the legend sits outside (right of) the plot area
     loss = plots["loss"]["traces"]
     smoothed = [t for t in loss if t["raw"] >= 0]
-    assert [t["name"] for t in smoothed] == ["main abc1234", "slow def5678", "same 0badcaf"]
+    assert [t["name"] for t in smoothed] == ["main abc1234aaaa", "slow def5678bbbb", "same 0badcafe00"]
     assert all(loss[t["raw"]]["n"] == t["n"] > 50 for t in smoothed)  # smoothed over every raw point
     assert got["unsmoothed"] and got["logType"] == "log"
     assert plots["loss"]["buttons"] == 2 and plots["steptime"]["buttons"] == 2  # linear / log
@@ -174,9 +174,9 @@ def test_the_report_renders_in_chromium_with_tables_charts_and_warnings(report_f
     ckpt = [t for t in st if t["kind"] == "checkpoint"]
     assert len(ckpt) == 3 and all(t["n"] == 3 * 2 for t in ckpt)  # 3 saves x (started, blocked) per run
     assert plots["steptime"]["legendItems"] == 3  # a run's series, marks and box toggle together
-    assert f"{got['hovered']:.4g}" in got["hover"] and "main abc1234" in got["hover"]
+    assert f"{got['hovered']:.4g}" in got["hover"] and "main abc1234aaaa" in got["hover"]
     warnings = [w for w, height in got["warnings"] if height > 0]
-    assert any("different JAX: main abc1234 ran 0.10.2, slow def5678 ran 0.9.2" in w for w in warnings)
+    assert any("different JAX: main abc1234aaaa ran 0.10.2, slow def5678bbbb ran 0.9.2" in w for w in warnings)
     assert any("dominated by checkpoint stalls" in w for w in warnings)
     assert got["verdicts"][0] == "1 comparison(s) regressed"
 

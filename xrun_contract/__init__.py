@@ -216,8 +216,10 @@ class Layout:
 
     @staticmethod
     def tensorboard(name: str) -> str:
-        """TensorBoard event files (process 0); ``tensorboard --logdir <root>/runs``."""
-        return f"runs/{name}/tensorboard"
+        """TensorBoard event files (process 0), in the run's own folder: ``tensorboard
+        --logdir <root>/runs`` names each run by its name (a subfolder would show as
+        ``<name>/tensorboard``)."""
+        return f"runs/{name}"
 
     @staticmethod
     def compilation_cache() -> str:

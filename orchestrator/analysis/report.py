@@ -432,5 +432,7 @@ def report_for(base: RunRecord, candidates: Sequence[RunRecord], comparisons: Se
                title: str = "xrun comparison report") -> str:
     """``xrun report``: one section with every run and each candidate's comparison; with no
     candidate, a single-run report (charts and the run's table)."""
+    if not comparisons and title == "xrun comparison report":
+        title = "xrun run report"  # one run: nothing is compared
     return render_report([Section("Runs", [base, *candidates], list(comparisons))], title,
                          subtitle=f"base {comparisons[0].base_label}" if comparisons else base.label)

@@ -29,7 +29,10 @@ from xrun_contract import HEADER_RE, STEP_RE, host_prefix, significant
 # glog-prefixed INFO and WARNING lines from C++ (``I1203 10:39:13.123456 123 file.cc:12]``),
 # absl's pre-init notice, and the wrapper's own bookkeeping (its end line stays).
 NOISE_RE = re.compile(
-    r"^(?:\[Gloo\]|\s*\[?gloo|[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]|"
+    # A Gloo line torn where two writers' output met: its head alone ("[Glo"), or its tail
+    # ("oo] Rank 0 is connected to 1 peer ranks. ...") without the "[Gloo]" that marks it.
+    r"^(?:\[G(?:l(?:oo?)?)?$|\S{0,5}\]? ?Rank \d+ is connected to \d+ peer ranks|"
+    r"\[Gloo\]|\s*\[?gloo|[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]|"
     r"WARNING: All log messages before absl::InitializeLog\(\)|E0000 |"
     r"xrun-wrapper: start |EXIT_CODE=)"
 )

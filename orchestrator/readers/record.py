@@ -191,8 +191,7 @@ class RunRecord:
     # -- identity -------------------------------------------------------------------
     @property
     def short_commit(self) -> str:
-        c = self.commit.strip()
-        return c[:7] if re.fullmatch(r"[0-9a-fA-F]{8,40}", c) else c
+        return short_commit(self.commit)
 
     @property
     def label(self) -> str:
@@ -343,6 +342,14 @@ class RunRecord:
         self.commit = self.commit or v.get("commit", "")
         if self.config is None and v.get("config"):
             self.config = _maybe_json(v["config"])
+
+
+def short_commit(commit: str) -> str:
+    """A commit as given when it is already abbreviated (up to 12 hex digits, git's longest
+    auto abbreviation: what the log or the run file had, a 9-digit one stays 9), a full
+    hash cut to git's default 7."""
+    c = (commit or "").strip()
+    return c[:7] if re.fullmatch(r"[0-9a-fA-F]{13,64}", c) else c
 
 
 def _maybe_json(text: Any) -> Any:

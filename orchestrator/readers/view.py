@@ -14,6 +14,7 @@ from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import latest_committed, list_checkpoints
 from orchestrator.readers.record import RunRecord
 from xrun_contract import (
+    DELETED,
     FAILED,
     PENDING,
     RESTARTING,
@@ -110,6 +111,11 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         current, message = UNKNOWN, "; ".join(rec.problems)
     rec.state = current  # the ETA and goodput read the state as shown
     for h in hosts:
+        if current == DELETED and h.get("state") == FAILED and h.get("exit_code") in (143, 137):
+            # Stopped by the deletion (SIGTERM, or SIGKILL after the grace period): not a
+            # failure of the host.
+            h["state"] = DELETED
+            h["reason"] = f"stopped by xrun delete ({_signal_name(int(h['exit_code']))})"
         h["reason"] = host_reason(h)
     in_progress = [c.step for c in checkpoints if c.state != "committed"]
     view: dict[str, Any] = {
