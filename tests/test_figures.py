@@ -410,3 +410,51 @@ def test_tensorboard_names_each_run_by_its_name(tmp_path: Path):
     mux = EventMultiplexer().AddRunsFromDirectory(str(tmp_path / "runs"))
     mux.Reload()
     assert list(mux.Runs()) == ["tb-run"]
+
+
+# ---------------------------------------------------------------------------------------
+# Real MaxText logs (tests/data/maxtext): glued lines, a stall after step 0, the stall that
+# decides Avg s/step
+
+
+def test_maxtext_comparison_names_the_deciding_stall_with_glued_lines(tmp_path: Path):
+    from synthetic_runs import glue
+
+    from orchestrator.analysis.compare import compare
+    from orchestrator.analysis.compare import figures as run_figures
+    from orchestrator.analysis.report import comparison_html
+    from orchestrator.analysis.stats import median_ci
+    from orchestrator.cli.screen import comparison_screen
+    from orchestrator.readers.loaders import read_log_file
+
+    data = Path(__file__).parent / "data" / "maxtext"
+    # Every 3 lines glued into one (what a shipper that loses newlines does): the XPK Start
+    # line is glued to the MaxText lines after it.
+    for name in ("xpk.log", "save-stall.log"):
+        (tmp_path / name).write_text("\n".join(glue((data / name).read_text().splitlines())) + "\n")
+    xpk, stall = read_log_file(tmp_path / "xpk.log"), read_log_file(tmp_path / "save-stall.log")
+    clean = read_log_file(data / "xpk.log")
+    # Time to first step counts from XPK Start, glued or not; no note quotes a glued line.
+    assert xpk.start_basis == "XPK Start" and xpk.start_time == clean.start_time
+    assert run_figures(xpk).time_to_first_step == pytest.approx(run_figures(clean).time_to_first_step)
+    for rec in (xpk, stall):
+        assert all(len(n) <= 200 and "not understood" not in n for n in rec.notes), rec.notes
+    # Save 0's stall lands in step 1 (3.765 s): out of steady state with the other absorbing
+    # steps and the steps the device ran during them; the CI holds no stall step.
+    fig = run_figures(stall)
+    steady = [st for st, ok in zip(stall.steps.step, stall.steady_mask(3), strict=True) if ok]
+    assert not {1, 2, 3, 6, 7, 8, 11, 12, 13, 16, 17, 18} & set(steady)
+    lo, hi = median_ci(fig.steady_seconds)
+    assert lo > 1.0 and hi < 3.0 and max(fig.steady_seconds) < 3.0
+    # Every save's stall (its wait for the previous save included), save 0's too.
+    assert fig.stall_total == pytest.approx(0.09 + 3.66 + 6.05 + 5.25 + 8.67, abs=0.02)
+    c = compare(xpk, stall)
+    (decider,) = [w for w in c.warnings if w.startswith("Avg s/step differs by")]
+    assert "step 11 took 10.8 s waiting for the previous checkpoint save" in decider, decider
+    assert "save-stall" in decider
+    from rich.console import Console
+
+    console = Console(record=True, width=200, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(comparison_screen(c))
+    assert "step 11 took 10.8 s" in console.export_text()
+    assert "step 11 took 10.8 s" in comparison_html(c)
