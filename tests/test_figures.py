@@ -458,3 +458,30 @@ def test_maxtext_comparison_names_the_deciding_stall_with_glued_lines(tmp_path: 
     console.print(comparison_screen(c))
     assert "step 11 took 10.8 s" in console.export_text()
     assert "step 11 took 10.8 s" in comparison_html(c)
+
+
+def test_report_charts_learning_rate_grad_norm_and_captions_say_what_is_shown(tmp_path: Path):
+    from orchestrator.analysis.compare import compare
+    from orchestrator.analysis.report import log_ticks, report_for
+    from orchestrator.readers.loaders import load_run
+
+    root = tmp_path / "store"
+    for name, seed in (("a", 1), ("b", 2)):
+        run_dir = write_stored_run(root, name, RunShape(steps=30, seed=seed, ckpt_every=10, stall_s=3.0))
+        for c in (run_dir / "metrics").glob("*.jsonl"):
+            recs = [json.loads(ln) for ln in c.read_text().splitlines()]
+            for r in recs:
+                if r["kind"] == "step":
+                    r.update(grad_norm=1.0 / r["step"], learning_rate=1e-3 * min(1.0, r["step"] / 10))
+            c.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    a, b = load_run("a", str(root)), load_run("b", str(root))
+    assert a.extra["learning_rate"][1][-1] == pytest.approx(1e-3)
+    page = report_for(a, [b], [compare(a, b)])
+    ids = re.findall(r'<div class="plot" id="([a-z]+)-0"', page)
+    assert ids == ["loss", "steptime", "tokens", "lr", "gradnorm", "goodput"]
+    assert "Learning rate" in page and "Gradient norm" in page and '"hovermode":"x unified"' in page
+    # The step-time caption says what the zoomed axis leaves out (compilation, stalls).
+    cap = re.search(r"Seconds of every executed step of 2 run\(s\).*?</figcaption>", page)[0]
+    assert re.search(r"The y axis shows 0–0\.4\d* s \(3x the slowest run's median step\): \d+ step\(s\) above", cap)
+    assert log_ticks([0.13, 26.6]) == ([0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0],
+                                       ["0.1", "0.2", "0.5", "1", "2", "5", "10", "20", "50"])

@@ -159,6 +159,9 @@ class RunRecord:
     # which step that is (MaxText: the step after the save's, see readers/logparse.py).
     absorbed_stalls: dict[tuple[int, int], float] = field(default_factory=dict)
     events_dropped: int = 0  # checkpoint events past EVENT_CAP: counted in totals, not kept
+    # Per-step figures beyond the step line's (metrics records: grad_norm, learning_rate):
+    # name -> (steps, values), thinned like the steps past STEP_CAP (add_extra).
+    extra: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
     # (attempt, step) of steps that took a stall no line attributed (steady_mask found them).
     stall_outliers: set[tuple[int, int]] = field(default_factory=set)
     submitted_at: float | None = None
@@ -345,6 +348,14 @@ class RunRecord:
         # A stalled save's step and the next are out of steady state (steady_mask).
         self.stalled_steps = {k for k in self.stalled_steps if k in kept or (k[0], k[1] + 1) in kept
                               or last is None or k >= last}
+
+    def add_extra(self, name: str, step: int, value: float) -> None:
+        """One per-step figure for the charts (every other one dropped past STEP_CAP)."""
+        steps, values = self.extra.setdefault(name, ([], []))
+        steps.append(step)
+        values.append(value)
+        if len(steps) > STEP_CAP:
+            self.extra[name] = (steps[::2], values[::2])
 
     def set_memory(self, used: float, total: float, pct: float, device: str) -> None:
         if self.memory is None or pct > self.memory["pct"]:
