@@ -86,7 +86,9 @@ def render_table(view: dict[str, Any]) -> Group:
     head.add_row("State", Text.assemble(state, f"   restarts {view['restarts']}",
                                         f"   {view['message']}" if view["message"] else ""))
     if view.get("phase") and not is_terminal(view["state"]):
-        head.add_row("Phase", Text(str(view["phase"]), style="bold cyan"))
+        since = view.get("phase_since")
+        elapsed = f"  (for {_duration(max(0.0, time.time() - since))})" if isinstance(since, int | float) else ""
+        head.add_row("Phase", Text.assemble((str(view["phase"]), "bold cyan"), elapsed))
     step = _fmt(view["step"])
     if view["total_steps"]:
         step += f" / {view['total_steps']}"
