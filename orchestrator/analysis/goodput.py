@@ -56,8 +56,8 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
 
     # Step time by kind of execution: compile excess, stall, then productive or redone.
     first_of_attempt: dict[int, int] = {}
-    compile_s = redone_s = productive_s = slow_s = 0.0
-    redone_n = 0
+    compile_s = redone_s = final_work = 0.0
+    redone_n = final_n = 0
     per_attempt: dict[int, dict[str, float]] = {}
     rows = zip(steps.rows(), final, stalls, strict=True)
     for (step, seconds, _tf, _tok, _loss, _b, t, attempt), is_final, stall in rows:
@@ -70,10 +70,9 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
             excess = max(0.0, work - best)
         compile_s += excess * stride
         work -= excess
-        if is_final:
-            productive = min(work, best) if best is not None else work
-            productive_s += max(0.0, productive) * stride
-            slow_s += max(0.0, work - productive) * stride
+        if is_final:  # split below, over all of them: a step cut short by async dispatch
+            final_work += max(0.0, work) * stride  # pays for the next one's long time
+            final_n += stride
         else:
             redone_s += work * stride
             redone_n += stride
@@ -86,8 +85,9 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
     cats["checkpoint"] = stall_total
     cats["compilation"] = compile_s
     cats["redone_steps"] = redone_s
+    productive_s = min(final_work, final_n * best) if best is not None else final_work
     cats["productive"] = max(0.0, productive_s)
-    cats["slow_steps"] = slow_s
+    cats["slow_steps"] = max(0.0, final_work - productive_s)
 
     # Times: submit (or process start) to first step, restarts, end.
     attempts = sorted(a for a in per_attempt if math.isfinite(per_attempt[a]["start"]))
