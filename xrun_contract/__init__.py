@@ -229,8 +229,10 @@ class Layout:
 
     @staticmethod
     def tensorboard(name: str) -> str:
-        """TensorBoard event files (process 0); ``tensorboard --logdir <root>/runs``."""
-        return f"runs/{name}/tensorboard"
+        """TensorBoard event files (process 0), in the run's own folder: ``tensorboard
+        --logdir <root>/runs`` names each run by its name (a subfolder would show as
+        ``<name>/tensorboard``)."""
+        return f"runs/{name}"
 
     @staticmethod
     def compilation_cache() -> str:
@@ -430,6 +432,9 @@ PHASE_ACTIVITY = {
     "first_step": "first step done",
 }
 PHASE_LINE = "xrun phase: {activity}, seconds: {seconds:.3f}"
+# Appended to a phase line: "seconds" is the offset from the process start; this says how
+# long the activity that just ended took (its own span when a thread ran it alongside).
+PHASE_TOOK = " since start; {activity} took {seconds} s"  # seconds: significant(x, 3)
 PHASE_RE = re.compile(
     r"xrun phase: (?P<activity>[a-z ]+?)(?: step (?P<step>\d+))?, seconds: (?P<seconds>[\d.]+)"
 )

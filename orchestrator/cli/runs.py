@@ -350,7 +350,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
     """
     import datetime
 
-    from orchestrator.cli.progress import ProgressScreen
+    from orchestrator.cli.progress import LineFilter, ProgressScreen
     from orchestrator.readers.logs import parse_since, parse_time
 
     for h in hosts:
@@ -386,7 +386,8 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
 
     items = logs_service.stamped_log_lines(
         st, name, backend, follow=follow, hosts=set(hosts) or None, since=since_ts,
-        tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn)
+        tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn,
+        shown=None if screen.filter.verbose else LineFilter().keep)
     try:
         if not follow:
             for host, attempt, t, line in items:
@@ -466,7 +467,7 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
         size = f"{c['size_bytes'] / 2**20:.1f} MiB" if c["size_bytes"] is not None else "-"
         write = f"{c['write_seconds']:.2f}s" if c["write_seconds"] is not None else "-"
         table.add_row(str(c["step"]), c["state"], write, _duration(c["age_seconds"]), size, st.url(c["path"]))
-    Console(soft_wrap=True).print(table)
+    print_table(table)  # piped: paths whole
     return EXIT_OK
 
 

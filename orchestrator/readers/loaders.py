@@ -49,6 +49,10 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
             blocked=r.checkpoint_blocked_s, time=t if t is not None else math.nan,
             attempt=attempt, total_weights=r.total_weights,
         )
+        for name in ("grad_norm", "learning_rate"):
+            value = getattr(r, name)
+            if value is not None and math.isfinite(value):
+                rec.add_extra(name, r.step, float(value))
     elif isinstance(r, records.Header):
         rec.set_versions(r.versions)
         if rec.config is None and r.config is not None:

@@ -22,6 +22,7 @@ import yaml
 from manifests.jobset import jobset
 from manifests.spec import RunSpec, check_cluster_xrun_image
 from orchestrator.backends.base import Backend, BackendStatus
+from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.loaders import StoredRun, read_stored_run
 from orchestrator.readers.record import RunRecord
@@ -513,7 +514,7 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
     runs = []
     for r in records:
         _latest_steps(storage, r)
-        last = len(r.steps) > 0
+        fig = figures.progress(r)
         runs.append({
             "name": r.name,
             "state": r.state or ("Pending" if r.run_info else "Unknown"),
@@ -521,9 +522,9 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
             "accelerator": r.spec.get("accelerator", ""),
             "submitted_at": r.submitted_at,
             "restarts": r.restarts,
-            "step": r.steps.step[-1] if last else None,
+            "step": fig["step"],
             "total_steps": r.total_steps,
-            "loss": r.steps.loss[-1] if last else None,
+            "loss": fig["loss"],
             "labels": run_labels(r.spec, r.name),
             **({"message": "; ".join(r.problems)} if r.problems else {}),
         })
@@ -545,17 +546,30 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
     return runs
 
 
+_STEP_RECORD = re.compile(r'"kind":\s*"step"')
+
+
 def _latest_steps(storage: Storage, rec: RunRecord) -> None:
-    """Fold only the first metrics chunk (the header: total steps) and the last one (the
-    latest step and loss) into ``rec``: two reads per run however long it trained."""
+    """Fold the first metrics chunk (the header: total steps) and the newest chunks back to
+    the last one holding a step (the latest step and loss; a run's last chunk often holds
+    only its end record) into ``rec``: a few reads per run however long it trained."""
     from orchestrator.readers.loaders import read_jsonl_lines
 
     objects, _ = storage.list(Layout.metrics(rec.name))
     keys = sorted(o.key for o in objects)
-    for key in dict.fromkeys(keys[:1] + keys[-1:]):
-        data = storage.read_bytes(key)
-        if data is not None:
-            read_jsonl_lines(rec, data.decode("utf-8", errors="replace").splitlines())
+    tail: list[list[str]] = []
+    for key in reversed(keys[1:]):
+        lines = _chunk_lines(storage, key)
+        tail.append(lines)
+        if any(_STEP_RECORD.search(ln) for ln in lines):
+            break
+    for lines in ([_chunk_lines(storage, keys[0])] if keys else []) + tail[::-1]:
+        read_jsonl_lines(rec, lines)
+
+
+def _chunk_lines(storage: Storage, key: str) -> list[str]:
+    data = storage.read_bytes(key)
+    return [] if data is None else data.decode("utf-8", errors="replace").splitlines()
 
 
 def checkpoints(storage: Storage, name: str, sizes: bool = False) -> list[CheckpointInfo]:
