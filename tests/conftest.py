@@ -89,9 +89,13 @@ def gcs_proxy(gcs_emulator):
 def cluster(tmp_path_factory):
     """The real control plane (tests/cluster/up.sh): etcd, kube-apiserver, the controller
     manager and scheduler, JobSet, Kueue and KWOK nodes shaped like GKE node pools. One per
-    test session, stopped by down.sh at the end, and by itself if this process dies."""
-    from cluster_helpers import start, stop
+    test session, stopped by down.sh at the end, and by itself if this process dies.
+    ``XRUN_TEST_CLUSTER=DIR`` uses the one ``up.sh DIR`` started instead (left running)."""
+    from cluster_helpers import Cluster, start, stop
 
+    if os.environ.get("XRUN_TEST_CLUSTER"):  # developing: a cluster already up (up.sh DIR)
+        yield Cluster(Path(os.environ["XRUN_TEST_CLUSTER"]))
+        return
     root = tmp_path_factory.mktemp("cluster")
     c = start(root, owner=os.getpid())
     try:

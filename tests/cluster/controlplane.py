@@ -475,7 +475,12 @@ class Supervisor:
         audit_policy = self.root / "audit-policy.yaml"
         audit_policy.write_text(yaml.safe_dump({
             "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
-            "omitStages": ["RequestReceived"], "rules": [{"level": "Metadata"}]}))
+            "omitStages": ["RequestReceived"], "rules": [
+                # What clients send to change a JobSet (the body of a create, a delete's
+                # options): tests assert on the request as it reached the server.
+                {"level": "Request", "verbs": ["create", "update", "patch", "delete"],
+                 "resources": [{"group": "jobset.x-k8s.io", "resources": ["jobsets"]}]},
+                {"level": "Metadata"}]}))
         self.start("kube-apiserver", [
             f"--etcd-servers=https://127.0.0.1:{p['etcd']}", f"--etcd-cafile={tls['ca']}",
             f"--etcd-certfile={tls['cert']}", f"--etcd-keyfile={tls['key']}",
@@ -583,12 +588,16 @@ class Supervisor:
     def watch(self) -> None:
         """Until told to stop, or the owner is gone. A component that exits is started again
         with the same arguments, as a node's systemd or kubelet would: tests restart the API
-        server by killing its PID (``state.json``) and wait for it to come back."""
+        server by killing its PID (``state.json``) and wait for it to come back. While the
+        file ``DIR/hold/<component>`` exists, that component is not started again (a test
+        holds KWOK down: every kubelet unreachable)."""
         while not self.stopping:
             if self.owner and not alive(self.owner):
                 print(f"owner {self.owner} is gone: stopping", flush=True)
                 return
             for name, p in list(self.procs.items()):
+                if (self.root / "hold" / name).exists():  # held down by a test: not yet
+                    continue
                 if p.poll() is not None and not self.stopping:
                     print(f"{name} exited with {p.returncode}: starting it again", flush=True)
                     self.start(name, self.args[name], self.envs[name])
@@ -666,7 +675,7 @@ def up(root: Path, owner: int | None, timeout: float = READY_TIMEOUT) -> int:
     root.mkdir(parents=True, exist_ok=True)
     for stale in ("ready", "failed", "stopped", "state.json"):
         (root / stale).unlink(missing_ok=True)
-    for stale_dir in ("etcd", "pki", "podlogs"):  # a fresh cluster every time: new ports, new CA
+    for stale_dir in ("etcd", "pki", "podlogs", "hold"):  # a fresh cluster every time: new ports, new CA
         shutil.rmtree(root / stale_dir, ignore_errors=True)
     build = subprocess.run(["bash", str(HERE / "build.sh")], stdout=subprocess.PIPE, text=True)
     if build.returncode:
