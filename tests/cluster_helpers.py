@@ -9,6 +9,7 @@ CRI log format), an API-server restart, an etcd compaction, pods failed with an 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import http.client
 import json
@@ -207,20 +208,25 @@ class Cluster:
         self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {"containerStatuses": statuses}})
         return cs["restartCount"]
 
-    def hold_down(self, component: str) -> int:
-        """Stop ``component`` (e.g. "kwok": every kubelet gone) and keep the supervisor from
-        starting it again until ``release`` (controlplane.py Supervisor.watch). Its old pid."""
-        (self.root / "hold").mkdir(exist_ok=True)
-        (self.root / "hold" / component).touch()
-        pid = self.state["pids"][component]
-        os.kill(pid, signal.SIGKILL)
-        self.wait(f"{component} gone", lambda: not _alive(pid), 20, every=0.05)
-        return pid
+    @contextlib.contextmanager
+    def kubelet_unreachable(self, node: str):
+        """Within the block, the API server cannot reach ``node``'s kubelet: its status's
+        kubelet endpoint (which the API server dials for pods/log) names a port nobody
+        listens on, as a kubelet that is down. KWOK serves every node's kubelet on one port
+        and never rewrites that field, so this is one node, not all of them."""
+        import socket
 
-    def release(self, component: str, old: int) -> None:
-        """Let the supervisor start ``component`` again; returns once it has a new pid."""
-        (self.root / "hold" / component).unlink(missing_ok=True)
-        self.wait(f"a new {component}", lambda: self.state["pids"][component] != old, 20)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = s.getsockname()[1]
+
+        def endpoint(port: int) -> None:
+            self.core.patch_node_status(node, {"status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}})
+        endpoint(dead)
+        try:
+            yield
+        finally:
+            endpoint(self.state["ports"]["kwok"])
 
     def user_kubeconfig(self, tmp_path: Path, user: str, groups: tuple[str, ...] = (),
                         context: str | None = None) -> str:
@@ -344,17 +350,6 @@ class Cluster:
     def audit_lines(self) -> list[dict[str, Any]]:
         path = self.root / "logs/audit.log"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
-    except OSError:
-        return False
 
 
 def dead_kubeconfig(cluster: Cluster, path: Path) -> str:

@@ -588,16 +588,12 @@ class Supervisor:
     def watch(self) -> None:
         """Until told to stop, or the owner is gone. A component that exits is started again
         with the same arguments, as a node's systemd or kubelet would: tests restart the API
-        server by killing its PID (``state.json``) and wait for it to come back. While the
-        file ``DIR/hold/<component>`` exists, that component is not started again (a test
-        holds KWOK down: every kubelet unreachable)."""
+        server by killing its PID (``state.json``) and wait for it to come back."""
         while not self.stopping:
             if self.owner and not alive(self.owner):
                 print(f"owner {self.owner} is gone: stopping", flush=True)
                 return
             for name, p in list(self.procs.items()):
-                if (self.root / "hold" / name).exists():  # held down by a test: not yet
-                    continue
                 if p.poll() is not None and not self.stopping:
                     print(f"{name} exited with {p.returncode}: starting it again", flush=True)
                     self.start(name, self.args[name], self.envs[name])
@@ -675,7 +671,7 @@ def up(root: Path, owner: int | None, timeout: float = READY_TIMEOUT) -> int:
     root.mkdir(parents=True, exist_ok=True)
     for stale in ("ready", "failed", "stopped", "state.json"):
         (root / stale).unlink(missing_ok=True)
-    for stale_dir in ("etcd", "pki", "podlogs", "hold"):  # a fresh cluster every time: new ports, new CA
+    for stale_dir in ("etcd", "pki", "podlogs"):  # a fresh cluster every time: new ports, new CA
         shutil.rmtree(root / stale_dir, ignore_errors=True)
     build = subprocess.run(["bash", str(HERE / "build.sh")], stdout=subprocess.PIPE, text=True)
     if build.returncode:
