@@ -1,5 +1,4 @@
-"""Shared fixtures: fake-gcs-server and the fault proxy on 127.0.0.1, the scripted Kubernetes
-API, the real control plane."""
+"""Shared fixtures: fake-gcs-server and the fault proxy on 127.0.0.1, the real control plane."""
 
 from __future__ import annotations
 
@@ -55,22 +54,6 @@ def gcs_bucket(gcs_emulator) -> str:
     name = f"xrun-test-{os.getpid()}-{next(_bucket_counter)}"
     gcs_client().create_bucket(name)
     return f"gs://{name}"
-
-
-@pytest.fixture
-def api():
-    """The scripted Kubernetes API server (tests/kube_api.py) on 127.0.0.1."""
-    from kube_api import KubeAPI
-
-    server = KubeAPI().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def kubeconfig(api, tmp_path) -> str:
-    """A kubeconfig whose context 'test-ctx' points at the scripted API server."""
-    return str(api.kubeconfig(tmp_path / "kubeconfig"))
 
 
 @pytest.fixture

@@ -662,6 +662,28 @@ def test_what_the_mutating_webhook_cannot_decode_comes_back_as_its_400(cluster):
                                            f"Request): {status['message']}")
 
 
+def test_a_template_the_job_api_refuses_stalls_the_jobset_and_status_says_why(cluster):
+    """JobSet's webhooks let a pod template through that the Job API refuses: the JobSet is
+    stored, every Job create fails (JobCreationFailed), no pod ever appears."""
+    name = unique("ev-env")
+    body = manifest(name)
+    env = body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    env.append({"name": "A=B", "value": "x"})
+    backend = backend_for(cluster.kubeconfig)
+    backend.submit(body)
+    try:
+        def stalled():
+            st = backend.status(name)
+            return st if any(e.startswith("JobCreationFailed (jobset/") for e in st.events) else None
+        st = cluster.wait("JobCreationFailed in status", stalled, 60, every=0.5)
+        assert st.state == "Pending" and st.hosts == [] and cluster.pods(name) == []
+        line = next(e for e in st.events if e.startswith("JobCreationFailed (jobset/"))
+        assert f'job "{name}-slice-0" creation failed with error: Job.batch "{name}-slice-0" is invalid: ' in line
+        assert f'spec.template.spec.containers[0].env[{len(env) - 1}].name: Invalid value: "A=B"' in line
+    finally:
+        cluster.delete_jobset(name)
+
+
 # --- GKE's capacity knobs on GKE-shaped nodes ------------------------------------------------
 
 def test_a_spot_run_lands_only_on_the_spot_pool(cluster):
