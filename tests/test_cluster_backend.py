@@ -383,7 +383,7 @@ def test_replace_list_and_delete(cluster):
     try:
         backend.submit(manifest(one))
         backend.submit(manifest(two))
-        alien = manifest(foreign)
+        alien = manifest(foreign, node_selector=NOWHERE)  # listed only: it takes no slice of the 2x4 pool
         del alien["metadata"]["labels"]["xrun.dev/run"]
         backend.submit(alien)
         running(cluster, one, 2)
