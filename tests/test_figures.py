@@ -107,6 +107,10 @@ def test_list_status_and_follow_agree_running_and_finished(tmp_path: Path):
         (finished,) = [ln for ln in r.stderr.splitlines() if ln.startswith("xrun: agree ")]
         assert finished.startswith("xrun: agree succeeded | step 30/30")
         _agree(root, "agree", finished)
+        # compare (and so report and nightly, which print its rows) reads the same final loss.
+        cmp = json.loads(xrun("compare", "agree", "agree", "--format", "json", storage=root).stdout)
+        (final,) = [row for row in cmp["rows"] if row["metric"] == "Final loss"]
+        assert final["base_value"] == done["loss"], (final, done)
     finally:
         if follow is not None and follow.poll() is None:
             follow.kill()
