@@ -97,6 +97,9 @@ class Env:
     BRANCH = "XRUN_BRANCH"
     # Log shipping interval of the wrapper, seconds (gs:// chunk cadence).
     LOG_FLUSH_SECONDS = "XRUN_LOG_FLUSH_SECONDS"
+    # The log shipper's deadline for its final drain, seconds: below the pod's grace period
+    # (``drain_seconds``), so a storage that keeps failing never holds the pod to its SIGKILL.
+    DRAIN_SECONDS = "XRUN_DRAIN_SECONDS"
     # "json": the wrapper's own stdout lines are JSON objects with "severity" and "message"
     # (what Cloud Logging's agent parses into a structured entry); anything else: plain text.
     LOG_FORMAT = "XRUN_LOG_FORMAT"
@@ -542,3 +545,9 @@ RUN_STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, DELETED, UNKNOWN)
 
 def is_terminal(state: str) -> bool:
     return state in TERMINAL_STATES
+
+
+def drain_seconds(grace_seconds: float) -> int:
+    """The log shipper's final-drain deadline for a pod with this termination grace period:
+    below it (2 s less, the kubelet's minimum for a sidecar), at most 30 s, at least 1 s."""
+    return int(max(1, min(grace_seconds - 2, 30)))

@@ -9,6 +9,7 @@ pods, the processes or the JobSet are gone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -39,7 +40,7 @@ from xrun_contract import (
 )
 from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
 from xrun_contract.k8s import Labels
-from xrun_contract.storage import Storage, open_storage
+from xrun_contract.storage import Storage, StorageError, open_storage
 
 
 class _ManifestDumper(yaml.SafeDumper):
@@ -144,7 +145,12 @@ def record_state(storage: Storage, name: str, status: BackendStatus, backend: st
                             for h in status.hosts}
     current.setdefault("transitions", []).append({"time": now, "state": status.state,
                                                   "reason": status.message})
-    storage.write_json(Layout.state(name), current)
+    try:
+        storage.write_json(Layout.state(name), current)
+    except StorageError as e:
+        if e.permanent:  # a full disk: the reader still shows the truth, unrecorded
+            return
+        raise
 
 
 def observe(storage: Storage, name: str, backend: Backend,
@@ -545,6 +551,7 @@ class Deleted:
     stopped: bool
     purged: int | None = None
     url: str = ""
+    found: str = ""  # what the backend found, in words (local: processes, supervisor)
 
 
 def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = True) -> Deleted:
@@ -557,7 +564,10 @@ def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = Tru
     if stopped and recorded.get("state") not in (SUCCEEDED, FAILED, DELETED):
         record_state(storage, name, BackendStatus(state=DELETED, restarts=recorded.get("restarts", 0),
                                                   message="deleted by xrun delete"), backend.name)
-    out = Deleted(stopped, url=storage.url(Layout.run(name)))
+    elif not stopped:  # nothing live: record what the backend sees (a lost supervisor: Failed)
+        with contextlib.suppress(XrunError):
+            observe(storage, name, backend)
+    out = Deleted(stopped, url=storage.url(Layout.run(name)), found=str(getattr(backend, "found", "") or ""))
     if purge:
         out.purged = storage.delete_prefix(Layout.run(name))
     return out

@@ -104,6 +104,7 @@ class LocalBackend:
     """Backend protocol over the supervisor: state lives in storage (state.json)."""
 
     name = "local"
+    found = ""  # what the last delete found, in words
     serves_logs = False  # every host's output is in storage within LOCAL_LOG_FLUSH_SECONDS
 
     def __init__(self, storage_root: str):
@@ -140,6 +141,7 @@ class LocalBackend:
         if state is None:
             return None
         current = state.get("state", PENDING)
+        lost = False
         if current not in TERMINAL_STATES and not _pid_alive(state.get("supervisor_pid")):
             # The supervisor records its terminal state and then exits, so it may have done
             # both between the read above and the liveness check: read again before calling
@@ -148,13 +150,24 @@ class LocalBackend:
             current = state.get("state", PENDING)
             if current not in TERMINAL_STATES:
                 current, state["message"] = FAILED, "local supervisor is gone (machine restarted or killed)"
-        hosts = [
-            HostStatus(host=h, state=v.get("state", PENDING), attempt=v.get("attempt", 0),
-                       exit_code=v.get("exit_code"), pod=str(v.get("pid") or ""))
-            for h, v in sorted(state.get("hosts", {}).items())
-        ]
+                lost = True
+        hosts = [self._host(h, v, lost) for h, v in sorted(state.get("hosts", {}).items())]
         return BackendStatus(state=current, restarts=state.get("restarts", 0), hosts=hosts,
                              message=state.get("message", ""))
+
+    @staticmethod
+    def _host(host: str, v: dict[str, Any], lost: bool) -> HostStatus:
+        """A host as state.json recorded it; with the supervisor gone, a host recorded as
+        not yet ended is Unknown (nobody watches it), saying whether its process lives."""
+        state, reason = v.get("state", PENDING), ""
+        if lost and state not in TERMINAL_STATES:
+            pid = v.get("pid")
+            state = "Unknown"
+            reason = (f"local supervisor is gone; last recorded {v.get('state', PENDING)}, "
+                      + (f"process {pid} still alive (xrun delete stops it)" if _pid_alive(pid)
+                         else f"process {pid} is gone" if pid else "never started"))
+        return HostStatus(host=host, state=state, attempt=v.get("attempt", 0),
+                          exit_code=v.get("exit_code"), reason=reason, pod=str(v.get("pid") or ""))
 
     def live_processes(self, name: str) -> list[int]:
         """Every process of the run the OS knows (``run_processes``)."""
@@ -162,13 +175,26 @@ class LocalBackend:
 
     def delete(self, name: str, *, wait: bool = True) -> bool:
         """Stop the run: its supervisor first (it stops the pods and records Deleted), then
-        every process of the run the OS still shows (orphans of a killed supervisor)."""
+        every process of the run the OS still shows (orphans of a killed supervisor).
+        ``found`` then says, in words, what there was."""
         state = self.storage.read_json(Layout.state(name)) or {}
         grace = float(state.get("grace_seconds", 180))
         stopped = False
         live = self.live_processes(name)
         pid = state.get("supervisor_pid")
+        recorded = state.get("state", "nothing")
         if pid in live:  # the recorded pid is this run's supervisor, not a reused pid
+            others = len(live) - 1
+            self.found = f"its supervisor (pid {pid}) and {others} pod process{'es' * (others != 1)}"
+        elif live:
+            self.found = (f"{len(live)} process{'es' * (len(live) != 1)} of the run ({', '.join(map(str, live))}) "
+                          f"without their supervisor" + (f" (pid {pid}, gone)" if pid else ""))
+        elif recorded in TERMINAL_STATES:
+            self.found = f"no live process: it ended {recorded}"
+        else:
+            self.found = (f"no live process: state.json says {recorded}, but its supervisor"
+                          + (f" (pid {pid})" if pid else "") + " is gone and no process of the run is left")
+        if pid in live:
             os.kill(pid, signal.SIGTERM)
             stopped = True
             if not wait:
