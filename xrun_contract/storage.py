@@ -349,14 +349,16 @@ class LocalStorage(Storage):
     def overwrite_in_place(self, key: str, data: bytes) -> bool:
         """Last resort on a full disk: write ``data`` into the blocks ``key`` already has
         (no new file, no rename), padded with spaces to the old size. False when the file is
-        missing or too small. Not atomic: for a final record only (the supervisor's end state)."""
+        missing or its blocks are too small. Not atomic: for a final record only (the
+        supervisor's end state)."""
         path = self._path(key)
         try:
             with open(path, "r+b") as f:
-                size = os.fstat(f.fileno()).st_size
-                if len(data) > size:
+                st = os.fstat(f.fileno())
+                room = max(st.st_size, getattr(st, "st_blocks", 0) * 512)
+                if len(data) > room:
                     return False
-                f.write(data + b" " * (size - len(data)))
+                f.write(data + b" " * max(0, st.st_size - len(data)))
                 f.flush()
                 os.fsync(f.fileno())
             return True

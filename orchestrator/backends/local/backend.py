@@ -141,7 +141,6 @@ class LocalBackend:
         if state is None:
             return None
         current = state.get("state", PENDING)
-        lost = False
         if current not in TERMINAL_STATES and not _pid_alive(state.get("supervisor_pid")):
             # The supervisor records its terminal state and then exits, so it may have done
             # both between the read above and the liveness check: read again before calling
@@ -150,7 +149,10 @@ class LocalBackend:
             current = state.get("state", PENDING)
             if current not in TERMINAL_STATES:
                 current, state["message"] = FAILED, "local supervisor is gone (machine restarted or killed)"
-                lost = True
+        # Hosts recorded as not ended by a supervisor that is gone (also once `status`
+        # recorded the run Failed for it) are watched by nobody: Unknown, with why.
+        lost = any(v.get("state", PENDING) not in TERMINAL_STATES for v in state.get("hosts", {}).values()) \
+            and not _pid_alive(state.get("supervisor_pid"))
         hosts = [self._host(h, v, lost) for h, v in sorted(state.get("hosts", {}).items())]
         return BackendStatus(state=current, restarts=state.get("restarts", 0), hosts=hosts,
                              message=state.get("message", ""))

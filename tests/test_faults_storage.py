@@ -1,0 +1,379 @@
+"""Faults, round 3 (#32 items 1-6): no process outlives its pod, a stale attempt never
+writes run.json, the local supervisor survives what the run survives (a GCS outage, a full
+disk), status after a killed supervisor, and permanent storage errors end in seconds.
+
+Everything runs for real: the local backend's supervisor and its pods (xrun's launcher,
+init container and log shipper), fake-gcs-server behind tests/gcs_proxy.py, a tmpfs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from cli_helpers import xrun
+
+from manifests.spec import build_spec
+from orchestrator.backends.local.backend import LocalBackend, run_processes
+from orchestrator.services.runs import dump_yaml, render
+from workload.metrics import update_run_json
+from xrun_contract import Env, Layout, PodFiles
+from xrun_contract.storage import (
+    LocalStorage,
+    StorageError,
+    classify_storage_error,
+    open_storage,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _wait(pred, timeout: float, what: str, every: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        assert time.monotonic() < deadline, what
+        time.sleep(every)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _submit(root: str | Path, name: str, command: str, **spec) -> dict:
+    """The local backend's real path: render, store the manifest, start the supervisor."""
+    values = {"name": name, "accelerator": "cpu-2", "image": "img", "command": command,
+              "storage": str(root), **spec}
+    manifest = render(build_spec(values, {}))
+    st = open_storage(str(root))
+    st.write_text(Layout.manifest(name), dump_yaml(manifest))
+    st.write_json(Layout.run_json(name), {"name": name, "backend": "local"})
+    LocalBackend(str(root)).submit(manifest)
+    return manifest
+
+
+def _state(root: str | Path, name: str) -> dict:
+    return open_storage(str(root)).read_json(Layout.state(name)) or {}
+
+
+# ---------------------------------------------------------------------------------------
+# 1. A kill -9 during a save: no orphan, no stale run.json write
+
+# One host of attempt 0 is killed with -9 while its peer is "inside a checkpoint save": the
+# peer catches SIGTERM (as JAX's preemption notifier does), keeps saving past the grace
+# period and then writes run.json as attempt 0. It runs under `sh -c` (the launcher's), which
+# dies of the SIGTERM: before the fix the launcher then exited 143 at once, no SIGKILL came,
+# and the peer outlived its pod and overwrote attempt 1's run.json.
+SAVER = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+    from workload.metrics import update_run_json
+    from xrun_contract.storage import open_storage
+
+    attempt, me = int(os.environ["XRUN_RESTART_ATTEMPT"]), int(os.environ["XRUN_PROCESS_ID"])
+    run, st = os.environ["XRUN_RUN_NAME"], open_storage(os.environ["XRUN_STORAGE"])
+    if attempt == 0:
+        signal.signal(signal.SIGTERM, lambda *a: print("SIGTERM caught", flush=True))
+        if me == 0:
+            time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGKILL)
+        Path(os.environ["XRUN_STORAGE"], "saver.pid").write_text(str(os.getpid()))
+        print("saving", flush=True)
+        end = time.time() + SAVE_S
+        while time.time() < end:
+            time.sleep(0.05)
+        update_run_json(st, run, attempt=0, exit_code=42)
+        sys.exit(42)
+    update_run_json(st, run, attempt=attempt, exit_code=0)
+""")
+SAVE_S = 4.0
+
+
+def test_kill_9_during_a_save_leaves_no_orphan_and_no_stale_run_json_20_times(tmp_path):
+    prog = tmp_path / "saver.py"
+    prog.write_text(f"SAVE_S = {SAVE_S}\n" + SAVER)
+    runs = 20
+    batch = 5  # 5 runs at a time: 20 in a loop, in about a third of the time
+    roots = [tmp_path / f"root{i}" for i in range(runs)]
+    found: list[str] = []
+    for first in range(0, runs, batch):
+        group = list(range(first, min(runs, first + batch)))
+        for i in group:
+            _submit(roots[i], "save", f"python3 {prog}", max_restarts=1, termination_grace_seconds=2)
+        for i in group:
+            _wait(lambda i=i: _state(roots[i], "save").get("state") in ("Succeeded", "Failed"), 60,
+                  f"run {i} did not end")
+        for i in group:
+            st = _state(roots[i], "save")
+            assert (st["state"], st["restarts"]) == ("Succeeded", 1), (i, st.get("message"))
+            saver = int((roots[i] / "saver.pid").read_text())
+            # Ended with its pod: nothing of the run lives once the run is over.
+            if _pid_alive(saver) or run_processes(str(roots[i]), "save"):
+                found.append(f"run {i}: attempt-0 process {saver} alive after Succeeded")
+    # Past the time an orphan of the last batch would have finished its "save" and written.
+    time.sleep(SAVE_S)
+    for i in range(runs):
+        workload = json.loads((roots[i] / Layout.run_json("save")).read_text())["workload"]
+        if workload != {"attempt": 1, "exit_code": 0}:
+            found.append(f"run {i}: run.json workload {workload}")
+        log = (roots[i] / Layout.supervisor_log("save")).read_text()
+        assert "Traceback" not in log, log
+    assert not found, "\n".join(found)
+
+
+def test_run_json_writes_are_fenced_by_the_attempt(tmp_path, gcs_bucket):
+    """An older attempt's write is refused, atomically (racing writers: no lost update)."""
+    for root in (str(tmp_path / "local"), f"{gcs_bucket}/root"):
+        st = open_storage(root)
+        st.write_json(Layout.run_json("f"), {"name": "f", "backend": "local"})
+        assert update_run_json(st, "f", attempt=0, start_time=1.0)
+        assert update_run_json(st, "f", attempt=1, start_time=2.0)
+        assert not update_run_json(st, "f", attempt=0, exit_code=42)  # refused
+        doc = st.read_json(Layout.run_json("f"))
+        assert doc == {"name": "f", "backend": "local",
+                       "workload": {"attempt": 1, "start_time": 2.0}}, root
+        # Racing read-modify-writes of one attempt lose nothing.
+        threads = [threading.Thread(target=update_run_json, args=(st, "f"),
+                                    kwargs={"attempt": 1, f"k{i}": i}) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        section = st.read_json(Layout.run_json("f"))["workload"]
+        assert {f"k{i}" for i in range(6)} <= set(section), (root, section)
+
+
+def test_a_pods_leftover_process_dies_with_its_container(tmp_path):
+    """A container is its process group: a background process its command left behind
+    ends with the container (the kubelet kills a container's processes with its PID 1)."""
+    root = tmp_path / "root"
+    _submit(root, "bg", f"sleep 300 & echo $! > {tmp_path}/bg-$XRUN_PROCESS_ID.pid; exit 0",
+            max_restarts=0, termination_grace_seconds=1)
+    _wait(lambda: _state(root, "bg").get("state") in ("Succeeded", "Failed"), 30, "run did not end")
+    assert _state(root, "bg")["state"] == "Succeeded"
+    pids = [int((tmp_path / f"bg-{i}.pid").read_text()) for i in (0, 1)]
+    _wait(lambda: not any(_pid_alive(p) for p in pids), 5, f"left behind: {pids}")
+
+
+# ---------------------------------------------------------------------------------------
+# 2. The supervisor survives a storage outage (its own writes are kept and retried)
+
+
+@pytest.fixture
+def proxied_root(gcs_proxy, gcs_bucket, monkeypatch):
+    """A gs:// root reached through the fault proxy (this process and what it starts)."""
+    for k, v in gcs_proxy.env().items():
+        monkeypatch.setenv(k, v)
+    return f"{gcs_bucket}/root"
+
+
+def test_supervisor_survives_an_outage_longer_than_its_storage_timeout(proxied_root, gcs_proxy,
+                                                                       monkeypatch):
+    """Before: the supervisor's state.json write failed after the storage timeout and the
+    run Failed with 'local supervisor error'. Now the write is kept and done after the
+    outage, and the run ends as its pods say (both exit 0 during the outage)."""
+    monkeypatch.setenv("XRUN_STORAGE_TIMEOUT", "2")  # the supervisor's per-call deadline
+    _submit(proxied_root, "outage", "sleep 3", max_restarts=0, termination_grace_seconds=2)
+    _wait(lambda: _state(proxied_root, "outage").get("state") == "Running", 30, "never Running")
+    gcs_proxy.outage(9, "503")
+    time.sleep(9.5)
+    _wait(lambda: _state(proxied_root, "outage").get("state") in ("Succeeded", "Failed"), 60,
+          "the end state was never written")
+    st = _state(proxied_root, "outage")
+    assert (st["state"], st["restarts"]) == ("Succeeded", 0), st["message"]
+    assert gcs_proxy.stats.outage_hits > 0
+
+
+# ---------------------------------------------------------------------------------------
+# 4. A full disk: the run ends Failed "storage full", status tells the truth, no tracebacks
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True, text=True)
+    return r.returncode == 0
+
+
+def _fill(path: Path) -> Path:
+    """Write until ENOSPC, down to the last byte; the file that fills the disk."""
+    big = path / "filler"
+    fd = os.open(big, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for size in (1 << 16, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, b"\0" * size)
+    finally:
+        os.close(fd)
+    return big
+
+
+def test_full_disk_ends_the_run_failed_with_storage_full(tmp_path):
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "4m"):
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+    try:
+        _submit(disk, "full", "sleep 3; exit 42", max_restarts=3, termination_grace_seconds=1)
+        _wait(lambda: _state(disk, "full").get("state") == "Running", 30, "never Running")
+        _fill(disk)
+        # The pods exit 42: the restart's state.json write finds the disk full.
+        try:
+            _wait(lambda: _state(disk, "full").get("state") == "Failed", 60, "not Failed on a full disk")
+        except AssertionError:
+            (disk / "filler").unlink()
+            print((disk / Layout.supervisor_log("full")).read_text()[-3000:])
+            print(_state(disk, "full"))
+            raise
+        st = _state(disk, "full")
+        assert "storage full" in st["message"], st["message"]
+        assert st["restarts"] == 0
+        for args in (("status", "full"), ("status", "full", "-o", "json"), ("list",),
+                     ("logs", "full")):
+            r = xrun(*args, storage=disk, timeout=60)
+            assert "Traceback" not in r.stdout + r.stderr, (args, r.stdout, r.stderr)
+            assert r.returncode in (0, 1), (args, r.returncode, r.stderr)
+        status = json.loads(xrun("status", "full", "-o", "json", storage=disk).stdout)
+        assert status["state"] == "Failed" and "storage full" in status["message"]
+        _wait(lambda: not run_processes(str(disk), "full"), 30, "processes outlived the run")
+        leftovers = [p.name for p in disk.rglob(".*.tmp-*")]
+        assert not leftovers, leftovers
+    finally:
+        for pid in run_processes(str(disk), "full"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+
+
+def test_local_storage_full_disk_is_permanent_and_leaves_no_tmp(tmp_path):
+    """ENOSPC and ENOTDIR from LocalStorage: a StorageError sorted permanent, no .tmp left."""
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, "1m"):
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+    try:
+        st = LocalStorage(str(disk))
+        st.write_json("runs/x/state.json", {"state": "Running", "hosts": {"0-0": {"state": "Running"}}})
+        _fill(disk)
+        with pytest.raises(StorageError) as e:
+            st.write_json("runs/x/state.json", {"state": "Failed", "message": "x" * 9000})
+        assert e.value.permanent and "storage full" in str(e.value) and e.value.exit_code == 3
+        assert not list(disk.rglob(".*.tmp-*"))
+        # The last resort of the supervisor's final write: the file's own blocks.
+        assert st.overwrite_in_place("runs/x/state.json", b'{"state": "Failed"}\n')
+        assert st.read_json("runs/x/state.json") == {"state": "Failed"}
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StorageError) as e:
+        LocalStorage(str(tmp_path / "file" / "root")).write_text("a/b", "x")
+    assert e.value.permanent and "ENOTDIR" in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------
+# 5. After kill -9 of the supervisor: no host shown Running, delete says what it found
+
+
+def test_status_and_delete_after_kill_9_of_the_supervisor(tmp_path):
+    root = tmp_path / "root"
+    _submit(root, "lost", "sleep 300", max_restarts=0, termination_grace_seconds=1)
+    _wait(lambda: len([h for h in _state(root, "lost").get("hosts", {}).values() if h.get("pid")]) == 2,
+          30, "pods never started")
+    os.kill(_state(root, "lost")["supervisor_pid"], signal.SIGKILL)
+    _wait(lambda: not run_processes(str(root), "lost"), 15, "pods outlived the supervisor")
+    status = json.loads(xrun("status", "lost", "-o", "json", storage=root).stdout)
+    assert status["state"] == "Failed" and "supervisor is gone" in status["message"]
+    hosts = status["hosts"]
+    assert len(hosts) == 2
+    for h in hosts:
+        assert h["state"] == "Unknown", h
+        assert "supervisor is gone" in h["reason"] and "is gone" in h["reason"], h
+    table = xrun("status", "lost", storage=root).stdout
+    rows = [line.split() for line in table.splitlines() if line.strip().startswith("0-")]
+    assert [r[1] for r in rows] == ["Unknown", "Unknown"], table
+    r = xrun("delete", "lost", storage=root)
+    assert r.returncode == 0
+    assert "no live process" in r.stderr and "supervisor" in r.stderr, r.stderr
+    assert _state(root, "lost")["state"] == "Failed"  # recorded now, as status reported it
+
+
+# ---------------------------------------------------------------------------------------
+# 6. The log shipper's final drain: permanent errors end at once, transient ones by a deadline
+
+
+def test_storage_errors_are_sorted_in_one_place():
+    import socket
+
+    from google.api_core import exceptions as gexc
+
+    perm = [OSError(errno.ENOSPC, "No space left on device"), NotADirectoryError(errno.ENOTDIR, "x"),
+            PermissionError(errno.EACCES, "x"), gexc.Forbidden("no"), gexc.NotFound("bucket"),
+            ConnectionRefusedError(errno.ECONNREFUSED, "refused"), socket.gaierror(-2, "Name or service not known")]
+    trans = [gexc.ServiceUnavailable("503"), gexc.TooManyRequests("429"), gexc.InternalServerError("500"),
+             ConnectionResetError(errno.ECONNRESET, "reset"), TimeoutError("timed out"),
+             ValueError("ABORTED: All 32 retry attempts failed [http_response_code='503']")]
+    assert [classify_storage_error(e).permanent for e in perm] == [True] * len(perm)
+    assert [classify_storage_error(e).permanent for e in trans] == [False] * len(trans)
+    assert "storage full" in classify_storage_error(perm[0]).why
+
+
+def _shipper(pod_dir: Path, storage: str, drain_s: int, **env: str) -> subprocess.Popen:
+    pod_dir.mkdir(parents=True, exist_ok=True)
+    (pod_dir / PodFiles.OUTPUT).write_text("a line\nthe last line, unfinished")
+    full = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
+    full.update({Env.STORAGE: storage, Env.RUN_NAME: "ship", Env.POD_DIR: str(pod_dir),
+                 Env.LOG_FLUSH_SECONDS: "0.2", Env.DRAIN_SECONDS: str(drain_s),
+                 "PYTHONPATH": str(REPO)}, **env)
+    return subprocess.Popen([sys.executable, "-m", "workload.sidecar", "ship"], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("damage", ["enotdir", "forbidden", "no-bucket"])
+def test_log_shipper_final_drain_ends_at_once_on_a_permanent_error(tmp_path, damage, gcs_proxy,
+                                                                    gcs_bucket):
+    if damage == "enotdir":
+        (tmp_path / "file").write_text("x")
+        storage, env = str(tmp_path / "file" / "root"), {}
+    elif damage == "forbidden":
+        gcs_proxy.fail(403, 10_000, method="POST")
+        storage, env = f"{gcs_bucket}/root", gcs_proxy.env()
+    else:
+        storage, env = "gs://no-such-bucket-xrun/root", gcs_proxy.env()
+    proc = _shipper(tmp_path / "pod", storage, drain_s=60, **env)
+    time.sleep(1.0)
+    t = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    took = time.monotonic() - t
+    assert proc.returncode == 0
+    assert took < 10, (took, out)  # not the 60 s deadline, not for ever
+    assert "final shipping failed, not retried (permanent" in out, out
+    assert "Traceback" not in out
+
+
+def test_log_shipper_final_drain_gives_up_on_a_transient_error_at_its_deadline(tmp_path, gcs_proxy,
+                                                                               gcs_bucket):
+    proc = _shipper(tmp_path / "pod", f"{gcs_bucket}/root", drain_s=4, **gcs_proxy.env())
+    time.sleep(0.5)
+    gcs_proxy.outage(120, "503")
+    t = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    took = time.monotonic() - t
+    assert proc.returncode == 0 and 3 < took < 15, (took, out)
+    assert "giving up" in out, out
