@@ -21,7 +21,7 @@ from orchestrator.backends.base import BackendStatus, HostStatus, LogItem
 from orchestrator.backends.local.supervisor import base_env
 from xrun_contract import FAILED, PENDING, TERMINAL_STATES, Env, Layout
 from xrun_contract.errors import EXIT_FAILED, XrunError
-from xrun_contract.storage import open_storage
+from xrun_contract.storage import STORAGE_TIMEOUT_ENV, open_storage
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -122,7 +122,9 @@ class LocalBackend:
         with (open(log_path, "ab") if log_path else open(os.devnull, "wb")) as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "orchestrator.backends.local", "supervise", self.storage_root, name],
-                env=base_env() | {k: v for k, v in os.environ.items() if k.startswith("XRUN_LOCAL")},
+                # --storage-timeout (XRUN_STORAGE_TIMEOUT) bounds the supervisor's calls too.
+                env=base_env() | {k: v for k, v in os.environ.items()
+                                  if k.startswith("XRUN_LOCAL") or k == STORAGE_TIMEOUT_ENV},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             )
         self.supervisor = proc  # callers that follow may wait on it
@@ -192,7 +194,8 @@ class LocalBackend:
             self.found = (f"{len(live)} process{'es' * (len(live) != 1)} of the run ({', '.join(map(str, live))}) "
                           f"without their supervisor" + (f" (pid {pid}, gone)" if pid else ""))
         elif recorded in TERMINAL_STATES:
-            self.found = f"no live process: it ended {recorded}"
+            why = state.get("message") or ""
+            self.found = f"no live process: it ended {recorded}" + (f" ({why})" if why else "")
         else:
             self.found = (f"no live process: state.json says {recorded}, but its supervisor"
                           + (f" (pid {pid})" if pid else "") + " is gone and no process of the run is left")
