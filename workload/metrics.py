@@ -18,6 +18,7 @@ from xrun_contract import (
     CKPT_BLOCKED_LINE,
     CKPT_COMMIT_LINE,
     CKPT_DEFERRED_LINE,
+    CKPT_DEFERRED_STORAGE_LINE,
     CKPT_EXIT_WAIT_LINE,
     CKPT_RESTORE_FAILED_LINE,
     CKPT_RESTORED_LINE,
@@ -188,7 +189,9 @@ class Metrics:
         """One checkpoint event (xrun_contract.CHECKPOINT_EVENTS); ``fields`` fill the event's
         line and go into the record (deferred: previous; *_failed: error, process)."""
         if self.primary:
-            say(CHECKPOINT_LINES[event].format(step=step, seconds=seconds or 0.0, **fields))
+            line = (CKPT_DEFERRED_STORAGE_LINE if event == "deferred" and fields.get("error")
+                    else CHECKPOINT_LINES[event])
+            say(line.format(step=step, seconds=seconds or 0.0, **fields))
             self.record(records.Checkpoint(step=step, event=event, seconds=seconds, **fields))
 
     def end(self, exit_code: int, reason: str, data_bytes_read: int | None = None,

@@ -381,6 +381,12 @@ CKPT_DEFERRED_RE = re.compile(
     r"checkpoint save deferred: step (?P<step>\d+), previous save of step (?P<previous>\d+) "
     r"still writing"
 )
+# A save came due while storage did not answer (an outage): deferred the same way, to the
+# first step boundary at which every process reaches storage again; training goes on.
+CKPT_DEFERRED_STORAGE_LINE = "checkpoint save deferred: step {step}, storage unavailable: {error}"
+CKPT_DEFERRED_STORAGE_RE = re.compile(
+    r"checkpoint save deferred: step (?P<step>\d+), storage unavailable: (?P<error>.*)"
+)
 # The last step's and a SIGTERM save must commit before the process exits: that wait.
 CKPT_EXIT_WAIT_LINE = "checkpoint waiting to commit before exit: step {step}, seconds: {seconds:.3f}"
 CKPT_EXIT_WAIT_RE = re.compile(
