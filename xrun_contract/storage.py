@@ -121,6 +121,9 @@ class StorageFault:
 
     permanent: bool
     why: str
+    # Permanent for this call only: the endpoint refused the connection or its name did not
+    # resolve. Known at once, not worth retrying within the call; a later call may work.
+    unreachable: bool = False
 
 
 def _causes(e: BaseException) -> list[BaseException]:
@@ -170,10 +173,10 @@ def classify_storage_error(e: BaseException) -> StorageFault:
     chain = _causes(e)
     for c in chain:
         if isinstance(c, StorageError):
-            return StorageFault(c.permanent, c.why)
+            return StorageFault(c.permanent, c.why, c.unreachable)
     why = unreachable_reason(e)
     if why:
-        return StorageFault(True, why)
+        return StorageFault(True, why, unreachable=True)
     for c in chain:
         if isinstance(c, OSError) and c.errno in PERMANENT_ERRNOS:
             return StorageFault(True, f"{PERMANENT_ERRNOS[c.errno]} ({errno.errorcode[c.errno]})")
@@ -192,9 +195,9 @@ def classify_storage_error(e: BaseException) -> StorageFault:
 class StorageError(XrunError):
     """A storage call that failed, sorted (``classify_storage_error``): exit 3, one line."""
 
-    def __init__(self, message: str, *, permanent: bool, why: str):
+    def __init__(self, message: str, *, permanent: bool, why: str, unreachable: bool = False):
         super().__init__(message, EXIT_UNREACHABLE)
-        self.permanent, self.why = permanent, why
+        self.permanent, self.why, self.unreachable = permanent, why, unreachable
 
 
 def _one_line(e: BaseException) -> str:
@@ -498,7 +501,7 @@ class GCSStorage(Storage):
             if why:
                 raise StorageError(f"storage: cannot reach {self.root}: {why} ({self._endpoint()}; "
                                    f"{what} {key or '/'} after {took:.1f}s)", permanent=True,
-                                   why=why) from None
+                                   why=why, unreachable=True) from None
             raise StorageError(f"storage: {self.url(key)}: cannot {what} after {took:.0f}s "
                                f"(root {self.root}): {_one_line(e)}", permanent=fault.permanent,
                                why=fault.why) from None

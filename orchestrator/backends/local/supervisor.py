@@ -478,7 +478,8 @@ class Supervisor:
                 self.storage.write_bytes(Layout.state(self.name), data)
             except Exception as e:  # noqa: BLE001 - nothing here may end the run's supervision
                 fault = classify_storage_error(e)
-                if fault.permanent and self.storage_failure is None:
+                # A refused connection or a failed DNS lookup may heal: retried, as an outage.
+                if fault.permanent and not fault.unreachable and self.storage_failure is None:
                     self.storage_failure = fault
                 say(f"xrun-supervisor: state.json not written ({'permanent' if fault.permanent else 'transient'}:"
                     f" {e}); retrying in {delay:.1f}s")
