@@ -28,6 +28,7 @@ from orchestrator.backends.local.backend import LocalBackend, run_processes, sto
 from orchestrator.services.runs import dump_yaml, render
 from workload.metrics import update_run_json
 from xrun_contract import Env, Layout, PodFiles
+from xrun_contract.errors import XrunError
 from xrun_contract.storage import (
     LocalStorage,
     StorageError,
@@ -88,7 +89,7 @@ def _state(root: str | Path, name: str) -> dict:
     try:
         return open_storage(str(root), timeout=5 if str(root).startswith("gs://") else None
                             ).read_json(Layout.state(name)) or {}
-    except StorageError:
+    except XrunError:  # storage's exit-3 error (StorageError)
         return {}
 
 
