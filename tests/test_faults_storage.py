@@ -57,6 +57,14 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+    except OSError:
+        return "(gone)"
+
+
 _STARTED: list[tuple[str, str]] = []
 
 
@@ -147,9 +155,14 @@ def test_kill_9_during_a_save_leaves_no_orphan_and_no_stale_run_json_20_times(tm
             st = _state(roots[i], "save")
             assert (st["state"], st["restarts"]) == ("Succeeded", 1), (i, st.get("message"))
             saver = int((roots[i] / "saver.pid").read_text())
-            # Ended with its pod: nothing of the run lives once the run is over.
-            if _pid_alive(saver) or run_processes(str(roots[i]), "save"):
+            # Ended with its pod, before attempt 1 started: dead by the end state.
+            if _pid_alive(saver):
                 found.append(f"run {i}: attempt-0 process {saver} alive after Succeeded")
+        for i in group:  # and nothing of the run lives once its supervisor has gone
+            with contextlib.suppress(AssertionError):
+                _wait(lambda i=i: not run_processes(str(roots[i]), "save"), 10, "")
+            for pid in run_processes(str(roots[i]), "save"):
+                found.append(f"run {i}: process {pid} alive 10 s after the end: {_cmdline(pid)}")
     # Past the time an orphan of the last batch would have finished its "save" and written.
     time.sleep(SAVE_S)
     for i in range(runs):
