@@ -269,6 +269,28 @@ def test_wrong_manifest_fails_locally_as_on_a_cluster():
         plan_pods(manifest, 0, 1234)
 
 
+def test_pod_folders_live_only_while_their_pod_runs(tmp_path):
+    """About 1,000 empty <name>-slice-*/xrun/ folders were left in /tmp by test runs: plan_pods
+    made each pod's emptyDir folders when planning, so every plan that never ran (the many
+    plans tests make, a manifest refused half-way through planning) left them behind. A
+    plan now writes nothing; the pod's runner makes its folders and removes them."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    spec = build_spec({"name": "fold", "accelerator": "cpu-2", "image": "i"}, {}, storage_default="/tmp/x")
+    from manifests.jobset import jobset
+
+    manifest = jobset(spec)
+    pods = plan_pods(manifest, 0, 1234, root=str(tmp))
+    assert not list(tmp.iterdir()), sorted(p.name for p in tmp.rglob("*"))
+    assert len(pods) == 2 and all(p.folder.startswith(f"{tmp}/fold-slice-0-") and p.volumes for p in pods)
+    container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["env"].append({"name": "BAD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['no']"}}})
+    with pytest.raises(BackendError):
+        plan_pods(manifest, 0, 1234, root=str(tmp))
+    assert not list(tmp.iterdir())
+    # That a run's pods have their folders and leave none: every local run, test_any_image.
+
+
 def test_plan_pods_resolves_env_like_kubernetes():
     spec = build_spec({"name": "p", "accelerator": "v6e-16", "num_slices": 2, "image": "i",
                        "env": {"A": "x$(XRUN_RUN_NAME)", "B": "$$(XRUN_RUN_NAME)"}}, {},

@@ -127,7 +127,8 @@ class Pod:
     env: dict[str, str]
     init: list[Container] = field(default_factory=list)
     container: str = ""  # the main container's name
-    folder: str = ""  # the pod's emptyDir volumes live below
+    folder: str = ""  # the pod's emptyDir volumes live below (made when the pod starts)
+    volumes: list[str] = field(default_factory=list)  # emptyDir folders, below folder
     proc: subprocess.Popen | None = None  # the main container's process
     exit_code: int | None = None
     failed_container: str = ""  # whose exit code exit_code is
@@ -205,7 +206,10 @@ def _container(container: dict[str, Any], meta: dict[str, Any], port: int,
 
 def plan_pods(manifest: dict[str, Any], attempt: int, port: int, root: str | None = None) -> list[Pod]:
     """Every pod of the JobSet with its containers' argv and env as the cluster would give
-    them; emptyDir volumes are folders under ``root`` (a temporary folder when None)."""
+    them; emptyDir volumes are folders under ``root`` (the temporary folder when None).
+
+    Nothing is written: the pod's runner makes its folders when the pod starts and removes
+    them when it ends, so a plan that is never run (a bad manifest, a test) leaves nothing."""
     name = manifest["metadata"]["name"]
     namespace = manifest["metadata"].get("namespace", "default")
     pods: list[Pod] = []
@@ -236,17 +240,17 @@ def plan_pods(manifest: dict[str, Any], attempt: int, port: int, root: str | Non
                         Annotations.JOB_GLOBAL_INDEX: str(global_index),
                     },
                 }
-                folder = tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=root)
+                # mkdtemp's name, made when the pod starts (os.mkdir refuses an existing one)
+                folder = os.path.join(root or tempfile.gettempdir(), f"{meta['name']}-{_suffix()}{_suffix()}")
                 volumes = {v: os.path.join(folder, v) for v in empty_dirs}
-                for path in volumes.values():
-                    os.makedirs(path)
                 main = _container(container, meta, port, volumes, completion_index)
                 env = main.env
                 pods.append(Pod(int(env.get(Env.SLICE_INDEX, global_index)),
                                 int(env.get(Env.HOST_INDEX, completion_index)),
                                 meta["name"], main.argv, env,
                                 init=[_container(c, meta, port, volumes, completion_index) for c in inits],
-                                container=container["name"], folder=folder, replicated_job=rj["name"],
+                                container=container["name"], folder=folder,
+                                volumes=list(volumes.values()), replicated_job=rj["name"],
                                 job=f"{name}-{rj['name']}-{job_index}", namespace=namespace))
             global_index += 1
     return pods
@@ -561,8 +565,18 @@ class Supervisor:
         """Init containers in order, sidecars, the main container; then stop the sidecars."""
         sidecars: list[Container] = []
         code, who = None, ""
+        made = False
         try:
-            for c in pod.init:
+            try:  # the pod's emptyDirs, fresh (0700 like mkdtemp's); removed in finally
+                os.mkdir(pod.folder, 0o700)
+                made = True
+                for path in pod.volumes:
+                    os.makedirs(path)
+            except OSError as e:
+                print(f"pod {pod.name}: cannot make its emptyDir folders: {e}", flush=True)
+                code, who = 127, pod.container
+                pod.failed_at = time.monotonic()
+            for c in pod.init if code is None else []:
                 if pod.stopping:
                     break
                 try:
@@ -603,7 +617,8 @@ class Supervisor:
             pod.failed_container = who if code else ""
             pod.exit_code = code if code is not None else exit_code_of_returncode(-signal.SIGTERM)
             pod.exited_at = time.monotonic()
-            shutil.rmtree(pod.folder, ignore_errors=True)  # the emptyDirs go with the pod
+            if made:
+                shutil.rmtree(pod.folder, ignore_errors=True)  # the emptyDirs go with the pod
 
     def _keep_sidecars(self, pod: Pod, sidecars: list[Container], base: dict[str, str]) -> None:
         """restartPolicy Always: a sidecar that died while the pod runs is started again."""
