@@ -27,7 +27,7 @@ from manifests.spec import build_spec
 from orchestrator.backends.local.backend import LocalBackend, run_processes, stop_processes
 from orchestrator.services.runs import dump_yaml, render
 from workload.metrics import update_run_json
-from xrun_contract import Env, Layout, PodFiles
+from xrun_contract import Env, Layout, PodFiles, records
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import (
     LocalStorage,
@@ -332,9 +332,22 @@ def test_status_and_delete_after_kill_9_of_the_supervisor(tmp_path):
     _submit(root, "lost", "sleep 300", max_restarts=0, termination_grace_seconds=1)
     _wait(lambda: len([h for h in _state(root, "lost").get("hosts", {}).values() if h.get("pid")]) == 2,
           30, "pods never started")
+    # What the workload had recorded: 22 of 40 steps (written as process 0's chunks are).
+    t = time.time()
+    chunks = {0: [records.Header(time=t, total_steps=40)],
+              1: [records.Step(time=t + i, step=i, seconds=0.1, loss=5.0 - i / 10) for i in range(1, 23)]}
+    (root / Layout.metrics("lost")).mkdir(parents=True, exist_ok=True)
+    for seq, recs in chunks.items():
+        (root / Layout.metrics_chunk("lost", 0, seq, "0a1b2c3d")).write_text(
+            "".join(records.to_json(r) + "\n" for r in recs))
     os.kill(_state(root, "lost")["supervisor_pid"], signal.SIGKILL)
     _wait(lambda: not run_processes(str(root), "lost"), 15, "pods outlived the supervisor")
+    # list first (status records what it finds): Failed, not state.json's Running; 22/40.
+    (listed,) = json.loads(xrun("list", "-o", "json", storage=root).stdout)
+    assert (listed["state"], listed["step"], listed["total_steps"]) == ("Failed", 22, 40), listed
+    assert _state(root, "lost")["state"] == "Running"  # list only reads
     status = json.loads(xrun("status", "lost", "-o", "json", storage=root).stdout)
+    assert (status["step"], status["total_steps"]) == (22, 40), status
     assert status["state"] == "Failed" and "supervisor is gone" in status["message"]
     hosts = status["hosts"]
     assert len(hosts) == 2

@@ -520,10 +520,18 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
     runs = []
     for r in records:
         _latest_steps(storage, r)
-        fig = figures.progress(r)
+        state = r.state or ("Pending" if r.run_info else "Unknown")
+        if r.run_info.get("backend", "local") == "local" and not is_terminal(state) and not r.problems:
+            # As status sees it: a supervisor killed with -9 left state.json saying Running;
+            # the local backend knows it is gone (Failed). list only reads (status records).
+            with contextlib.suppress(XrunError):
+                live = backend_for("local", storage.root).status(r.name)
+                if live is not None:
+                    state = live.state
+        fig = figures.progress(r, state)
         runs.append({
             "name": r.name,
-            "state": r.state or ("Pending" if r.run_info else "Unknown"),
+            "state": state,
             "backend": r.run_info.get("backend", ""),
             "accelerator": r.spec.get("accelerator", ""),
             "submitted_at": r.submitted_at,
