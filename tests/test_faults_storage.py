@@ -106,9 +106,11 @@ def _state(root: str | Path, name: str) -> dict:
 
 # One host of attempt 0 is killed with -9 while its peer is "inside a checkpoint save": the
 # peer catches SIGTERM (as JAX's preemption notifier does), keeps saving past the grace
-# period and then writes run.json as attempt 0. It runs under `sh -c` (the launcher's), which
-# dies of the SIGTERM: before the fix the launcher then exited 143 at once, no SIGKILL came,
-# and the peer outlived its pod and overwrote attempt 1's run.json.
+# period and then writes run.json as attempt 0. It runs under `sh -c` (the launcher's), not as
+# its last command (which dash execs), so the shell stays and dies of the SIGTERM. Before the
+# fix the launcher then exited 143 (1 s later: it lets tail print the last lines), no SIGKILL
+# came, and the peer outlived its pod and overwrote attempt 1's run.json. The grace period
+# (2 s) must outlast that second, or the launcher itself meets the SIGKILL of its group.
 SAVER = textwrap.dedent("""
     import os, signal, sys, time
     from pathlib import Path
@@ -131,10 +133,11 @@ SAVER = textwrap.dedent("""
         while time.time() < end:
             time.sleep(0.05)
         update_run_json(st, run, attempt=0, exit_code=42)
+        Path(os.environ["XRUN_STORAGE"], "saver.done").write_text("outlived its pod")
         sys.exit(42)
     update_run_json(st, run, attempt=attempt, exit_code=0)
 """)
-SAVE_S = 4.0
+SAVE_S = 8.0  # well past the failure judgement (1 s) and the grace period (2 s), under load
 
 
 def test_kill_9_during_a_save_leaves_no_orphan_and_no_stale_run_json_20_times(tmp_path):
@@ -147,7 +150,9 @@ def test_kill_9_during_a_save_leaves_no_orphan_and_no_stale_run_json_20_times(tm
     for first in range(0, runs, batch):
         group = list(range(first, min(runs, first + batch)))
         for i in group:
-            _submit(roots[i], "save", f"python3 {prog}", max_restarts=1, termination_grace_seconds=1)
+            # Not the shell's last command: dash would exec it, and no shell would be there.
+            _submit(roots[i], "save", f'python3 {prog}; code=$?; echo "saver exited $code"; exit $code', max_restarts=1,
+                    termination_grace_seconds=2)
         for i in group:
             _wait(lambda i=i: _state(roots[i], "save").get("state") in ("Succeeded", "Failed"), 60,
                   f"run {i} did not end")
@@ -169,6 +174,8 @@ def test_kill_9_during_a_save_leaves_no_orphan_and_no_stale_run_json_20_times(tm
         workload = json.loads((roots[i] / Layout.run_json("save")).read_text())["workload"]
         if workload != {"attempt": 1, "exit_code": 0}:
             found.append(f"run {i}: run.json workload {workload}")
+        if (roots[i] / "saver.done").exists():  # its pod's SIGKILL would have stopped it
+            found.append(f"run {i}: the attempt-0 saver finished its save: it outlived its pod")
         log = (roots[i] / Layout.supervisor_log("save")).read_text()
         assert "Traceback" not in log, log
     assert not found, "\n".join(found)
