@@ -66,12 +66,18 @@ def _cmdline(pid: int) -> str:
 
 
 _STARTED: list[tuple[str, str]] = []
+_SHIPPERS: list[subprocess.Popen] = []
 
 
 @pytest.fixture(autouse=True)
 def _stop_what_a_test_started():
     """Every run a test started is gone after it, also when it failed (by the OS's view)."""
     yield
+    while _SHIPPERS:  # a log shipper that never ended (the drain retried for ever)
+        proc = _SHIPPERS.pop()
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
     while _STARTED:
         root, name = _STARTED.pop()
         pids = run_processes(root, name)
@@ -397,8 +403,10 @@ def _shipper(pod_dir: Path, storage: str, drain_s: int, **env: str) -> subproces
     full.update({Env.STORAGE: storage, Env.RUN_NAME: "ship", Env.POD_DIR: str(pod_dir),
                  Env.LOG_FLUSH_SECONDS: "0.2", Env.DRAIN_SECONDS: str(drain_s),
                  "PYTHONPATH": str(REPO)}, **env)
-    return subprocess.Popen([sys.executable, "-m", "workload.sidecar", "ship"], env=full,
+    proc = subprocess.Popen([sys.executable, "-m", "workload.sidecar", "ship"], env=full,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _SHIPPERS.append(proc)
+    return proc
 
 
 @pytest.mark.parametrize("damage", ["enotdir", "forbidden", "no-bucket"])
