@@ -370,9 +370,14 @@ def test_status_and_delete_after_kill_9_of_the_supervisor(tmp_path):
     table = xrun("status", "lost", storage=root).stdout
     rows = [line.split() for line in table.splitlines() if line.strip().startswith("0-")]
     assert [r[1] for r in rows] == ["Unknown", "Unknown"], table
+    # The pods' emptyDir folders: nobody removed them (the supervisor does as each pod ends).
+    folders = [Path(h["folder"]) for h in _state(root, "lost")["hosts"].values()]
+    assert len(folders) == 2 and all(f.is_dir() for f in folders), folders
     r = xrun("delete", "lost", storage=root)
     assert r.returncode == 0
     assert "no live process" in r.stderr and "supervisor" in r.stderr, r.stderr
+    assert "removed the 2 pod folders it left" in r.stderr, r.stderr
+    assert not any(f.exists() for f in folders), folders
     assert _state(root, "lost")["state"] == "Failed"  # recorded now, as status reported it
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -44,6 +46,23 @@ def _same_root(value: str, root: str) -> bool:
     if value.startswith("gs://") or root.startswith("gs://"):
         return value.rstrip("/") == root.rstrip("/")
     return os.path.abspath(os.path.expanduser(value)) == os.path.abspath(os.path.expanduser(root))
+
+
+def _remove_pod_folders(name: str, state: dict[str, Any]) -> int:
+    """The emptyDir folders of the pods state.json names, as a supervisor killed with -9 left
+    them (it removes each when its pod ends): only a folder named for its pod (the pod's
+    name, a suffix) is removed. How many were."""
+    removed = 0
+    for v in (state.get("hosts") or {}).values():
+        folder, pod = (v.get("folder"), v.get("pod")) if isinstance(v, dict) else (None, None)
+        if not (isinstance(folder, str) and isinstance(pod, str) and pod.startswith(f"{name}-")
+                and os.path.isabs(folder) and re.fullmatch(rf"{re.escape(pod)}-[a-z0-9]+",
+                                                           os.path.basename(folder))):
+            continue
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += not os.path.lexists(folder)
+    return removed
 
 
 def run_processes(storage_root: str, name: str) -> list[int]:
@@ -208,6 +227,7 @@ class LocalBackend:
             while _pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
             live = self.live_processes(name)
+        lost = pid not in live  # no supervisor to remove its pods' folders
         if live:
             stopped = True
             if wait:
@@ -216,6 +236,10 @@ class LocalBackend:
                 for p in live:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(p, signal.SIGTERM)
+        if lost and (wait or not live):
+            removed = _remove_pod_folders(name, state)
+            if removed:
+                self.found += f"; removed the {removed} pod folder{'s' * (removed != 1)} it left"
         return stopped
 
     def list(self) -> list[dict[str, Any]]:

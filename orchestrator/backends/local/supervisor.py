@@ -526,6 +526,7 @@ class Supervisor:
                 ("Succeeded" if p.exit_code == 0 else ("Failed" if p.exit_code is not None else "Pending")),
                 "pid": p.proc.pid if p.proc else None,
                 "pod": p.name,
+                "folder": p.folder,  # its emptyDirs (xrun delete removes them if the supervisor is lost)
                 "exit_code": p.exit_code,
                 "attempt": self.state["attempt"],
             }
