@@ -241,8 +241,8 @@ def test_supervisor_survives_an_outage_longer_than_its_storage_timeout(proxied_r
     monkeypatch.setenv("XRUN_STORAGE_TIMEOUT", "2")  # the supervisor's per-call deadline
     _submit(proxied_root, "outage", "sleep 3", max_restarts=0, termination_grace_seconds=2)
     _wait(lambda: _state(proxied_root, "outage").get("state") == "Running", 30, "never Running")
-    gcs_proxy.outage(9, "503")
-    time.sleep(9.5)
+    gcs_proxy.outage(5, "503")  # over twice the storage timeout; the pods end inside it
+    time.sleep(5.5)
     _wait(lambda: _state(proxied_root, "outage").get("state") in ("Succeeded", "Failed"), 60,
           "the end state was never written")
     st = _state(proxied_root, "outage")
@@ -439,14 +439,14 @@ def test_log_shipper_final_drain_ends_at_once_on_a_permanent_error(tmp_path, dam
 
 def test_log_shipper_final_drain_gives_up_on_a_transient_error_at_its_deadline(tmp_path, gcs_proxy,
                                                                                gcs_bucket):
-    proc = _shipper(tmp_path / "pod", f"{gcs_bucket}/root", drain_s=4, **gcs_proxy.env())
+    proc = _shipper(tmp_path / "pod", f"{gcs_bucket}/root", drain_s=2, **gcs_proxy.env())
     time.sleep(0.5)
     gcs_proxy.outage(120, "503")
     t = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=60)
     took = time.monotonic() - t
-    assert proc.returncode == 0 and 3 < took < 15, (took, out)
+    assert proc.returncode == 0 and 1.5 < took < 12, (took, out)  # its deadline, not at once
     assert "giving up" in out, out
 
 
