@@ -664,6 +664,14 @@ class Supervisor:
         for t in getattr(self, "_pod_threads", []):
             t.join(timeout=self.grace_seconds + MIN_GRACE_SECONDS + 5)
 
+    def join_pods(self, timeout: float) -> None:
+        """Wait for the pods' runners: a pod counts as ended before its runner has removed
+        its folder, and the runners are daemon threads, which an exiting supervisor cuts
+        off mid-rmtree (its xrun/ then stayed in /tmp, emptied or not)."""
+        deadline = time.monotonic() + timeout
+        for t in getattr(self, "_pod_threads", []):
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+
     # -- main loop --------------------------------------------------------------------
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._on_stop)
@@ -824,6 +832,7 @@ def main(argv: list[str]) -> int:
     final_s = float(os.environ.get("XRUN_LOCAL_FINAL_WRITE_SECONDS") or FINAL_WRITE_SECONDS)
     try:
         code = sup.run()
+        sup.join_pods(60.0)
     except BaseException as e:
         sup.stop_pods()
         if sup.state["state"] not in TERMINAL_STATES:
