@@ -373,6 +373,8 @@ def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool,
     if pids:
         raise XrunError(f"name: run {spec.name!r} still has {len(pids)} live process(es) "
                         f"(pids {', '.join(map(str, pids[:8]))}); 'xrun delete {spec.name}' first")
+    if procs:  # nothing live: a local delete only removes what a lost supervisor left (pod folders)
+        backend.delete(spec.name, wait=True)
     storage.delete_prefix(Layout.run(spec.name))
 
 
