@@ -8,6 +8,12 @@ exit wait, and blocked / total training time (target <= 5%).
 
     python bench/bench_ckpt_stall.py [--preset bench-21m] [--steps 60] [--every 5]
                                      [--mib-per-s 30] [--json out.json]
+
+Outage mode (#32): ``--outage-s 20 [--outage-at-step 8]`` answers every storage request 503
+for 20 s from the moment the run logs that step (just before a save comes due), and reports
+the training time blocked while storage was out: the wall time between consecutive step
+records beyond each step's own time and the run's usual overhead (median), summed over the
+steps whose span meets the outage or the 10 s after it (target <= 5% of the outage).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,6 +39,10 @@ def main() -> None:
     p.add_argument("--every", type=int, default=5)
     p.add_argument("--mib-per-s", type=float, default=30.0)
     p.add_argument("--json")
+    p.add_argument("--outage-s", type=float, default=0.0,
+                   help="storage answers 503 for this long (0: no outage)")
+    p.add_argument("--outage-at-step", type=int, default=8,
+                   help="the outage starts when this step is logged")
     args = p.parse_args()
 
     from fake_gcs import fake_gcs_server
@@ -48,7 +59,8 @@ def run_bench(args: argparse.Namespace, url: str) -> None:
     from xrun_contract.storage import gcs_client, open_storage
 
     proxy = GCSProxy(url, lifetime_s=3600).start()
-    proxy.throttle(args.mib_per_s * (1 << 20))
+    if args.mib_per_s > 0:
+        proxy.throttle(args.mib_per_s * (1 << 20))
     os.environ["STORAGE_EMULATOR_HOST"] = url  # this process reads results directly
     bucket = "xrun-bench"
     gcs_client().create_bucket(bucket)
@@ -60,9 +72,20 @@ def run_bench(args: argparse.Namespace, url: str) -> None:
            "--run-name", run, f"steps={args.steps}", f"checkpoint_every={args.every}",
            "max_to_keep=3"]
     t = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+    outage: list[float] = []  # unix start and end of the outage
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line)
+        if (args.outage_s and not outage
+                and re.search(rf"completed step: {args.outage_at_step}\b", line)):
+            proxy.outage(args.outage_s, "503")
+            outage[:] = [time.time(), time.time() + args.outage_s]
+    proc.wait(timeout=3600)
     wall = time.monotonic() - t
-    out = proc.stdout + proc.stderr
+    out = "".join(lines)
     if proc.returncode != 0:
         raise SystemExit(f"workload exited {proc.returncode}:\n{out[-4000:]}")
     st = open_storage(root)
@@ -98,6 +121,8 @@ def run_bench(args: argparse.Namespace, url: str) -> None:
         "uploaded_mib_per_save": save_bytes / (1 << 20),
         "committed_steps": committed_steps(st, Layout.checkpoints(run)),
     }
+    if outage:
+        result.update(outage_blocked(steps, ck, outage, args.outage_s))
     proxy.stop()
     print(f"preset {args.preset}, {args.steps} steps, save every {args.every}, storage "
           f"throttled to {args.mib_per_s:.0f} MiB/s ({result['uploaded_mib_per_save']:.0f} MiB "
@@ -110,10 +135,41 @@ def run_bench(args: argparse.Namespace, url: str) -> None:
     print(f"training held {held:.2f} s (copies {copies:.2f} s, agreement {sync:.2f} s) of "
           f"{step_time + held:.2f} s ({result['held_fraction']:.1%}); exit wait {result['exit_wait_s']:.2f} s; "
           f"committed {result['committed_steps']}")
+    if outage:
+        print(f"outage {args.outage_s:.0f} s (503) from step {args.outage_at_step}: saves during it "
+              f"{result['outage_saves']}, deferred {result['outage_deferred']}; training blocked "
+              f"{result['outage_blocked_s']:.2f} s = {result['outage_blocked_fraction']:.1%} of the "
+              f"outage (longest single hold {result['outage_longest_hold_s']:.2f} s); goodput's "
+              f"checkpoint events: {result['outage_events']}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     if waits_logged or result["waited_events"]:
         raise SystemExit("a save waited for the previous one")
+
+
+def outage_blocked(steps: list[dict], ck: list[dict], outage: list[float], outage_s: float) -> dict:
+    """Training time lost while storage was out: for each step record, the wall time since
+    the previous one beyond its own step time, less the run's median such overhead (logging,
+    the next batch), summed over the steps whose span meets the outage or the 10 s after it."""
+    import statistics
+
+    ordered = sorted(steps, key=lambda r: r["time"])
+    extra = [(a["time"], b["time"], (b["time"] - a["time"]) - b["seconds"])
+             for a, b in zip(ordered, ordered[1:], strict=False)]
+    usual = statistics.median(e for _, _, e in extra) if extra else 0.0
+    start, end = outage
+    # Every step whose span meets the outage or the 10 s after it (a hold that began in it).
+    held = [max(0.0, e - usual) for a, b, e in extra if a <= end + 10 and b >= start]
+    during = [r for r in ck if start <= (r.get("time") or 0) <= end + 10]
+    return {
+        "outage_s": outage_s,
+        "outage_blocked_s": sum(held),
+        "outage_blocked_fraction": sum(held) / outage_s,
+        "outage_longest_hold_s": max(held, default=0.0),
+        "outage_saves": [r["step"] for r in during if r["event"] == "started"],
+        "outage_deferred": [r["step"] for r in during if r["event"] == "deferred"],
+        "outage_events": sorted({r["event"] for r in during}),
+    }
 
 
 if __name__ == "__main__":

@@ -82,6 +82,8 @@ def bare_run(run_file: str, name: str, probe: bool = False) -> dict[str, Any]:
         pods = plan_pods(render(spec), 0, free_port(), root=tmp)
         envs = []
         for pod in pods:
+            for folder in pod.volumes:  # as the pod's runner makes them
+                os.makedirs(folder)
             env = base_env() | pod.env
             devices = int(env.get(Env.DEVICES_PER_HOST, "0") or 0)
             if devices:

@@ -15,7 +15,7 @@ from typing import Any
 from manifests import types as t
 from manifests.catalogue import Networking, Shape
 from manifests.spec import TOPOLOGY_AWARE_SCHEDULER, RunSpec, topology_gate
-from xrun_contract import GKE_NVIDIA_LIB64, JAX_PLATFORMS_FOR, Env, Layout, PodFiles
+from xrun_contract import GKE_NVIDIA_LIB64, JAX_PLATFORMS_FOR, Env, Layout, PodFiles, drain_seconds
 from xrun_contract.errors import XrunError
 from xrun_contract.k8s import (
     JOBSET_API_VERSION,
@@ -270,6 +270,7 @@ def logs_env(spec: RunSpec) -> list[t.EnvVar]:
         t.EnvVar(name=Env.RUN_NAME, value=spec.name),
         t.EnvVar(name=Env.STORAGE, value=k8s_escape(spec.storage)),
         t.EnvVar(name=Env.POD_DIR, value=PodFiles.MOUNT_PATH),
+        t.EnvVar(name=Env.DRAIN_SECONDS, value=str(drain_seconds(spec.termination_grace_seconds))),
     ]
 
 

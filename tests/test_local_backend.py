@@ -15,6 +15,7 @@ import yaml
 from cli_helpers import pid_alive, xrun, xrun_popen
 
 from manifests.spec import build_spec
+from orchestrator.backends.local.backend import run_processes
 from orchestrator.backends.local.supervisor import (
     SYNC_JOB_BATCH_SECONDS,
     failure_decision,
@@ -267,6 +268,47 @@ def test_wrong_manifest_fails_locally_as_on_a_cluster():
     container["env"].append({"name": "BAD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['no-such-label']"}}})
     with pytest.raises(BackendError, match="no-such-label"):
         plan_pods(manifest, 0, 1234)
+
+
+def test_pod_folders_live_only_while_their_pod_runs(tmp_path):
+    """About 1,000 empty <name>-slice-*/xrun/ folders were left in /tmp by test runs: plan_pods
+    made each pod's emptyDir folders when planning, so every plan that never ran (the many
+    plans tests make, a manifest refused half-way through planning) left them behind. A
+    plan now writes nothing; the pod's runner makes its folders and removes them."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    spec = build_spec({"name": "fold", "accelerator": "cpu-2", "image": "i"}, {}, storage_default="/tmp/x")
+    from manifests.jobset import jobset
+
+    manifest = jobset(spec)
+    pods = plan_pods(manifest, 0, 1234, root=str(tmp))
+    assert not list(tmp.iterdir()), sorted(p.name for p in tmp.rglob("*"))
+    assert len(pods) == 2 and all(p.folder.startswith(f"{tmp}/fold-slice-0-") and p.volumes for p in pods)
+    container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
+    container["env"].append({"name": "BAD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['no']"}}})
+    with pytest.raises(BackendError):
+        plan_pods(manifest, 0, 1234, root=str(tmp))
+    assert not list(tmp.iterdir())
+    # That a run's pods have their folders and leave none: every local run, test_any_image.
+
+
+def test_the_supervisor_exits_only_once_its_pods_folders_are_removed(tmp_path, monkeypatch):
+    """A pod counts as ended before its runner removes its folder; the supervisor recorded
+    Succeeded and exited while its (daemon) pod runners were still inside rmtree, leaving
+    the folder, or its xrun/ emptied, in /tmp (seen after the 90 s outage test and the kill
+    -9 loop). A pod that wrote many files into its emptyDir makes the removal long enough."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))  # the supervisor's temporary folder
+    store = tmp_path / "store"
+    cmd = 'mkdir "$XRUN_POD_DIR/many" && cd "$XRUN_POD_DIR/many" && seq 1 30000 | xargs touch'
+    r = xrun("submit", "--name", "many", *BASE, "--command", cmd, "--follow", storage=store)
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 30
+    while run_processes(str(store), "many") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not run_processes(str(store), "many")
+    assert not list(tmp.iterdir()), sorted(str(p.relative_to(tmp)) for p in tmp.glob("*/*"))
 
 
 def test_plan_pods_resolves_env_like_kubernetes():

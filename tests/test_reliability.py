@@ -60,8 +60,11 @@ def test_kill_9_supervisor_leaves_no_orphan_and_replace_then_works(tmp_path):
     # storage still says Running; status knows better, and --replace may go ahead.
     r = xrun("status", "orph", "-o", "json", storage=store, timeout=60)
     assert json.loads(r.stdout)["state"] == "Failed"
+    folders = [Path(h["folder"]) for h in _state(store, "orph")["hosts"].values()]
+    assert len(folders) == 2 and all(f.is_dir() for f in folders)  # left by the lost supervisor
     r = xrun("submit", "--name", "orph", *SLEEPER, "--detach", "--replace", storage=store, timeout=60)
     assert r.returncode == 0, r.stderr
+    assert not any(f.exists() for f in folders), folders  # removed with the old run
     r = xrun("delete", "orph", storage=store, timeout=60)
     assert r.returncode == 0 and "stopped orph" in r.stderr
     assert not run_processes(str(store), "orph")

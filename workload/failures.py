@@ -55,6 +55,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from xrun_contract.storage import StorageError
+
 # absl status codes (absl/status/status.h) that mean "the other side is gone or slow",
 # at the start of a message or after "absl::Status: ".
 _STATUS_RE = re.compile(r"(?:^|absl::Status: |\n|: )(?P<code>UNAVAILABLE|DEADLINE_EXCEEDED|ABORTED)"
@@ -159,6 +161,8 @@ def classify_text(text: str) -> str | None:
 def classify(exc: BaseException) -> Failure:
     """Infrastructure (restartable) or user (not) for an exception that ended training."""
     for e in _chain(exc):
+        if isinstance(e, StorageError):  # sorted where it was raised (classify_storage_error)
+            return Failure("user" if e.permanent else "infrastructure", f"storage: {e.why}")
         if isinstance(e, ConnectionError | TimeoutError):
             return Failure("infrastructure", f"{type(e).__name__}: {e}")
         why = _storage_type(e)

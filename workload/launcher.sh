@@ -71,6 +71,22 @@ now() {
   fi
 }
 
+# Is a process other than this shell and its tail still in this shell's process group?
+# (/proc, where there is one; without it, no.)
+group_busy() {
+  [ -r /proc/self/stat ] || return 1
+  for stat in /proc/[0-9]*/stat; do
+    p=${stat#/proc/}
+    p=${p%/stat}
+    if [ "$p" = "$$" ] || [ "$p" = "$echo_pid" ]; then continue; fi
+    line=
+    read -r line <"$stat" 2>/dev/null || continue
+    set -- ${line##*) }  # after "pid (comm) ": state ppid pgrp ...
+    if [ "$1" != Z ] && [ "$3" = "$$" ]; then return 0; fi
+  done
+  return 1
+}
+
 # Signals first. A SIGTERM can come while this shell is still starting (the local backend's
 # supervisor dying right after it started the pod): before this trap it killed the shell,
 # leaving `tail -f` (it ignores TERM) running for ever, or it came before the command
@@ -162,6 +178,13 @@ if [ -z "$forwarded" ]; then
     code=$?
     kill -0 "$child" 2>/dev/null || break  # wait was interrupted by a trapped signal
   done
+  # Stopped: the command's shell may die of the SIGTERM while its program (JAX's preemption
+  # notifier catches SIGTERM) still saves a checkpoint. This shell is the container's first
+  # process, and the container ends with it: wait for the rest of the process group
+  # first, so the save gets the grace period (whose end is a SIGKILL of the whole group).
+  if [ -n "$forwarded" ]; then
+    while group_busy; do sleep 0.2 2>/dev/null || sleep 1; done
+  fi
 fi
 
 if [ -n "$echo_pid" ]; then

@@ -18,6 +18,7 @@ from xrun_contract import (
     CKPT_BLOCKED_LINE,
     CKPT_COMMIT_LINE,
     CKPT_DEFERRED_LINE,
+    CKPT_DEFERRED_STORAGE_LINE,
     CKPT_EXIT_WAIT_LINE,
     CKPT_RESTORE_FAILED_LINE,
     CKPT_RESTORED_LINE,
@@ -199,7 +200,9 @@ class Metrics:
         """One checkpoint event (xrun_contract.CHECKPOINT_EVENTS); ``fields`` fill the event's
         line and go into the record (deferred: previous; *_failed: error, process)."""
         if self.primary:
-            say(CHECKPOINT_LINES[event].format(step=step, seconds=seconds or 0.0, **fields))
+            line = (CKPT_DEFERRED_STORAGE_LINE if event == "deferred" and fields.get("error")
+                    else CHECKPOINT_LINES[event])
+            say(line.format(step=step, seconds=seconds or 0.0, **fields))
             self.record(records.Checkpoint(step=step, event=event, seconds=seconds, **fields))
 
     def end(self, exit_code: int, reason: str, data_bytes_read: int | None = None,
@@ -220,11 +223,26 @@ class Metrics:
             self.writer = None
 
 
-def update_run_json(storage: Storage, run: str, **workload: Any) -> None:
-    """Merge ``workload`` into run.json's "workload" section (creating the file if absent)."""
-    key = Layout.run_json(run)
-    doc = storage.read_json(key) or {"name": run}
-    section: dict[str, Any] = doc["workload"] if isinstance(doc.get("workload"), dict) else {}
-    section.update(workload)
-    doc["workload"] = section
-    storage.write_json(key, doc)
+def update_run_json(storage: Storage, run: str, **workload: Any) -> bool:
+    """Merge ``workload`` into run.json's "workload" section (creating the file if absent).
+
+    Fenced by the restart attempt: when the section already holds a newer ``attempt`` than
+    this write's, the write is refused (False, and a line says so). A process of an older
+    attempt that outlived its pod must never overwrite what the current attempt recorded;
+    the read-check-write is atomic (``Storage.update_json``)."""
+    attempt = workload.get("attempt")
+
+    def change(doc: dict | None) -> dict | None:
+        doc = doc or {"name": run}
+        section: dict[str, Any] = dict(doc["workload"]) if isinstance(doc.get("workload"), dict) else {}
+        stored = section.get("attempt")
+        if (isinstance(attempt, int) and isinstance(stored, int) and not isinstance(stored, bool)
+                and stored > attempt):
+            return None
+        section.update(workload)
+        return {**doc, "workload": section}
+
+    written = storage.update_json(Layout.run_json(run), change)
+    if not written:
+        say(f"xrun: run.json not written: it holds a newer attempt than this process's ({attempt})")
+    return written

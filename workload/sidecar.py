@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from xrun_contract import Env, Layout, PodFiles, host_id, stamp_line, writer_id
+from xrun_contract.storage import classify_storage_error
 
 MAX_CHUNK_BYTES = 8 << 20  # read at once at most (after an outage the backlog is split)
 READ_SECONDS = 0.2  # how often new lines are read and stamped
@@ -111,12 +112,15 @@ class Shipper:
 
 
 def run(pod_dir: Path, write: Callable[[int, bytes], None], interval: float,
-        stop: threading.Event) -> None:
-    """Read every READ_SECONDS and ship every ``interval`` seconds until ``stop``; then drain,
-    retrying until it worked (the kubelet's SIGKILL at the end of the grace period bounds
-    the retries)."""
+        stop: threading.Event, drain_s: float = 30.0) -> bool:
+    """Read every READ_SECONDS and ship every ``interval`` seconds until ``stop``; then drain.
+    The drain retries transient errors (5xx, 429, resets, timeouts) until ``drain_s`` (below
+    the pod's grace period) and gives up at once on a permanent one (a full disk, a path
+    through a file, no permission, no such bucket: ``classify_storage_error``), with one line.
+    Returns whether everything was shipped."""
     shipper = Shipper(pod_dir, write)
     due = time.monotonic() + interval
+    said = ""
     while not stop.wait(min(READ_SECONDS, interval)):
         shipper.read()
         if time.monotonic() < due:
@@ -126,14 +130,32 @@ def run(pod_dir: Path, write: Callable[[int, bytes], None], interval: float,
             while shipper.ship_once(final=False):
                 pass
         except Exception as e:  # noqa: BLE001 - a storage hiccup: the file keeps the lines
-            print(f"xrun-logs: shipping failed, retrying: {e}", file=sys.stderr, flush=True)
+            line = f"xrun-logs: shipping failed ({_kind(e)}), retrying: {e}"
+            if line != said:  # once per distinct error, not every interval
+                print(line, file=sys.stderr, flush=True)
+                said = line
+    deadline = time.monotonic() + drain_s
+    delay = 0.25
     while True:
         try:
             shipper.drain()
-            return
+            return True
         except Exception as e:  # noqa: BLE001
-            print(f"xrun-logs: final shipping failed, retrying: {e}", file=sys.stderr, flush=True)
-            time.sleep(0.5)
+            if classify_storage_error(e).permanent:
+                print(f"xrun-logs: final shipping failed, not retried (permanent: {e})",
+                      file=sys.stderr, flush=True)
+                return False
+            if time.monotonic() + delay > deadline:
+                print(f"xrun-logs: final shipping failed for {drain_s:.0f}s, giving up: {e}",
+                      file=sys.stderr, flush=True)
+                return False
+            print(f"xrun-logs: final shipping failed (transient), retrying: {e}", file=sys.stderr, flush=True)
+            time.sleep(delay)
+            delay = min(delay * 2, 4.0)
+
+
+def _kind(e: BaseException) -> str:
+    return "permanent" if classify_storage_error(e).permanent else "transient"
 
 
 def storage_writer() -> Callable[[int, bytes], None] | None:
@@ -143,7 +165,9 @@ def storage_writer() -> Callable[[int, bytes], None] | None:
         return None
     from xrun_contract.storage import open_storage
 
-    storage = open_storage(root)
+    # One call never outlasts the final drain's deadline (a failed call is retried anyway).
+    drain_s = float(os.environ.get(Env.DRAIN_SECONDS) or 30)
+    storage = open_storage(root, timeout=max(1.0, min(drain_s, 30.0)) if root.startswith("gs://") else None)
     host = host_id(int(os.environ.get(Env.SLICE_INDEX) or 0), int(os.environ.get(Env.HOST_INDEX) or 0))
     attempt = int(os.environ.get(Env.RESTART_ATTEMPT) or 0)
 
@@ -199,7 +223,8 @@ def main(argv: list[str]) -> int:
         print("xrun-logs: no XRUN_STORAGE/XRUN_RUN_NAME; nothing to ship", file=sys.stderr, flush=True)
         stop.wait()
         return 0
-    run(pod_dir, write, float(os.environ.get(Env.LOG_FLUSH_SECONDS) or 2), stop)
+    run(pod_dir, write, float(os.environ.get(Env.LOG_FLUSH_SECONDS) or 2), stop,
+        float(os.environ.get(Env.DRAIN_SECONDS) or 30))
     return 0
 
 

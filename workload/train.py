@@ -747,7 +747,10 @@ def main(argv: list[str] | None = None) -> int:
     run_info.update(failure)
     metrics.end(code, reason, data_bytes_read=run_info.get("data_bytes_read"),
                 failure=failure.get("failure"))
-    metrics.close()
+    try:
+        metrics.close()
+    except Exception as e:  # noqa: BLE001 - storage down at exit: the exit code matters more
+        print(f"xrun: last metrics records not written: {e}", file=sys.stderr, flush=True)
     if storage is not None and run and primary:
         run_info.update(end_time=time.time(), exit_code=code, reason=reason)
         try:

@@ -97,6 +97,9 @@ class Env:
     BRANCH = "XRUN_BRANCH"
     # Log shipping interval of the wrapper, seconds (gs:// chunk cadence).
     LOG_FLUSH_SECONDS = "XRUN_LOG_FLUSH_SECONDS"
+    # The log shipper's deadline for its final drain, seconds: below the pod's grace period
+    # (``drain_seconds``), so a storage that keeps failing never holds the pod to its SIGKILL.
+    DRAIN_SECONDS = "XRUN_DRAIN_SECONDS"
     # "json": the wrapper's own stdout lines are JSON objects with "severity" and "message"
     # (what Cloud Logging's agent parses into a structured entry); anything else: plain text.
     LOG_FORMAT = "XRUN_LOG_FORMAT"
@@ -393,6 +396,12 @@ CKPT_DEFERRED_RE = re.compile(
     r"checkpoint save deferred: step (?P<step>\d+), previous save of step (?P<previous>\d+) "
     r"still writing"
 )
+# A save came due while storage did not answer (an outage): deferred the same way, to the
+# first step boundary at which every process reaches storage again; training goes on.
+CKPT_DEFERRED_STORAGE_LINE = "checkpoint save deferred: step {step}, storage unavailable: {error}"
+CKPT_DEFERRED_STORAGE_RE = re.compile(
+    r"checkpoint save deferred: step (?P<step>\d+), storage unavailable: (?P<error>.*)"
+)
 # The last step's and a SIGTERM save must commit before the process exits: that wait.
 CKPT_EXIT_WAIT_LINE = "checkpoint waiting to commit before exit: step {step}, seconds: {seconds:.3f}"
 CKPT_EXIT_WAIT_RE = re.compile(
@@ -561,3 +570,9 @@ RUN_STATES = (PENDING, RUNNING, RESTARTING, SUCCEEDED, FAILED, DELETED, UNKNOWN)
 
 def is_terminal(state: str) -> bool:
     return state in TERMINAL_STATES
+
+
+def drain_seconds(grace_seconds: float) -> int:
+    """The log shipper's final-drain deadline for a pod with this termination grace period:
+    below it (2 s less, the kubelet's minimum for a sidecar), at most 30 s, at least 1 s."""
+    return int(max(1, min(grace_seconds - 2, 30)))

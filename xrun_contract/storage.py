@@ -9,13 +9,15 @@ metrics) are written as numbered chunk objects by :class:`ChunkWriter`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
 import shutil
 import stat
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +86,118 @@ def unreachable_reason(e: BaseException) -> str | None:
             if isinstance(nxt, BaseException):
                 todo.append(nxt)
     return None
+
+
+# The one place storage errors are sorted (the supervisor, the log shipper, the workload and
+# the CLI all ask ``classify_storage_error``). Permanent: retrying cannot help within the
+# call's deadline (a full disk, a path through a file, no permission, no such bucket; a
+# refused connection or a failed DNS lookup, for that call), so the caller is told in
+# seconds with one line. Transient: 5xx, 429, 408, resets and timeouts, retried within the
+# caller's deadline.
+PERMANENT_ERRNOS = {
+    errno.ENOSPC: "storage full",
+    errno.EDQUOT: "storage full (quota)",
+    errno.ENOTDIR: "a path component is a file, not a folder",
+    errno.EISDIR: "is a folder",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
+    errno.ENAMETOOLONG: "name too long",
+}
+_HTTP_TEXT_RE = re.compile(
+    r"(?:HTTP (?:response )?(?:code|status)[: ]+|http_response_code='|^)(?P<code>[1-5]\d\d)\b", re.I)
+_TRANSIENT_NAMES = {
+    "ConnectionResetError", "ConnectionAbortedError", "BrokenPipeError", "TimeoutError",
+    "timeout", "ReadTimeout", "ConnectTimeout", "Timeout", "ReadTimeoutError", "ProtocolError",
+    "RemoteDisconnected", "IncompleteRead", "ChunkedEncodingError", "RetryError", "DeadlineExceeded",
+    "ServerError", "TooManyRequests", "ServiceUnavailable", "InternalServerError", "BadGateway",
+    "GatewayTimeout",
+}
+
+
+@dataclass(frozen=True)
+class StorageFault:
+    """What a storage error is: ``permanent`` (do not retry) or transient, and why, in words."""
+
+    permanent: bool
+    why: str
+    # Permanent for this call only: the endpoint refused the connection or its name did not
+    # resolve. Known at once, not worth retrying within the call; a later call may work.
+    unreachable: bool = False
+
+
+def _causes(e: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    todo: list[BaseException] = [e]
+    seen: set[int] = set()
+    while todo and len(seen) <= 32:
+        c = todo.pop(0)
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        out.append(c)
+        for nxt in (c.__cause__, c.__context__, getattr(c, "reason", None), getattr(c, "cause", None),
+                    *getattr(c, "args", ()), *(getattr(c, "exceptions", None) or ())):
+            if isinstance(nxt, BaseException):
+                todo.append(nxt)
+    return out
+
+
+def http_status_of(e: BaseException) -> int | None:
+    """The HTTP status a storage client error carries (google-api-core ``code``, gcsfs
+    ``code``, requests' ``response.status_code``), or None."""
+    for attr in ("code", "status", "status_code"):
+        value = getattr(e, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and 100 <= value < 600:
+            return value
+    response = getattr(e, "response", None)
+    value = getattr(response, "status_code", None)
+    return value if isinstance(value, int) and 100 <= value < 600 else None
+
+
+def _http_fault(code: int) -> StorageFault | None:
+    if code in (408, 429) or code >= 500:
+        return StorageFault(False, f"HTTP {code}")
+    if code in (401, 403):
+        return StorageFault(True, f"permission denied (HTTP {code})")
+    if code == 404:
+        return StorageFault(True, "no such bucket or object (HTTP 404)")
+    if code in (400, 405, 409, 411, 413, 414):
+        return StorageFault(True, f"refused (HTTP {code})")
+    return None
+
+
+def classify_storage_error(e: BaseException) -> StorageFault:
+    """Permanent or transient, for any error a storage call raised (the exception, what
+    caused it, what it wraps). Unknown errors are transient: retried within a deadline."""
+    chain = _causes(e)
+    for c in chain:
+        if isinstance(c, StorageError):
+            return StorageFault(c.permanent, c.why, c.unreachable)
+    why = unreachable_reason(e)
+    if why:
+        return StorageFault(True, why, unreachable=True)
+    for c in chain:
+        if isinstance(c, OSError) and c.errno in PERMANENT_ERRNOS:
+            return StorageFault(True, f"{PERMANENT_ERRNOS[c.errno]} ({errno.errorcode[c.errno]})")
+        code = http_status_of(c)
+        if code is not None and (fault := _http_fault(code)):
+            return fault
+    for c in chain:
+        m = _HTTP_TEXT_RE.search(str(c)) if not isinstance(c, OSError) else None
+        if m and (fault := _http_fault(int(m["code"]))):
+            return fault
+        if type(c).__name__ in _TRANSIENT_NAMES or isinstance(c, ConnectionError | TimeoutError):
+            return StorageFault(False, type(c).__name__)
+    return StorageFault(False, _one_line(e))
+
+
+class StorageError(XrunError):
+    """A storage call that failed, sorted (``classify_storage_error``): exit 3, one line."""
+
+    def __init__(self, message: str, *, permanent: bool, why: str, unreachable: bool = False):
+        super().__init__(message, EXIT_UNREACHABLE)
+        self.permanent, self.why, self.unreachable = permanent, why, unreachable
 
 
 def _one_line(e: BaseException) -> str:
@@ -177,6 +291,17 @@ class Storage:
     def write_json(self, key: str, obj: dict) -> None:
         self.write_text(key, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
+    def update_json(self, key: str, change: Callable[[dict | None], dict | None]) -> bool:
+        """Read-modify-write of a JSON record with no lost update: ``change`` gets the stored
+        object (None when there is none or it is corrupt) and returns the new one, or None to
+        write nothing (a refused write: False). Atomic against other ``update_json`` callers
+        (a lock file locally, a generation precondition on GCS)."""
+        new = change(self.read_json(key))
+        if new is None:
+            return False
+        self.write_json(key, new)
+        return True
+
 
 class LocalStorage(Storage):
     def __init__(self, root: str):
@@ -190,18 +315,67 @@ class LocalStorage(Storage):
             raise XrunError(f"storage: {self.root} is not a folder (a storage root is a folder "
                             "or gs://bucket/prefix)", EXIT_USAGE)
 
+    def _failed(self, what: str, path: Path, e: OSError) -> StorageError:
+        fault = classify_storage_error(e)
+        return StorageError(f"storage: {path}: cannot {what}: {fault.why}", permanent=fault.permanent,
+                            why=fault.why)
+
     def read_bytes(self, key: str) -> bytes | None:
+        path = self._path(key)
         try:
-            return self._path(key).read_bytes()
+            return path.read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+        except OSError as e:
+            raise self._failed("read", path, e) from None
 
     def write_bytes(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)  # readers never see a half-written file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            os.replace(tmp, path)  # readers never see a half-written file
+        except OSError as e:
+            with contextlib.suppress(OSError):  # a full disk leaves no empty .tmp behind
+                tmp.unlink()
+            raise self._failed("write", path, e) from None
+
+    def update_json(self, key: str, change: Callable[[dict | None], dict | None]) -> bool:
+        """flock(2) on a hidden lock file beside the record (every writer is on this machine)."""
+        import fcntl
+
+        path = self._path(key)
+        lock = path.with_name(f".{path.name}.lock")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise self._failed("lock", lock, e) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return super().update_json(key, change)
+        finally:
+            os.close(fd)  # closing the last descriptor releases the lock
+
+    def overwrite_in_place(self, key: str, data: bytes) -> bool:
+        """Last resort on a full disk: write ``data`` into the blocks ``key`` already has
+        (no new file, no rename), padded with spaces to the old size. False when the file is
+        missing or its blocks are too small. Not atomic: for a final record only (the
+        supervisor's end state)."""
+        path = self._path(key)
+        try:
+            with open(path, "r+b") as f:
+                st = os.fstat(f.fileno())
+                room = max(st.st_size, getattr(st, "st_blocks", 0) * 512)
+                if len(data) > room:
+                    return False
+                f.write(data + b" " * max(0, st.st_size - len(data)))
+                f.flush()
+                os.fsync(f.fileno())
+            return True
+        except OSError:
+            return False
 
     def list(self, prefix: str, delimiter: str | None = "/") -> tuple[list[ObjectInfo], list[str]]:
         self._check_root()
@@ -255,8 +429,15 @@ class LocalStorage(Storage):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        except OSError as e:
+            raise self._failed("create", path, e) from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise self._failed("write", path, e) from None
         return True
 
     def url(self, key: str = "") -> str:
@@ -321,18 +502,28 @@ class GCSStorage(Storage):
         started = time.monotonic()
         try:
             return fn()
-        except (NotFound, PreconditionFailed):
+        except PreconditionFailed:
             raise
+        except NotFound as e:
+            if what in ("read", "delete"):  # no such object: None, or already gone
+                raise
+            # A write, list or delete finds no bucket: permanent (classify_storage_error).
+            raise StorageError(f"storage: {self.url(key)}: cannot {what}: no such bucket "
+                               f"{self.bucket_name!r} (root {self.root}): {_one_line(e)}",
+                               permanent=True, why="no such bucket (HTTP 404)") from None
         except XrunError:
             raise
         except Exception as e:  # noqa: BLE001 - api errors, RetryError, transport errors
             took = time.monotonic() - started
+            fault = classify_storage_error(e)
             why = unreachable_reason(e)
             if why:
-                raise XrunError(f"storage: cannot reach {self.root}: {why} ({self._endpoint()}; "
-                                f"{what} {key or '/'} after {took:.1f}s)", EXIT_UNREACHABLE) from None
-            raise XrunError(f"storage: {self.url(key)}: cannot {what} after {took:.0f}s "
-                            f"(root {self.root}): {_one_line(e)}", EXIT_UNREACHABLE) from None
+                raise StorageError(f"storage: cannot reach {self.root}: {why} ({self._endpoint()}; "
+                                   f"{what} {key or '/'} after {took:.1f}s)", permanent=True,
+                                   why=why, unreachable=True) from None
+            raise StorageError(f"storage: {self.url(key)}: cannot {what} after {took:.0f}s "
+                               f"(root {self.root}): {_one_line(e)}", permanent=fault.permanent,
+                               why=fault.why) from None
 
     def _endpoint(self) -> str:
         """The host the client talks to (the emulator's, or storage.googleapis.com)."""
@@ -391,6 +582,37 @@ class GCSStorage(Storage):
             return self.read_bytes(key) == data
         return True
 
+    def update_json(self, key: str, change: Callable[[dict | None], dict | None]) -> bool:
+        """ifGenerationMatch on the generation read: a write that raced ours makes GCS answer
+        412, and the change is applied again to what that write left."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        for _ in range(50):
+            blob = self._bucket.blob(self._name(key))
+            try:
+                data: bytes | None = self._call("read", key, lambda b=blob: b.download_as_bytes(
+                    retry=self._retry, timeout=self._rpc_timeout))
+                generation = int(blob.generation or 0)
+            except NotFound:
+                data, generation = None, 0
+            doc = None
+            if data is not None:
+                with contextlib.suppress(ValueError):
+                    loaded = json.loads(data.decode("utf-8"))
+                    doc = loaded if isinstance(loaded, dict) else None
+            new = change(doc)
+            if new is None:
+                return False
+            text = json.dumps(new, indent=2, sort_keys=True, default=str) + "\n"
+            try:
+                self._call("write", key, lambda b=blob, t=text, g=generation: b.upload_from_string(
+                    t, if_generation_match=g, retry=self._retry, timeout=self._rpc_timeout))
+                return True
+            except PreconditionFailed:
+                time.sleep(0.05)
+        raise StorageError(f"storage: {self.url(key)}: cannot update: 50 writes raced this one",
+                           permanent=False, why="contended")
+
     def list(self, prefix: str, delimiter: str | None = "/") -> tuple[list[ObjectInfo], list[str]]:
         name = self._name(prefix)
         name = f"{name}/" if name else ""
@@ -412,13 +634,16 @@ class GCSStorage(Storage):
         return objects, prefixes
 
     def delete_prefix(self, prefix: str) -> int:
+        from google.api_core.exceptions import NotFound
+
         if not check_key(prefix).strip("/"):
             raise XrunError(f"storage: refusing to delete the whole root {self.root}", EXIT_USAGE)
         objects, _ = self.list(prefix, delimiter=None)
         for o in objects:
             blob = self._bucket.blob(self._name(o.key))
-            self._call("delete", o.key, lambda b=blob: b.delete(retry=self._retry,
-                                                               timeout=self._rpc_timeout))
+            with contextlib.suppress(NotFound):  # deleted meanwhile: gone is what we want
+                self._call("delete", o.key, lambda b=blob: b.delete(retry=self._retry,
+                                                                   timeout=self._rpc_timeout))
         return len(objects)
 
     def url(self, key: str = "") -> str:
@@ -495,14 +720,19 @@ class ChunkWriter(PeriodicFlush):
                 data, self._buf = "".join(self._buf), []
             if not data:
                 return
-            for attempt in range(5):
-                try:
-                    self._storage.write_bytes(self._key_for(self._seq), data.encode())
-                    break
-                except Exception:  # noqa: BLE001 - storage hiccups must not kill the job
-                    if attempt == 4:
-                        raise
-                    time.sleep(0.5 * (attempt + 1))
+            try:
+                for attempt in range(5):
+                    try:
+                        self._storage.write_bytes(self._key_for(self._seq), data.encode())
+                        break
+                    except Exception as e:  # noqa: BLE001 - storage hiccups must not kill the job
+                        if attempt == 4 or classify_storage_error(e).permanent:
+                            raise
+                        time.sleep(0.5 * (attempt + 1))
+            except BaseException:
+                with self._lock:  # kept, in order: the next flush (or close) writes it
+                    self._buf.insert(0, data)
+                raise
             self._seq += 1
 
     def __enter__(self) -> ChunkWriter:

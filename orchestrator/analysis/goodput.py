@@ -146,6 +146,8 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
         # checkpoint age, not training time) and the last save committing before exit
         # (inside "other": no step waits for it).
         "deferred_saves": int(rec.checkpoint_totals.get("deferred", 0)),
+        # Of them, deferred because storage did not answer (an outage), not behind a save.
+        "deferred_storage_saves": int(rec.checkpoint_totals.get("deferred_storage", 0)),
         "exit_wait_s": float(rec.checkpoint_totals.get("exit_wait", 0.0)),
         "notes": notes,
     }
@@ -333,7 +335,9 @@ def format_goodput(gp: dict[str, Any]) -> str:
         head += " (step times only)"
     tail = []
     if gp.get("deferred_saves"):
-        tail.append(f"{gp['deferred_saves']} save(s) deferred")
+        out = gp.get("deferred_storage_saves") or 0
+        tail.append(f"{gp['deferred_saves']} save(s) deferred"
+                    + (f", {out} while storage was unavailable" if out else ""))
     if gp.get("exit_wait_s"):
         tail.append(f"exit wait {_dur(gp['exit_wait_s'])} (not a stall)")
     return head + (": " + ", ".join(parts) if parts else "") + (f" ({'; '.join(tail)})" if tail else "")

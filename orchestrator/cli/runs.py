@@ -620,7 +620,7 @@ def delete(name: str | None, storage: str | None, purge: bool, yes: bool, no_wai
                           abort=True)
     for n in names:
         done = runs.delete(st, n, purge=purge, wait=not no_wait)
-        info(f"{'stopped' if done.stopped else 'no live hosts for'} {n}")
+        info(f"{'stopped' if done.stopped else 'no live hosts for'} {n}" + (f": {done.found}" if done.found else ""))
         if done.purged is not None:
             info(f"purged {done.purged} objects under {done.url}")
         if done.code_removed:

@@ -316,6 +316,8 @@ class RunRecord:
             totals["exit_wait"] = totals.get("exit_wait", 0.0) + seconds
         elif event in ("deferred", "restore_failed", "write_failed"):
             totals[event] = totals.get(event, 0) + 1
+            if event == "deferred" and extra.get("error"):  # storage was out (not a slow save)
+                totals["deferred_storage"] = totals.get("deferred_storage", 0) + 1
         if event == "started":
             totals["saves"] += 1
         if event in ("blocked", "waited"):

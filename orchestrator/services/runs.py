@@ -9,6 +9,7 @@ pods, the processes or the JobSet are gone.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shlex
@@ -43,7 +44,7 @@ from xrun_contract import (
 )
 from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
 from xrun_contract.k8s import Labels
-from xrun_contract.storage import Storage, open_storage
+from xrun_contract.storage import Storage, StorageError, open_storage
 
 
 class _ManifestDumper(yaml.SafeDumper):
@@ -148,7 +149,12 @@ def record_state(storage: Storage, name: str, status: BackendStatus, backend: st
                             for h in status.hosts}
     current.setdefault("transitions", []).append({"time": now, "state": status.state,
                                                   "reason": status.message})
-    storage.write_json(Layout.state(name), current)
+    try:
+        storage.write_json(Layout.state(name), current)
+    except StorageError as e:
+        if e.permanent:  # a full disk: the reader still shows the truth, unrecorded
+            return
+        raise
 
 
 def observe(storage: Storage, name: str, backend: Backend,
@@ -367,6 +373,8 @@ def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool,
     if pids:
         raise XrunError(f"name: run {spec.name!r} still has {len(pids)} live process(es) "
                         f"(pids {', '.join(map(str, pids[:8]))}); 'xrun delete {spec.name}' first")
+    if procs:  # nothing live: a local delete only removes what a lost supervisor left (pod folders)
+        backend.delete(spec.name, wait=True)
     storage.delete_prefix(Layout.run(spec.name))
 
 
@@ -514,10 +522,18 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
     runs = []
     for r in records:
         _latest_steps(storage, r)
-        fig = figures.progress(r)
+        state = r.state or ("Pending" if r.run_info else "Unknown")
+        if r.run_info.get("backend", "local") == "local" and not is_terminal(state) and not r.problems:
+            # As status sees it: a supervisor killed with -9 left state.json saying Running;
+            # the local backend knows it is gone (Failed). list only reads (status records).
+            with contextlib.suppress(XrunError):
+                live = backend_for("local", storage.root).status(r.name)
+                if live is not None:
+                    state = live.state
+        fig = figures.progress(r, state)
         runs.append({
             "name": r.name,
-            "state": r.state or ("Pending" if r.run_info else "Unknown"),
+            "state": state,
             "backend": r.run_info.get("backend", ""),
             "accelerator": r.spec.get("accelerator", ""),
             "submitted_at": r.submitted_at,
@@ -586,6 +602,7 @@ class Deleted:
     stopped: bool
     purged: int | None = None
     url: str = ""
+    found: str = ""  # what the backend found, in words (local: processes, supervisor)
     code_removed: str = ""  # the sha256 of the archive purged with the run
 
 
@@ -599,7 +616,10 @@ def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = Tru
     if stopped and recorded.get("state") not in (SUCCEEDED, FAILED, DELETED):
         record_state(storage, name, BackendStatus(state=DELETED, restarts=recorded.get("restarts", 0),
                                                   message="deleted by xrun delete"), backend.name)
-    out = Deleted(stopped, url=storage.url(Layout.run(name)))
+    elif not stopped:  # nothing live: record what the backend sees (a lost supervisor: Failed)
+        with contextlib.suppress(XrunError):
+            observe(storage, name, backend)
+    out = Deleted(stopped, url=storage.url(Layout.run(name)), found=str(getattr(backend, "found", "") or ""))
     if purge:
         sha = ((storage.read_json(Layout.run_json(name)) or {}).get("spec") or {}).get("code_sha256", "")
         out.purged = storage.delete_prefix(Layout.run(name))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +23,7 @@ from orchestrator.backends.base import BackendStatus, HostStatus, LogItem
 from orchestrator.backends.local.supervisor import base_env
 from xrun_contract import FAILED, PENDING, TERMINAL_STATES, Env, Layout
 from xrun_contract.errors import EXIT_FAILED, XrunError
-from xrun_contract.storage import open_storage
+from xrun_contract.storage import STORAGE_TIMEOUT_ENV, open_storage
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -44,6 +46,23 @@ def _same_root(value: str, root: str) -> bool:
     if value.startswith("gs://") or root.startswith("gs://"):
         return value.rstrip("/") == root.rstrip("/")
     return os.path.abspath(os.path.expanduser(value)) == os.path.abspath(os.path.expanduser(root))
+
+
+def _remove_pod_folders(name: str, state: dict[str, Any]) -> int:
+    """The emptyDir folders of the pods state.json names, as a supervisor killed with -9 left
+    them (it removes each when its pod ends): only a folder named for its pod (the pod's
+    name, a suffix) is removed. How many were."""
+    removed = 0
+    for v in (state.get("hosts") or {}).values():
+        folder, pod = (v.get("folder"), v.get("pod")) if isinstance(v, dict) else (None, None)
+        if not (isinstance(folder, str) and isinstance(pod, str) and pod.startswith(f"{name}-")
+                and os.path.isabs(folder) and re.fullmatch(rf"{re.escape(pod)}-[a-z0-9]+",
+                                                           os.path.basename(folder))):
+            continue
+        if os.path.isdir(folder) and not os.path.islink(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed += not os.path.lexists(folder)
+    return removed
 
 
 def run_processes(storage_root: str, name: str) -> list[int]:
@@ -104,6 +123,7 @@ class LocalBackend:
     """Backend protocol over the supervisor: state lives in storage (state.json)."""
 
     name = "local"
+    found = ""  # what the last delete found, in words
     serves_logs = False  # every host's output is in storage within LOCAL_LOG_FLUSH_SECONDS
 
     def __init__(self, storage_root: str):
@@ -121,7 +141,9 @@ class LocalBackend:
         with (open(log_path, "ab") if log_path else open(os.devnull, "wb")) as log:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "orchestrator.backends.local", "supervise", self.storage_root, name],
-                env=base_env() | {k: v for k, v in os.environ.items() if k.startswith("XRUN_LOCAL")},
+                # --storage-timeout (XRUN_STORAGE_TIMEOUT) bounds the supervisor's calls too.
+                env=base_env() | {k: v for k, v in os.environ.items()
+                                  if k.startswith("XRUN_LOCAL") or k == STORAGE_TIMEOUT_ENV},
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             )
         self.supervisor = proc  # callers that follow may wait on it
@@ -148,13 +170,27 @@ class LocalBackend:
             current = state.get("state", PENDING)
             if current not in TERMINAL_STATES:
                 current, state["message"] = FAILED, "local supervisor is gone (machine restarted or killed)"
-        hosts = [
-            HostStatus(host=h, state=v.get("state", PENDING), attempt=v.get("attempt", 0),
-                       exit_code=v.get("exit_code"), pod=str(v.get("pid") or ""))
-            for h, v in sorted(state.get("hosts", {}).items())
-        ]
+        # Hosts recorded as not ended by a supervisor that is gone (also once `status`
+        # recorded the run Failed for it) are watched by nobody: Unknown, with why.
+        lost = any(v.get("state", PENDING) not in TERMINAL_STATES for v in state.get("hosts", {}).values()) \
+            and not _pid_alive(state.get("supervisor_pid"))
+        hosts = [self._host(h, v, lost) for h, v in sorted(state.get("hosts", {}).items())]
         return BackendStatus(state=current, restarts=state.get("restarts", 0), hosts=hosts,
                              message=state.get("message", ""))
+
+    @staticmethod
+    def _host(host: str, v: dict[str, Any], lost: bool) -> HostStatus:
+        """A host as state.json recorded it; with the supervisor gone, a host recorded as
+        not yet ended is Unknown (nobody watches it), saying whether its process lives."""
+        state, reason = v.get("state", PENDING), ""
+        if lost and state not in TERMINAL_STATES:
+            pid = v.get("pid")
+            state = "Unknown"
+            reason = (f"local supervisor is gone; last recorded {v.get('state', PENDING)}, "
+                      + (f"process {pid} still alive (xrun delete stops it)" if _pid_alive(pid)
+                         else f"process {pid} is gone" if pid else "never started"))
+        return HostStatus(host=host, state=state, attempt=v.get("attempt", 0),
+                          exit_code=v.get("exit_code"), reason=reason, pod=str(v.get("pid") or ""))
 
     def live_processes(self, name: str) -> list[int]:
         """Every process of the run the OS knows (``run_processes``)."""
@@ -162,13 +198,27 @@ class LocalBackend:
 
     def delete(self, name: str, *, wait: bool = True) -> bool:
         """Stop the run: its supervisor first (it stops the pods and records Deleted), then
-        every process of the run the OS still shows (orphans of a killed supervisor)."""
+        every process of the run the OS still shows (orphans of a killed supervisor).
+        ``found`` then says, in words, what there was."""
         state = self.storage.read_json(Layout.state(name)) or {}
         grace = float(state.get("grace_seconds", 180))
         stopped = False
         live = self.live_processes(name)
         pid = state.get("supervisor_pid")
+        recorded = state.get("state", "nothing")
         if pid in live:  # the recorded pid is this run's supervisor, not a reused pid
+            others = len(live) - 1
+            self.found = f"its supervisor (pid {pid}) and {others} pod process{'es' * (others != 1)}"
+        elif live:
+            self.found = (f"{len(live)} process{'es' * (len(live) != 1)} of the run ({', '.join(map(str, live))}) "
+                          f"without their supervisor" + (f" (pid {pid}, gone)" if pid else ""))
+        elif recorded in TERMINAL_STATES:
+            why = state.get("message") or ""
+            self.found = f"no live process: it ended {recorded}" + (f" ({why})" if why else "")
+        else:
+            self.found = (f"no live process: state.json says {recorded}, but its supervisor"
+                          + (f" (pid {pid})" if pid else "") + " is gone and no process of the run is left")
+        if pid in live:
             os.kill(pid, signal.SIGTERM)
             stopped = True
             if not wait:
@@ -177,6 +227,7 @@ class LocalBackend:
             while _pid_alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
             live = self.live_processes(name)
+        lost = pid not in live  # no supervisor to remove its pods' folders
         if live:
             stopped = True
             if wait:
@@ -185,6 +236,10 @@ class LocalBackend:
                 for p in live:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(p, signal.SIGTERM)
+        if lost and (wait or not live):
+            removed = _remove_pod_folders(name, state)
+            if removed:
+                self.found += f"; removed the {removed} pod folder{'s' * (removed != 1)} it left"
         return stopped
 
     def list(self) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ maxRestarts``). Every transition is written to ``state.json``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -63,7 +64,13 @@ from xrun_contract import (
 )
 from xrun_contract.errors import EXIT_FAILED, XrunError, exit_code_of_returncode
 from xrun_contract.k8s import Annotations, JobFailureReasons, Labels
-from xrun_contract.storage import Storage, open_storage
+from xrun_contract.storage import (
+    LocalStorage,
+    Storage,
+    StorageFault,
+    classify_storage_error,
+    open_storage,
+)
 
 POLL_SECONDS = 0.2
 # The Job controller syncs a Job at most once per this period after its pods' events
@@ -78,6 +85,18 @@ MIN_GRACE_SECONDS = 2.0
 # The Job controller adds this env to every container of an Indexed Job's pods
 # (kubernetes pkg/controller/job/indexed_job_utils.go addCompletionIndexEnvVariables).
 JOB_COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
+# The supervisor's own storage writes (state.json) never end the run: a write it cannot do
+# is kept (the newest state only) and retried with this backoff until it lands.
+WRITE_RETRY_SECONDS = (0.5, 5.0)
+# At the end, how long the supervisor keeps trying to record the final state before it
+# exits anyway (a full disk: "recorded when space allows"); XRUN_LOCAL_FINAL_WRITE_SECONDS.
+FINAL_WRITE_SECONDS = 600.0
+
+
+def say(line: str) -> None:
+    """A line in supervisor.log; never an error (the log may sit on the full disk itself)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(line, flush=True)
 
 
 def free_port() -> int:
@@ -108,7 +127,8 @@ class Pod:
     env: dict[str, str]
     init: list[Container] = field(default_factory=list)
     container: str = ""  # the main container's name
-    folder: str = ""  # the pod's emptyDir volumes live below
+    folder: str = ""  # the pod's emptyDir volumes live below (made when the pod starts)
+    volumes: list[str] = field(default_factory=list)  # emptyDir folders, below folder
     proc: subprocess.Popen | None = None  # the main container's process
     exit_code: int | None = None
     failed_container: str = ""  # whose exit code exit_code is
@@ -186,7 +206,10 @@ def _container(container: dict[str, Any], meta: dict[str, Any], port: int,
 
 def plan_pods(manifest: dict[str, Any], attempt: int, port: int, root: str | None = None) -> list[Pod]:
     """Every pod of the JobSet with its containers' argv and env as the cluster would give
-    them; emptyDir volumes are folders under ``root`` (a temporary folder when None)."""
+    them; emptyDir volumes are folders under ``root`` (the temporary folder when None).
+
+    Nothing is written: the pod's runner makes its folders when the pod starts and removes
+    them when it ends, so a plan that is never run (a bad manifest, a test) leaves nothing."""
     name = manifest["metadata"]["name"]
     namespace = manifest["metadata"].get("namespace", "default")
     pods: list[Pod] = []
@@ -217,17 +240,17 @@ def plan_pods(manifest: dict[str, Any], attempt: int, port: int, root: str | Non
                         Annotations.JOB_GLOBAL_INDEX: str(global_index),
                     },
                 }
-                folder = tempfile.mkdtemp(prefix=f"{meta['name']}-", dir=root)
+                # mkdtemp's name, made when the pod starts (os.mkdir refuses an existing one)
+                folder = os.path.join(root or tempfile.gettempdir(), f"{meta['name']}-{_suffix()}{_suffix()}")
                 volumes = {v: os.path.join(folder, v) for v in empty_dirs}
-                for path in volumes.values():
-                    os.makedirs(path)
                 main = _container(container, meta, port, volumes, completion_index)
                 env = main.env
                 pods.append(Pod(int(env.get(Env.SLICE_INDEX, global_index)),
                                 int(env.get(Env.HOST_INDEX, completion_index)),
                                 meta["name"], main.argv, env,
                                 init=[_container(c, meta, port, volumes, completion_index) for c in inits],
-                                container=container["name"], folder=folder, replicated_job=rj["name"],
+                                container=container["name"], folder=folder,
+                                volumes=list(volumes.values()), replicated_job=rj["name"],
                                 job=f"{name}-{rj['name']}-{job_index}", namespace=namespace))
             global_index += 1
     return pods
@@ -412,6 +435,14 @@ class Supervisor:
             raise XrunError(f"no manifest for run {self.name} under {self.storage.root}", EXIT_FAILED)
         self.manifest = yaml.safe_load(text)
         self._save_lock = threading.Lock()
+        # state.json is written by a thread of its own: the newest state is kept in
+        # ``_unwritten`` until a write lands, so a storage outage only delays it.
+        self._write_cond = threading.Condition()
+        self._unwritten: bytes | None = None
+        self._version = self._written_version = 0
+        self.storage_failure: StorageFault | None = None  # a permanent error of our own write
+        self._writer = threading.Thread(target=self._write_loop, name="xrun-state-writer", daemon=True)
+        self._writer.start()
         self.state = {
             "backend": "local", "state": PENDING, "restarts": 0, "attempt": 0,
             "supervisor_pid": os.getpid(), "hosts": {}, "transitions": [], "message": "",
@@ -431,18 +462,76 @@ class Supervisor:
 
     def _save(self) -> None:
         self.state["updated"] = time.time()
-        self.state["hosts"] = {
+        self.state["hosts"] = self._hosts()
+        data = (json.dumps(self.state, indent=2, sort_keys=True, default=str) + "\n").encode()
+        with self._write_cond:
+            self._unwritten, self._version = data, self._version + 1
+            self._write_cond.notify_all()
+
+    def _write_loop(self) -> None:
+        """Write the newest unwritten state; on failure keep it and retry with backoff (a
+        newer state replaces it). A permanent failure (a full disk, no permission, no such
+        bucket: ``classify_storage_error``) is noted for the main loop, which ends the run."""
+        delay = WRITE_RETRY_SECONDS[0]
+        while True:
+            with self._write_cond:
+                while self._unwritten is None:
+                    self._write_cond.wait()
+                data, version = self._unwritten, self._version
+            try:
+                self.storage.write_bytes(Layout.state(self.name), data)
+            except Exception as e:  # noqa: BLE001 - nothing here may end the run's supervision
+                fault = classify_storage_error(e)
+                # A refused connection or a failed DNS lookup may heal: retried, as an outage.
+                if fault.permanent and not fault.unreachable and self.storage_failure is None:
+                    self.storage_failure = fault
+                say(f"xrun-supervisor: state.json not written ({'permanent' if fault.permanent else 'transient'}:"
+                    f" {e}); retrying in {delay:.1f}s")
+                with self._write_cond:
+                    self._write_cond.wait(delay)
+                delay = min(delay * 2, WRITE_RETRY_SECONDS[1])
+                continue
+            delay = WRITE_RETRY_SECONDS[0]
+            with self._write_cond:
+                if self._version == version:
+                    self._unwritten = None
+                self._written_version = max(self._written_version, version)
+                self._write_cond.notify_all()
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until the newest state is written (True) or ``timeout`` passed. On a local
+        root with a permanent failure, the state is written into state.json's own blocks
+        (``LocalStorage.overwrite_in_place``: a full disk has no room for a new file)."""
+        deadline = time.monotonic() + timeout
+        tried_in_place = False
+        with self._write_cond:
+            while self._written_version < self._version:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if (self.storage_failure is not None and not tried_in_place
+                        and isinstance(self.storage, LocalStorage) and self._unwritten is not None):
+                    tried_in_place = True
+                    compact = (json.dumps(self.state, sort_keys=True, default=str) + "\n").encode()
+                    if self.storage.overwrite_in_place(Layout.state(self.name), compact):
+                        say("xrun-supervisor: final state written in place (storage full)")
+                        return True
+                self._write_cond.wait(min(left, 1.0))
+        return True
+
+    def _hosts(self) -> dict[str, Any]:
+        return {
             p.host: {
                 "state": "Running" if p.exit_code is None and p.proc else
                 ("Succeeded" if p.exit_code == 0 else ("Failed" if p.exit_code is not None else "Pending")),
                 "pid": p.proc.pid if p.proc else None,
                 "pod": p.name,
+                "folder": p.folder,  # its emptyDirs (xrun delete removes them if the supervisor is lost)
                 "exit_code": p.exit_code,
                 "attempt": self.state["attempt"],
             }
             for p in self.pods
         }
-        self.storage.write_json(Layout.state(self.name), self.state)
 
     # -- pods -------------------------------------------------------------------------
     @property
@@ -477,8 +566,18 @@ class Supervisor:
         """Init containers in order, sidecars, the main container; then stop the sidecars."""
         sidecars: list[Container] = []
         code, who = None, ""
+        made = False
         try:
-            for c in pod.init:
+            try:  # the pod's emptyDirs, fresh (0700 like mkdtemp's); removed in finally
+                os.mkdir(pod.folder, 0o700)
+                made = True
+                for path in pod.volumes:
+                    os.makedirs(path)
+            except OSError as e:
+                print(f"pod {pod.name}: cannot make its emptyDir folders: {e}", flush=True)
+                code, who = 127, pod.container
+                pod.failed_at = time.monotonic()
+            for c in pod.init if code is None else []:
                 if pod.stopping:
                     break
                 try:
@@ -495,6 +594,7 @@ class Supervisor:
                     sidecars.append(c)
                     continue
                 rc = exit_code_of_returncode(c.proc.wait())
+                _end_group(c.proc, None)
                 if rc != 0:
                     code, who = rc, c.name
                     pod.failed_at = time.monotonic()
@@ -510,12 +610,16 @@ class Supervisor:
                         self._keep_sidecars(pod, sidecars, base)
                 code, who = exit_code_of_returncode(pod.proc.returncode), pod.container
                 pod.failed_at = time.monotonic()  # before the sidecars' drain: blame is by this
+                # The container is its whole process group: what its first process left
+                # behind (a child that caught SIGTERM) ends with it, or at the grace period.
+                _end_group(pod.proc, pod.deadline if pod.stopping else None)
             self._stop_sidecars(pod, sidecars)
         finally:
             pod.failed_container = who if code else ""
             pod.exit_code = code if code is not None else exit_code_of_returncode(-signal.SIGTERM)
             pod.exited_at = time.monotonic()
-            shutil.rmtree(pod.folder, ignore_errors=True)  # the emptyDirs go with the pod
+            if made:
+                shutil.rmtree(pod.folder, ignore_errors=True)  # the emptyDirs go with the pod
 
     def _keep_sidecars(self, pod: Pod, sidecars: list[Container], base: dict[str, str]) -> None:
         """restartPolicy Always: a sidecar that died while the pod runs is started again."""
@@ -537,24 +641,36 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 _signal_group(c.proc, signal.SIGKILL)
                 c.proc.wait()
+            _end_group(c.proc, None)
 
     def stop_pods(self) -> None:
         """As the kubelet stops a pod: SIGTERM to each main container's process (its first
-        process, like PID 1 of a container), SIGKILL to its process group after the grace
-        period; the pod's runner then stops its sidecars."""
+        process, like PID 1 of a container), SIGKILL to its whole process group after the
+        grace period, whatever its processes do with SIGTERM and whether or not the first
+        one is still there (a child that caught SIGTERM, as JAX's preemption notifier does,
+        is killed with the group); the pod's runner then stops its sidecars."""
         deadline = time.monotonic() + self.grace_seconds
         for p in self.pods:
             p.stopping, p.deadline = True, deadline
             if p.proc and p.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     p.proc.send_signal(signal.SIGTERM)
-        while time.monotonic() < deadline and any(p.proc and p.proc.poll() is None for p in self.pods):
+        while time.monotonic() < deadline and any(
+                p.proc and (p.proc.poll() is None or _group_members(p.proc.pid)) for p in self.pods):
             time.sleep(POLL_SECONDS)
         for p in self.pods:
-            if p.proc and p.proc.poll() is None:
+            if p.proc and (p.proc.poll() is None or _group_members(p.proc.pid)):
                 _signal_group(p.proc, signal.SIGKILL)
         for t in getattr(self, "_pod_threads", []):
             t.join(timeout=self.grace_seconds + MIN_GRACE_SECONDS + 5)
+
+    def join_pods(self, timeout: float) -> None:
+        """Wait for the pods' runners: a pod counts as ended before its runner has removed
+        its folder, and the runners are daemon threads, which an exiting supervisor cuts
+        off mid-rmtree (its xrun/ then stayed in /tmp, emptied or not)."""
+        deadline = time.monotonic() + timeout
+        for t in getattr(self, "_pod_threads", []):
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # -- main loop --------------------------------------------------------------------
     def run(self) -> int:
@@ -567,6 +683,13 @@ class Supervisor:
             self.start_pods()
             self.transition(RUNNING, f"attempt {self.state['attempt']}: {len(self.pods)} pods started")
             failed = self.wait_pods()
+            if self.storage_failure is not None:
+                # Our own records cannot be written (a full disk, no permission, no bucket):
+                # the run cannot be followed or resumed; stop it and say why, once there is room.
+                self.stop_pods()
+                self.transition(FAILED, f"{self.storage_failure.why}: the local supervisor cannot "
+                                        f"write {self.storage.url(Layout.state(self.name))}")
+                return 1
             if self.stop_requested:
                 self.stop_pods()
                 self.transition(DELETED, "stopped by xrun delete")
@@ -605,7 +728,7 @@ class Supervisor:
         controller then sees every Job failed by then: ``failure_decision``), or a stop was
         asked. A pod counts once it has ended (sidecars included)."""
         reported: set[str] = set()
-        while not self.stop_requested:
+        while not self.stop_requested and self.storage_failure is None:
             exited = [p for p in self.pods if p.exited_at is not None and p.name not in reported]
             reported.update(p.name for p in exited)
             if exited:
@@ -653,6 +776,44 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         os.killpg(proc.pid, sig)
 
 
+def _group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, from /proc; without /proc,
+    [pgid] while the kernel knows the group."""
+    if not os.path.isdir("/proc/self"):
+        try:
+            os.killpg(pgid, 0)
+            return [pgid]
+        except (ProcessLookupError, PermissionError):
+            return []
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[0] != "Z" and fields[2] == str(pgid):
+            found.append(int(entry.name))
+    return found
+
+
+def _end_group(proc: subprocess.Popen, deadline: float | None) -> None:
+    """A container is its process group (started with setsid): once its first process has
+    ended, the rest of the group goes too: at once for a container that ended by itself
+    (the kubelet: a container's processes die with its PID 1), at ``deadline`` (the grace
+    period's end) for one being stopped, by SIGKILL whatever it does with SIGTERM."""
+    while deadline is not None and time.monotonic() < deadline and _group_members(proc.pid):
+        time.sleep(POLL_SECONDS)
+    if not _group_members(proc.pid):
+        return
+    _signal_group(proc, signal.SIGKILL)
+    end = time.monotonic() + 5
+    while _group_members(proc.pid) and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def _compilation_cache(storage: Storage) -> str | None:
     """JAX's persistent compilation cache under a local storage root (off with XRUN_LOCAL_COMPILATION_CACHE=0)."""
     if os.environ.get("XRUN_LOCAL_COMPILATION_CACHE", "1") == "0":
@@ -668,18 +829,26 @@ def main(argv: list[str]) -> int:
         return 2
     storage = open_storage(argv[1])
     sup = Supervisor(storage, argv[2])
+    final_s = float(os.environ.get("XRUN_LOCAL_FINAL_WRITE_SECONDS") or FINAL_WRITE_SECONDS)
     try:
-        return sup.run()
+        code = sup.run()
+        sup.join_pods(60.0)
     except BaseException as e:
         sup.stop_pods()
         if sup.state["state"] not in TERMINAL_STATES:
             sup.transition(FAILED, f"local supervisor error: {e!r}")
+        sup.flush(final_s)
         if storage.root.startswith("gs://"):  # a local root has the file already (stderr)
             import traceback
 
             with contextlib.suppress(Exception):
                 storage.write_text(Layout.supervisor_log(argv[2]), traceback.format_exc())
         raise
+    # The end state is recorded before the supervisor goes: through an outage, or on a full
+    # disk once there is room (or in state.json's own blocks).
+    if not sup.flush(final_s):
+        say(f"xrun-supervisor: the final state ({sup.state['state']}) could not be written in {final_s:.0f}s")
+    return code
 
 
 if __name__ == "__main__":
