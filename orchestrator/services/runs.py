@@ -471,21 +471,31 @@ def matches(run: dict[str, Any], f: RunFilter, now: float) -> bool:
     return not (f.newer_than is not None and (age is None or age > f.newer_than))
 
 
+LIST_THREADS = 8  # below the storage client's connection pool (10)
+
+
 def list_runs(storage: Storage, cluster: Backend | None = None,
               where: RunFilter | None = None) -> list[dict[str, Any]]:
     """Every run under the root, newest first; with ``cluster`` its JobSets are merged in."""
     _, prefixes = storage.list(Layout.RUNS)
-    records: list[RunRecord] = []
-    for p in prefixes:
-        if not RUN_NAME_RE.fullmatch(p.rsplit("/", 1)[-1]):
-            continue  # not a run folder xrun could have written
+    names = [n for p in prefixes if RUN_NAME_RE.fullmatch(n := p.rsplit("/", 1)[-1])]
+
+    def read(name: str) -> RunRecord | None:
         try:
-            records.append(read_stored_run(storage, p.rsplit("/", 1)[-1], metrics=False))
+            rec = read_stored_run(storage, name, metrics=False)
         except XrunError:
-            continue  # a folder with nothing of a run in it
+            return None  # a folder with nothing of a run in it
+        _latest_steps(storage, rec)
+        return rec
+
+    # A few small reads per run, independent: in parallel (1,000 runs one after the other
+    # is 5,000 round trips in a row).
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(LIST_THREADS) as pool:
+        records = [r for r in pool.map(read, names) if r is not None]
     runs = []
     for r in records:
-        _latest_steps(storage, r)
         last = len(r.steps) > 0
         runs.append({
             "name": r.name,
