@@ -55,7 +55,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import yaml  # noqa: E402
 from cluster_helpers import FAIL_CONTAINER, FAIL_DELAY, FAIL_EXIT, FAIL_JITTER, FAIL_LABEL, timing  # noqa: E402
 
-from xrun_contract import Layout, records, stamp_line  # noqa: E402
+from xrun_contract import METRICS_ROLLUP_EVERY, Layout, records, stamp_line  # noqa: E402
 
 HOSTS_PER_SLICE = 64  # v6e-256: 16x16 chips, 4 per VM
 LIVE_CHUNK_SECONDS = 10.0  # a Running host's shipper writes a small chunk this often
@@ -202,7 +202,8 @@ class Writer(threading.Thread):
         self.tag = "5ca1ab1e"
         self.stop = threading.Event()
         self.step = 0
-        self.metrics_seq = 0
+        self.metrics_seq: collections.Counter = collections.Counter()
+        self.metrics_all: dict[int, list[str]] = collections.defaultdict(list)
         self.written = 0
         self.pool = ThreadPoolExecutor(8)
 
@@ -218,6 +219,8 @@ class Writer(threading.Thread):
         self.put(Layout.log_chunk(self.name, host, attempt, seq, self.tag), text.encode())
 
     def metrics_chunk(self, attempt: int, steps: int, at: float | None = None) -> None:
+        """A chunk as process 0's ChunkWriter writes it, and its rollup every
+        METRICS_ROLLUP_EVERY chunks (xrun_contract.storage.ChunkWriter)."""
         t = at or time.time()
         out = []
         if self.step == 0:
@@ -228,9 +231,14 @@ class Writer(threading.Thread):
             out.append(records.to_json(records.Step(step=self.step, seconds=0.5, loss=3.0 / (1 + self.step / 1000),
                                                     tokens_per_s_per_device=8000.0, tflops_per_device=400.0,
                                                     time=t, attempt=attempt)))
-        self.put(Layout.metrics_chunk(self.name, attempt, self.metrics_seq, self.tag),
-                 ("\n".join(out) + "\n").encode())
-        self.metrics_seq += 1
+        seq = self.metrics_seq[attempt]
+        data = "\n".join(out) + "\n"
+        self.put(Layout.metrics_chunk(self.name, attempt, seq, self.tag), data.encode())
+        self.metrics_all[attempt].append(data)
+        self.metrics_seq[attempt] += 1
+        if self.metrics_seq[attempt] % METRICS_ROLLUP_EVERY == 0:
+            self.put(Layout.metrics_rollup(self.name, attempt, seq, self.tag),
+                     "".join(self.metrics_all[attempt]).encode())
 
     def run(self) -> None:
         last_logs = 0.0
@@ -282,7 +290,10 @@ def seed_runs(client: Any, count: int) -> None:
         spec = {"name": name, "accelerator": "v6e-32", "num_slices": 1, "image": "example.com/train:1",
                 "command": "python3 train.py", "storage": ROOT, "pod_labels": {"team": "ml"}}
         run = {"name": name, "spec": spec, "submitted_at": t, "backend": "kube", "context": "xrun-test",
-               "namespace": "default", "xrun_version": "0.1.0", "storage": ROOT, "submit_id": "0"}
+               "namespace": "default", "xrun_version": "0.1.0", "storage": ROOT, "submit_id": "0",
+               # what process 0 merges in at start (workload.metrics.update_run_json)
+               "workload": {"config": {"preset": "1b", "steps": 200}, "versions": {"jax": "0.8.0"},
+                            "accelerator": "v6e-32", "start_time": t + 30}}
         state = {"backend": "kube", "state": "Succeeded", "restarts": 0, "updated": t + 600,
                  "transitions": [{"time": t + 60, "state": "Running"}, {"time": t + 600, "state": "Succeeded"}]}
         bucket.blob(f"xrun/{Layout.run_json(name)}").upload_from_string(json.dumps(run, indent=2))

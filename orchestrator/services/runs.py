@@ -529,13 +529,15 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
 
 
 def _latest_steps(storage: Storage, rec: RunRecord) -> None:
-    """Fold only the first metrics chunk (the header: total steps) and the last one (the
-    latest step and loss) into ``rec``: two reads per run however long it trained."""
+    """Fold only the first metrics chunk (the header: total steps, unless run.json has them
+    from the workload) and the last one (the latest step and loss) into ``rec``: one or two
+    reads per run however long it trained."""
     from orchestrator.readers.loaders import read_jsonl_lines
 
     objects, _ = storage.list(Layout.metrics(rec.name))
     keys = sorted(o.key for o in objects)
-    for key in dict.fromkeys(keys[:1] + keys[-1:]):
+    first = keys[:1] if rec.total_steps is None else []
+    for key in dict.fromkeys(first + keys[-1:]):
         data = storage.read_bytes(key)
         if data is not None:
             read_jsonl_lines(rec, data.decode("utf-8", errors="replace").splitlines())
