@@ -156,7 +156,8 @@ class Watcher(threading.Thread):
                     if self.stop.is_set():
                         return
                     ev = json.loads(line)
-                    self._event(kind, ev["type"], ev["object"], time.time())
+                    if ev.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        self._event(kind, ev["type"], ev["object"], time.time())
             except Exception:  # noqa: BLE001 - reconnect (sees ADDED again: harmless here)
                 time.sleep(0.5)
 
@@ -187,6 +188,19 @@ class Watcher(threading.Thread):
                     self.t.setdefault(f"running-{a}", at)
                 if a == 0 and any(x[0] == 0 and x[1] == "Running" for x in self.pods.values()):
                     self.t.setdefault("first-running-0", at)
+
+
+def gone(c: Any, name: str) -> bool:
+    """The JobSet and every pod of it deleted (asked directly, after the follow)."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        c.jobset(name)
+        return False
+    except ApiException as e:
+        if e.status != 404:
+            return False
+    return not c.pods(name)
 
 
 # --- storage: what the pods' shippers and process 0 write -------------------------------------
@@ -501,8 +515,8 @@ def bench_size(cl: ClusterProc, pods: int, exe: Path, work: Path) -> dict[str, A
         res["status_live_s"], _ = timed(xrun_cmd("status", name), env, repeat=1)
         # the TTL deletes the JobSet and its pods; then every command reads storage
         t_gone = time.time() + 300
-        while not (watcher.js_gone and not watcher.pods) and time.time() < t_gone:
-            time.sleep(1)
+        while time.time() < t_gone and not gone(cl.c, name):
+            time.sleep(2)
         hosts = [f"{s}-{h}" for s in range(slices) for h in range(HOSTS_PER_SLICE)]
         t0 = time.time()
         res["bulk_bytes"] = writer.bulk(hosts)
