@@ -158,7 +158,8 @@ def default(obj: dict[str, Any]) -> dict[str, Any]:
     TCP, empty names of env key refs; a volume without a source becomes an emptyDir (core/v1
     defaults.go SetDefaults_Volume, applied when the Job is decoded). Then the JobSet
     mutating webhook (jobset_webhook.go: Default): successPolicy {operator: All}, startupPolicy {startupPolicyOrder: AnyOrder},
-    each Job's completionMode Indexed and pod restartPolicy OnFailure when unset,
+    each Job's completionMode Indexed and pod restartPolicy OnFailure when unset, every
+    container's resources {} when absent (its answer is the object re-encoded from Go types),
     network.enableDNSHostnames and publishNotReadyAddresses true, failure policy rule names
     failurePolicyRule<i> when empty, volumeClaimPolicies retentionPolicy Delete. Job fields
     such as parallelism/completions/backoffLimit are defaulted only when the controller
@@ -203,6 +204,11 @@ def default(obj: dict[str, Any]) -> dict[str, Any]:
         pod = job_spec.setdefault("template", {}).setdefault("spec", {})
         if not pod.get("restartPolicy"):
             pod["restartPolicy"] = "OnFailure"
+        # The webhook answers with the JobSet it decoded into Go types and encoded again: a
+        # container's resources (a struct, which omitempty never omits) come back as {}.
+        for ctr in _containers(pod):
+            if isinstance(ctr, dict) and ctr.get("resources") is None:
+                ctr["resources"] = {}
     network = spec.setdefault("network", {})
     network.setdefault("enableDNSHostnames", True)
     network.setdefault("publishNotReadyAddresses", True)

@@ -81,8 +81,23 @@ def launcher_argv(command: str) -> list[str]:
 
 
 def install_argv() -> list[str]:
-    """The init container's command (xrun's image): copy the launcher into the shared folder."""
+    """The init container's command (xrun's image): copy the launcher into the shared folder
+    and, with a ``workdir``, download the tree's archive, check its sha256 and unpack it."""
     return ["python3", "-m", "workload.sidecar", "install", f"$({Env.POD_DIR})"]
+
+
+def code_dir() -> str:
+    """Where the init container unpacks the shipped working tree (in the pod's shared folder)."""
+    return f"{PodFiles.MOUNT_PATH}/{PodFiles.CODE}"
+
+
+def install_env(spec: RunSpec) -> list[t.EnvVar]:
+    """The init container's env: the folder, and with a ``workdir`` the archive to fetch."""
+    env = [t.EnvVar(name=Env.POD_DIR, value=PodFiles.MOUNT_PATH)]
+    if spec.code_sha256:
+        env += [t.EnvVar(name=Env.STORAGE, value=k8s_escape(spec.storage)),
+                t.EnvVar(name=Env.CODE_SHA256, value=spec.code_sha256)]
+    return env
 
 
 def ship_argv() -> list[str]:
@@ -132,6 +147,9 @@ def container_env(spec: RunSpec) -> list[t.EnvVar]:
         static[Env.COMMIT] = spec.commit
     if spec.branch:
         static[Env.BRANCH] = spec.branch
+    if spec.code_sha256:  # the launcher runs the command in the unpacked tree
+        static[Env.WORKDIR] = code_dir()
+        static[Env.CODE_SHA256] = spec.code_sha256
     if shape.kind == "gpu":  # MaxText's GPU initialisation reads these (XPK's names)
         static[Env.JAX_COORDINATOR_IP] = coordinator_host(spec)
         static[Env.JAX_COORDINATOR_PORT] = str(spec.coordinator_port)
@@ -264,8 +282,7 @@ def xrun_containers(spec: RunSpec) -> list[t.Container]:
     return [
         t.Container(name=INIT_CONTAINER, image=spec.xrun_image,
                     image_pull_policy=default_pull_policy(spec.xrun_image),
-                    command=install_argv(),
-                    env=[t.EnvVar(name=Env.POD_DIR, value=PodFiles.MOUNT_PATH)],
+                    command=install_argv(), env=install_env(spec),
                     volume_mounts=list(mount)),
         t.Container(name=LOGS_CONTAINER, image=spec.xrun_image,
                     image_pull_policy=default_pull_policy(spec.xrun_image),

@@ -7,6 +7,14 @@ because xrun's cluster backend reads a kubeconfig. The Role grants only what the
 backend calls: JobSets create/get/list/watch/delete; pods, pods/log and events
 get/list/watch. ``concurrencyPolicy: Forbid`` keeps two nightlies off the same slice, and
 ``backoffLimit: 0`` because a regression exits 1 on purpose: the failed Job is the alert.
+
+A nightly built from git (``repo:``) needs a checkout where ``xrun nightly`` runs, since
+that process packs each branch's worktree and uploads it (the training pods clone nothing
+and hold no git credentials). In the CronJob, an init container of the CronJob's image
+(which then needs git) clones ``git_url`` into an emptyDir, with a read-only deploy key from
+the Secret ``git_secret`` (``kubectl create secret generic NAME --from-file=ssh-privatekey=KEY``)
+when given; the nightly runs with ``--repo`` pointing there. The other way: a CI job that
+checks the repository out and runs ``xrun nightly``.
 """
 
 from __future__ import annotations
@@ -20,6 +28,9 @@ CONFIG_DIR = "/etc/xrun"
 NIGHTLY_FILE = "nightly.yaml"
 KUBECONFIG_FILE = "kubeconfig"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+REPO_DIR = "/work/repo"  # the CronJob's clone, with repo: (an emptyDir at /work)
+GIT_KEY_DIR = "/etc/xrun-git"  # the deploy key Secret, read-only
+GIT_KEY_FILE = "ssh-privatekey"
 WORKLOAD_IDENTITY_ANNOTATION = "iam.gke.io/gcp-service-account"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "xrun", "app.kubernetes.io/component": "nightly"}
 
@@ -43,6 +54,8 @@ class CronJobSpec:
     time_zone: str = ""  # IANA name; the controller's zone when empty
     active_deadline_seconds: int = 24 * 3600
     suspend: bool = False
+    git_url: str = ""  # with repo: what the init container clones (REPO_DIR)
+    git_secret: str = ""  # a Secret holding a read-only deploy key (key GIT_KEY_FILE)
 
 
 def _meta(spec: CronJobSpec, name: str, **extra: Any) -> dict[str, Any]:
@@ -103,16 +116,43 @@ def role_binding(spec: CronJobSpec) -> dict[str, Any]:
     }
 
 
+def checkout_container(spec: CronJobSpec) -> dict[str, Any]:
+    """Clone the repository the nightly builds its branches from (the CronJob's image, with
+    git; a deploy key from the Secret when given, host keys accepted on first use)."""
+    env: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = [{"name": "repo", "mountPath": REPO_DIR.rsplit("/", 1)[0]}]
+    if spec.git_secret:
+        env.append({"name": "GIT_SSH_COMMAND",
+                    "value": f"ssh -i {GIT_KEY_DIR}/{GIT_KEY_FILE} -o IdentitiesOnly=yes "
+                             "-o StrictHostKeyChecking=accept-new -o UserKnownHostsFile=/tmp/known_hosts"})
+        mounts.append({"name": "git-key", "mountPath": GIT_KEY_DIR, "readOnly": True})
+    return {"name": "checkout", "image": spec.image,
+            "command": ["git", "clone", "--quiet", "--no-single-branch", spec.git_url, REPO_DIR],
+            **({"env": env} if env else {}), "volumeMounts": mounts}
+
+
 def cronjob(spec: CronJobSpec) -> dict[str, Any]:
+    command = ["xrun", "nightly", "-f", f"{CONFIG_DIR}/{NIGHTLY_FILE}"]
+    mounts = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
+    if spec.git_url:
+        command += ["--repo", REPO_DIR]
+        mounts.append({"name": "repo", "mountPath": REPO_DIR.rsplit("/", 1)[0]})
     container = {
         "name": "nightly",
         "image": spec.image,
-        "command": ["xrun", "nightly", "-f", f"{CONFIG_DIR}/{NIGHTLY_FILE}"],
+        "command": command,
         "env": [{"name": "KUBECONFIG", "value": f"{CONFIG_DIR}/{KUBECONFIG_FILE}"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"}],
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": mounts,
         "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
     }
+    volumes: list[dict[str, Any]] = [{"name": "config", "configMap": {"name": f"{spec.name}-config"}}]
+    init: list[dict[str, Any]] = []
+    if spec.git_url:
+        init.append(checkout_container(spec))
+        volumes.append({"name": "repo", "emptyDir": {}})
+        if spec.git_secret:  # ssh refuses a key others can read
+            volumes.append({"name": "git-key", "secret": {"secretName": spec.git_secret, "defaultMode": 0o400}})
     cron_spec: dict[str, Any] = {
         "schedule": spec.schedule,
         "concurrencyPolicy": "Forbid",
@@ -130,8 +170,9 @@ def cronjob(spec: CronJobSpec) -> dict[str, Any]:
                     "spec": {
                         "serviceAccountName": spec.service_account,
                         "restartPolicy": "Never",
+                        **({"initContainers": init} if init else {}),
                         "containers": [container],
-                        "volumes": [{"name": "config", "configMap": {"name": f"{spec.name}-config"}}],
+                        "volumes": volumes,
                     },
                 },
             },

@@ -99,8 +99,14 @@ class RunSpec:
     privileged: bool = False
     coordinator_port: int = 8476  # jax.distributed coordinator on process 0
     megascale_port: int = 8080
-    branch: str = ""  # for reports: which branch the image was built from
+    branch: str = ""  # for reports: which branch the image (or the workdir) was built from
     commit: str = ""
+    # The user's working tree, shipped through the run's storage (orchestrator/workdir.py packs
+    # it; the init container unpacks it; the command runs there). The orchestrator fills
+    # ``code_sha256`` (the archive <root>/code/<sha256>.tar.gz) when it packs ``workdir``; a
+    # run file may name an archive already uploaded instead.
+    workdir: str = ""
+    code_sha256: str = ""
     # Where to submit: "" (local unless a context is named), "local" or "kube".
     backend: str = ""
     context: str = ""  # kubeconfig context
@@ -387,6 +393,11 @@ def validate(spec: RunSpec) -> None:
     if spec.backend_name == "kube" and not root.startswith("gs://"):
         raise XrunError("storage: cluster runs need a gs://bucket/prefix storage root (pods cannot see your local folder)")
     validate_gke_knobs(spec)
+    if spec.code_sha256 and not re.fullmatch(r"[0-9a-f]{64}", spec.code_sha256):
+        raise XrunError(f"code_sha256: must be 64 lowercase hex digits (an archive under <storage>/code/), "
+                        f"got {short_repr(spec.code_sha256)}")
+    if "\n" in spec.workdir or len(spec.workdir) > 4096:
+        raise XrunError("workdir: must be one line, a folder's path")
     for label_field in ("branch", "commit"):
         value = getattr(spec, label_field)
         if value and ("\n" in value or len(value) > 200):

@@ -17,11 +17,22 @@ Example file::
     backend: kube
     namespace: team
     cronjob: {image: us-docker.pkg.dev/p/r/xrun-cli:0.1.0, gcp_service_account: xrun@p.iam.gserviceaccount.com}
+
+From git instead of prebuilt images (``repo:``, a local checkout): every branch is a name
+in it, resolved to its head commit when the nightly starts (``commit:`` is refused), checked
+out into a temporary ``git worktree`` and shipped as the run's ``workdir`` on ``image``
+(or the branch's own ``image``)::
+
+    repo: ~/src/maxtext
+    image: us-docker.pkg.dev/p/r/maxtext:stable
+    base: main
+    branches: {main: {}, feat/nnx: {}}
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -33,16 +44,17 @@ from xrun_contract.errors import XrunError, short_repr
 # ---------------------------------------------------------------------------------------
 # The nightly file
 
-TOP_KEYS = ("prefix", "base", "branches", "configs", "slice", "storage", "schedule", "time_zone",
+TOP_KEYS = ("prefix", "repo", "image", "base", "branches", "configs", "slice", "storage", "schedule", "time_zone",
             "threshold", "alpha", "warmup", "backend", "context", "namespace", "run", "timeout", "cronjob")
 SLICE_KEYS = ("accelerator", "num_slices", "nodes", "cpu_devices_per_host")
 BRANCH_KEYS = ("image", "commit", "env")
 CONFIG_KEYS = ("command", "env", "repeats")
 MAX_REPEATS = 50
-CRONJOB_KEYS = ("name", "namespace", "image", "service_account", "gcp_service_account", "time_zone", "suspend")
+CRONJOB_KEYS = ("name", "namespace", "image", "service_account", "gcp_service_account", "time_zone", "suspend",
+                "git_url", "git_secret")
 # RunSpec fields a nightly sets itself; the rest may be given for every run under `run:`.
 NIGHTLY_SET = {"name", "image", "command", "branch", "commit", "storage", "backend", "context",
-               "namespace", *SLICE_KEYS}
+               "namespace", "workdir", "code_sha256", *SLICE_KEYS}
 RUN_KEYS = tuple(sorted(set(FIELDS) - NIGHTLY_SET))
 CRON_MACROS = {"@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly"}
 CRON_FIELDS = (("minute", 0, 59), ("hour", 0, 23), ("day of month", 1, 31), ("month", 1, 12),
@@ -59,6 +71,7 @@ class Branch:
     image: str
     commit: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    workdir: str = ""  # with repo: the branch's worktree, while the nightly runs
 
     @property
     def slug(self) -> str:
@@ -95,6 +108,7 @@ class NightlyConfig:
     run: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 6 * 3600.0
     cronjob: dict[str, Any] = field(default_factory=dict)
+    repo: str = ""  # a local git checkout: branches are built from it (services.nightly.checkouts)
 
     @property
     def candidates(self) -> list[Branch]:
@@ -193,12 +207,22 @@ def load_nightly(path: str) -> NightlyConfig:
         raise XrunError(f"base: branch {short_repr(base)} is not under branches ({', '.join(map(str, raw_branches)) or 'none'})")
     if len(raw_branches) < 2:
         raise XrunError("branches: need the base and at least one candidate branch")
+    repo = _str(d.get("repo"), "repo", required=False)
+    if repo:
+        repo = os.path.abspath(os.path.expanduser(repo))  # from here, as storage: is
+    image = _str(d.get("image"), "image", required=False)
     branches = []
     for name, b in raw_branches.items():
         where = f"branches.{name}"
-        b = _mapping(b, where)
+        b = _mapping({} if b is None else b, where)
         _keys(b, BRANCH_KEYS, where)
-        branches.append(Branch(str(name), _str(b.get("image"), f"{where}.image"),
+        if repo and b.get("commit") not in (None, ""):
+            raise XrunError(f"{where}.commit: with repo: the commit is the branch's head, resolved when the nightly "
+                            "starts; remove it (a commit typed by hand goes stale)")
+        branch_image = _str(b.get("image"), f"{where}.image", required=False) or image
+        if not branch_image:
+            raise XrunError(f"{where}.image: required (or a top-level image: for every branch)")
+        branches.append(Branch(str(name), branch_image,
                                _str(b.get("commit"), f"{where}.commit", required=False),
                                _env(b.get("env"), f"{where}.env")))
     branches.sort(key=lambda br: br.name != base)  # base first, then file order
@@ -247,7 +271,7 @@ def load_nightly(path: str) -> NightlyConfig:
         threshold_pct=parse_percent(d.get("threshold", "5%"), "threshold"), alpha=float(alpha),
         warmup=warmup, backend=backend, context=_str(d.get("context"), "context", required=False),
         namespace=_str(d.get("namespace", "default"), "namespace"), run=dict(run),
-        timeout_s=parse_seconds(d.get("timeout", 6 * 3600), "timeout"), cronjob=dict(cron),
+        timeout_s=parse_seconds(d.get("timeout", 6 * 3600), "timeout"), cronjob=dict(cron), repo=repo,
     )
     plan_runs(cfg)  # every run spec must validate now, before anything is submitted
     return cfg
@@ -289,7 +313,7 @@ def plan_runs(cfg: NightlyConfig, when: _dt.datetime | None = None) -> list[Plan
         values: dict[str, Any] = {
             **cfg.run, **cfg.slice, "image": branch.image, "command": config.command,
             "storage": cfg.storage, "branch": branch.name, "commit": branch.commit,
-            "namespace": cfg.namespace,
+            "namespace": cfg.namespace, **({"workdir": branch.workdir} if branch.workdir else {}),
             "env": {**(cfg.run.get("env") or {}), **config.env, **branch.env},
         }
         if cfg.backend:

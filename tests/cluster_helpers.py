@@ -9,6 +9,7 @@ CRI log format), an API-server restart, an etcd compaction, pods failed with an 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import http.client
 import json
@@ -207,6 +208,121 @@ class Cluster:
         self.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {"containerStatuses": statuses}})
         return cs["restartCount"]
 
+    @contextlib.contextmanager
+    def kubelet_unreachable(self, node: str):
+        """Within the block, the API server cannot reach ``node``'s kubelet: its status's
+        kubelet endpoint (which the API server dials for pods/log) names a port nobody
+        listens on, as a kubelet that is down. KWOK serves every node's kubelet on one port
+        and never rewrites that field, so this is one node, not all of them."""
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = s.getsockname()[1]
+
+        def endpoint(port: int) -> None:
+            self.core.patch_node_status(node, {"status": {"daemonEndpoints": {"kubeletEndpoint": {"Port": port}}}})
+        endpoint(dead)
+        try:
+            yield
+        finally:
+            endpoint(self.state["ports"]["kwok"])
+
+    def user_kubeconfig(self, tmp_path: Path, user: str, groups: tuple[str, ...] = (),
+                        context: str | None = None) -> str:
+        """A kubeconfig for a client-certificate user (CN=user, O=groups) signed by the
+        cluster's CA: the API server authenticates it, RBAC decides what it may do. Its one
+        context is named ``context`` (default: the user's name)."""
+        context = context or user
+        import base64
+
+        import yaml
+
+        pki, d = self.root / "pki", tmp_path / user
+        d.mkdir()
+        subj = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
+        subprocess.run(["openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                        "-keyout", str(d / "key"), "-out", str(d / "csr"), "-subj", subj], check=True,
+                       capture_output=True)
+        (d / "ext").write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+                               "extendedKeyUsage=clientAuth\n")
+        subprocess.run(["openssl", "x509", "-req", "-in", str(d / "csr"), "-CA", str(pki / "ca.crt"), "-CAkey",
+                        str(pki / "ca.key"), "-CAcreateserial", "-days", "1", "-extfile", str(d / "ext"),
+                        "-out", str(d / "crt")], check=True, capture_output=True)
+        cfg = yaml.safe_load(Path(self.kubeconfig).read_text())
+        b64 = lambda p: base64.b64encode(p.read_bytes()).decode()  # noqa: E731
+        cfg["users"] = [{"name": user, "user": {"client-certificate-data": b64(d / "crt"),
+                                                "client-key-data": b64(d / "key")}}]
+        cfg["contexts"] = [{"name": context, "context": {"cluster": cfg["clusters"][0]["name"], "user": user,
+                                                         "namespace": NAMESPACE}}]
+        cfg["current-context"] = context
+        path = d / "kubeconfig"
+        path.write_text(yaml.safe_dump(cfg))
+        return str(path)
+
+    def grant(self, ns: str, name: str, user: str, rules: list[dict[str, Any]], *,
+              cluster_wide: bool = False) -> None:
+        """A Role (ClusterRole) with ``rules`` bound to ``user`` in ``ns`` (cluster-wide).
+        Cluster-wide ones are the caller's to remove (``revoke``)."""
+        from kubernetes import client
+
+        rbac = client.RbacAuthorizationV1Api(self.api_client)
+        subjects = [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]
+        if cluster_wide:
+            rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
+            rbac.create_cluster_role_binding({"metadata": {"name": name}, "subjects": subjects, "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}})
+            return
+        rbac.create_namespaced_role(ns, {"metadata": {"name": name}, "rules": rules})
+        rbac.create_namespaced_role_binding(ns, {"metadata": {"name": name}, "subjects": subjects, "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}})
+
+    def revoke(self, name: str) -> None:
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        rbac = client.RbacAuthorizationV1Api(self.api_client)
+        for fn in (rbac.delete_cluster_role_binding, rbac.delete_cluster_role):
+            try:
+                fn(name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+
+    def namespace(self, prefix: str, labels: dict[str, str] | None = None) -> str:
+        """A fresh namespace (the caller deletes it, ``drop_namespace``)."""
+        name = unique(prefix)
+        self.core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
+        self.wait(f"namespace {name}'s default ServiceAccount", lambda: any(
+            s.metadata.name == "default" for s in self.core.list_namespaced_service_account(name).items), 30)
+        return name
+
+    def drop_namespace(self, name: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.core.delete_namespace(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def delete_jobset(self, name: str, namespace: str = NAMESPACE) -> None:
+        """Remove a test's JobSet (background: its pods go after)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self.custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", name,
+                                                        body={"propagationPolicy": "Background"})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def audit(self, verb: str, uri: str) -> list[dict[str, Any]]:
+        """The audit log's ResponseComplete entries for ``verb`` whose requestURI contains
+        ``uri`` (the API server writes entries asynchronously: wait for one first)."""
+        return [e for e in self.audit_lines() if e.get("stage") == "ResponseComplete" and e["verb"] == verb
+                and uri in e["requestURI"]]
+
     def _etcd(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         ctx = ssl.create_default_context(cafile=str(self.root / "pki/ca.crt"))
         ctx.load_cert_chain(str(self.root / "pki/server.crt"), str(self.root / "pki/server.key"))
@@ -234,6 +350,21 @@ class Cluster:
     def audit_lines(self) -> list[dict[str, Any]]:
         path = self.root / "logs/audit.log"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def dead_kubeconfig(cluster: Cluster, path: Path) -> str:
+    """The cluster's kubeconfig pointed at a port nobody listens on (picked free, then closed)."""
+    import socket
+
+    import yaml
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    cfg["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{port}"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
 
 
 def start(root: Path, owner: int) -> Cluster:

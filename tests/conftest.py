@@ -1,5 +1,4 @@
-"""Shared fixtures: fake-gcs-server and the fault proxy on 127.0.0.1, the scripted Kubernetes
-API, the real control plane."""
+"""Shared fixtures: fake-gcs-server and the fault proxy on 127.0.0.1, the real control plane."""
 
 from __future__ import annotations
 
@@ -58,22 +57,6 @@ def gcs_bucket(gcs_emulator) -> str:
 
 
 @pytest.fixture
-def api():
-    """The scripted Kubernetes API server (tests/kube_api.py) on 127.0.0.1."""
-    from kube_api import KubeAPI
-
-    server = KubeAPI().start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def kubeconfig(api, tmp_path) -> str:
-    """A kubeconfig whose context 'test-ctx' points at the scripted API server."""
-    return str(api.kubeconfig(tmp_path / "kubeconfig"))
-
-
-@pytest.fixture
 def gcs_proxy(gcs_emulator):
     """A fault proxy (tests/gcs_proxy.py) in front of the emulator: throttle, outages,
     injected errors. Clients use ``proxy.url`` / ``proxy.env()``; it stops after the test
@@ -89,9 +72,13 @@ def gcs_proxy(gcs_emulator):
 def cluster(tmp_path_factory):
     """The real control plane (tests/cluster/up.sh): etcd, kube-apiserver, the controller
     manager and scheduler, JobSet, Kueue and KWOK nodes shaped like GKE node pools. One per
-    test session, stopped by down.sh at the end, and by itself if this process dies."""
-    from cluster_helpers import start, stop
+    test session, stopped by down.sh at the end, and by itself if this process dies.
+    ``XRUN_TEST_CLUSTER=DIR`` uses the one ``up.sh DIR`` started instead (left running)."""
+    from cluster_helpers import Cluster, start, stop
 
+    if os.environ.get("XRUN_TEST_CLUSTER"):  # developing: a cluster already up (up.sh DIR)
+        yield Cluster(Path(os.environ["XRUN_TEST_CLUSTER"]))
+        return
     root = tmp_path_factory.mktemp("cluster")
     c = start(root, owner=os.getpid())
     try:

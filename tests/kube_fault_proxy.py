@@ -3,9 +3,20 @@
 and streaming the answer back (watches and followed logs included), except where a test
 asked for a fault.
 
-It is the hand-written part kept for what a real API server cannot be made to do on demand:
-5xx answers (``fail``) and a slow link (``delay``). Everything else the client sees is the
-real server's. Clients use ``proxy.kubeconfig(path)`` (context ``xrun-test``, our CA).
+It is the hand-written part kept for what the session's real API server cannot be made to
+do on demand:
+
+* 5xx answers (``fail``) and a slow link (``delay``);
+* another server version (``git_version``): the built one is v1.36.3, and a server before
+  1.29 (no native sidecars) would need another Kubernetes built and started;
+* an API group not installed (``hide_group``): the session's one cluster cannot lose
+  JobSet's or Kueue's CRDs (deleting a CRD deletes every object of it, other tests' runs
+  included). The group's paths answer 404 as the real server does for an unserved resource
+  (a ``NotFound`` Status with no ``details.name``), its CRDs 404 naming them, and ``/apis``
+  lists the other groups.
+
+Everything else the client sees is the real server's answer. Clients use
+``proxy.kubeconfig(path)`` (context ``xrun-test``, our CA).
 """
 
 from __future__ import annotations
@@ -42,6 +53,9 @@ class KubeFaultProxy:
         self.rules: list[Rule] = []
         self.delays: list[tuple[float, re.Pattern | None]] = []
         self.seen: list[tuple[str, str]] = []
+        self.bodies: list[tuple[str, str, object]] = []  # (method, path, JSON body) as sent
+        self.hidden: set[str] = set()
+        self.version: str | None = None
         self.lock = threading.Lock()
         self.lifetime_s = lifetime_s
         self.server: socketserver.ThreadingTCPServer | None = None
@@ -58,6 +72,55 @@ class KubeFaultProxy:
         """Hold each matching request ``seconds`` before forwarding it."""
         with self.lock:
             self.delays.append((seconds, re.compile(match) if match else None))
+
+    def sent(self, method: str, match: str) -> list[object]:
+        """The JSON bodies of the ``method`` requests whose path matches, in order."""
+        with self.lock:
+            return [b for m, u, b in self.bodies if m == method and re.search(match, u.split("?", 1)[0])]
+
+    def hide_group(self, group: str) -> None:
+        """Answer as a cluster where API group ``group`` (its CRDs) is not installed."""
+        with self.lock:
+            self.hidden.add(group)
+
+    def git_version(self, version: str | None) -> None:
+        """``/version`` says ``version`` (None: the real one)."""
+        with self.lock:
+            self.version = version
+
+    def _hidden(self, url: str) -> bytes | None:
+        """The 404 body a server without a hidden group sends, or None."""
+        path = url.split("?", 1)[0]
+        with self.lock:
+            hidden = set(self.hidden)
+        for group in hidden:
+            if path.startswith(f"/apis/{group}/") or path == f"/apis/{group}":
+                return status_body(404, "NotFound", "the server could not find the requested resource")
+            crds = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+            if path.startswith(crds) and path[len(crds):].endswith("." + group):
+                name = path[len(crds):]
+                body = json.loads(status_body(404, "NotFound", f'customresourcedefinitions.apiextensions.k8s.io '
+                                                                  f'"{name}" not found'))
+                body["details"] = {"name": name, "group": "apiextensions.k8s.io",
+                                   "kind": "customresourcedefinitions"}
+                return json.dumps(body).encode()
+        return None
+
+    def _rewrite(self, url: str, data: bytes) -> bytes:
+        """The real answer, with hidden groups left out of discovery and the version's."""
+        path = url.split("?", 1)[0].rstrip("/")
+        with self.lock:
+            hidden, version = set(self.hidden), self.version
+        if path == "/apis" and hidden:
+            body = json.loads(data)
+            body["groups"] = [g for g in body.get("groups") or [] if g["name"] not in hidden]
+            return json.dumps(body).encode()
+        if path == "/version" and version:
+            body = json.loads(data)
+            minor = version.lstrip("v").split(".")[1]
+            body.update(gitVersion=version, minor=minor)
+            return json.dumps(body).encode()
+        return data
 
     def kubeconfig(self, path: Path) -> str:
         cfg = yaml.safe_load(Path(self.cluster.kubeconfig).read_text())
@@ -96,10 +159,17 @@ class KubeFaultProxy:
             def _handle(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
+                if body:
+                    with proxy.lock:
+                        proxy.bodies.append((self.command, self.path, json.loads(body)))
                 code = proxy._fault(self.command, self.path)
+                data = None
                 if code is not None:
                     data = status_body(code, "ServiceUnavailable" if code == 503 else "InternalError",
                                        f"injected by the test's fault proxy ({code})")
+                elif (data := proxy._hidden(self.path)) is not None:
+                    code = 404
+                if data is not None:
                     self.send_response(code)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(data)))
@@ -115,6 +185,16 @@ class KubeFaultProxy:
                 try:
                     conn.request(self.command, self.path, body=body, headers=headers)
                     resp = conn.getresponse()
+                    if self.path.split("?", 1)[0].rstrip("/") in ("/apis", "/version") and resp.status == 200:
+                        data = proxy._rewrite(self.path, resp.read())
+                        self.send_response(resp.status)
+                        for k, v in resp.getheaders():
+                            if k.lower() not in HOP_BY_HOP:
+                                self.send_header(k, v)
+                        self.send_header("Content-Length", str(len(data)))
+                        self.end_headers()
+                        self.wfile.write(data)
+                        return
                     self.send_response(resp.status)
                     for k, v in resp.getheaders():
                         if k.lower() not in HOP_BY_HOP:

@@ -1,14 +1,15 @@
 """Defects a real cluster run would hit (issue 11 §3), each tested on what really comes out:
 the pod's exit code with storage down, the node selectors and flag envs of rendered
 manifests, ``--replace`` on a live cluster run, JAX writing its cache to gs://, and doctor's
-controller-version and pod-storage checks against the scripted API server, where a small
-controller thread runs the probe pod's real command against the GCS emulator.
+pod-storage probe on the real control plane (tests/cluster/up.sh), where a small runtime
+thread runs the probe pod's real command against the GCS emulator (KWOK runs no container).
 """
 
 from __future__ import annotations
 
 import contextlib
 import http.server
+import json
 import os
 import re
 import subprocess
@@ -16,11 +17,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from cli_helpers import REPO, xrun
-from kube_api import KubeAPI, deployment, status
+from cluster_helpers import COMPLETE_DELAY, COMPLETE_JITTER, Cluster
 
 from manifests import catalogue
 from manifests.jobset import jobset
@@ -176,77 +178,6 @@ def test_cluster_manifest_puts_the_compilation_cache_under_the_gs_root_and_jax_w
     assert any(o.key.rsplit("/", 1)[-1].startswith("jit__lambda") and o.size > 0 for o in objects), objects
 
 
-# --- doctor: the JobSet controller's version ---------------------------------------------
-
-@pytest.fixture
-def backend(kubeconfig):
-    return KubeBackend(None, "default", kubeconfig, poll_seconds=0.1)
-
-
-@pytest.mark.parametrize(("image", "ready", "result", "detail"), [
-    ("registry.k8s.io/jobset/jobset:v0.12.0", 1, "ok", "jobset-system/jobset-controller-manager runs "
-     "registry.k8s.io/jobset/jobset:v0.12.0 (1 ready)"),
-    ("registry.k8s.io/jobset/jobset:v0.10.1", 1, "warn", "jobset-system/jobset-controller-manager runs "
-     "registry.k8s.io/jobset/jobset:v0.10.1 (1 ready): works, but xrun's admission rules are v0.12's"),
-    ("registry.k8s.io/jobset/jobset:v0.5.2", 1, "FAIL", "jobset-system/jobset-controller-manager runs "
-     "registry.k8s.io/jobset/jobset:v0.5.2 (1 ready): older than v0.6, which sets the job-global-index label"),
-    ("registry.k8s.io/jobset/jobset:v0.12.0", 0, "FAIL", "jobset-system/jobset-controller-manager runs "
-     "registry.k8s.io/jobset/jobset:v0.12.0 (0 ready): no ready replica"),
-    ("example.com/jobset@sha256:abc", 1, "warn", "jobset-system/jobset-controller-manager runs "
-     "example.com/jobset@sha256:abc (1 ready): no release in the image tag"),
-])
-def test_doctor_reads_the_controller_version(api, backend, image, ready, result, detail):
-    api.deployments[("jobset-system", "jobset-controller-manager")] = deployment(
-        "jobset-system", "jobset-controller-manager", image, ready)
-    check = doctor.check_jobset_controller(backend)
-    assert (check.result, check.detail[:len(detail)]) == (result, detail)
-    (req,) = api.requests_to("GET", "/deployments/")
-    assert req.path == "/apis/apps/v1/namespaces/jobset-system/deployments/jobset-controller-manager"
-
-
-def test_doctor_tells_forbidden_from_missing(api, backend):
-    api.fail("GET", "/deployments/", 403, status(403, "Forbidden", 'deployments.apps "jobset-controller-manager" is '
-                                                 'forbidden: User "dev" cannot get resource "deployments"'))
-    check = doctor.check_jobset_controller(backend)
-    assert check.result == "warn" and check.detail.startswith(
-        "RBAC forbids reading Deployment jobset-system/jobset-controller-manager, so its version is unchecked "
-        "(needs get on deployments.apps in jobset-system)")
-    api.faults.clear()
-    # No Deployment where the release manifests put it is not "no controller" (a Helm install
-    # names it otherwise; the real test cluster runs it as a process: test_cluster_doctor.py).
-    # JobSet's webhooks are registered behind a Service: the controller's Deployment is the
-    # one beside that Service.
-    del api.deployments[("jobset-system", "jobset-controller-manager")]
-    api.deployments[("jobset-system", "jobset")] = deployment("jobset-system", "jobset",
-                                                              "registry.k8s.io/jobset/jobset:v0.11.1")
-    check = doctor.check_jobset_controller(backend)
-    assert (check.result, check.detail) == ("warn", "jobset-system/jobset runs registry.k8s.io/jobset/jobset:v0.11.1 "
-                                                    "(1 ready): works, but xrun's admission rules are v0.12's; upgrade "
-                                                    "(install JobSet: kubectl apply --server-side -f https://github.com/"
-                                                    "kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml)")
-    # No Deployment to read: the webhooks answering a dry-run create (defaulted) prove it runs.
-    del api.deployments[("jobset-system", "jobset")]
-    check = doctor.check_jobset_controller(backend)
-    assert check.result == "warn" and check.detail.startswith(
-        "JobSet controller answers: JobSet's webhooks mjobset.kb.io (jobset-mutating-webhook-configuration), "
-        "vjobset.kb.io (jobset-validating-webhook-configuration) are registered, served by service "
-        "jobset-system/jobset-webhook-service, and a dry-run JobSet passed them")
-    (create,) = api.requests_to("POST", "/jobsets$")
-    assert create.query["dryRun"] == "All" and not api.jobsets
-    # Kueue's JobSet webhooks have the same names: alone, they are no JobSet controller.
-    kueue = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-             "metadata": {"name": "kueue-validating-webhook-configuration"}, "webhooks": [
-                 {"name": "vjobset.kb.io", "rules": [{"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"]}]},
-                 {"name": "vworkload.kb.io", "rules": [{"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"]}]}]}
-    api.webhook_configurations = [kueue]
-    check = doctor.check_jobset_controller(backend)
-    assert (check.result, check.exit_code) == ("FAIL", 1)
-    assert check.detail.startswith("no JobSet controller: no Deployment jobset-system/jobset-controller-manager, "
-                                   "and no webhook configuration registers JobSet's webhooks (vjobset.kb.io, "
-                                   "mjobset.kb.io; Kueue's of the same names do not count), so JobSets would "
-                                   "never get Jobs; install JobSet")
-
-
 # --- doctor: a pod on the node pool writes storage ---------------------------------------
 
 class Metadata(http.server.ThreadingHTTPServer):
@@ -281,14 +212,20 @@ class Metadata(http.server.ThreadingHTTPServer):
         return f"127.0.0.1:{self.server_address[1]}"
 
 
-class Kubelet:
-    """Plays the JobSet controller and the kubelet on its own clock: every probe JobSet gets
-    its pod, whose container command runs here with the pod's env (plus ``pod_env``: the
-    network a hostNetwork pod sees); other JobSets get pods that run ``run_lines`` and succeed."""
+class Runtime:
+    """What KWOK is not: a container runtime. KWOK plays each node's kubelet (pod phases,
+    logs from files) but runs nothing, so this thread runs the containers that matter here.
+    Every new pod of the cluster's JobSets is held Running (KWOK's completion delay pushed
+    out); a doctor probe pod's container command then runs here with the pod's env (plus
+    ``pod_env``: the network a hostNetwork pod sees), its output served as the pod's log
+    (a KWOK Logs object), and KWOK ends the pod with its exit code. Other runs' pods print
+    ``run_lines`` and succeed."""
 
-    def __init__(self, api: KubeAPI, pod_env: dict[str, str], run_lines: list[str] | None = None):
-        self.api, self.pod_env, self.run_lines = api, pod_env, run_lines or []
-        self.seen: set[tuple[str, str]] = set()
+    def __init__(self, cluster: Cluster, pod_env: dict[str, str], run_lines: list[str] | None = None):
+        self.c, self.pod_env, self.run_lines = cluster, pod_env, run_lines or []
+        self.seen: set[str] = set()
+        self.ran: list[str] = []
+        self.errors: list[BaseException] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -296,43 +233,66 @@ class Kubelet:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(10)
+        assert not self.errors, self.errors
 
     def _loop(self) -> None:
+        from cluster_helpers import NAMESPACE
+
         while not self.stop.wait(0.05):
-            for key in list(self.api.jobsets):
-                if key not in self.seen:
-                    self.seen.add(key)
-                    threading.Thread(target=self._play, args=(key,), daemon=True).start()
+            try:
+                pods = json.loads(self.c.core.list_namespaced_pod(
+                    NAMESPACE, label_selector="jobset.sigs.k8s.io/jobset-name", _preload_content=False).data)["items"]
+            except Exception:  # noqa: BLE001 - the API server is busy; next round
+                continue
+            for pod in pods:
+                name = pod["metadata"]["name"]
+                if name in self.seen or pod["metadata"].get("deletionTimestamp"):
+                    continue
+                self.seen.add(name)
+                try:
+                    self.c.core.patch_namespaced_pod(name, NAMESPACE, {"metadata": {"annotations": {
+                        COMPLETE_DELAY: "600s", COMPLETE_JITTER: "600s"}}})
+                except Exception as e:  # noqa: BLE001
+                    self.errors.append(e)
+                    continue
+                threading.Thread(target=self._play, args=(pod,), daemon=True).start()
 
-    def _play(self, key: tuple[str, str]) -> None:
-        ns, name = key
-        js = self.api.jobsets.get(key)
-        if js is None:
-            return
-        if not name.startswith("xrun-doctor-"):
-            return self._play_run(ns, name)
-        pod_spec = pod_of(js)
-        container = pod_spec["containers"][0]
-        (pod_name,) = self.api.set_pods(name, 0, "Running", namespace=ns)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
-        env.update({e["name"]: e["value"] for e in container["env"] if "value" in e})
-        env.update(self.pod_env, PYTHONPATH=str(REPO), **{Env.POD_NAME: pod_name})
-        argv = [sys.executable if a == "python3" else a for a in container["command"]]
-        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
-        self.api.log(pod_name, *(r.stdout + r.stderr).splitlines())
-        self.api.set_pods(name, 0, "Succeeded" if r.returncode == 0 else "Failed", namespace=ns,
-                          exit_code=r.returncode)
+    def _play(self, pod: dict[str, Any]) -> None:
+        from cluster_helpers import NAMESPACE
 
-    def _play_run(self, ns: str, name: str) -> None:
-        names = self.api.set_pods(name, 0, "Running", namespace=ns)
-        time.sleep(0.5)
-        for pod in names:
-            self.api.log(pod, *self.run_lines)
-        time.sleep(0.5)
-        self.api.set_pods(name, 0, "Succeeded", namespace=ns, exit_code=0)
-        self.api.set_jobset_status(name, namespace=ns, conditions=[
-            {"type": "Completed", "status": "True", "reason": "AllJobsCompleted",
-             "message": "jobset completed successfully"}])
+        name = pod["metadata"]["name"]
+        try:
+            self.c.wait(f"{name} Running", lambda: self.c.core.read_namespaced_pod(name, NAMESPACE).status.phase
+                        == "Running", 60, every=0.1)
+            container = pod["spec"]["containers"][0]
+            self.c.serve_logs(name, [container["name"]])
+            if pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"].startswith("xrun-doctor-"):
+                env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
+                env.update({e["name"]: e["value"] for e in container.get("env") or [] if "value" in e})
+                env.update(self.pod_env, PYTHONPATH=str(REPO), **{Env.POD_NAME: name})
+                argv = [sys.executable if a == "python3" else a for a in container["command"]]
+                r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+                lines, code = (r.stdout + r.stderr).splitlines(), r.returncode
+            else:
+                lines, code = self.run_lines, 0
+            self.c.write_log(name, container["name"], lines)
+            self.ran.append(name)
+            if code:
+                self.c.fail_pod(name, code, container["name"])
+            else:
+                self.c.core.patch_namespaced_pod(name, NAMESPACE, {"metadata": {"annotations": {
+                    COMPLETE_DELAY: "1ms", COMPLETE_JITTER: "1ms"}}})
+        except BaseException as e:  # noqa: BLE001 - the test asserts there were none
+            self.errors.append(e)
+
+
+@pytest.fixture
+def proxy(cluster):
+    from kube_fault_proxy import KubeFaultProxy
+
+    p = KubeFaultProxy(cluster).start()
+    yield p
+    p.stop()
 
 
 @pytest.fixture
@@ -349,15 +309,19 @@ def doctor_run_file(tmp_path: Path, root: str) -> Path:
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump({
         "name": "first-run", "accelerator": "v6e-8", "image": "img:1", "storage": root,
-        "service_account": "trainer", "context": "test-ctx", "command": "python3 -m workload.train"}))
+        "xrun_image": "example.com/xrun-workload:1", "service_account": "trainer", "context": "xrun-test",
+        "command": "python3 -m workload.train"}))
     return path
 
 
-def test_doctor_proves_a_pod_on_the_node_pool_can_write_storage(api, kubeconfig, gcs_bucket, gcs_proxy, metadata,
+def test_doctor_proves_a_pod_on_the_node_pool_can_write_storage(cluster, proxy, gcs_bucket, gcs_proxy, metadata,
                                                                 tmp_path, monkeypatch):
     root = f"{gcs_bucket}/xrun"
-    monkeypatch.setenv("KUBECONFIG", kubeconfig)
-    kubelet = Kubelet(api, {**gcs_proxy.env(), "GCE_METADATA_HOST": metadata.host})
+    monkeypatch.setenv("KUBECONFIG", proxy.kubeconfig(tmp_path / "proxied"))
+    runtime = Runtime(cluster, {**gcs_proxy.env(), "GCE_METADATA_HOST": metadata.host})
+    # The run's Kubernetes service account (without it no pod of the run, or of the probe,
+    # can be created: the ServiceAccount admission plugin refuses them).
+    cluster.core.create_namespaced_service_account("default", {"metadata": {"name": "trainer"}})
     try:
         v = doctor.inputs(str(doctor_run_file(tmp_path, root)), {"probe_timeout": 60})
         results, code = doctor.doctor(v)
@@ -366,27 +330,27 @@ def test_doctor_proves_a_pod_on_the_node_pool_can_write_storage(api, kubeconfig,
         assert re.fullmatch(
             rf"a pod on cloud\.google\.com/gke-tpu-accelerator=tpu-v6e-slice,cloud\.google\.com/gke-tpu-topology=2x4,"
             rf"node\.kubernetes\.io/instance-type=ct6e-standard-4t wrote and deleted {root}/\.xrun-doctor/"
-            rf"xrun-doctor-[0-9a-f]{{8}}/xrun-doctor-[0-9a-f]{{8}}-slice-0-0-[0-9a-f]{{5}} as "
+            rf"xrun-doctor-[0-9a-f]{{8}}/xrun-doctor-[0-9a-f]{{8}}-slice-0-0-[a-z0-9]{{5}} as "
             rf"tpu-nodes@proj\.iam\.gserviceaccount\.com", check.detail), check.detail
         # The probe JobSet carried the run's pod settings, no chips, and was deleted after.
-        (post,) = api.requests_to("POST", "/jobsets$")
-        pod = pod_of(post.body)
+        post = next(b for m, u, b in proxy.bodies if m == "POST" and u.split("?")[0].endswith("/jobsets")
+                    and "dryRun" not in u)
+        pod = pod_of(post)
         run_pod = pod_of(jobset(v.probe))
         for key in ("nodeSelector", "tolerations", "hostNetwork", "dnsPolicy", "serviceAccountName"):
             assert pod[key] == run_pod[key], key
         assert pod["serviceAccountName"] == "trainer"
         assert "resources" not in pod["containers"][0] and "ports" not in pod["containers"][0]
         assert pod["containers"][0]["command"] == ["python3", "-m", "workload.probe"]
-        assert "annotations" not in post.body["metadata"]  # no exclusive placement
-        (delete,) = api.requests_to("DELETE", "/jobsets/xrun-doctor-")
-        assert delete.path.endswith(post.body["metadata"]["name"])
+        assert "annotations" not in post["metadata"]  # no exclusive placement
+        assert [u for m, u in proxy.seen if m == "DELETE" and u.split("?")[0].endswith(post["metadata"]["name"])]
         assert open_storage(root).list("", delimiter=None)[0] == []
 
         # The node pool's identity cannot write: the host can, the pod cannot, and doctor says why.
         gcs_proxy.fail(403, 1000, match=r"xrun-doctor")
         results, code = doctor.doctor(v)
         check = results[-1]
-        assert (check.result, code) == ("FAIL", 1)
+        assert (check.result, code) == ("FAIL", 1), check
         assert [c.result for c in results if c.name == "storage"] == ["ok"]
         assert f"cannot write {root} as tpu-nodes@proj.iam.gserviceaccount.com: " in check.detail
         assert "403" in check.detail
@@ -398,76 +362,104 @@ def test_doctor_proves_a_pod_on_the_node_pool_can_write_storage(api, kubeconfig,
         assert check.detail.endswith(f"grant tpu-nodes@proj.iam.gserviceaccount.com roles/storage.objectUser on the "
                                      f"bucket of {root}")
     finally:
-        kubelet.close()
+        runtime.close()
+        cluster.core.delete_namespaced_service_account("trainer", "default")
 
 
-def test_doctor_probe_that_never_schedules_or_cannot_pull(api, backend, tmp_path):
-    spec = spec_for("v6e-16", storage="gs://bkt/xrun")
-    check = doctor.check_pod_storage(backend, spec, timeout_s=0.5)
-    assert check.result == "warn" and "did not finish within 0 s (no pod yet)" in check.detail
+def test_doctor_probe_that_never_schedules_or_cannot_pull(cluster):
+    """v6e-16 (topology 4x4): no pool has it, the probe pod stays Pending. Then a probe pod
+    whose image the kubelet cannot pull (its status as the kubelet reports it: KWOK pulls
+    nothing) fails naming xrun_image."""
+    from cluster_helpers import NAMESPACE
 
-    def pull_error(s: KubeAPI, n: str) -> None:
-        s.set_pods(n, 0, "Pending", waiting="ErrImagePull")
+    backend = KubeBackend(None, "default", cluster.kubeconfig, poll_seconds=0.1)
+    check = doctor.check_pod_storage(backend, spec_for("v6e-16", storage="gs://bkt/xrun"), timeout_s=3)
+    assert check.result == "warn" and "did not finish within 3 s (pod Pending: 0/" in check.detail, check.detail
+    stop = threading.Event()
 
-    api.script([pull_error])
-    check = doctor.check_pod_storage(backend, spec, timeout_s=10)
-    assert (check.result, check.exit_code) == ("FAIL", 1)
+    def cannot_pull() -> None:
+        done: set[str] = set()
+        while not stop.wait(0.1):
+            for pod in cluster.core.list_namespaced_pod(NAMESPACE, label_selector="jobset.sigs.k8s.io/jobset-name").items:
+                if pod.metadata.labels["jobset.sigs.k8s.io/jobset-name"].startswith("xrun-doctor-") and \
+                        pod.metadata.name not in done and not pod.metadata.deletion_timestamp:
+                    done.add(pod.metadata.name)
+                    cluster.core.patch_namespaced_pod_status(pod.metadata.name, NAMESPACE, {"status": {
+                        "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "", "ready": False,
+                                               "restartCount": 0, "state": {"waiting": {"reason": "ErrImagePull"}}}
+                                              for c in pod.spec.containers]}})
+
+    t = threading.Thread(target=cannot_pull, daemon=True)
+    t.start()
+    try:
+        spec = spec_for("v6e-16", storage="gs://bkt/xrun", node_selector={"cloud.google.com/gke-nodepool": "none"})
+        check = doctor.check_pod_storage(backend, spec, timeout_s=30)
+    finally:
+        stop.set()
+        t.join(5)
+    assert (check.result, check.exit_code) == ("FAIL", 1), check
     # The probe runs xrun_image (the run's image may have no xrun code): that is what failed.
     assert check.detail.startswith("probe pod cannot pull xrun_image xrun-workload:0.1.0: ErrImagePull")
 
 
 # --- submit --replace never deletes a live cluster run's checkpoints ----------------------
 
-def test_replace_waits_for_the_old_run_to_be_over(api, kubeconfig, gcs_bucket, tmp_path):
+def test_replace_waits_for_the_old_run_to_be_over(cluster, gcs_bucket, tmp_path):
+    from cluster_helpers import dead_kubeconfig, timing, unique
+
     root = f"{gcs_bucket}/xrun"
     storage = open_storage(root)
-    flags = ["--name", "rp", "--tpu", "v6e-16", "--image", "img:1", "--xrun-image", "registry.test/xrun:1",
-             "--context", "test-ctx", "--detach"]
-    assert xrun("submit", *flags, storage=root, timeout=60, KUBECONFIG=kubeconfig).returncode == 0
-    storage.write_bytes(f"{Layout.checkpoints('rp')}/100/commit_success.txt", b"ok")
-    ckpt = f"{Layout.checkpoints('rp')}/100/commit_success.txt"
+    name = unique("rp")
+    run = tmp_path / "rp.yaml"
+    run.write_text(yaml.safe_dump({"name": name, "accelerator": "v6e-8", "image": "img:1", "context": "xrun-test",
+                                   "xrun_image": "registry.test/xrun:1", "pod_annotations": timing(run_s=600),
+                                   "termination_grace_seconds": 2}))
+    flags = ["-f", str(run), "--detach"]
+    kube = {"KUBECONFIG": cluster.kubeconfig}
+    unreachable = dead_kubeconfig(cluster, tmp_path / "dead")
+    try:
+        assert xrun("submit", *flags, storage=root, timeout=60, **kube).returncode == 0
+        ckpt = f"{Layout.checkpoints(name)}/100/commit_success.txt"
+        storage.write_bytes(ckpt, b"ok")
 
-    r = xrun("submit", *flags, "--force", storage=root, timeout=60, KUBECONFIG=kubeconfig)
-    assert r.returncode == 2 and one_error_line(r) == "--force: only with --replace (it replaces a run that is still live)"
-    r = xrun("submit", *flags, "--replace", storage=root, timeout=60, KUBECONFIG=kubeconfig)
-    assert r.returncode == 2 and one_error_line(r).startswith("name: run 'rp' is Pending on the kube backend; "
-                                                              "--replace would delete its checkpoints")
-    assert storage.exists(ckpt) and len(api.requests_to("POST", "/jobsets$")) == 1
+        r = xrun("submit", *flags, "--force", storage=root, timeout=60, **kube)
+        assert r.returncode == 2 and one_error_line(r) == "--force: only with --replace (it replaces a run that is still live)"
+        r = xrun("submit", *flags, "--replace", storage=root, timeout=60, **kube)
+        assert r.returncode == 2 and one_error_line(r).startswith(f"name: run '{name}' is ")
+        assert "on the kube backend; --replace would delete its checkpoints" in r.stderr
+        assert storage.exists(ckpt)
 
-    # Cluster unreachable and state.json not terminal: nobody can tell, so nothing is deleted.
-    dead = KubeAPI().start()
-    unreachable = str(dead.kubeconfig(tmp_path / "dead"))
-    dead.stop()
-    r = xrun("submit", *flags, "--replace", storage=root, timeout=60, KUBECONFIG=unreachable)
-    assert r.returncode == 3 and one_error_line(r).startswith("name: cannot tell whether run 'rp' is over (cannot "
-                                                              "reach the Kubernetes API")
-    assert storage.exists(ckpt)
+        # Cluster unreachable and state.json not terminal: nobody can tell, so nothing is deleted.
+        r = xrun("submit", *flags, "--replace", storage=root, timeout=60, KUBECONFIG=unreachable)
+        assert r.returncode == 3 and one_error_line(r).startswith(
+            f"name: cannot tell whether run '{name}' is over (cannot reach the Kubernetes API")
+        assert storage.exists(ckpt)
 
-    # The JobSet ended and its TTL removed it: replacing is fine.
-    api.jobsets.pop(("default", "rp"))
-    r = xrun("submit", *flags, "--replace", storage=root, timeout=60, KUBECONFIG=kubeconfig)
-    assert r.returncode == 0, r.stderr
-    assert not storage.exists(ckpt) and len(api.requests_to("POST", "/jobsets$")) == 2
-    # Finished as state.json says, cluster unreachable: replacing is fine too.
-    storage.write_json(Layout.state("rp"), {"backend": "kube", "state": "Succeeded", "transitions": []})
-    api.jobsets.pop(("default", "rp"))
-    r = xrun("submit", *flags, "--replace", storage=root, timeout=60, KUBECONFIG=unreachable)
-    assert r.returncode == 3 and "cannot reach the Kubernetes API" in r.stderr  # the create itself, not the check
-    assert "cannot tell whether" not in r.stderr
+        # The JobSet ended and its TTL removed it: replacing is fine.
+        cluster.delete_jobset(name)
+        cluster.wait("the JobSet gone", lambda: name not in {j["metadata"]["name"] for j in cluster.custom.list_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "default", "jobsets")["items"]}, 30)
+        r = xrun("submit", *flags, "--replace", storage=root, timeout=60, **kube)
+        assert r.returncode == 0, r.stderr
+        assert not storage.exists(ckpt) and cluster.jobset(name)
+        # Finished as state.json says, cluster unreachable: replacing is fine too.
+        storage.write_json(Layout.state(name), {"backend": "kube", "state": "Succeeded", "transitions": []})
+        r = xrun("submit", *flags, "--replace", storage=root, timeout=60, KUBECONFIG=unreachable)
+        assert r.returncode == 3 and "cannot reach the Kubernetes API" in r.stderr  # the create itself, not the check
+        assert "cannot tell whether" not in r.stderr
 
-
-def test_force_stops_the_live_run_before_its_data_goes(api, kubeconfig, gcs_bucket):
-    root = f"{gcs_bucket}/xrun"
-    flags = ["--name", "fr", "--tpu", "v6e-16", "--image", "img:1", "--xrun-image", "registry.test/xrun:1",
-             "--context", "test-ctx", "--detach"]
-    assert xrun("submit", *flags, storage=root, timeout=60, KUBECONFIG=kubeconfig).returncode == 0
-    api.set_pods("fr", 0, "Running")
-    r = xrun("submit", *flags, "--replace", "--force", storage=root, timeout=60, KUBECONFIG=kubeconfig)
-    assert r.returncode == 0, r.stderr
-    writes = [(q.method, q.path.rsplit("/", 1)[-1]) for q in api.requests if q.method in ("POST", "DELETE")]
-    assert writes == [("POST", "jobsets"), ("DELETE", "fr"), ("POST", "jobsets")]
-    state = open_storage(root).read_json(Layout.state("fr"))
-    assert state is None or state.get("state") != "Running"
+        # --force stops the live run (a foreground delete, waited for) before its data goes.
+        r = xrun("submit", *flags, "--replace", "--force", storage=root, timeout=90, **kube)
+        assert r.returncode == 0, r.stderr
+        writes = [(e["verb"], (e.get("requestObject") or {}).get("propagationPolicy"))
+                  for e in cluster.audit_lines() if e.get("stage") == "ResponseComplete"
+                  and (e.get("objectRef") or {}).get("resource") == "jobsets"
+                  and (e.get("objectRef") or {}).get("name") == name and e["verb"] in ("create", "delete")]
+        assert writes[-2:] == [("delete", "Foreground"), ("create", None)], writes
+        state = storage.read_json(Layout.state(name))
+        assert state is None or state.get("state") != "Running"
+    finally:
+        cluster.delete_jobset(name)
 
 
 # --- the README's "First run on GKE", command by command --------------------------------
@@ -483,7 +475,7 @@ def readme_first_run() -> tuple[list[str], dict[str, str], dict]:
     return commands, exports, run_file
 
 
-def test_readme_first_run_on_gke_against_the_scripted_cluster(api, gcs_emulator, gcs_proxy, metadata, tmp_path):
+def test_readme_first_run_on_gke_against_the_real_cluster(cluster, gcs_emulator, gcs_proxy, metadata, tmp_path):
     commands, exports, run_file = readme_first_run()
     assert exports == {"XRUN_STORAGE": run_file["storage"]}
     assert commands[0].startswith("xrun doctor") and any(c.startswith("xrun submit") for c in commands)
@@ -492,26 +484,28 @@ def test_readme_first_run_on_gke_against_the_scripted_cluster(api, gcs_emulator,
     bucket = run_file["storage"][len("gs://"):].split("/")[0]
     with contextlib.suppress(Exception):  # the session's emulator may have it already
         gcs_client().create_bucket(bucket)
-    kubeconfig = str(api.kubeconfig(tmp_path / "kubeconfig", context=run_file["context"]))
+    cfg = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    cfg["contexts"][0]["name"] = cfg["current-context"] = run_file["context"]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(cfg))
     name = run_file["name"]
-    api.nodes = [{"metadata": {"name": f"gke-tpu-{i}", "labels": {
-        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4",
-        "node.kubernetes.io/instance-type": "ct6e-standard-4t"}},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]}} for i in range(2)]
-    kubelet = Kubelet(api, {**gcs_proxy.env(), "GCE_METADATA_HOST": metadata.host},
+    runtime = Runtime(cluster, {**gcs_proxy.env(), "GCE_METADATA_HOST": metadata.host},
                       run_lines=["step 1 loss 2.5", "EXIT_CODE=0"])
     outputs = {}
     try:
         for command in commands:
             argv = command.split()[1:]
-            r = xrun(*argv, storage=exports["XRUN_STORAGE"], timeout=180, cwd=REPO, KUBECONFIG=kubeconfig)
+            r = xrun(*argv, storage=exports["XRUN_STORAGE"], timeout=180, cwd=REPO, KUBECONFIG=str(kubeconfig))
             assert r.returncode == 0, (command, r.stdout[-2000:], r.stderr[-2000:])
             outputs[argv[0]] = r
     finally:
-        kubelet.close()
-    assert [ln.split()[1] for ln in outputs["doctor"].stdout.splitlines()] == [
+        runtime.close()
+        cluster.delete_jobset(name)
+    lines = outputs["doctor"].stdout.splitlines()
+    assert [ln.split()[1] for ln in lines] == [
         "api", "jobset", "jobset-controller", "rbac", "priority", "nodes", "storage", "pod-storage"]
-    assert all(ln.split()[0] == "ok" for ln in outputs["doctor"].stdout.splitlines())
+    # JobSet runs as a process here, without the Deployment doctor reads a release from: warn.
+    assert [ln.split()[0] for ln in lines] == ["ok", "ok", "warn", "ok", "ok", "ok", "ok", "ok"], lines
     assert yaml.safe_load(outputs["render"].stdout)["metadata"]["name"] == name
     assert "step 1 loss 2.5" in outputs["logs"].stdout
     assert "Succeeded" in outputs["status"].stdout

@@ -9,9 +9,9 @@ webhook configuration) is scoped to a namespace of its own and removed after it.
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,7 @@ def doctor(kubeconfig: str, storage: str, *args: str) -> tuple[subprocess.Comple
 
 
 def namespace(cluster: Cluster, prefix: str, labels: dict[str, str] | None = None) -> str:
-    name = unique(prefix)
-    cluster.core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
-    return name
+    return cluster.namespace(prefix, labels)
 
 
 def run_file(tmp_path: Path, **values: Any) -> str:
@@ -51,43 +49,19 @@ def run_file(tmp_path: Path, **values: Any) -> str:
 
 
 def user_kubeconfig(cluster: Cluster, tmp_path: Path, user: str, groups: tuple[str, ...] = ()) -> str:
-    """A kubeconfig for a client-certificate user (CN=user, O=groups) signed by the
-    cluster's CA: the API server authenticates it, RBAC decides what it may do."""
-    pki, d = cluster.root / "pki", tmp_path / user
-    d.mkdir()
-    subj = "".join(f"/O={g}" for g in groups) + f"/CN={user}"
-    ssl = ["openssl"]
-    subprocess.run([*ssl, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(d / "key"), "-out", str(d / "csr"), "-subj", subj], check=True, capture_output=True)
-    (d / "ext").write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-                           "extendedKeyUsage=clientAuth\n")
-    subprocess.run([*ssl, "x509", "-req", "-in", str(d / "csr"), "-CA", str(pki / "ca.crt"), "-CAkey",
-                    str(pki / "ca.key"), "-CAcreateserial", "-days", "1", "-extfile", str(d / "ext"),
-                    "-out", str(d / "crt")], check=True, capture_output=True)
-    cfg = yaml.safe_load(Path(cluster.kubeconfig).read_text())
-    b64 = lambda p: base64.b64encode(p.read_bytes()).decode()  # noqa: E731
-    cfg["users"] = [{"name": user, "user": {"client-certificate-data": b64(d / "crt"),
-                                            "client-key-data": b64(d / "key")}}]
-    cfg["contexts"] = [{"name": user, "context": {"cluster": cfg["clusters"][0]["name"], "user": user}}]
-    cfg["current-context"] = user
-    path = d / "kubeconfig"
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
+    return cluster.user_kubeconfig(tmp_path, user, groups)
 
 
 def rbac(cluster: Cluster, ns: str, name: str, user: str, rules: list[dict[str, Any]]) -> None:
-    from kubernetes import client
-
-    api = client.RbacAuthorizationV1Api(cluster.api_client)
-    api.create_namespaced_role(ns, {"metadata": {"name": name}, "rules": rules})
-    api.create_namespaced_role_binding(ns, {
-        "metadata": {"name": name}, "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})
+    cluster.grant(ns, name, user, rules)
 
 
 # --- a ready cluster -----------------------------------------------------------------------
 
 def test_doctor_on_the_real_cluster_reads_what_the_api_shows(cluster, storage, tmp_path):
+    import datetime as dt
+
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")  # other tests' probes ran for real
     path = run_file(tmp_path, queue="multislice-queue", priority="high", storage=storage)
     r, checks = doctor(cluster.kubeconfig, storage, "-f", path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -123,7 +97,8 @@ def test_doctor_on_the_real_cluster_reads_what_the_api_shows(cluster, storage, t
     # The dry run went through the webhooks and stored nothing.
     audit = [a for a in cluster.audit_lines() if a.get("verb") == "create"
              and (a.get("objectRef") or {}).get("resource") == "jobsets"
-             and (a.get("objectRef") or {}).get("name", "").startswith("xrun-doctor-")]
+             and (a.get("objectRef") or {}).get("name", "").startswith("xrun-doctor-")
+             and a["requestReceivedTimestamp"] >= started]
     assert audit and all("dryRun=All" in a["requestURI"] for a in audit)
     assert all(a["responseStatus"]["code"] == 201 for a in audit)
     names = [j["metadata"]["name"] for j in cluster.custom.list_namespaced_custom_object(
@@ -184,6 +159,10 @@ def test_a_user_with_too_few_rights_is_told_what_rbac_must_allow(cluster, storag
     assert r.stderr.strip() == "xrun: doctor: 1 check(s) failed: rbac"
     # The CRD is hidden from this user: discovery still shows the API.
     assert checks["jobset"]["result"] == "ok" and "the CRD itself is not readable with your RBAC" in checks["jobset"]["detail"]
+    # No Deployment to read for this user: forbidden is not missing.
+    assert checks["jobset-controller"]["result"] == "warn" and checks["jobset-controller"]["detail"].startswith(
+        "RBAC forbids reading Deployment jobset-system/jobset-controller-manager, so its version is unchecked "
+        "(needs get on deployments.apps in jobset-system)"), checks["jobset-controller"]
     # Cluster-scoped reads: the server says "at the cluster scope", and so does doctor.
     for name, verb, resource in (("priority", "list", "priorityclasses.scheduling.k8s.io"), ("nodes", "list", "nodes")):
         assert checks[name]["result"] == "warn"
@@ -270,3 +249,155 @@ def test_indexed_job_defaults_agree_with_the_server(cluster):
         batch.create_namespaced_job("default", parallel, dry_run="All")
     assert e.value.status == 422 and "spec.completions: Required value: when completion mode is Indexed" in e.value.body
     assert [v.rule for v in violations(jobset(parallel))] == ["job-indexed-completions"]
+
+
+# --- a cluster without JobSet or Kueue, one that cannot be reached ---------------------------
+
+def test_doctor_names_every_problem(cluster, tmp_path):
+    """JobSet's and Kueue's APIs absent (the fault proxy answers as such a cluster: the
+    session's one cannot lose their CRDs), no node of the shape, local storage; then no
+    API server at all."""
+    from cluster_helpers import dead_kubeconfig
+    from kube_fault_proxy import KubeFaultProxy
+
+    proxy = KubeFaultProxy(cluster).start()
+    try:
+        proxy.hide_group("jobset.x-k8s.io")
+        proxy.hide_group("kueue.x-k8s.io")
+        r = xrun("doctor", "--tpu", "v6e-16", "--queue", "lq", "--storage", str(tmp_path / "local"), storage=tmp_path,
+                 KUBECONFIG=proxy.kubeconfig(tmp_path / "proxied"))
+    finally:
+        proxy.stop()
+    assert r.returncode == 1, r.stdout + r.stderr
+    got = {ln.split()[1]: ln for ln in r.stdout.splitlines()}
+    assert got["api"].startswith("ok ")
+    assert got["jobset"].startswith("FAIL  jobset   JobSet CRD jobsets.jobset.x-k8s.io not installed; install JobSet: "
+                                    "kubectl apply")
+    assert got["kueue"] == "FAIL  kueue    queue 'lq' is named but Kueue is not installed (the API serves no kueue.x-k8s.io)"
+    assert got["nodes"].startswith("FAIL  nodes    0 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,"
+                                   "cloud.google.com/gke-tpu-topology=4x4,node.kubernetes.io/instance-type=ct6e-standard-4t "
+                                   "(0 Ready); v6e-16 needs 4, and no cluster autoscaler"), got["nodes"]
+    assert got["storage"].startswith("FAIL  storage  storage root ") and "cluster runs need gs://bucket/prefix" in got["storage"]
+    assert r.stderr.strip().startswith("xrun: doctor: ") and "jobset, " in r.stderr and "kueue, nodes, storage" in r.stderr
+
+    r = xrun("doctor", "-o", "json", storage=tmp_path, KUBECONFIG=dead_kubeconfig(cluster, tmp_path / "dead"))
+    assert r.returncode == 3
+    report = json.loads(r.stdout)
+    assert [(c["name"], c["result"]) for c in report["checks"]] == [
+        ("api", "FAIL"), ("cluster", "skip"), ("storage", "FAIL"), ("pod-storage", "skip")]
+    assert report["checks"][0]["detail"].startswith("cannot reach the Kubernetes API at https://127.0.0.1:")
+    r = xrun("doctor", "--tpu", "v9z-8", storage=tmp_path, KUBECONFIG=cluster.kubeconfig)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("xrun: error: accelerator: ")
+
+
+# --- nodes, capacity, priorities, the autoscaler ---------------------------------------------
+
+def test_doctor_reads_the_pools_priorities_and_the_autoscaler(cluster):
+    """In process, on the GKE-shaped KWOK pools and xpk's priority ladder."""
+    from manifests.catalogue import lookup
+    from orchestrator.backends.kube.backend import KubeBackend
+    from orchestrator.services import doctor as checks
+
+    backend = KubeBackend(None, "default", cluster.kubeconfig)
+    check = checks.check_priority(backend, "high")
+    assert check.result == "ok" and check.detail.startswith(
+        "priority 'high' exists; PriorityClasses: very-low=100, low=250, medium=500, high=750, very-high=1000"), check
+    check = checks.check_priority(backend, "team-a-batch")
+    assert (check.result, check.exit_code) == ("FAIL", 1)
+    assert check.detail.startswith("priority 'team-a-batch' has no PriorityClass (pods would be refused); PriorityClasses:")
+
+    check = checks.check_nodes(backend, lookup("v6e-8"), 2, "spot")
+    assert (check.result, check.detail) == ("ok", (
+        "2 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=2x4,"
+        "node.kubernetes.io/instance-type=ct6e-standard-4t,cloud.google.com/gke-spot=true (2 Ready); v6e-8 needs 2"))
+    check = checks.check_nodes(backend, lookup("h100-mega-80gb-8"), 2, "flex-start")
+    assert check.result == "warn" and "flex-start nodes are created when Kueue's ProvisioningRequest" in check.detail
+    assert checks.check_nodes(backend, lookup("h100-mega-80gb-8"), 2).result == "ok"
+    assert checks.check_nodes(backend, lookup("cpu-2"), 2).result == "skip"
+    # A shape no pool has: FAIL, or warn where the cluster autoscaler would make the nodes.
+    assert checks.check_nodes(backend, lookup("v6e-16"), 4).result == "FAIL"
+    cm = {"metadata": {"name": "cluster-autoscaler-status", "namespace": "kube-system"},
+          "data": {"status": "Health: Healthy"}}
+    cluster.core.create_namespaced_config_map("kube-system", cm)
+    try:
+        check = checks.check_nodes(backend, lookup("v6e-16"), 4)
+    finally:
+        cluster.core.delete_namespaced_config_map("cluster-autoscaler-status", "kube-system")
+    assert check.result == "warn" and check.detail.startswith(
+        "0 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=4x4,"
+        "node.kubernetes.io/instance-type=ct6e-standard-4t (0 Ready); v6e-16 needs 4; the cluster autoscaler is on"), check
+    assert checks.exit_code([check]) == 0
+    nodes = [e["requestURI"] for e in cluster.audit_lines() if e["verb"] == "list"
+             and e["requestURI"].startswith("/api/v1/nodes?")]
+    assert any("gke-tpu-topology%3D4x4" in u or "gke-tpu-topology=4x4" in u for u in nodes)
+
+
+# --- the JobSet controller's Deployment ------------------------------------------------------
+
+def test_doctor_reads_the_controller_version_from_its_deployment(cluster):
+    """Where the release manifests put it: a Deployment jobset-system/jobset-controller-manager
+    (here one whose pods KWOK runs on the system pool), its image tag the release and its
+    ready replicas whether it runs."""
+    from cluster_helpers import timing
+    from kubernetes import client
+
+    from orchestrator.backends.kube.backend import KubeBackend
+    from orchestrator.services import doctor as checks
+
+    apps = client.AppsV1Api(cluster.api_client)
+    backend = KubeBackend(None, "default", cluster.kubeconfig)
+    created_ns = False
+    try:
+        cluster.core.create_namespace({"metadata": {"name": "jobset-system"}})
+        created_ns = True
+    except Exception:  # noqa: BLE001 - already there
+        pass
+    where = "jobset-system/jobset-controller-manager runs "
+    cases = [
+        ("registry.k8s.io/jobset/jobset:v0.12.0", True, "ok", f"{where}registry.k8s.io/jobset/jobset:v0.12.0 (1 ready)"),
+        ("registry.k8s.io/jobset/jobset:v0.10.1", True, "warn", f"{where}registry.k8s.io/jobset/jobset:v0.10.1 "
+         "(1 ready): works, but xrun's admission rules are v0.12's"),
+        ("registry.k8s.io/jobset/jobset:v0.5.2", True, "FAIL", f"{where}registry.k8s.io/jobset/jobset:v0.5.2 "
+         "(1 ready): older than v0.6, which sets the job-global-index label"),
+        ("registry.k8s.io/jobset/jobset:v0.12.0", False, "FAIL", f"{where}registry.k8s.io/jobset/jobset:v0.12.0 "
+         "(0 ready): no ready replica"),
+        ("example.com/jobset@sha256:abc", True, "warn", f"{where}example.com/jobset@sha256:abc (1 ready): no release "
+         "in the image tag"),
+    ]
+
+    def deployment(image: str, placed: bool) -> dict[str, Any]:
+        selector = {"cloud.google.com/gke-nodepool": "system" if placed else "no-such-pool"}
+        return {"metadata": {"name": "jobset-controller-manager", "namespace": "jobset-system"}, "spec": {
+            "replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": {"app": "jobset"}},
+            "template": {"metadata": {"labels": {"app": "jobset"}, "annotations": timing(run_s=600, start_s=0.2)},
+                         "spec": {"nodeSelector": selector, "terminationGracePeriodSeconds": 0,
+                                  "containers": [{"name": "manager", "image": image}]}}}}
+
+    def settled(ready: int):
+        def ok():
+            d = apps.read_namespaced_deployment("jobset-controller-manager", "jobset-system").to_dict()
+            st = d["status"] or {}
+            return d if (st.get("observed_generation") == d["metadata"]["generation"]
+                         and (st.get("ready_replicas") or 0) == ready and (st.get("replicas") or 0) == 1) else None
+        return ok
+
+    try:
+        for i, (image, placed, result, detail) in enumerate(cases):
+            if i == 0:
+                apps.create_namespaced_deployment("jobset-system", deployment(image, placed))
+            else:
+                apps.replace_namespaced_deployment("jobset-controller-manager", "jobset-system",
+                                                   deployment(image, placed))
+            cluster.wait(f"the Deployment running {image}", settled(1 if placed else 0), 60, every=0.2)
+            check = checks.check_jobset_controller(backend)
+            assert (check.result, check.detail[:len(detail)]) == (result, detail), check
+    finally:
+        apps.delete_namespaced_deployment("jobset-controller-manager", "jobset-system",
+                                          body={"propagationPolicy": "Background"})
+        if created_ns:
+            cluster.drop_namespace("jobset-system")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+                d.metadata.name == "jobset-controller-manager"
+                for d in apps.list_namespaced_deployment("jobset-system").items):
+            time.sleep(0.2)

@@ -72,7 +72,7 @@ def test_table_has_the_exact_form_and_rows(tmp_path):
     cand = run(tmp_path, "feat", commit="def5678eeee", seed=2)
     md = compare(base, cand).markdown()
     table = [ln for ln in md.splitlines() if ln.startswith("|")]
-    assert table[0] == "| Metric | main abc1234 | feat def5678 | Diff (feat def5678 − main abc1234) |"
+    assert table[0] == "| Metric | main abc1234ffff | feat def5678eeee | Diff (feat def5678eeee − main abc1234ffff) |"
     assert table[1] == "|---|---|---|---|"
     assert [ln.split(" | ")[0].lstrip("| ") for ln in table[2:]] == ROW_NAMES
     cells = {ln.split(" | ")[0].lstrip("| "): ln.strip("| ").split(" | ") for ln in table[2:]}
@@ -167,11 +167,11 @@ def test_confounders_are_said_above_the_table(tmp_path):
                config={"steps": 50, "batch": 8})
     c = compare(base, cand)
     text = "\n".join(c.warnings)
-    for expected in ("different JAX: main abc1234 ran 0.10.2, feat abc1234 ran 0.9.2",
-                     "different jaxlib", "different accelerators", "different device counts: main abc1234 4, feat abc1234 8",
-                     "same commit abc1234 on both sides", "logs from different processes",
+    for expected in ("different JAX: main abc1234aaaa ran 0.10.2, feat abc1234aaaa ran 0.9.2",
+                     "different jaxlib", "different accelerators", "different device counts: main abc1234aaaa 4, feat abc1234aaaa 8",
+                     "same commit abc1234aaaa on both sides", "logs from different processes",
                      "different step counts", "different configs: steps 60 -> 50",
-                     "feat abc1234 did not finish: unknown (no exit code)"):
+                     "feat abc1234aaaa did not finish: unknown (no exit code)"):
         assert expected in text, expected
     assert rows(c)["JAX"].diff == "**differs** (see warnings)"
     assert c.candidate_failed and c.exit_code == 1  # a candidate that did not finish alerts

@@ -1,22 +1,19 @@
 """GKE operator knobs (capacity, placement, priority, mounts, scheduler, Kueue topology):
 each renders what GKE/Kueue document, passes admission, and bad values are exit 2 naming
-the field; on the scripted cluster a spot pod lands only on a spot node and a flex-start
-run waits suspended until Kueue admits it."""
+the field. On the real control plane (tests/test_cluster_backend.py) a spot run lands only on
+the spot pool and a flex-start run waits suspended for Kueue."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 import yaml
 from cli_helpers import xrun
-from kube_api import JobSetController, Program
 
 from manifests.admission import violations
 from manifests.jobset import jobset
 from manifests.spec import build_spec, max_name_length
-from orchestrator.backends.kube.backend import KubeBackend
 from xrun_contract.errors import EXIT_USAGE, XrunError
 
 BASE = {"name": "knobs", "accelerator": "v6e-16", "image": "example.com/xrun:1"}
@@ -196,109 +193,3 @@ def test_flags_have_the_run_file_names(tmp_path):
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [
         "xrun: error: capacity: must be one of on-demand | spot | reservation:<name> | flex-start, got 'cheap'"]
-
-
-# --- the strict fake cluster (tests/kube_api.py JobSetController schedules by node) ----------
-
-def node(name: str, labels: dict[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
-            "spec": {"taints": taints or []}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
-
-
-def _tpu_labels(**extra: str) -> dict[str, str]:
-    return {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4",
-            "node.kubernetes.io/instance-type": "ct6e-standard-8t", **extra}
-
-
-def _backend(kubeconfig: str) -> KubeBackend:
-    return KubeBackend(None, "default", kubeconfig, poll_seconds=0.05, watch_timeout_seconds=1)
-
-
-def _wait(predicate, timeout: float = 10.0) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        assert time.time() < deadline, "timed out"
-        time.sleep(0.02)
-
-
-def _submit(backend: KubeBackend, name: str, **values: Any) -> None:
-    backend.submit(jobset(build_spec({**BASE, "name": name, "accelerator": "v6e-8-single-host", "backend": "kube",
-                                      **values}, {}, storage_default=STORAGE)))
-
-
-def _pod(api, name: str) -> dict[str, Any]:
-    (pod,) = api.pods_of(name)
-    return pod
-
-
-def test_a_spot_pod_lands_only_on_the_spot_node(api, kubeconfig):
-    spot_taint = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}
-    api.nodes = [node("on-demand-0", _tpu_labels()),
-                 node("spot-0", _tpu_labels(**{"cloud.google.com/gke-spot": "true"}), [spot_taint])]
-    JobSetController(api, Program(lines=10_000, line_every=0.05)).start()
-    backend = _backend(kubeconfig)
-    _submit(backend, "spot-run", capacity="spot")
-    _wait(lambda: len(api.pods_of("spot-run")) == 1 and _pod(api, "spot-run")["spec"].get("nodeName"))
-    assert _pod(api, "spot-run")["spec"]["nodeName"] == "spot-0"
-    # On demand, the same shape lands on the untainted node, never the spot one.
-    _submit(backend, "od-run")
-    _wait(lambda: len(api.pods_of("od-run")) == 1 and _pod(api, "od-run")["spec"].get("nodeName"))
-    assert _pod(api, "od-run")["spec"]["nodeName"] == "on-demand-0"
-    # A second spot run finds the spot node taken and the other one not spot: Unschedulable.
-    _submit(backend, "spot-two", capacity="spot")
-    message = ("0/2 nodes are available: 1 Insufficient google.com/tpu, "
-               "1 node(s) didn't match Pod's node affinity/selector.")
-    _wait(lambda: len(api.pods_of("spot-two")) == 1 and _pod(api, "spot-two")["status"].get("conditions"))
-    pod = _pod(api, "spot-two")
-    assert "nodeName" not in pod["spec"] and pod["status"]["conditions"][0]["message"] == message
-    assert any(e["reason"] == "FailedScheduling" and e["message"] == message for e in api.events)
-
-
-def test_a_flex_start_run_waits_suspended_until_kueue_admits_it(api, kubeconfig):
-    api.kueue_versions = ["v1beta1"]
-    gpu = {"cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb"}
-    gpu_taint = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
-    queued_taint = {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}
-    api.nodes = [node("a3mega-on-demand", gpu, [gpu_taint])]
-    JobSetController(api, Program(lines=10_000, line_every=0.05)).start()
-    backend = _backend(kubeconfig)
-    spec = build_spec({**BASE, "name": "flex", "accelerator": "h100-mega-80gb-8", "nodes": 2, "capacity": "flex-start",
-                       "queue": "dws", "backend": "kube"}, {}, storage_default=STORAGE)
-    backend.submit(jobset(spec))
-    (create,) = api.requests_to("POST", "/jobsets$")
-    assert create.body["spec"]["suspend"] is True
-    _wait(lambda: backend.status("flex").message == "suspended: waiting for Kueue admission in queue dws")
-    time.sleep(0.2)  # many controller ticks: still no Jobs, no pods
-    assert api.pods_of("flex") == [] and backend.status("flex").state == "Pending"
-    # The ProvisioningRequest got its queued nodes; Kueue admits; the pods land there only.
-    api.nodes += [node(f"a3mega-queued-{i}", {**gpu, "cloud.google.com/gke-queued": "true"}, [gpu_taint, queued_taint])
-                  for i in range(2)]
-    api.kueue_admit("flex")
-    _wait(lambda: backend.status("flex").state == "Running")
-    assert sorted(p["spec"]["nodeName"] for p in api.pods_of("flex")) == ["a3mega-queued-0", "a3mega-queued-1"]
-
-
-def test_kueue_admits_a_queued_run_on_a_cluster_queue_that_covers_only_the_accelerator(api, kubeconfig):
-    """xpk's ClusterQueue covers google.com/tpu (or nvidia.com/gpu) alone. The log shipper's
-    old cpu/memory requests, which Kueue sums into the pod's, kept every queued run
-    suspended: "resource cpu unavailable in ClusterQueue" on its Workload, in xrun status."""
-    api.kueue_versions = ["v1beta1"]
-    assert api.kueue_covered_resources == ("google.com/tpu", "nvidia.com/gpu")
-    JobSetController(api, Program(lines=10_000, line_every=0.05)).start()
-    backend = _backend(kubeconfig)
-    spec = build_spec({**BASE, "name": "queued", "queue": "lq", "backend": "kube"}, {}, storage_default=STORAGE)
-    old = jobset(spec)
-    old["metadata"]["name"] = old["spec"]["network"]["subdomain"] = "old"
-    logs = tmpl(old)["spec"]["initContainers"][1]
-    logs["resources"] = {"requests": {"cpu": "100m", "memory": "128Mi"}}  # what xrun rendered before
-    backend.submit(old)
-    assert api.kueue_admit("old") is False
-    (event,) = [e for e in api.events if e["involvedObject"]["kind"] == "Workload"]
-    assert event["reason"] == "Pending" and event["involvedObject"]["name"].startswith("jobset-old-")
-    assert event["message"] == "couldn't assign flavors to pod set slice: resource cpu unavailable in ClusterQueue"
-    st = backend.status("old")
-    assert st.state == "Pending" and any("resource cpu unavailable in ClusterQueue" in line for line in st.events)
-    backend.submit(jobset(spec))
-    assert api.kueue_admit("queued") is True
-    _wait(lambda: backend.status("queued").state == "Running")
-    assert api.jobsets[("default", "old")]["spec"]["suspend"] is True and api.pods_of("old") == []

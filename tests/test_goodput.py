@@ -33,7 +33,10 @@ def test_breakdown_of_a_run_with_a_restart(tmp_path):
     assert c["redone_steps"] == pytest.approx(sum(samples[s] for s in range(21, 26)) - 1.5, abs=1e-6)
     assert gp["steps"] == {"executed": 45, "redone": 5, "attempts": 2}
     # 3 s after the last step, of which the final save (step 40) blocked 1.5 s: teardown.
-    assert c["other"] == pytest.approx(3.0 - 1.5, abs=1e-6)
+    assert c["teardown"] == pytest.approx(3.0 - 1.5, abs=1e-6) and c["other"] == pytest.approx(0, abs=1e-6)
+    # Productive: the final steps at the run's best rate; slow steps the rest of their time.
+    assert c["productive"] == pytest.approx(40 * gp["best_step_s"], rel=0.01)
+    assert gp["best_step_s"] < gp["steady_step_s"] and c["slow_steps"] > 0
     assert sum(c.values()) == pytest.approx(gp["wall_s"])
     assert gp["wall_s"] == pytest.approx(rec.end_time - 1_000_000.0)
     assert gp["goodput_pct"] == pytest.approx(100 * c["productive"] / gp["wall_s"])

@@ -109,7 +109,7 @@ def test_repeats_run_interleaved_and_the_verdict_rests_on_runs(nights):
     assert md == (first / "summary.md").read_text()
     assert re.search(r"\| tiny \| feat/slow \| (nt-feat-slow-\S+, ){3}nt-feat-slow-\S+ \| REGRESSED: .*Steady-state s/step", md)
     assert re.search(r"\| tiny \| same \| [^|]+ \| within noise: no regression beyond 25% \(per-run test, n=4/4 runs\) \|", md)
-    assert "| Metric (per-run median) | main aaaa111 | feat/slow cccc333 |" in md
+    assert "| Metric (per-run median) | main aaaa1111 | feat/slow cccc3333 |" in md
 
 
 def test_a_crashing_candidate_is_incomplete_and_history_has_both_nights(nights):
@@ -138,7 +138,7 @@ def test_a_crashing_candidate_is_incomplete_and_history_has_both_nights(nights):
     r = xrun("history", "--branch", "main", "--metric", "steady_s_per_step", storage=store)
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("20",))]
-    assert [ln.split()[:3] for ln in lines] == [[first.name, "aaaa111", str(REPEATS)], [second.name, "dddd444", "1"]]
+    assert [ln.split()[:3] for ln in lines] == [[first.name, "aaaa1111", str(REPEATS)], [second.name, "dddd4444", "1"]]
     page = (second / "index.html").read_text()
     assert page.count('<div class="plot" id="trend-') == len(RUN_METRICS)  # one per figure
     assert first.name in page and second.name in page

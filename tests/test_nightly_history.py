@@ -125,9 +125,9 @@ def test_history_cli_prints_the_trend_and_the_bracketing_commits(tmp_path):
     r = xrun("history", "--branch", "main", "--metric", "steady_s_per_step", storage=root)
     assert r.returncode == 0, r.stderr
     assert len([ln for ln in r.stdout.splitlines() if ln.startswith("2026-01-")]) == 7
-    assert re.search(r"^2026-01-05-030000 +d000000 +4 +0\.13025 +0\.129 +0\.131  <- change \+29\.9%$", r.stdout, re.M)
+    assert re.search(r"^2026-01-05-030000 +d0000000 +4 +0\.13025 +0\.129 +0\.131  <- change \+29\.9%$", r.stdout, re.M)
     assert ("Change point: Steady-state s/step (median) changed +29.9% on the night of 2026-01-05 "
-            "(2026-01-05-030000): between commit c300000 (2026-01-04-030000) and d000000") in r.stdout
+            "(2026-01-05-030000): between commit c3000000 (2026-01-04-030000) and d0000000") in r.stdout
     r = xrun("history", "--branch", "feat", "--last", "2", storage=root)
     assert r.returncode == 0 and "2 night(s)" in r.stdout and "fewer than 4 runs" in r.stdout
     for args, msg in ((["--metric", "speed"], "--metric: 'speed' is not a history figure"),

@@ -42,18 +42,25 @@ window.addEventListener('load', function () { setTimeout(function () {
                           return l && p ? l.getBoundingClientRect().left >= p.getBoundingClientRect().right : false; })()}));
   // Hover: plotly's own hover on the first point of the first step-time series.
   const st = q('.plot').find(d => d.id.startsWith('steptime'));
+  const loss0 = () => q('.plot').find(d => d.id.startsWith('loss'));
   Plotly.Fx.hover(st, [{curveNumber: 0, pointNumber: 5}]);
   const hover = st.querySelector('.hoverlayer').textContent;
   const hovered = st.data[0].y[5];
+  // Hover by step (x unified): every run's value at that step, as TensorBoard lists them.
+  Plotly.Fx.hover(loss0(), {xval: 30});
+  const hoverAll = loss0().querySelector('.hoverlayer').textContent;
+  // The log switch's ticks: 1-2-5 per decade, labelled in full.
+  const logButton = (loss0().layout.updatemenus[0].buttons[1].args[0]);
   // Smoothing 0 makes the smoothed line the raw points; log switch changes the axis type.
   const loss = q('.plot').find(d => d.id.startsWith('loss'));
   xrunApplySmoothing(0);
   const sm = loss.data.find(t => t.meta && t.meta.raw !== undefined);
   const unsmoothed = JSON.stringify(sm.y) === JSON.stringify(loss.data[sm.meta.raw].y);
-  Plotly.relayout(loss, {'yaxis.type': 'log'});
+  Plotly.relayout(loss, logButton);  // what the "log" button does
   document.body.setAttribute('data-probe', JSON.stringify({
     tables: tables.map(t => ({box: box(t), rows: Array.from(t.rows).map(r => Array.from(r.cells).map(c => c.textContent))})),
-    plots: plots, hover: hover, hovered: hovered, unsmoothed: unsmoothed, logType: loss.layout.yaxis.type,
+    plots: plots, hover: hover, hovered: hovered, hoverAll: hoverAll, logTicks: logButton['yaxis.ticktext'],
+    tickLabels: Array.from(loss.querySelectorAll('.ytick text')).map(t => t.textContent), unsmoothed: unsmoothed, logType: loss.layout.yaxis.type,
     requests: performance.getEntriesByType('resource').map(e => e.name),
     warnings: q('ul.warnings li').map(li => [li.textContent, box(li)[1]]),
     verdicts: q('.verdict').map(v => v.textContent),
@@ -136,7 +143,7 @@ def test_the_report_is_one_self_contained_file(report_file):
     assert not re.search(r"<(link|img|iframe)\b", ours, re.I)
     assert not re.search(r"\b(src|href)\s*=", ours, re.I)  # no script src, no stylesheet: nothing to fetch
     assert not re.findall(r"https?://[^\s\"'<>]+", ours)
-    assert re.findall(r'<div class="plot" id="([a-z]+)-0"', ours) == ["loss", "steptime", "goodput"]
+    assert re.findall(r'<div class="plot" id="([a-z]+)-0"', ours) == ["loss", "steptime", "tokens", "goodput"]
 
 
 def test_the_report_renders_in_chromium_with_tables_charts_and_warnings(report_file, tmp_path):
@@ -155,17 +162,17 @@ def test_the_report_renders_in_chromium_with_tables_charts_and_warnings(report_f
         assert [row[0] for row in t["rows"]][:8] == ["Metric", "Parameters", "Final loss", "TFLOP/s", "Tok/s",
                                                      "Avg s/step", "Memory %", "JAX"]
     head = got["tables"][0]["rows"][0]
-    assert head == ["Metric", "main abc1234", "slow def5678", "Diff (slow def5678 − main abc1234)"]
+    assert head == ["Metric", "main abc1234aaaa", "slow def5678bbbb", "Diff (slow def5678bbbb − main abc1234aaaa)"]
     steady = next(row for row in got["tables"][0]["rows"] if row[0].startswith("Steady"))
     assert "regressed" in steady[3]
     plots = {p["id"].split("-")[0]: p for p in got["plots"]}
-    assert set(plots) == {"loss", "steptime", "goodput"}
+    assert set(plots) == {"loss", "steptime", "tokens", "goodput"}
     for p in got["plots"]:
         assert p["svg"] >= 1 and p["box"][0] >= 900 and p["box"][1] >= 200, p
         assert p["legendRight"], p  # the legend sits outside (right of) the plot area
     loss = plots["loss"]["traces"]
     smoothed = [t for t in loss if t["raw"] >= 0]
-    assert [t["name"] for t in smoothed] == ["main abc1234", "slow def5678", "same 0badcaf"]
+    assert [t["name"] for t in smoothed] == ["main abc1234aaaa", "slow def5678bbbb", "same 0badcafe00"]
     assert all(loss[t["raw"]]["n"] == t["n"] > 50 for t in smoothed)  # smoothed over every raw point
     assert got["unsmoothed"] and got["logType"] == "log"
     assert plots["loss"]["buttons"] == 2 and plots["steptime"]["buttons"] == 2  # linear / log
@@ -174,9 +181,15 @@ def test_the_report_renders_in_chromium_with_tables_charts_and_warnings(report_f
     ckpt = [t for t in st if t["kind"] == "checkpoint"]
     assert len(ckpt) == 3 and all(t["n"] == 3 * 2 for t in ckpt)  # 3 saves x (started, blocked) per run
     assert plots["steptime"]["legendItems"] == 3  # a run's series, marks and box toggle together
-    assert f"{got['hovered']:.4g}" in got["hover"] and "main abc1234" in got["hover"]
+    assert f"{got['hovered']:.4g}" in got["hover"] and "main abc1234aaaa" in got["hover"]
+    # Hovering step 30 of the loss chart lists every run there (smoothed, and raw).
+    for name in ("main abc1234aaaa", "slow def5678bbbb", "same 0badcafe00"):
+        assert f"{name} smoothed" in got["hoverAll"], got["hoverAll"]
+    # The log axis reads 1-2-5 per decade in full, not plotly's bare "5, 2".
+    assert got["logTicks"] and all(t[0] in "125" for t in got["logTicks"]), got["logTicks"]
+    assert set(got["tickLabels"]) <= set(got["logTicks"]), got["tickLabels"]
     warnings = [w for w, height in got["warnings"] if height > 0]
-    assert any("different JAX: main abc1234 ran 0.10.2, slow def5678 ran 0.9.2" in w for w in warnings)
+    assert any("different JAX: main abc1234aaaa ran 0.10.2, slow def5678bbbb ran 0.9.2" in w for w in warnings)
     assert any("dominated by checkpoint stalls" in w for w in warnings)
     assert got["verdicts"][0] == "1 comparison(s) regressed"
 
@@ -222,7 +235,7 @@ def test_compare_html_and_report_cli_bad_input(tmp_path):
     assert r.returncode == 2 and "CANDIDATE: no such file" in r.stderr and not out.exists()
     r = xrun("report", str(base), "-o", str(out), storage=tmp_path / "root")  # a single-run report
     assert r.returncode == 0 and "single run: no comparison" in out.read_text()
-    assert re.findall(r'<div class="plot" id="([a-z]+)-0"', out.read_text()) == ["loss", "steptime", "goodput"]
+    assert re.findall(r'<div class="plot" id="([a-z]+)-0"', out.read_text()) == ["loss", "steptime", "tokens", "goodput"]
     out.unlink()
     r = xrun("report", str(base), str(base), "-o", str(out), storage=tmp_path / "root")
     assert r.returncode == 0 and "the same run on both sides" in out.read_text()

@@ -232,7 +232,7 @@ def test_a_stored_run_without_metrics_reads_process_0s_log(tmp_path):
     d.mkdir(parents=True)
     (d / "00000000.log").write_text("\n".join(lines[30:]) + "\n")
     rec = load_run(name, str(root))
-    assert rec.steps.count == 40 and rec.process_id == 0 and rec.label == "b c0ffee1"
+    assert rec.steps.count == 40 and rec.process_id == 0 and rec.label == "b c0ffee12"
     split = [r[7] for r in rec.steps.rows()]
     assert split[0] == 0 and split[-1] == 1  # the attempt comes from the path
     assert any("host 0-0's log" in n for n in rec.notes)

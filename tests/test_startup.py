@@ -87,7 +87,10 @@ def test_timeline_segments_the_main_path_and_shows_the_compile_beside_it():
     assert first["to_first_step_s"] == pytest.approx(15.0)
     assert [(s["name"], s["start_s"], s["seconds"]) for s in first["segments"]] == [
         ("launch", 0.0, 10.0), ("imports", 10.0, 2.0), ("distributed init", 12.0, 1.0),
-        ("program + checkpoint manager", 13.0, 0.5), ("init state", 13.5, 0.5), ("first step", 14.5, 0.5)]
+        ("program + checkpoint manager", 13.0, 0.5), ("init state", 13.5, 0.5),
+        ("waiting for compile", 14.0, 0.5), ("first step", 14.5, 0.5)]
+    # The segments and the named wait cover the whole span to the first step.
+    assert sum(s["seconds"] for s in first["segments"]) == pytest.approx(first["to_first_step_s"])
     assert first["parallel"] == [{"name": "compile", "start_s": 13.25, "seconds": 1.25,
                                   "waited_s": 0.5}]
     # A restart counts from its own process start; the compile ended before the restore.
@@ -99,10 +102,11 @@ def test_timeline_segments_the_main_path_and_shows_the_compile_beside_it():
     assert restart["parallel"][0]["name"] == "executables loaded"
     assert format_startup(first) == (
         "15s to the first step (from submit): launch 10s, imports 2.0s, distributed init "
-        "1.0s, program + checkpoint manager 0.5s, init state 0.5s, first step 0.5s; compile 1.2s "
-        "beside them (waited 0.5s for it)")
+        "1.0s, program + checkpoint manager 0.5s, init state 0.5s, waiting for compile 0.5s, "
+        "first step 0.5s; compile ran 1.2s in a thread alongside")
     assert format_startup(restart).startswith("attempt 1: 4.2s to the first step (from process")
-    assert format_startup(restart).endswith("executables loaded 0.8s beside them (no wait)")
+    assert format_startup(restart).endswith("executables loaded ran 0.8s in a thread alongside, no wait")
+    assert sum(s["seconds"] for s in restart["segments"]) == pytest.approx(restart["to_first_step_s"])
 
 
 def test_no_phase_records_no_timeline():

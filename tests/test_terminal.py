@@ -110,11 +110,11 @@ def test_progress_line_figures_and_plain_cadence(capsys):
             "loss": 0.0001234, "tokens_per_s": 0.5, "eta_seconds": 75.0, "restarts": 1,
             "latest_checkpoint": {"step": 30}}
     line = plain_progress(view)
-    assert line == ("xrun: r training | step 40/100 | loss 0.00012340 | tokens/s (total) 0.500 | "
+    assert line == ("xrun: r training | step 40/100 | loss 0.00012340 | tokens/s (total, 20-step median) 0.500 | "
                     "ETA 1m15s | checkpoint step 30 | restarts 1")
     assert "0.000 " not in line
     rich = rich_progress(view).plain
-    assert "40%" in rich and "━" in rich and "tokens/s (total) 0.500" in rich
+    assert "40%" in rich and "━" in rich and "tokens/s (total, 20-step median) 0.500" in rich
     from rich.console import Console
 
     screen = ProgressScreen(Console(file=open(os.devnull, "w")), interval=3600)  # noqa: SIM115
@@ -421,7 +421,7 @@ def test_follow_in_a_terminal_shows_phases_once_header_no_zero_figures(tmp_path:
     # attempt 1's startup phases with "restarts 1"; "restarting attempt K" is unit-tested.)
     startup = r"(starting|initializing distributed|opening checkpoints|initializing state|compiling|restoring step \d+)"
     assert "pt training" in screen, screen[-3000:]
-    assert re.search(rf"pt {startup}  checkpoint none", screen), screen[-3000:]  # attempt 0
+    assert re.search(rf"pt {startup}  for \d+s  checkpoint none", screen), screen[-3000:]  # attempt 0
     assert re.search(rf"pt {startup} .*restarts 1", screen), screen[-3000:]  # attempt 1
     assert re.search(r"pt training .*checkpoint step \d+", screen)
     assert re.search(r"step \d+/16", screen) and "tokens/s (total)" in screen

@@ -127,6 +127,14 @@ XRUN_EOF
   emit "xrun-wrapper: nccl env: $why; xrun's fallback values (accelerators.yaml env_fallback)" WARNING
 }
 nccl_env
+
+# workdir (issue #30): the shipped tree the init container unpacked is the command's cwd and
+# first on PYTHONPATH, so `python3 train.py` and `import mypkg` find the user's code.
+if [ -n "${XRUN_WORKDIR:-}" ]; then
+  cd "$XRUN_WORKDIR" || { emit "xrun failure: user: workdir $XRUN_WORKDIR is missing; exit code 126" ERROR; exit 126; }
+  PYTHONPATH="$XRUN_WORKDIR${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH
+fi
 start=$(now)
 
 # kubectl logs: the user's output, from the file, from after the start line on. With GNU

@@ -30,12 +30,14 @@ from xrun_contract import (
     METRICS_ROLLUP_EVERY,
     PHASE_ACTIVITY,
     PHASE_LINE,
+    PHASE_TOOK,
     Layout,
     format_flops_line,
     format_header_fields,
     format_params_line,
     format_step_line,
     records,
+    significant,
     writer_id,
 )
 from xrun_contract.storage import ChunkWriter, Storage
@@ -97,6 +99,7 @@ class Metrics:
                  tensorboard_interval: float = 10.0):
         self.attempt, self.primary = attempt, primary
         self.process_start = time.time() if process_start is None else process_start
+        self._last_activity, self._last_at = "starting", self.process_start
         self.writer: ChunkWriter | None = None
         self.events = None
         if primary and storage is not None and run:
@@ -138,8 +141,16 @@ class Metrics:
             activity = PHASE_ACTIVITY[phase]
             if phase == "checkpoint_manager":
                 activity = "initializing state" if step is None else activity.format(step=step)
+            # The line says how long the activity that ended here took (from its own start
+            # when a thread did it, ``began``); its offset is when the next one can begin:
+            # never before the previous milestone (a compile thread may end first).
+            ended, since = self._last_activity, self._last_at
+            took = at - (began if began is not None else since)
+            shown = max(at, since) - self.process_start
             if not quiet:
-                say(PHASE_LINE.format(activity=activity, seconds=seconds))
+                say(PHASE_LINE.format(activity=activity, seconds=shown)
+                    + PHASE_TOOK.format(activity=ended, seconds=significant(max(0.0, took), 3)))
+            self._last_activity, self._last_at = activity, max(at, since)
             # Stamped when the milestone was reached (not when written): a record's time
             # minus its seconds is the process start, for every phase alike.
             self.record(records.Phase(

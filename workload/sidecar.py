@@ -180,6 +180,13 @@ def stop_on_signals(stop: threading.Event) -> None:
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "install":
         install(Path(argv[1]))
+        from workload.code import CodeError, fetch  # workdir (issue #30)
+
+        try:
+            fetch(Path(argv[1]))
+        except CodeError as e:
+            print(f"xrun-init: workdir: {e}", file=sys.stderr, flush=True)
+            return 1
         return 0
     if argv != ["ship"]:
         print("usage: python -m workload.sidecar install DIR | ship", file=sys.stderr)

@@ -58,11 +58,13 @@ from xrun_contract import (
     FAILURE_LINE,
     PHASE_ACTIVITY,
     PHASE_LINE,
+    PHASE_TOOK,
     PLATFORM_MISMATCH_EXIT_CODE,
     USER_ERROR_EXIT_CODE,
     XRUN_VERSION,
     Env,
     Layout,
+    significant,
 )
 from xrun_contract.checkpoints import latest_committed_step
 from xrun_contract.storage import Storage, open_storage
@@ -698,7 +700,9 @@ def main(argv: list[str] | None = None) -> int:
     configure_platform(cluster)  # imports jax
     early.append(("imports", time.time()))
     if cluster.process_id == 0:
-        say(PHASE_LINE.format(activity=PHASE_ACTIVITY["imports"], seconds=early[-1][1] - PROCESS_START))
+        took = early[-1][1] - PROCESS_START
+        say(PHASE_LINE.format(activity=PHASE_ACTIVITY["imports"], seconds=took)
+            + PHASE_TOOK.format(activity=PHASE_ACTIVITY["process_start"], seconds=significant(took, 3)))
     preload(storage, run, cfg)  # while jax.distributed.initialize waits for the peers
     try:
         if initialize(cluster):

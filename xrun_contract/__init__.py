@@ -105,7 +105,7 @@ class Env:
     COMPILATION_CACHE = "XRUN_COMPILATION_CACHE"
     # Test-only switches, read by the workload; never set by a real manifest unless asked.
     TEST_FAIL_AT_STEP = "XRUN_TEST_FAIL_AT_STEP"  # "<step>:<exit code>[:<process id>]"
-    TEST_STEP_DELAY = "XRUN_TEST_STEP_DELAY"  # seconds added to every step (a "slow branch")
+    TEST_STEP_DELAY = "XRUN_TEST_STEP_DELAY"  # seconds added to every step (tests of kills, screens)
 
     # The pod's shared folder (an emptyDir mounted in every container of the pod): the
     # launcher lives there and the user's output goes there for the log shipper (PodFiles).
@@ -139,6 +139,12 @@ class Env:
     MEGASCALE_SLICE_ID = "MEGASCALE_SLICE_ID"
     MEGASCALE_PORT = "MEGASCALE_PORT"
 
+    # The shipped working tree (``workdir``): the archive's sha256 (init container: fetch
+    # ``Layout.code(sha)``, check, unpack into ``$XRUN_POD_DIR/code``) and, in the user's
+    # container, the unpacked folder the launcher runs the command in (cwd, first on PYTHONPATH).
+    CODE_SHA256 = "XRUN_CODE_SHA256"
+    WORKDIR = "XRUN_WORKDIR"
+
     @classmethod
     def all_names(cls) -> set[str]:
         return {v for k, v in vars(cls).items() if k.isupper() and isinstance(v, str)}
@@ -163,6 +169,13 @@ class Layout:
 
     RUNS = "runs"
     REPORTS = "reports"
+    CODE = "code"
+
+    @staticmethod
+    def code(sha256: str) -> str:
+        """A shipped working tree: a deterministic tar.gz named by its own sha256, shared by
+        every run that ships the same tree (written once with an exclusive create)."""
+        return f"code/{sha256}.tar.gz"
 
     @staticmethod
     def run(name: str) -> str:
@@ -227,8 +240,10 @@ class Layout:
 
     @staticmethod
     def tensorboard(name: str) -> str:
-        """TensorBoard event files (process 0); ``tensorboard --logdir <root>/runs``."""
-        return f"runs/{name}/tensorboard"
+        """TensorBoard event files (process 0), in the run's own folder: ``tensorboard
+        --logdir <root>/runs`` names each run by its name (a subfolder would show as
+        ``<name>/tensorboard``)."""
+        return f"runs/{name}"
 
     @staticmethod
     def compilation_cache() -> str:
@@ -433,6 +448,9 @@ PHASE_ACTIVITY = {
     "first_step": "first step done",
 }
 PHASE_LINE = "xrun phase: {activity}, seconds: {seconds:.3f}"
+# Appended to a phase line: "seconds" is the offset from the process start; this says how
+# long the activity that just ended took (its own span when a thread ran it alongside).
+PHASE_TOOK = " since start; {activity} took {seconds} s"  # seconds: significant(x, 3)
 PHASE_RE = re.compile(
     r"xrun phase: (?P<activity>[a-z ]+?)(?: step (?P<step>\d+))?, seconds: (?P<seconds>[\d.]+)"
 )
@@ -450,6 +468,7 @@ class PodFiles:
     LAUNCHER = "bin/xrun-launch"
     OUTPUT = "output.log"
     SHIPPED = "shipped.json"
+    CODE = "code"  # the shipped working tree, unpacked by the init container
 
 
 # Lines of the pod launcher that runs the user's command (names kept from the former

@@ -133,6 +133,15 @@ class Storage:
     def exists(self, key: str) -> bool:
         return self.read_bytes(key) is not None
 
+    def exists_object(self, key: str) -> bool:
+        """Whether ``key`` exists, without reading it (a metadata request on GCS): for large
+        objects such as shipped working trees (``Layout.code``)."""
+        return self.exists(key)
+
+    def delete_object(self, key: str) -> bool:
+        """Remove one object; False when there was none."""
+        raise NotImplementedError
+
     def read_text(self, key: str) -> str | None:
         data = self.read_bytes(key)
         return None if data is None else data.decode("utf-8", errors="replace")
@@ -253,6 +262,16 @@ class LocalStorage(Storage):
     def url(self, key: str = "") -> str:
         return str(self._path(key)) if key else self.root
 
+    def exists_object(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete_object(self, key: str) -> bool:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
 
 def gcs_client():
     """A google-cloud-storage client; anonymous against STORAGE_EMULATOR_HOST (tests, local)."""
@@ -338,6 +357,20 @@ class GCSStorage(Storage):
                 retry=self._retry, timeout=self._rpc_timeout))
         except NotFound:
             return None
+
+    def exists_object(self, key: str) -> bool:
+        blob = self._bucket.blob(self._name(key))
+        return bool(self._call("stat", key, lambda: blob.exists(retry=self._retry, timeout=self._rpc_timeout)))
+
+    def delete_object(self, key: str) -> bool:
+        from google.api_core.exceptions import NotFound
+
+        blob = self._bucket.blob(self._name(key))
+        try:
+            self._call("delete", key, lambda: blob.delete(retry=self._retry, timeout=self._rpc_timeout))
+        except NotFound:
+            return False
+        return True
 
     def write_bytes(self, key: str, data: bytes) -> None:
         blob = self._bucket.blob(self._name(key))

@@ -196,6 +196,7 @@ class Row:
     beyond_threshold: bool = False
     note: str = ""  # what the figure is, said under the table
     diverged_step: int | None = None  # the candidate's loss went NaN/Inf at this step
+    decided_by: str = ""  # the few steps that decide this row's difference, in words
 
 
 def _fmt(v: float | None, decimals: int, unit: str = "") -> str:
@@ -358,7 +359,7 @@ class Comparison:
         def run(rec: RunRecord, fig: RunFigures, label: str) -> dict[str, Any]:
             return {
                 "label": label, "name": rec.name, "source": rec.source, "kind": rec.kind,
-                "branch": rec.branch, "commit": rec.commit, "image": rec.image,
+                "branch": rec.branch, "commit": rec.commit, "image": rec.image, "code": rec.code,
                 "state": rec.state, "exit_code": rec.exit_code, "finished": rec.finished,
                 "restarts": rec.restarts, "versions": rec.versions, "accelerator": rec.accelerator,
                 "devices": rec.devices, "process_id": rec.process_id,
@@ -465,9 +466,14 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
                           fc.goodput["goodput_pct"] if fc.steps_executed else None, 1,
                           why="one value per run"),
     ]
+    slower_goodput(rows)
     # A loss that changed only within noise is still not identical numerics: say so.
     warnings = confounders(base, cand, fb, fc, lb, lc)
     warnings += disagreements(rows, fb, fc, lc, threshold_pct)
+    decider = avg_decider(base, cand, lb, lc)
+    if decider:
+        avg.decided_by = decider
+        warnings.insert(0, decider)
     candidate_failed = (not cand.finished and base.finished) or (fc.steps_executed == 0 < fb.steps_executed)
     if candidate_failed:
         warnings.insert(0, f"candidate {lc} did not succeed ({cand.outcome}) while the base did: "
@@ -481,6 +487,26 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
     notes = _notes(fb, fc, lb, lc, threshold_pct, alpha, warmup, rows, base, cand)
     return Comparison(base, cand, lb, lc, fb, fc, rows, warnings, notes, threshold_pct, alpha,
                       warmup, candidate_failed)
+
+
+STEP_TIME_METRICS = ("Steady-state s/step (median)", "Avg s/step")
+
+
+def slower_goodput(rows: list[Row]) -> None:
+    """A candidate whose steps are slower is never "improved" in goodput: a higher share
+    there means its slower steps outweigh the same startup, not that less time was lost."""
+    times = [r for r in rows if r.metric in STEP_TIME_METRICS and r.delta is not None]
+    slower = [r for r in times if (r.delta or 0.0) > 0]
+    for r in rows:
+        if r.metric != "Goodput %" or r.delta is None or r.delta <= 0:
+            continue
+        if slower:
+            worst = max(slower, key=lambda x: x.delta_pct or 0.0)
+            pct = f" ({worst.delta_pct:+.1f}%)" if worst.delta_pct is not None else ""
+            r.verdict = "not improved"
+            r.beyond_threshold = False
+            r.diff = (f"{_signed(r.delta, 1)} not improved: the candidate's steps are slower "
+                      f"({worst.metric}{pct}), so its startup is a smaller share of a longer run")
 
 
 def _params(p: float | None) -> str:
@@ -625,6 +651,76 @@ def _robust_sd(values: list[float]) -> float | None:
     return 1.4826 * statistics.median(abs(v - m) for v in values)
 
 
+def _step_causes(rec: RunRecord) -> dict[tuple[int, int], str]:
+    """(attempt, step) -> why that step took long, as far as the records say."""
+    from orchestrator.analysis.goodput import _stall_per_execution
+
+    out: dict[tuple[int, int], str] = {}
+    steps = rec.steps
+    stalls = _stall_per_execution(rec, None)
+    waited = {(c.get("attempt", 0), c["step"]) for c in rec.checkpoints if c["event"] == "waited"}
+    for step, attempt, stall in zip(steps.step, steps.attempt, stalls, strict=True):
+        key = (attempt, step)
+        if stall > 0 or key in rec.absorbed_stalls or (attempt, step - 1) in rec.stalled_steps \
+                or key in rec.stalled_steps:
+            what = ("waiting for the previous checkpoint save" if (attempt, step - 1) in waited
+                    or key in waited else "waiting on a checkpoint save")
+            out[key] = f"{what} ({stall:.1f} s of it)" if stall > 0 else what
+        elif key in rec.stall_outliers:
+            out[key] = "next to a checkpoint save (a stall no log line named)"
+    firsts: dict[int, int] = {}
+    for step, attempt in zip(steps.step, steps.attempt, strict=True):
+        firsts.setdefault(attempt, step)
+    for attempt, step in firsts.items():
+        if attempt:
+            out.setdefault((attempt, step), f"the first step of restart attempt {attempt} (compile)")
+    return out
+
+
+def avg_decider(base: RunRecord, cand: RunRecord, lb: str, lc: str, most: int = 3) -> str:
+    """'Avg s/step differs by one step: step 7 (main) took 22.7 s waiting on a checkpoint
+    save' when at most ``most`` steps of one side make the difference of the means (without
+    them it shrinks to a quarter or turns); '' otherwise."""
+    sides = []
+    for rec, label in ((base, lb), (cand, lc)):
+        rows = [(s, st, a) for st, s, a in zip(rec.steps.step[1:], rec.steps.seconds[1:],
+                                                rec.steps.attempt[1:], strict=True) if math.isfinite(s)]
+        if len(rows) < 2:
+            return ""
+        sides.append((rec, label, rows))
+    mb = statistics.fmean(r[0] for r in sides[0][2])
+    mc = statistics.fmean(r[0] for r in sides[1][2])
+    delta = mc - mb
+    if delta == 0:
+        return ""
+    rec, label, rows = sides[1] if delta > 0 else sides[0]
+    other = mb if delta > 0 else mc
+    if abs(delta) < 0.05 * other:
+        return ""  # no difference worth explaining
+    top = sorted(rows, key=lambda r: -r[0])
+    typical = statistics.median(r[0] for r in rows)
+    for k in range(1, most + 1):
+        rest = top[k:]
+        if not rest:
+            return ""
+        left = statistics.fmean(r[0] for r in rest) - other
+        if top[k - 1][0] < 2 * typical:
+            return ""  # not a few outlying steps: the steps differ throughout
+        if abs(left) <= 0.25 * abs(delta) or left * delta < 0:
+            causes = _step_causes(rec)
+            picked = sorted(top[:k], key=lambda r: (r[2], r[1]))
+            what = [causes.get((a, st), "with no recorded cause") for _s, st, a in picked]
+            count = "one step" if k == 1 else f"{k} steps"
+            if len(set(what)) == 1:
+                steps = ", ".join(str(st) for _s, st, _a in picked)
+                secs = ", ".join(f"{s:.1f}" for s, _st, _a in picked)
+                return (f"Avg s/step differs by {count}: step{'s' if k > 1 else ''} {steps} ({label}) "
+                        f"took {secs} s {what[0]}")
+            parts = [f"step {st} took {s:.1f} s {w}" for (s, st, _a), w in zip(picked, what, strict=True)]
+            return f"Avg s/step differs by {count} of {label}: " + "; ".join(parts)
+    return ""
+
+
 def disagreements(rows: list[Row], fb: RunFigures, fc: RunFigures, lc: str,
                   threshold_pct: float) -> list[str]:
     """A familiar row and the steady-state row pointing different ways, when the familiar
@@ -735,6 +831,9 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
     for fig, lab in ((fb, lb), (fc, lc)):
         if fig.stride > 1:
             n.append(f"{lab}: a long run; statistics use every {fig.stride}th step.")
+    for rec, lab in ((base, lb), (cand, lc)):
+        if rec.code_text:  # the shipped working tree (workdir) each side ran
+            n.append(f"{lab}: {rec.code_text}.")
     for rec, lab in ((base, lb), (cand, lc)):
         for note in rec.notes[:5]:
             n.append(f"{lab}: {note}.")
@@ -868,6 +967,7 @@ def compare_runs(base: list[RunRecord], cand: list[RunRecord], threshold_pct: fl
         if row.verdict == "not tested" and (len(xb) < MIN_RUNS or len(xc) < MIN_RUNS):
             row.diff = row.diff.replace("too few samples", f"benchstat needs n >= {MIN_RUNS} runs per side")
         rows.append(row)
+    slower_goodput(rows)
     diverged = [f for f in cand_figs if f.diverged_step is not None]
     if diverged:
         loss_row = next(r for r in rows if r.metric == "Final loss")

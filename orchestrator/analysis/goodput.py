@@ -1,10 +1,15 @@
-"""Goodput: where a run's wall time went, in seconds per category.
+"""Goodput: where a run's wall time went, in seconds per category; they sum to wall time.
 
-Productive step time is what training is for; everything else is overhead someone can
-reduce: startup (submit to the first step), compilation (what the first steps of each
-attempt took beyond a steady step), checkpoint saves that blocked training, restarts (from
-the last step of a failed attempt to the first step of the next) and the steps they redid.
-``other`` is what no record explains (teardown after the last step, gaps between steps).
+Productive time is what the run's final steps would have taken at the run's own best
+steady rate (``best_step_s``: the 10th percentile of its steady-state step times, the median
+when it has fewer than 10): a branch whose steps got slower gains no productive time. The
+rest is named: startup (submit to the first step), compilation (what the first steps of each
+attempt took beyond a best step), slow steps (steady steps' time beyond the best rate),
+checkpoint saves that blocked training, restarts (from the last step of a failed attempt to
+the first step of the next) and the steps they redid, between steps (time inside an
+attempt that no step's time covers: host work, logging), teardown (from the last step to
+the end). ``other`` is what is left, only clock skew and rounding when every record is
+there.
 
 Input is the one :class:`~orchestrator.readers.record.RunRecord` a run reads back as (metrics
 JSONL, logs, run.json and state.json's transitions).
@@ -18,7 +23,9 @@ from typing import Any
 
 from orchestrator.readers.record import RunRecord
 
-CATEGORIES = ("startup", "compilation", "productive", "checkpoint", "restarts", "redone_steps", "other")
+CATEGORIES = ("startup", "compilation", "productive", "slow_steps", "checkpoint", "restarts",
+              "redone_steps", "between_steps", "teardown", "other")
+BEST_PERCENTILE = 10  # the run's best rate: this percentile of its steady step times
 DEFAULT_WARMUP = 3
 
 
@@ -40,6 +47,7 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
     final = rec.final_mask()
     steady_seconds = [s for s, ok in zip(steps.seconds, steady, strict=True) if ok]
     median = statistics.median(steady_seconds) if steady_seconds else None
+    best = best_step_seconds(steady_seconds)
 
     stalls = _stall_per_execution(rec, median)
     stall_total = rec.checkpoint_totals["blocked"] + rec.checkpoint_totals["waited"]
@@ -48,8 +56,8 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
 
     # Step time by kind of execution: compile excess, stall, then productive or redone.
     first_of_attempt: dict[int, int] = {}
-    compile_s = redone_s = productive_s = 0.0
-    redone_n = 0
+    compile_s = redone_s = final_work = 0.0
+    redone_n = final_n = 0
     per_attempt: dict[int, dict[str, float]] = {}
     rows = zip(steps.rows(), final, stalls, strict=True)
     for (step, seconds, _tf, _tok, _loss, _b, t, attempt), is_final, stall in rows:
@@ -58,15 +66,18 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
         first = first_of_attempt.setdefault(attempt, step)
         work = seconds - stall
         excess = 0.0
-        if step < first + warmup and median is not None:
-            excess = max(0.0, work - median)
+        if step < first + warmup and best is not None:
+            excess = max(0.0, work - best)
         compile_s += excess * stride
-        if is_final:
-            productive_s += (work - excess) * stride
+        work -= excess
+        if is_final:  # split below, over all of them: a step cut short by async dispatch
+            final_work += max(0.0, work) * stride  # pays for the next one's long time
+            final_n += stride
         else:
-            redone_s += (work - excess) * stride
+            redone_s += work * stride
             redone_n += stride
-        a = per_attempt.setdefault(attempt, {"start": math.nan, "end": math.nan})
+        a = per_attempt.setdefault(attempt, {"start": math.nan, "end": math.nan, "steps": 0.0})
+        a["steps"] += seconds * stride
         if math.isfinite(t):
             if math.isnan(a["start"]):
                 a["start"] = t - seconds
@@ -74,7 +85,9 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
     cats["checkpoint"] = stall_total
     cats["compilation"] = compile_s
     cats["redone_steps"] = redone_s
+    productive_s = min(final_work, final_n * best) if best is not None else final_work
     cats["productive"] = max(0.0, productive_s)
+    cats["slow_steps"] = max(0.0, final_work - productive_s)
 
     # Times: submit (or process start) to first step, restarts, end.
     attempts = sorted(a for a in per_attempt if math.isfinite(per_attempt[a]["start"]))
@@ -86,6 +99,19 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
             cats["startup"] = max(0.0, first_start - origin)
         for prev, cur in zip(attempts, attempts[1:], strict=False):
             cats["restarts"] += max(0.0, per_attempt[cur]["start"] - per_attempt[prev]["end"])
+        # Inside each attempt, the time its steps' own times do not cover (the stalls a
+        # step record leaves out are counted in "checkpoint" already).
+        inside = sum(per_attempt[a]["end"] - per_attempt[a]["start"] - per_attempt[a]["steps"]
+                     for a in attempts)
+        cats["between_steps"] = max(0.0, inside - max(0.0, stall_total - sum(stalls) * stride))
+        last_end = per_attempt[attempts[-1]]["end"]
+    timelines = startup_timelines(rec, origin if basis == "submit" else None)
+    waits = {t["attempt"]: sum(s["seconds"] for s in t["segments"] if s.get("wait")) for t in timelines}
+    for attempt, wait in waits.items():
+        key = "startup" if attempts and attempt == attempts[0] else "restarts"
+        moved = min(wait, cats[key])
+        cats[key] -= moved  # the first step waited for the compile: compilation, not startup
+        cats["compilation"] += moved
     partial = origin is None or end is None
     known = sum(cats.values())
     if partial:
@@ -96,6 +122,9 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
             notes.append("steps carry no timestamps: startup and restarts are inside 'other'")
         assert end is not None and origin is not None  # not partial
         wall = max(0.0, end - origin)
+        if attempts:
+            cats["teardown"] = max(0.0, min(end - last_end, wall - known))
+            known = sum(cats.values())
         cats["other"] = wall - known
         if cats["other"] < 0:
             if cats["other"] < -0.05 * wall:
@@ -106,11 +135,12 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
         "wall_s": wall,
         "categories": {k: round(v, 6) for k, v in cats.items()},
         # What "startup" consists of, per attempt, from the workload's phase records.
-        "startup_timeline": startup_timelines(rec, origin if basis == "submit" else None),
+        "startup_timeline": timelines,
         "goodput_pct": 100.0 * cats["productive"] / wall if wall > 0 else 0.0,
         "partial": partial,
         "basis": basis,
         "steady_step_s": median,
+        "best_step_s": best,
         "steps": {"executed": steps.count, "redone": redone_n, "attempts": len(per_attempt)},
         # Not stalls, shown beside them: saves deferred instead of waited for (they cost
         # checkpoint age, not training time) and the last save committing before exit
@@ -119,6 +149,17 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
         "exit_wait_s": float(rec.checkpoint_totals.get("exit_wait", 0.0)),
         "notes": notes,
     }
+
+
+def best_step_seconds(steady_seconds: list[float]) -> float | None:
+    """The run's best steady rate as a step time: the BEST_PERCENTILE-th percentile of its
+    steady steps (one fast outlier does not set it), their median below 10 steps."""
+    xs = sorted(s for s in steady_seconds if math.isfinite(s))
+    if not xs:
+        return None
+    if len(xs) < 10:
+        return statistics.median(xs)
+    return xs[int(len(xs) * BEST_PERCENTILE / 100)]
 
 
 # The startup timeline: the main path's milestones (xrun_contract.PHASES) in order, each
@@ -172,7 +213,11 @@ def startup_timelines(rec: RunRecord, submitted_at: float | None = None) -> list
             at = float(ph["seconds"])
             begin = prev
             if phase == "first_step" and compile_end is not None and compile_end > prev:
-                begin = compile_end  # the first step could start only once compiled
+                # The first step could start only once compiled: the wait is a named segment,
+                # so the segments cover the whole span to the first step.
+                segments.append({"name": "waiting for compile", "start_s": round(origin + prev, 6),
+                                 "seconds": round(compile_end - prev, 6), "wait": True})
+                begin = compile_end
             if phase == "restored" and ph.get("step") is not None:
                 label = f"restore step {ph['step']}"
             segments.append({"name": label, "start_s": round(origin + begin, 6),
@@ -204,6 +249,7 @@ def format_startup(timeline: dict[str, Any]) -> str:
     """One line: 'startup 5.2s to step 1: launch 0.6s, imports 2.0s, ...; compile 1.2s
     beside them (first step waited 0.1s for it)'."""
     parts = [f"{s['name']} {_dur(s['seconds'])}" for s in timeline["segments"]]
+    waited = any(s.get("wait") for s in timeline["segments"])
     total = timeline.get("to_first_step_s")
     head = (f"{_dur(total)} to the first step" if total is not None
             else "no first step yet") + f" (from {timeline['basis']})"
@@ -212,9 +258,10 @@ def format_startup(timeline: dict[str, Any]) -> str:
     text = head + (": " + ", ".join(parts) if parts else "")
     for p in timeline.get("parallel", []):
         if p.get("seconds") is not None:
-            text += f"; {p['name']} {_dur(p['seconds'])} beside them"
-            text += (f" (waited {_dur(p['waited_s'])} for it)" if p["waited_s"] >= 0.05
-                     else " (no wait)")
+            # Its own span, overlapping the segments: what the main path waited for is the
+            # "waiting for compile" segment, never counted twice.
+            text += (f"; {p['name']} ran {_dur(p['seconds'])} in a thread alongside"
+                     + ("" if waited else ", no wait"))
     return text
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestrator.analysis.compare import RUN_METRICS
 from orchestrator.analysis.stats import change_points
+from orchestrator.readers.record import short_commit
 
 METRIC_LABELS = {m[0]: m[1] for m in RUN_METRICS}
 
@@ -44,8 +45,8 @@ class ChangePoint:
     def sentence(self, metric: str) -> str:
         prev, cur = self.previous, self.night
         return (f"{METRIC_LABELS.get(metric, metric)} changed {self.delta_pct:+.1f}% on the night of "
-                f"{cur.date} ({cur.nightly}): between commit {prev.commit[:7] or '?'} ({prev.nightly}) and "
-                f"{cur.commit[:7] or '?'} (Mann-Whitney p={self.p_value:.3f}, n={self.n_before}/{self.n_after} runs)")
+                f"{cur.date} ({cur.nightly}): between commit {short_commit(prev.commit) or '?'} ({prev.nightly}) and "
+                f"{short_commit(cur.commit) or '?'} (Mann-Whitney p={self.p_value:.3f}, n={self.n_before}/{self.n_after} runs)")
 
 
 def nights(records: list[dict[str, Any]], branch: str, metric: str, config: str | None = None,
@@ -78,7 +79,7 @@ def trend_text(ns: list[Night], metric: str, branch: str, cps: list[ChangePoint]
     """The table `xrun history` prints: one line per night, change points marked."""
     label = METRIC_LABELS.get(metric, metric)
     lines = [f"{label} on {branch}, {len(ns)} night(s)", "",
-             f"{'night':<24} {'commit':<8} {'runs':>4} {'median':>12} {'min':>12} {'max':>12}  note"]
+             f"{'night':<24} {'commit':<12} {'runs':>4} {'median':>12} {'min':>12} {'max':>12}  note"]
     starts = {cp.night.nightly: cp for cp in cps}
     for n in ns:
         med = f"{n.median:.5g}" if n.values else "-"
@@ -89,13 +90,20 @@ def trend_text(ns: list[Night], metric: str, branch: str, cps: list[ChangePoint]
             note.append(f"<- change {starts[n.nightly].delta_pct:+.1f}%")
         if n.incomplete:
             note.append(f"{n.incomplete} run(s) incomplete")
-        lines.append((f"{n.nightly:<24} {n.commit[:7]:<8} {len(n.values):>4} {med:>12} {lo:>12} {hi:>12}  "
+        lines.append((f"{n.nightly:<24} {short_commit(n.commit):<12} {len(n.values):>4} {med:>12} {lo:>12} {hi:>12}  "
                       + "; ".join(note)).rstrip())
     lines.append("")
     if cps:
         lines += [f"Change point: {cp.sentence(metric)}." for cp in cps]
+    elif len([n for n in ns if n.values]) < 2:
+        lines.append("No change point test: one night with results so far; a change is found "
+                     "between nights, so it needs a second night.")
+    elif max(len(n.values) for n in ns) < 4:
+        most = max(len(n.values) for n in ns)
+        lines.append(f"No change point test: fewer than 4 runs on each side of any night: at most "
+                     f"{most} succeeded run(s) per night (use repeats >= 4).")
     elif sum(len(n.values) for n in ns) < 8:
-        lines.append("No change point test: fewer than 4 runs on each side of any night (use repeats >= 4).")
+        lines.append("No change point test: fewer than 4 succeeded runs on each side of any night.")
     else:
         lines.append("No step change beyond noise between nights.")
     return "\n".join(lines) + "\n"

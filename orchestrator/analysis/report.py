@@ -24,12 +24,13 @@ from typing import Any
 
 from orchestrator.analysis.compare import Comparison, Row, RunSetComparison
 from orchestrator.analysis.goodput import CATEGORIES, format_goodput, format_startup
-from orchestrator.readers.record import RunRecord
+from orchestrator.readers.record import RunRecord, short_commit
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 GOODPUT_COLORS = {
     "productive": "#2ca02c", "startup": "#7f7f7f", "compilation": "#bcbd22", "checkpoint": "#ff7f0e",
-    "restarts": "#d62728", "redone_steps": "#e377c2", "other": "#c7c7c7",
+    "restarts": "#d62728", "redone_steps": "#e377c2", "slow_steps": "#9edae5",
+    "between_steps": "#c5b0d5", "teardown": "#8c564b", "other": "#c7c7c7",
 }
 MAX_POINTS = 2000  # per series in a chart
 MAX_EVENTS = 200  # checkpoint markers per run
@@ -138,12 +139,35 @@ def _plot(div_id: str, data: list[dict], layout: dict, smooth_ctl: bool = False,
             '{responsive:true,displaylogo:false});})();</script>')
 
 
-def _axis_buttons(axis: str = "yaxis") -> list[dict]:
-    """A linear / log switch for the y axis (plotly's own relayout buttons)."""
+def log_ticks(values: Sequence[float]) -> tuple[list[float], list[str]]:
+    """Ticks at 1, 2 and 5 of every decade the positive ``values`` span, labelled in full
+    (0.1, 0.2, 0.5, 1, 2, 5), as TensorBoard's log axis reads, not plotly's bare digits."""
+    pos = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+    if not pos:
+        return [], []
+    lo, hi = math.floor(math.log10(min(pos))), math.ceil(math.log10(max(pos)))
+    vals = [m * 10.0 ** e for e in range(lo, hi + 1) for m in (1, 2, 5)
+            if min(pos) / 2 <= m * 10.0 ** e <= max(pos) * 2]
+    vals = [float(f"{v:.12g}") for v in vals]
+    return vals, [f"{v:g}" for v in vals]
+
+
+def _axis_buttons(axis: str = "yaxis", values: Sequence[float] = ()) -> list[dict]:
+    """A linear / log switch for the y axis (plotly's own relayout buttons); the log axis
+    gets 1-2-5 ticks per decade of ``values``."""
+    vals, text = log_ticks(values)
+    log: dict[str, Any] = {f"{axis}.type": "log"}
+    if vals:
+        log.update({f"{axis}.tickvals": vals, f"{axis}.ticktext": text})
     return [{"type": "buttons", "direction": "right", "x": 0, "xanchor": "left", "y": 1.12, "yanchor": "top",
              "showactive": True, "buttons": [
-                 {"label": "linear", "method": "relayout", "args": [{f"{axis}.type": "linear"}]},
-                 {"label": "log", "method": "relayout", "args": [{f"{axis}.type": "log"}]}]}]
+                 {"label": "linear", "method": "relayout",
+                  "args": [{f"{axis}.type": "linear", f"{axis}.tickvals": None, f"{axis}.ticktext": None}]},
+                 {"label": "log", "method": "relayout", "args": [log]}]}]
+
+
+# Line charts: hovering a step shows every run's value there (TensorBoard's and W&B's way).
+UNIFIED = {"hovermode": "x unified"}
 
 
 # ---------------------------------------------------------------------------------------
@@ -185,6 +209,8 @@ def charts_html(section: Section, key: str) -> str:
     times: list[dict[str, Any]] = []
     boxes: list[dict[str, Any]] = []
     bulk: list[float] = []
+    medians: list[float] = []
+    extra: dict[str, list[dict[str, Any]]] = {}
     for rec in section.runs:
         color, label = colors[id(rec)], esc(labels[id(rec)])
         final = rec.final_mask()
@@ -196,20 +222,26 @@ def charts_html(section: Section, key: str) -> str:
             loss.append({"type": "scatter", "mode": "markers", "x": xs, "y": ys, "name": f"{label} (raw)",
                          "legendgroup": label, "showlegend": False, "opacity": 0.25,
                          "marker": {"color": color, "size": 4},
-                         "hovertemplate": f"{label}<br>step %{{x}}<br>loss %{{y:.5g}} (raw)<extra></extra>"})
+                         "hovertemplate": f"{label} raw %{{y:.5g}}<extra></extra>"})
             loss.append({"type": "scatter", "mode": "lines", "x": xs, "y": smooth(ys, DEFAULT_SMOOTHING),
                          "name": label, "legendgroup": label, "line": {"color": color, "width": 2},
                          "meta": {"raw": raw_i},
-                         "hovertemplate": f"{label}<br>step %{{x}}<br>loss %{{y:.5g}} (smoothed)<extra></extra>"})
+                         "hovertemplate": f"{label} smoothed %{{y:.5g}}<extra></extra>"})
         tp = _thin([(float(s), v) for s, v in zip(rec.steps.step, rec.steps.seconds, strict=True)
                     if math.isfinite(v)])
         if not tp:
             continue
         bulk += [p[1] for p in tp]
+        medians.append(statistics.median(p[1] for p in tp))
         times.append({"type": "scatter", "mode": "lines", "x": [p[0] for p in tp], "y": [p[1] for p in tp],
                       "name": label, "legendgroup": label, "line": {"color": color, "width": 1.5},
                       "xaxis": "x", "yaxis": "y",
-                      "hovertemplate": f"{label}<br>step %{{x}}<br>%{{y:.4g}} s<extra></extra>"})
+                      "hovertemplate": f"{label} %{{y:.4g}} s<extra></extra>"})
+        for name, series in _extra_series(rec).items():
+            extra.setdefault(name, []).append({
+                "type": "scatter", "mode": "lines", "x": series[0], "y": series[1], "name": label,
+                "legendgroup": label, "line": {"color": color, "width": 1.5},
+                "hovertemplate": f"{label} %{{y:.4g}}<extra></extra>"})
         at = dict(tp)
         ev_x, ev_y, ev_t = [], [], []
         for ev in rec.checkpoints[:MAX_EVENTS]:
@@ -234,26 +266,54 @@ def charts_html(section: Section, key: str) -> str:
             f'step="0.01" value="{DEFAULT_SMOOTHING}" oninput="xrunApplySmoothing(parseFloat(this.value))"> '
             f'<span class="smoothing-value">{DEFAULT_SMOOTHING:.2f}</span></div>'
             + _plot(f"loss-{key}", loss, {"title": {"text": "Loss"}, "xaxis": {"title": {"text": "step"}},
-                                           "yaxis": {"title": {"text": "loss"}}, "updatemenus": _axis_buttons()},
+                                           "yaxis": {"title": {"text": "loss"}}, **UNIFIED,
+                                           "updatemenus": _axis_buttons(values=[y for t in loss for y in t["y"]])},
                     smooth_ctl=True)
-            + "<figcaption>Loss by step (the last run of each step after restarts): smoothed line over faint "
-              "raw points; drag to zoom, double-click to reset, click a legend entry to hide a run.</figcaption>"
-              "</figure>")
+            + f"<figcaption>Loss by step of {len(loss) // 2} run(s) (the last execution of each step after "
+              "restarts): smoothed line (slider above) over faint raw points; hovering a step lists every "
+              "run's value there; drag to zoom, double-click to reset, click a legend entry to hide a run."
+              "</figcaption></figure>")
     if times:
-        top = statistics.quantiles(bulk, n=10)[-1] * 1.5 if len(bulk) >= 10 else None
+        # Zoomed on the steps, not on compilation and stalls: 3x the slowest run's median.
+        top = 3 * max(medians) if medians else None
+        above = sum(1 for v in bulk if top is not None and v > top)
         yaxis = {"title": {"text": "seconds per step"}, "domain": [0, 1]}
-        if top:  # compilation and stalls would flatten every other step: start zoomed on the bulk
+        if top and above:
             yaxis["range"] = [0, top]
+            zoom = (f"The y axis shows 0–{top:.3g} s (3x the slowest run's median step): {above} step(s) "
+                    "above it (compilation, checkpoint stalls) are off the chart; double-click to see all.")
+        else:
+            zoom = "The y axis shows every step."
         parts.append(
             "<figure>" + _plot(f"steptime-{key}", times + boxes, {
                 "title": {"text": "Seconds per step"}, "xaxis": {"title": {"text": "step"}, "domain": [0, 0.72]},
                 "yaxis": yaxis, "xaxis2": {"domain": [0.78, 1], "anchor": "y2", "showticklabels": False,
                            "title": {"text": "each run (hover)"}},
-                "yaxis2": {"anchor": "x2", "title": {"text": "distribution"}, "matches": "y"},
-                "updatemenus": _axis_buttons()})
-            + "<figcaption>Every executed step; diamonds mark each run's checkpoint saves on its own series "
-              "(hover for blocking time). Right: each run's step-time distribution. The y axis starts zoomed "
-              "on the bulk of the steps; double-click to see compilation and stalls.</figcaption></figure>")
+                "yaxis2": {"anchor": "x2", "title": {"text": "distribution"}, "matches": "y"}, **UNIFIED,
+                "updatemenus": _axis_buttons(values=bulk)})
+            + f"<figcaption>Seconds of every executed step of {len(medians)} run(s); diamonds mark each run's "
+              "checkpoint saves on its own series; hovering a step lists every run's time there. Right: each "
+              f"run's step-time distribution. {zoom}</figcaption></figure>")
+    for name, (title, axis, what) in EXTRA_CHARTS.items():
+        traces = extra.get(name)
+        if not traces:
+            continue
+        yaxis = {"title": {"text": axis}}
+        medians_x = [statistics.median(t["y"]) for t in traces if t["y"]]
+        top_x = 3 * max(medians_x) if medians_x else None
+        off = sum(1 for t in traces for y in t["y"] if top_x is not None and y > top_x)
+        zoom_x = ""
+        if top_x and off and name == "tokens_per_s":  # a step cut short by async dispatch spikes
+            yaxis["range"] = [0, top_x]
+            zoom_x = (f" The y axis shows 0–{top_x:.3g} (3x the highest run median): {off} step(s) above "
+                      "it are off the chart; double-click to see all.")
+        parts.append(
+            "<figure>" + _plot(f"{PLOT_IDS[name]}-{key}", traces, {
+                "title": {"text": title}, "xaxis": {"title": {"text": "step"}},
+                "yaxis": yaxis, **UNIFIED,
+                "updatemenus": _axis_buttons(values=[y for t in traces for y in t["y"]])}, height=320)
+            + f"<figcaption>{what} by step of {len(traces)} run(s), as the step records say; hovering a step "
+              f"lists every run's value there.{zoom_x}</figcaption></figure>")
     gp = [(labels[id(r)], _gp(section, r)) for r in section.runs if r.steps.count]
     if gp:
         data = [{"type": "bar", "orientation": "h", "name": cat.replace("_", " "),
@@ -264,8 +324,39 @@ def charts_html(section: Section, key: str) -> str:
         parts.append("<figure>" + _plot(f"goodput-{key}", data, {
             "barmode": "stack", "title": {"text": "Where the wall time went (goodput)"},
             "xaxis": {"title": {"text": "seconds"}}, "yaxis": {"automargin": True}},
-            height=max(300, 90 + 28 * len(gp))) + "</figure>")
+            height=max(300, 90 + 28 * len(gp)))
+            + "<figcaption>Each bar is one run's wall time, split into what it went to; the parts sum to "
+              "the wall time. Productive: the final steps at the run's own best steady rate; slow steps: "
+              "their time beyond it.</figcaption></figure>")
     return "".join(parts)
+
+
+# Charts drawn when the runs' records have the figure: (title, y axis, caption's subject).
+EXTRA_CHARTS = {
+    "tokens_per_s": ("Tokens/s (all devices)", "tokens/s", "Tokens per second over all devices"),
+    "learning_rate": ("Learning rate", "learning rate", "The learning rate"),
+    "grad_norm": ("Gradient norm", "grad norm", "The global gradient norm"),
+}
+
+
+PLOT_IDS = {"tokens_per_s": "tokens", "learning_rate": "lr", "grad_norm": "gradnorm"}
+
+
+def _extra_series(rec: RunRecord) -> dict[str, tuple[list[float], list[float]]]:
+    """Per-step figures beyond loss and step time that ``rec`` has, thinned for a chart."""
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    devices = rec.devices or 1
+    final = rec.final_mask()
+    tok = _thin([(float(s), t * devices) for s, t, f in zip(rec.steps.step, rec.steps.tokens, final, strict=True)
+                 if f and math.isfinite(t)])
+    if tok:
+        out["tokens_per_s"] = ([p[0] for p in tok], [p[1] for p in tok])
+    for name, (steps, values) in rec.extra.items():
+        last = dict(zip(steps, values, strict=True))  # a redone step: its last value
+        pts = _thin(sorted((float(s), v) for s, v in last.items() if math.isfinite(v)))
+        if pts:
+            out[name] = ([p[0] for p in pts], [p[1] for p in pts])
+    return out
 
 
 def _gp(section: Section, rec: RunRecord) -> dict:
@@ -292,7 +383,7 @@ def trend_html(trend: dict[str, Any], key: str) -> str:
         b = esc(branch)
         px = [n["nightly"] for n in ns for _ in n["values"]]
         py = [v for n in ns for v in n["values"]]
-        pt = [esc(f"{r} ({n['commit'][:7]})") for n in ns for r in n["runs"]]
+        pt = [esc(f"{r} ({short_commit(n['commit'])})") for n in ns for r in n["runs"]]
         data.append({"type": "scatter", "mode": "markers", "x": px, "y": py, "text": pt, "name": f"{b} runs",
                      "legendgroup": b, "showlegend": False, "opacity": 0.45, "marker": {"color": color, "size": 6},
                      "hovertemplate": f"{b}<br>%{{x}}<br>%{{y:.5g}}<br>%{{text}}<extra></extra>"})
@@ -305,7 +396,7 @@ def trend_html(trend: dict[str, Any], key: str) -> str:
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": cp["nightly"], "x1": cp["nightly"],
                        "y0": 0, "y1": 1, "line": {"dash": "dash", "color": "#b00020", "width": 1.5}})
         notes.append({"x": cp["nightly"], "y": 1, "yref": "paper", "showarrow": False, "yanchor": "bottom",
-                      "text": esc(f"{cp['delta_pct']:+.1f}% ({cp['before_commit'][:7]} → {cp['after_commit'][:7]})"),
+                      "text": esc(f"{cp['delta_pct']:+.1f}% ({short_commit(cp['before_commit'])} → {short_commit(cp['after_commit'])})"),
                       "font": {"color": "#b00020"}})
     return ("<figure>" + _plot(f"trend-{key}", data, {
         "title": {"text": esc(f"{trend['label']} over nights ({trend['config']})")},
@@ -431,5 +522,7 @@ def report_for(base: RunRecord, candidates: Sequence[RunRecord], comparisons: Se
                title: str = "xrun comparison report") -> str:
     """``xrun report``: one section with every run and each candidate's comparison; with no
     candidate, a single-run report (charts and the run's table)."""
+    if not comparisons and title == "xrun comparison report":
+        title = "xrun run report"  # one run: nothing is compared
     return render_report([Section("Runs", [base, *candidates], list(comparisons))], title,
                          subtitle=f"base {comparisons[0].base_label}" if comparisons else base.label)

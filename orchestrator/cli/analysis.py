@@ -141,7 +141,18 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
     else:
         text = result.markdown()
     _write(text, output)
+    if output not in (None, "-") and result.exit_code:
+        _why_failed([result])
     return result.exit_code
+
+
+def _why_failed(results: list[Any]) -> None:
+    """Why the exit code is 1, on stderr, when the page went to a file (not only inside it)."""
+    from orchestrator.cli.screen import verdict_line
+
+    for r in results:
+        if r.regressed:
+            click.echo(f"xrun: {r.cand_label} vs {r.base_label}: {verdict_line(r).plain}", err=True)
 
 
 @click.command()
@@ -150,9 +161,9 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
 @_common
 @click.option("-o", "--output", default="xrun-report.html", show_default=True,
               help="HTML file to write ('-' for stdout).")
-@click.option("--title", default="xrun comparison report", show_default=True)
+@click.option("--title", default=None, help="Default: 'xrun comparison report', or 'xrun run report' for one run.")
 def report(base: str, candidates: tuple[str, ...], storage: str | None, threshold: float, alpha: float,
-           warmup: int, output: str, title: str) -> int:
+           warmup: int, output: str, title: str | None) -> int:
     """Write a self-contained HTML report: tables, interactive loss and step-time charts, goodput.
 
     Every CANDIDATE is compared with BASE; with no CANDIDATE, a single-run report of BASE. Exit code as `xrun compare`: 1 when any
@@ -165,10 +176,15 @@ def report(base: str, candidates: tuple[str, ...], storage: str | None, threshol
       xrun report my-run -o my-run.html
     """
     _check_output(output)
+    title = title or ("xrun comparison report" if candidates else f"xrun run report: {base}")
     page, results = analysis.report(base, candidates, settings.storage_root(storage),
                                     threshold_pct=threshold, alpha=alpha, warmup=warmup, title=title)
     _write(page, output)
-    return EXIT_FAILED if any(r.regressed for r in results) else EXIT_OK
+    if any(r.regressed for r in results):
+        if output != "-":
+            _why_failed(results)
+        return EXIT_FAILED
+    return EXIT_OK
 
 
 @click.command()
@@ -179,8 +195,9 @@ def report(base: str, candidates: tuple[str, ...], storage: str | None, threshol
 @click.option("--dry-run", is_flag=True, help="Print the run files that would be submitted; run nothing.")
 @click.option("--storage", help="Override the file's storage root.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1, None), help="Per-run time limit in seconds (overrides the file).")
+@click.option("--repo", type=click.Path(file_okay=False), help="Override the file's repo: (a git checkout the branches are built from).")
 def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str | None,
-            timeout_s: float | None) -> int:
+            timeout_s: float | None, repo: str | None) -> int:
     """Run every (branch, config) on the same slice, compare each candidate with the base.
 
     Runs are named <prefix>-<branch>-<YYYYmmdd-HHMMSS>-<i> and run one after another.
@@ -199,6 +216,13 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
     from orchestrator.services.nightly import render_cronjob_yaml, run_nightly
 
     cfg = load_nightly(nightly_file)
+    if repo:
+        import dataclasses
+        import os
+
+        if not cfg.repo:
+            raise XrunError("--repo: the nightly file has no repo: key (its branches name prebuilt images)")
+        cfg = dataclasses.replace(cfg, repo=os.path.abspath(repo))
     if storage:
         cfg = cfg.with_storage(storage)
     if timeout_s:
@@ -207,10 +231,17 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
         click.echo(render_cronjob_yaml(cfg, cfg.text), nl=False)
         return EXIT_OK
     if dry_run:
+        import dataclasses
+
         import yaml
 
         from orchestrator.nightly_file import plan_runs
+        from orchestrator.services.nightly import resolve_branches
 
+        if cfg.repo:  # the commits each branch would run now (no worktree is made)
+            commits = resolve_branches(cfg)
+            cfg = dataclasses.replace(cfg, branches=[dataclasses.replace(b, commit=commits[b.name])
+                                                     for b in cfg.branches])
         for run in plan_runs(cfg):
             click.echo("---")
             click.echo(yaml.safe_dump(run.run_file, sort_keys=False), nl=False)

@@ -18,7 +18,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 # Keys whose epoch-seconds values are written as RFC3339 times in JSON and YAML output.
 TIME_KEYS = frozenset({"submitted_at", "written_at", "time", "start_time", "end_time", "updated",
-                       "created", "started_at", "ended_at", "committed_at"})
+                       "created", "started_at", "ended_at", "committed_at", "phase_since"})
 
 
 def rfc3339(t: float) -> str:

@@ -22,13 +22,17 @@ from rich.live import Live
 from rich.text import Text
 
 from orchestrator.cli.screen import _duration
-from xrun_contract import HEADER_RE, host_prefix, significant
+from orchestrator.readers.figures import WINDOW
+from xrun_contract import HEADER_RE, STEP_RE, host_prefix, significant
 
 # Lines that are noise on a terminal: Gloo's connection chatter (gloo/transport), absl /
 # glog-prefixed INFO and WARNING lines from C++ (``I1203 10:39:13.123456 123 file.cc:12]``),
 # absl's pre-init notice, and the wrapper's own bookkeeping (its end line stays).
 NOISE_RE = re.compile(
-    r"^(?:\[Gloo\]|\s*\[?gloo|[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]|"
+    # A Gloo line torn where two writers' output met: its head alone ("[Glo"), or its tail
+    # ("oo] Rank 0 is connected to 1 peer ranks. ...") without the "[Gloo]" that marks it.
+    r"^(?:\[G(?:l(?:oo?)?)?$|\S{0,5}\]? ?Rank \d+ is connected to \d+ peer ranks|"
+    r"\[Gloo\]|\s*\[?gloo|[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]|"
     r"WARNING: All log messages before absl::InitializeLog\(\)|E0000 |"
     r"xrun-wrapper: start |EXIT_CODE=)"
 )
@@ -74,11 +78,14 @@ def _tokens(x: float | None) -> str:
 def progress_parts(view: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) pairs of the progress line, in order; shared by both renderings."""
     parts: list[tuple[str, str]] = [("", str(view.get("phase") or view["state"].lower()))]
+    since = view.get("phase_since")
+    if since is not None and view.get("phase") not in ("training", "checkpointing"):
+        parts.append(("for", _duration(max(0.0, time.time() - since))))
     if view.get("step") is not None:
         total = view.get("total_steps")
         parts.append(("step", f"{view['step']}/{total}" if total else str(view["step"])))
         parts.append(("loss", _num(view.get("loss"), 5)))
-        parts.append(("tokens/s (total)", _tokens(view.get("tokens_per_s"))))
+        parts.append((f"tokens/s (total, {WINDOW}-step median)", _tokens(view.get("tokens_per_s"))))
         if view.get("eta_seconds") is not None:
             parts.append(("ETA", _duration(view["eta_seconds"])))
     ck = view.get("latest_checkpoint")
@@ -116,6 +123,25 @@ def rich_progress(view: dict[str, Any], width: int = 20) -> Text:
     return text
 
 
+def newest(view: dict[str, Any], step: int, loss: float, attempt: int) -> dict[str, Any]:
+    """``view`` with the newest step line read from the hosts' log (step ``step`` of
+    ``attempt``) when it is newer than the view's metrics: the step and its loss together,
+    the ETA from the same window's step time, the phase as of that step (a save the step
+    came after is written under training, not waited for)."""
+    if view.get("step") is not None and (attempt, step) <= (view.get("attempt", 0), view["step"]):
+        return view
+    if attempt < (view.get("restarts") or 0) or view.get("state") not in ("Running", "Restarting", "Pending"):
+        return view
+    out = {**view, "step": step, "loss": loss, "attempt": attempt}
+    total, secs = view.get("total_steps"), view.get("step_seconds")
+    if total and secs:
+        out["eta_seconds"] = max(0, total - step) * secs
+    saving = view.get("checkpoints_in_progress") or []
+    if out.get("phase") == "checkpointing" and (not saving or step > max(saving)) or out.get("phase") not in ("training", "checkpointing") and attempt >= (view.get("restarts") or 0):
+        out["phase"] = "training"
+    return out
+
+
 class ProgressScreen:
     """Host lines above a pinned progress line (TTY) or plain progress lines (no TTY)."""
 
@@ -128,10 +154,14 @@ class ProgressScreen:
         self.interval, self.prefix = interval, prefix
         self.live: Live | None = None
         self._last_plain, self._last_phase = 0.0, ""
+        self._view: dict[str, Any] | None = None
+        self._step: tuple[int, float, int] | None = None  # newest step line: (step, loss, attempt)
 
     def __enter__(self) -> ProgressScreen:
         if self.tty:
-            self.live = Live(Text(""), console=self.console, refresh_per_second=4,
+            # The pinned line is drawn from the newest view and step line at each draw (also
+            # the redraw under a host line just printed), never from a stored rendering.
+            self.live = Live(_Pinned(self), console=self.console, refresh_per_second=4,
                              transient=True, auto_refresh=True)
             self.live.start()
         return self
@@ -145,6 +175,9 @@ class ProgressScreen:
             self.live = None
 
     def line(self, host: str, attempt: int, text: str, stamp: str = "") -> None:
+        m = STEP_RE.search(text)
+        if m and (self._step is None or (attempt, int(m["step"])) >= (self._step[2], self._step[0])):
+            self._step = (int(m["step"]), float(m["loss"]), attempt)
         if not self.filter.keep(text):
             return
         out = Text()
@@ -167,15 +200,31 @@ class ProgressScreen:
         else:
             print(f"xrun: {message}", file=_stderr(), flush=True)
 
+    def _merged(self, view: dict[str, Any]) -> dict[str, Any]:
+        return view if self._step is None else newest(view, *self._step)
+
     def update(self, view: dict[str, Any], *, force: bool = False) -> None:
+        self._view = view
+        view = self._merged(view)
         if self.live is not None:
-            self.live.update(rich_progress(view))
+            self.live.refresh()
             return
         now = time.monotonic()
         phase = str(view.get("phase") or "")
         if force or phase != self._last_phase or now - self._last_plain >= self.interval:
             self._last_plain, self._last_phase = now, phase
             print(plain_progress(view), file=_stderr(), flush=True)
+
+
+class _Pinned:
+    """The live line of a :class:`ProgressScreen`, rendered from its state when drawn."""
+
+    def __init__(self, screen: ProgressScreen):
+        self.screen = screen
+
+    def __rich__(self) -> Text:
+        view = self.screen._view
+        return Text("") if view is None else rich_progress(self.screen._merged(view))
 
 
 def _stderr():

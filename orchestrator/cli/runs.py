@@ -5,6 +5,8 @@ Each command parses its flags, calls a service (``orchestrator.services``) and p
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import sys
 import time
@@ -33,6 +35,9 @@ from orchestrator.runfile import parse_mount, parse_pairs, parse_toleration, spe
 from orchestrator.services import follow as following
 from orchestrator.services import logs as logs_service
 from orchestrator.services import runs
+from orchestrator.services.code import GRACE_S, PackOptions
+from orchestrator.workdir import DEFAULT_MAX_MB
+from orchestrator.workdir import resolve as resolve_workdir
 from xrun_contract import RUN_STATES, SUCCEEDED, UNKNOWN
 from xrun_contract.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, XrunError
 
@@ -78,6 +83,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--privileged",), {"is_flag": True, "default": None, "help": "Run the container privileged."}),
     (("--branch",), {"help": "Branch the image was built from (for reports)."}),
     (("--commit",), {"help": "Commit the image was built from (for reports)."}),
+    (("--workdir",), {"metavar": "DIR", "help": "Ship this folder (git's files in a checkout, minus .xrunignore) through storage; the command runs in it, first on PYTHONPATH. Commit and branch are read from git."}),
     (("--backend",), {"type": click.Choice(["local", "kube"]), "help": "Default: kube when a --context is named, else local."}),
     (("--context",), {"help": "kubeconfig context (selects the GKE backend)."}),
     (("-n", "--namespace"), {"help": "Kubernetes namespace. Default: the kubeconfig context's."}),
@@ -85,10 +91,24 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 
 
 
+PACK_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
+    (("--max-workdir-mb",), {"type": click.FloatRange(min=0, min_open=True), "default": DEFAULT_MAX_MB,
+                             "show_default": True, "help": "Refuse a --workdir whose files add up to more (exit 2, the five largest named)."}),
+    (("--allow-file", "allow_files"), {"multiple": True, "metavar": "PATH",
+                                       "help": "Ship this credential-looking file of the workdir (*.pem, *.key, .env, credentials*.json, id_rsa*) anyway (repeatable)."}),
+]
+
+
 def spec_options(fn: Any) -> Any:
-    for decls, kwargs in reversed(SPEC_OPTIONS):
+    for decls, kwargs in reversed(SPEC_OPTIONS + PACK_OPTIONS):
         fn = click.option(*decls, **kwargs)(fn)
     return fn
+
+
+def pack_options(opts: dict[str, Any]) -> PackOptions:
+    """The packing flags (popped from ``opts``: they are no RunSpec fields)."""
+    return PackOptions(max_mb=float(opts.pop("max_workdir_mb", DEFAULT_MAX_MB) or DEFAULT_MAX_MB),
+                       allow_files=tuple(opts.pop("allow_files", ()) or ()))
 
 
 def spec_from_options(opts: dict[str, Any]) -> RunSpec:
@@ -98,11 +118,18 @@ def spec_from_options(opts: dict[str, Any]) -> RunSpec:
         opts[name] = parse_pairs(list(opts.get(name) or ()), name) or None
     opts["tolerations"] = [parse_toleration(x) for x in opts.get("tolerations") or ()] or None
     opts["mounts"] = [parse_mount(x) for x in opts.get("mounts") or ()] or None
-    return spec_from_inputs(
-        opts.pop("run_file", None), opts, env_file=opts.pop("env_file", None),
+    opts.pop("max_workdir_mb", None)
+    opts.pop("allow_files", None)
+    run_file = opts.pop("run_file", None)
+    spec = spec_from_inputs(
+        run_file, opts, env_file=opts.pop("env_file", None),
         env_pairs=tuple(opts.pop("env_pairs", ()) or ()),
         restartable_exit_codes=opts.pop("restartable_exit_codes", None),
     )
+    if spec.workdir:  # a flag's path is from here, a run file's from the file's folder
+        base = None if opts.get("workdir") or not run_file else os.path.dirname(os.path.abspath(run_file))
+        spec = dataclasses.replace(spec, workdir=resolve_workdir(spec.workdir, base))
+    return spec
 
 
 def _warn_corrupt(storage: Any, name: str) -> None:
@@ -128,7 +155,8 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
       xrun render -f run.yaml -o json --output-file jobset.json
       xrun render -f run.yaml | kubectl apply -f -
     """
-    text = dump(runs.render(spec_from_options(opts)), fmt)
+    pack = pack_options(dict(opts))
+    text = dump(runs.render(spec_from_options(opts), pack), fmt)
     if output_file:
         try:
             with open(output_file, "w") as f:
@@ -169,11 +197,19 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
       xrun submit --name smoke --accelerator cpu-2 --image local \\
                   --command "python3 -m workload.train --preset tiny steps=20"
     """
+    pack = pack_options(dict(opts))
     spec = spec_from_options(opts)
     if dry_run:
-        click.echo(runs.dump_yaml(runs.render_for_submit(spec)), nl=False)
+        click.echo(runs.dump_yaml(runs.render_for_submit(runs.code.prepare(spec, pack)[0])), nl=False)
         return EXIT_OK
-    sub = runs.submit(spec, replace=replace, force=force)
+    sub = runs.submit(spec, replace=replace, force=force, pack=pack)
+    spec = sub.spec
+    if sub.packed is not None:
+        p = sub.packed
+        git = (f", git {p.git.commit[:7]}{' on ' + p.git.branch if p.git.branch else ''}"
+               f"{' + uncommitted changes' if p.git.dirty else ''}" if p.git and p.git.commit else "")
+        info(f"workdir {p.workdir}: {len(p.files)} files, {p.total_bytes / 1e6:.2f} MB -> "
+             f"code/{p.sha256[:12]}… ({'uploaded' if sub.uploaded else 'already in storage'}{git})")
     slices = f" x{spec.slices} slices" if spec.slices > 1 else ""
     info(f"submitted {spec.name} ({spec.backend_name} backend, {spec.accelerator}{slices}); storage {sub.url}")
     if detach:
@@ -314,7 +350,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
     """
     import datetime
 
-    from orchestrator.cli.progress import ProgressScreen
+    from orchestrator.cli.progress import LineFilter, ProgressScreen
     from orchestrator.readers.logs import parse_since, parse_time
 
     for h in hosts:
@@ -350,7 +386,8 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
 
     items = logs_service.stamped_log_lines(
         st, name, backend, follow=follow, hosts=set(hosts) or None, since=since_ts,
-        tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn)
+        tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn,
+        shown=None if screen.filter.verbose else LineFilter().keep)
     try:
         if not follow:
             for host, attempt, t, line in items:
@@ -430,7 +467,7 @@ def checkpoints(name: str, storage: str | None, fmt: str, sizes: bool) -> int:
         size = f"{c['size_bytes'] / 2**20:.1f} MiB" if c["size_bytes"] is not None else "-"
         write = f"{c['write_seconds']:.2f}s" if c["write_seconds"] is not None else "-"
         table.add_row(str(c["step"]), c["state"], write, _duration(c["age_seconds"]), size, st.url(c["path"]))
-    Console(soft_wrap=True).print(table)
+    print_table(table)  # piped: paths whole
     return EXIT_OK
 
 
@@ -586,7 +623,32 @@ def delete(name: str | None, storage: str | None, purge: bool, yes: bool, no_wai
         info(f"{'stopped' if done.stopped else 'no live hosts for'} {n}")
         if done.purged is not None:
             info(f"purged {done.purged} objects under {done.url}")
+        if done.code_removed:
+            info(f"removed its workdir archive code/{done.code_removed}.tar.gz (no other run names it)")
     return EXIT_OK
 
 
-COMMANDS = (wait, render, submit, status, logs, checkpoints, list_cmd, delete)
+@click.command()
+@storage_option
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=GRACE_S, show_default=True,
+              help="Spare unnamed archives younger than this many seconds (a submit uploads its archive before its run.json).")
+def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
+    """Remove shipped working trees (<storage>/code/*.tar.gz) that no run names.
+
+    
+    Examples:
+      xrun gc --dry-run
+      xrun gc --grace 0
+    """
+    st = open_storage(storage)
+    out = runs.code.gc(st, dry_run=dry_run, grace_s=grace_s)
+    verb = "would remove" if dry_run else "removed"
+    for sha in out.removed:
+        click.echo(f"{verb} code/{sha}.tar.gz")
+    info(f"{verb} {len(out.removed)} archive(s), {out.bytes_removed / 1e6:.2f} MB; kept {out.kept} named by runs"
+         + (f", {len(out.young)} unnamed but younger than {grace_s:g}s" if out.young else ""))
+    return EXIT_OK
+
+
+COMMANDS = (wait, render, submit, status, logs, checkpoints, list_cmd, delete, gc)

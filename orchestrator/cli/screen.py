@@ -13,6 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.analysis.goodput import format_goodput, format_startup
+from orchestrator.readers.figures import WINDOW_TEXT
+from orchestrator.readers.record import code_text
 from xrun_contract import (
     DELETED,
     FAILED,
@@ -85,14 +87,16 @@ def render_table(view: dict[str, Any]) -> Group:
     head.add_row("State", Text.assemble(state, f"   restarts {view['restarts']}",
                                         f"   {view['message']}" if view["message"] else ""))
     if view.get("phase") and not is_terminal(view["state"]):
-        head.add_row("Phase", Text(str(view["phase"]), style="bold cyan"))
+        since = view.get("phase_since")
+        elapsed = f"  (for {_duration(max(0.0, time.time() - since))})" if isinstance(since, int | float) else ""
+        head.add_row("Phase", Text.assemble((str(view["phase"]), "bold cyan"), elapsed))
     step = _fmt(view["step"])
     if view["total_steps"]:
         step += f" / {view['total_steps']}"
     eta = "" if is_terminal(view["state"]) else f"   ETA {_duration(view['eta_seconds'])}"
     head.add_row("Step", f"{step}   loss {_sig(view['loss'], 5)}   "
                          f"tokens/s (total) {_rate(view['tokens_per_s'])}   "
-                         f"s/step {_sig(view['step_seconds'])}{eta}")
+                         f"s/step {_sig(view['step_seconds'])}{eta}   ({WINDOW_TEXT})")
     ck = view["latest_checkpoint"]
     ck_text = "none committed"
     if ck:
@@ -108,6 +112,8 @@ def render_table(view: dict[str, Any]) -> Group:
     for timeline in _startups(gp):
         head.add_row("Startup", format_startup(timeline))
     head.add_row("Storage", view["storage"])
+    if view.get("code"):
+        head.add_row("Code", code_text(view["code"]))
     for ev in view.get("events") or []:
         head.add_row("Event", Text(ev, style="yellow"))
     hosts = Table(show_edge=False, box=None, header_style="bold")
@@ -132,8 +138,10 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
     if view["step"] is not None:
         lines.append(
             f"  steps {view['step']}" + (f"/{view['total_steps']}" if view["total_steps"] else "")
-            + f", final loss {_sig(view['loss'], 5)}, median s/step {_sig(view['step_seconds'])}, "
-            f"tokens/s (total) {_rate(view['tokens_per_s'])}"
+            + f", final loss {_sig(view['loss'], 5)}; {WINDOW_TEXT}: s/step "
+            f"{_sig(view['step_seconds'])}, tokens/s (total) {_rate(view['tokens_per_s'])}; "
+            f"last step: s/step {_sig(view.get('last_step_seconds'))}, tokens/s (total) "
+            f"{_rate(view.get('last_tokens_per_s'))}"
         )
     lines.append(f"  restarts {view['restarts']}")
     ck = view["latest_checkpoint"]
@@ -149,7 +157,7 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
 
 
 VERDICT_STYLE = {"improved": "green", "regressed": "red", "within noise": "dim",
-                 "differs": "yellow", "missing": "yellow"}
+                 "differs": "yellow", "missing": "yellow", "not improved": "yellow"}
 
 
 def _delta(r: Any) -> str:

@@ -51,6 +51,10 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
             blocked=r.checkpoint_blocked_s, time=t if t is not None else math.nan,
             attempt=attempt, total_weights=r.total_weights,
         )
+        for name in ("grad_norm", "learning_rate"):
+            value = getattr(r, name)
+            if value is not None and math.isfinite(value):
+                rec.add_extra(name, r.step, float(value))
     elif isinstance(r, records.Header):
         rec.set_versions(r.versions)
         if rec.config is None and r.config is not None:
@@ -122,6 +126,8 @@ def apply_run_json(rec: RunRecord, run: dict[str, Any]) -> None:
     rec.branch = str(spec.get("branch") or env.get(Env.BRANCH) or rec.branch or "")
     rec.commit = str(spec.get("commit") or env.get(Env.COMMIT) or rec.commit or "")
     rec.image = str(spec.get("image") or rec.image or "")
+    code = run.get("code")
+    rec.code = code if isinstance(code, dict) else {}
     rec.accelerator = str(spec.get("accelerator") or rec.accelerator or "")
     if isinstance(run.get("submitted_at"), int | float):
         rec.submitted_at = float(run["submitted_at"])

@@ -136,8 +136,13 @@ MAXTEXT_FLOPS_SPLIT_RE = re.compile(
 # -- XPK (AI-Hypercomputer/xpk, src/xpk/core/docker_container.py, get_main_container()) ----
 # "echo XPK Start: $(date)" before the user command, "XPK End: $(date)" and "EXIT_CODE=N"
 # after it; $(date) unquoted, so date's padding spaces collapse to one.
-XPK_START_RE = re.compile(r"^XPK Start: (?P<date>.+?)\s*$")
-XPK_END_RE = re.compile(r"^XPK End: (?P<date>.+?)\s*$")
+# The date is read by its form, so a line glued to it (a shipper that lost the newline) is
+# not part of it: "Thu Dec 3 10:03:56 UTC 2026[DECOUPLED NO-OP] ..." is Dec 3 10:03:56.
+_DATE = r"[A-Z][a-z]{2} +[A-Z][a-z]{2} +\d{1,2} +\d\d:\d\d:\d\d +[A-Za-z0-9:+-]{1,6} +\d{4}"
+XPK_START_RE = re.compile(rf"^XPK Start: (?:(?P<date>{_DATE})|(?P<other>.*))")
+XPK_END_RE = re.compile(rf"^XPK End: (?:(?P<date>{_DATE})|(?P<other>.*))")
+
+NOTE_CHARS = 200  # longest note (a quoted line is cut)
 
 # Where one message starts (every line form above), and the LogParser method that reads it.
 # A line is cut at each start (and at absl prefixes), so messages glued into one physical
@@ -869,9 +874,11 @@ class LogParser:
             m = regex.match(seg)
             if not m:
                 continue
-            when = _parse_date(m["date"])
+            when = _parse_date(m["date"]) if m["date"] else None
             if when is None:
-                rec.notes.append(f"XPK date {m['date']!r} not understood")
+                text = (m["date"] or m["other"] or "").strip()
+                shown = text if len(text) <= 60 else text[:57] + "..."
+                rec.notes.append(f"XPK date {shown!r} not understood")
                 return
             setattr(rec, attr, when[0])
             if attr == "start_time":
@@ -993,6 +1000,9 @@ class LogParser:
             self._save_flush(st)
             if st.lines_split:
                 st.record.notes.append(f"{st.lines_split} lines held several glued messages; split")
+            # A note quotes at most a short piece of a log line, never a whole glued one.
+            st.record.notes = [n if len(n) <= NOTE_CHARS else n[:NOTE_CHARS - 3] + "..."
+                               for n in st.record.notes]
         hosts = [h for h in self._hosts if h]
         candidates = sorted(self._hosts.items(),
                             key=lambda kv: (-kv[1].record.steps.count, kv[0] != "", kv[0]))

@@ -135,6 +135,8 @@ class RunRecord:
     branch: str = ""
     commit: str = ""
     image: str = ""
+    # The shipped working tree (run.json "code": sha256, files, git commit/branch/dirty/diff).
+    code: dict[str, Any] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     config: Any = None
     accelerator: str = ""
@@ -159,6 +161,11 @@ class RunRecord:
     # which step that is (MaxText: the step after the save's, see readers/logparse.py).
     absorbed_stalls: dict[tuple[int, int], float] = field(default_factory=dict)
     events_dropped: int = 0  # checkpoint events past EVENT_CAP: counted in totals, not kept
+    # Per-step figures beyond the step line's (metrics records: grad_norm, learning_rate):
+    # name -> (steps, values), thinned like the steps past STEP_CAP (add_extra).
+    extra: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
+    # (attempt, step) of steps that took a stall no line attributed (steady_mask found them).
+    stall_outliers: set[tuple[int, int]] = field(default_factory=set)
     submitted_at: float | None = None
     start_time: float | None = None
     start_basis: str = ""  # what start_time is: "" (process start), "XPK Start", ...
@@ -191,8 +198,12 @@ class RunRecord:
     # -- identity -------------------------------------------------------------------
     @property
     def short_commit(self) -> str:
-        c = self.commit.strip()
-        return c[:7] if re.fullmatch(r"[0-9a-fA-F]{8,40}", c) else c
+        return short_commit(self.commit)
+
+    @property
+    def code_text(self) -> str:
+        """'code 1a2b3c4d5e6f (git abc1234 on main, dirty: diff 9f8e7d6c5b4a)', '' without a workdir."""
+        return code_text(self.code)
 
     @property
     def label(self) -> str:
@@ -245,10 +256,36 @@ class RunRecord:
         absorbed = self.absorbed_stalls
         for step, seconds, _tf, _tok, _loss, blocked, _t, attempt in self.steps.rows():
             first = first_of_attempt.setdefault(attempt, step)
+            # The two steps after one that absorbed a stall are out too: with async dispatch
+            # the device ran the first during the stall (MaxText: 0.008 s) and the second
+            # waits for both (4.7 s, two steps' work).
             ok = (step >= first + warmup and math.isfinite(seconds) and not blocked
                   and (attempt, step) not in stalled and (attempt, step - 1) not in stalled
-                  and (attempt, step) not in absorbed)
+                  and (attempt, step) not in absorbed and (attempt, step - 1) not in absorbed
+                  and (attempt, step - 2) not in absorbed)
             out.append(ok)
+        return self._without_stall_outliers(out)
+
+    def _without_stall_outliers(self, mask: list[bool]) -> list[bool]:
+        """Also out: a step next to a checkpoint save (its step or the one before) that took
+        over 3x the steady median and 1 s more, with the step after it: a stall the log's
+        lines did not attribute (a line glued or cut), which no steady-state figure or its
+        CI may keep."""
+        kept = [s for s, ok in zip(self.steps.seconds, mask, strict=True) if ok]
+        if len(kept) < 3:
+            return mask
+        med = sorted(kept)[len(kept) // 2]
+        limit = max(3 * med, med + 1.0)
+        saves = {(c.get("attempt", 0), c["step"]) for c in self.checkpoints
+                 if c["event"] in ("started", "device_wait", "blocked", "waited")}
+        out = list(mask)
+        rows = list(zip(self.steps.step, self.steps.attempt, self.steps.seconds, strict=True))
+        for i, (step, attempt, seconds) in enumerate(rows):
+            if out[i] and seconds > limit and ({(attempt, step), (attempt, step - 1)} & saves):
+                out[i] = False
+                self.stall_outliers.add((attempt, step))
+                if i + 1 < len(out) and rows[i + 1][1] == attempt:
+                    out[i + 1] = False
         return out
 
     def final_mask(self) -> list[bool]:
@@ -311,11 +348,21 @@ class RunRecord:
         steps = self.steps
         kept = set(zip(steps.attempt, steps.step, strict=True))
         last = (steps.attempt[-1], steps.step[-1]) if len(steps.step) else None
+        # (an absorbing step's next step is out of steady state too: steady_mask)
         self.absorbed_stalls = {k: v for k, v in self.absorbed_stalls.items()
-                                if k in kept or last is None or k > last}
+                                if k in kept or (k[0], k[1] + 1) in kept or (k[0], k[1] + 2) in kept
+                                or last is None or k >= (last[0], last[1] - 1)}
         # A stalled save's step and the next are out of steady state (steady_mask).
         self.stalled_steps = {k for k in self.stalled_steps if k in kept or (k[0], k[1] + 1) in kept
                               or last is None or k >= last}
+
+    def add_extra(self, name: str, step: int, value: float) -> None:
+        """One per-step figure for the charts (every other one dropped past STEP_CAP)."""
+        steps, values = self.extra.setdefault(name, ([], []))
+        steps.append(step)
+        values.append(value)
+        if len(steps) > STEP_CAP:
+            self.extra[name] = (steps[::2], values[::2])
 
     def set_memory(self, used: float, total: float, pct: float, device: str) -> None:
         if self.memory is None or pct > self.memory["pct"]:
@@ -345,6 +392,14 @@ class RunRecord:
             self.config = _maybe_json(v["config"])
 
 
+def short_commit(commit: str) -> str:
+    """A commit as given when it is already abbreviated (up to 12 hex digits, git's longest
+    auto abbreviation: what the log or the run file had, a 9-digit one stays 9), a full
+    hash cut to git's default 7."""
+    c = (commit or "").strip()
+    return c[:7] if re.fullmatch(r"[0-9a-fA-F]{13,64}", c) else c
+
+
 def _maybe_json(text: Any) -> Any:
     if not isinstance(text, str):
         return text
@@ -367,3 +422,16 @@ def format_params(count: float) -> str:
     if count >= 1e5:
         return f"{count / 1e6:.3f} million"
     return f"{count:,.0f}"
+
+
+def code_text(code: dict[str, Any] | None) -> str:
+    """One line for run.json's ``code`` record (status, compare notes, nightly summary)."""
+    if not code or not code.get("sha256"):
+        return ""
+    git = code.get("git") or {}
+    where = ""
+    if git.get("commit"):
+        where = f"git {str(git['commit'])[:7]}" + (f" on {git['branch']}" if git.get("branch") else "")
+        if git.get("dirty"):
+            where += f", dirty: diff {str(git.get('diff_sha256') or '')[:12]}"
+    return f"code {str(code['sha256'])[:12]}" + (f" ({where})" if where else "")

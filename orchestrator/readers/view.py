@@ -7,13 +7,14 @@ plain dict: what ``-o json|yaml`` prints and what the CLI's screen renders.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from orchestrator.backends.base import BackendStatus
+from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import latest_committed, list_checkpoints
 from orchestrator.readers.record import RunRecord
 from xrun_contract import (
+    DELETED,
     FAILED,
     PENDING,
     RESTARTING,
@@ -25,27 +26,10 @@ from xrun_contract import (
 )
 from xrun_contract.storage import Storage
 
-RECENT_STEPS = 20  # the step time shown is the median of this many latest steps
-
 
 def progress(rec: RunRecord) -> dict[str, Any]:
-    """Step, loss, throughput (all devices) and ETA from the record's latest steps."""
-    out: dict[str, Any] = {"step": None, "total_steps": rec.total_steps, "loss": None,
-                           "tokens_per_s": None, "step_seconds": None, "eta_seconds": None,
-                           "attempt": 0}
-    steps = rec.steps
-    if not len(steps):
-        return out
-    out["step"], out["loss"], out["attempt"] = steps.step[-1], steps.loss[-1], steps.attempt[-1]
-    recent = [s for s in steps.seconds[-RECENT_STEPS:]]
-    out["step_seconds"] = statistics.median(recent)
-    tok = steps.tokens[-1]
-    if tok == tok:  # not NaN
-        out["tokens_per_s"] = tok * (rec.devices or 1)
-    state = rec.state
-    if rec.total_steps and out["step_seconds"] and not is_terminal(state) and state != UNKNOWN:
-        out["eta_seconds"] = max(0, rec.total_steps - out["step"]) * out["step_seconds"]
-    return out
+    """Step, loss, throughput (all devices) and ETA: :func:`orchestrator.readers.figures.progress`."""
+    return figures.progress(rec)
 
 
 def phase(rec: RunRecord, state: str, restarts: int, hosts: list[dict[str, Any]],
@@ -130,6 +114,11 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         current, message = UNKNOWN, "; ".join(rec.problems)
     rec.state = current  # the ETA and goodput read the state as shown
     for h in hosts:
+        if current == DELETED and h.get("state") == FAILED and h.get("exit_code") in (143, 137):
+            # Stopped by the deletion (SIGTERM, or SIGKILL after the grace period): not a
+            # failure of the host.
+            h["state"] = DELETED
+            h["reason"] = f"stopped by xrun delete ({_signal_name(int(h['exit_code']))})"
         h["reason"] = host_reason(h)
     in_progress = [c.step for c in checkpoints if c.state != "committed"]
     view: dict[str, Any] = {
@@ -142,15 +131,49 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         "accelerator": rec.spec.get("accelerator", ""),
         "submitted_at": rec.submitted_at,
         "storage": storage.url(Layout.run(rec.name)),
+        "code": rec.code or None,  # the shipped working tree (workdir), as run.json records it
         "hosts": hosts,
         **progress(rec),
         "latest_checkpoint": latest.as_dict() if latest else None,
         "checkpoints_in_progress": in_progress,
         "phase": phase(rec, current, restarts, hosts, in_progress),
+        "phase_since": None,
         "transitions": list(state_info.get("transitions", [])),
         "goodput": _goodput(rec),
     }
+    view["phase_since"] = phase_since(rec, view)
     return view
+
+
+def phase_since(rec: RunRecord, view: dict[str, Any]) -> float | None:
+    """When the run entered the phase the view shows (unix time; None once it ended), so
+    the live line can say how long it has been in it."""
+    ph, restarts = str(view.get("phase") or ""), view.get("restarts") or 0
+    if is_terminal(view["state"]) or view["state"] == UNKNOWN:
+        return None
+    transitions = view.get("transitions") or []
+
+    def last_transition(state: str) -> float | None:
+        times = [t.get("time") for t in transitions if t.get("state") == state]
+        return float(times[-1]) if times and isinstance(times[-1], int | float) else None
+
+    if ph == "scheduling":
+        return rec.submitted_at
+    if ph.startswith("restarting"):
+        return last_transition(RESTARTING)
+    if ph == "starting":
+        return last_transition(RUNNING) or rec.submitted_at
+    if ph in ("training", "checkpointing"):
+        steps = rec.steps
+        times = [t for t, a in zip(steps.time, steps.attempt, strict=True) if a >= restarts and t == t]
+        began = [p["time"] for p in rec.phases
+                 if p.get("phase") == "compiled" and p.get("attempt", 0) >= restarts and p.get("time")]
+        if ph == "training":
+            return max(began) if began else (times[0] if times else None)
+        return None
+    if rec.phase and rec.phase.get("time") is not None:
+        return float(rec.phase["time"])
+    return None
 
 
 def _goodput(rec: RunRecord) -> dict[str, Any] | None:

@@ -56,15 +56,19 @@ def stamped_log_lines(storage: Storage, name: str, backend: Backend, *, follow: 
                       hosts: set[str] | None = None, since: float | None = None,
                       tail: int | None = None, tail_per_host: int | None = None,
                       grep: re.Pattern[str] | None = None,
-                      warn: Callable[[str], None] | None = None) -> Iterator[StampedLine]:
+                      warn: Callable[[str], None] | None = None,
+                      shown: Callable[[str], bool] | None = None) -> Iterator[StampedLine]:
     """(host, attempt, time, line) of a run, in order; with ``follow`` until the run ends.
 
     ``since`` (epoch seconds) filters per line; ``grep`` keeps matching lines; ``tail`` is
-    the last N matching lines in total (kubectl's ``--tail`` over one merged stream),
+    the last N matching (and ``shown``) lines in total (kubectl's ``--tail`` over one merged stream),
     ``tail_per_host`` the last N of each host (stern's ``--tail``). Lines from live pods are
     dated when received."""
     def keep(item: StampedLine) -> bool:
-        return (grep is None or grep.search(item[3]) is not None) and (since is None or item[2] >= since)
+        # ``shown``: the lines the caller will print (quiet mode hides some), so --tail N
+        # counts N lines the reader sees.
+        return ((grep is None or grep.search(item[3]) is not None) and (since is None or item[2] >= since)
+                and (shown is None or shown(item[3])))
 
     live: set[int] = set()
     from_pods = False

@@ -10,12 +10,17 @@ the storage root. The exit code says whether anything regressed (or failed).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import functools
 import json
+import os
 import re
+import shutil
+import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +90,62 @@ def follow(run: PlannedRun, timeout_s: float, poll_s: float,
         time.sleep(poll_s)
 
 
+def resolve_branches(cfg: NightlyConfig) -> dict[str, str]:
+    """Each branch's head commit in ``cfg.repo`` now; an unknown branch is exit 2."""
+    from orchestrator.workdir import is_git_checkout
+
+    if not os.path.isdir(cfg.repo) or not is_git_checkout(cfg.repo):
+        raise XrunError(f"repo: {cfg.repo} is not a git checkout", EXIT_USAGE)
+    out = {}
+    for b in cfg.branches:
+        commit = ""
+        if b.name.startswith("-") or "\0" in b.name:  # git refuses such names; never an option to git
+            raise XrunError(f"branches.{b.name}: not a git branch name", EXIT_USAGE)
+        # A local branch, a remote one of a clone (the CronJob's), or any other name git knows.
+        for ref in (f"refs/heads/{b.name}", f"refs/remotes/origin/{b.name}", b.name):
+            r = subprocess.run(["git", "-C", cfg.repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                               capture_output=True, text=True, timeout=60)
+            if r.returncode == 0:
+                commit = r.stdout.strip()
+                break
+        if not commit:
+            raise XrunError(f"branches.{b.name}: no branch {b.name!r} in {cfg.repo}", EXIT_USAGE)
+        out[b.name] = commit
+    return out
+
+
+@contextlib.contextmanager
+def checkouts(cfg: NightlyConfig, log: Callable[[str], None] = print) -> Iterator[NightlyConfig]:
+    """With ``repo:``: every branch resolved to its head commit and checked out into a
+    temporary ``git worktree`` (detached at that commit), yielded as the config whose
+    branches carry commit and workdir. The worktrees are removed afterwards, whatever
+    happened. Without ``repo:`` the config as it is."""
+    if not cfg.repo:
+        yield cfg
+        return
+    commits = resolve_branches(cfg)  # before anything is made or run
+    top = tempfile.mkdtemp(prefix="xrun-nightly-")
+    made: list[str] = []
+    try:
+        branches = []
+        for b in cfg.branches:
+            path = os.path.join(top, b.slug)
+            r = subprocess.run(["git", "-C", cfg.repo, "worktree", "add", "--detach", path, commits[b.name]],
+                               capture_output=True, text=True, timeout=300)
+            if r.returncode != 0:
+                raise XrunError(f"repo: git worktree add for {b.name} failed: {r.stderr.strip()[-300:]}", EXIT_USAGE)
+            made.append(path)
+            log(f"nightly: {b.name} at {commits[b.name][:12]} ({path})")
+            branches.append(dataclasses.replace(b, commit=commits[b.name], workdir=path))
+        yield dataclasses.replace(cfg, branches=branches)
+    finally:
+        for path in made:
+            subprocess.run(["git", "-C", cfg.repo, "worktree", "remove", "--force", path],
+                           capture_output=True, timeout=300)
+        shutil.rmtree(top, ignore_errors=True)
+        subprocess.run(["git", "-C", cfg.repo, "worktree", "prune"], capture_output=True, timeout=300)
+
+
 @dataclass
 class NightlyResult:
     exit_code: int
@@ -98,7 +159,16 @@ def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
                 now: _dt.datetime | None = None,
                 on_view: Callable[[int, int, dict[str, Any]], None] | None = None) -> NightlyResult:
     """Submit and follow every run, compare, append the history, write the report folder.
-    ``on_view(i, n, view)``: run i of the plan's n, as it goes (its phase, step, loss)."""
+    ``on_view(i, n, view)``: run i of the plan's n, as it goes (its phase, step, loss).
+    With ``repo:`` every branch is its head commit's worktree, shipped as the runs' workdir
+    (``checkouts``)."""
+    with checkouts(cfg, log) as resolved:
+        return _run_nightly(resolved, log, now, on_view)
+
+
+def _run_nightly(cfg: NightlyConfig, log: Callable[[str], None],
+                 now: _dt.datetime | None,
+                 on_view: Callable[[int, int, dict[str, Any]], None] | None) -> NightlyResult:
     from orchestrator.analysis.compare import compare_runs, figures, run_values
     from orchestrator.analysis.report import Section, render_report
     from orchestrator.readers.history import read_history
@@ -198,8 +268,9 @@ def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
         "date": date, "started": started.isoformat(), "nightly": stamp, "prefix": cfg.prefix,
         "base": cfg.base, "threshold_pct": cfg.threshold_pct, "alpha": cfg.alpha, "slice": cfg.slice,
         "verdict": overall,
+        "repo": cfg.repo,
         "runs": [{"name": o.planned.name, "branch": o.planned.branch.name, "commit": o.planned.branch.commit,
-                  "config": o.planned.config.name, "repeat": o.planned.repeat, "state": o.state,
+                  "code": _code_sha(records.get(o.planned.name)), "config": o.planned.config.name, "repeat": o.planned.repeat, "state": o.state,
                   "message": o.message, "seconds": round(o.seconds, 1)} for o in outcomes],
         "comparisons": entries, "regressed": regressed, "incomplete": incomplete,
         "failed_runs": [o.planned.name for o in failed], "exit_code": exit_code,
@@ -225,6 +296,11 @@ def run_nightly(cfg: NightlyConfig, log: Callable[[str], None] = print,
     except Exception as e:  # noqa: BLE001 - any client error: storage is unreachable
         raise XrunError(f"storage: cannot write {storage.url(prefix)}: {e}", EXIT_UNREACHABLE) from None
     return NightlyResult(exit_code, md, summary, storage.url(f"{prefix}/index.html"), outcomes)
+
+
+def _code_sha(rec: Any) -> str:
+    """The shipped tree's sha256 a run recorded ("" without a workdir)."""
+    return str((getattr(rec, "code", None) or {}).get("sha256") or "")
 
 
 TREND_NIGHTS = 30  # nights shown in the report's trend charts
@@ -253,7 +329,7 @@ def _history_record(cfg: NightlyConfig, o: RunOutcome, rec: Any, stamp: str, sta
     return {
         "schema": 1, "nightly": stamp, "date": started.strftime("%Y-%m-%d"), "started": started.isoformat(),
         "prefix": cfg.prefix, "branch": o.planned.branch.name, "commit": o.planned.branch.commit,
-        "image": o.planned.branch.image, "config": o.planned.config.name, "repeat": o.planned.repeat,
+        "image": o.planned.branch.image, "code": _code_sha(rec), "config": o.planned.config.name, "repeat": o.planned.repeat,
         "run": o.planned.name, "state": o.state, "message": o.message,
         "accelerator": cfg.slice.get("accelerator"),
         "versions": dict(rec.versions) if rec is not None else {}, "figures": figs,
@@ -310,11 +386,14 @@ def summary_markdown(cfg: NightlyConfig, summary: dict[str, Any], outcomes: list
     lines += ["| Config | Candidate | Runs | Verdict |", "|---|---|---|---|"]
     for e in summary["comparisons"]:
         lines.append(f"| {e['config']} | {e['candidate']} | {', '.join(e['runs'])} | {e['verdict']} |")
-    lines += ["", "| Run | Branch | Config | Repeat | State | Seconds |", "|---|---|---|---|---|---|"]
+    lines += ["", "| Run | Branch | Config | Repeat | State | Seconds | Commit | Code |",
+              "|---|---|---|---|---|---|---|---|"]
+    codes = {r["name"]: r.get("code") or "" for r in summary["runs"]}
     for o in outcomes:
         state = o.state + (f" ({o.message})" if o.message and o.state != "Succeeded" else "")
         lines.append(f"| {o.planned.name} | {o.planned.branch.name} | {o.planned.config.name} | "
-                     f"{o.planned.repeat + 1} | {state} | {o.seconds:.0f} |")
+                     f"{o.planned.repeat + 1} | {state} | {o.seconds:.0f} | {o.planned.branch.commit[:12]} | "
+                     f"{codes.get(o.planned.name, '')} |")
     for cp in summary.get("change_points", []):
         lines += ["", f"**Change point on {cp['branch']}** ({cp['config']}): {cp['text']}."]
     for section in sections:
@@ -342,6 +421,16 @@ def render_cronjob_yaml(cfg: NightlyConfig, text: str) -> str:
     if not isinstance(suspend, bool):
         raise XrunError("cronjob.suspend: must be true or false")
     runs = sum(c.repeats for c in cfg.configs) * len(cfg.branches)
+    git_url = _str(cron.get("git_url"), "cronjob.git_url", required=False)
+    git_secret = _str(cron.get("git_secret"), "cronjob.git_secret", required=False)
+    if cfg.repo and not git_url:
+        raise XrunError("cronjob.git_url: with repo: the CronJob needs its own checkout: give git_url (cloned by "
+                        "an init container of cronjob.image, which needs git) and git_secret (a Secret with a "
+                        "read-only deploy key), or run 'xrun nightly' from a CI job that checks the repository out")
+    if git_url and not cfg.repo:
+        raise XrunError("cronjob.git_url: only with repo: (the branches are then built from that clone)")
+    if git_secret and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", git_secret):
+        raise XrunError(f"cronjob.git_secret: {git_secret!r} is not a valid Secret name")
     spec = CronJobSpec(
         name=name, namespace=_str(cron.get("namespace", cfg.namespace), "cronjob.namespace"),
         schedule=cfg.schedule,
@@ -350,5 +439,6 @@ def render_cronjob_yaml(cfg: NightlyConfig, text: str) -> str:
         gcp_service_account=_str(cron.get("gcp_service_account"), "cronjob.gcp_service_account", required=False),
         time_zone=_str(cron.get("time_zone", cfg.time_zone), "cronjob.time_zone", required=False),
         active_deadline_seconds=int(cfg.timeout_s * runs + 3600), suspend=suspend,
+        git_url=git_url, git_secret=git_secret,
     )
     return yaml.safe_dump_all(nightly_objects(spec), sort_keys=False, default_flow_style=False, width=100)

@@ -22,10 +22,14 @@ import yaml
 from manifests.jobset import jobset
 from manifests.spec import RunSpec, check_cluster_xrun_image
 from orchestrator.backends.base import Backend, BackendStatus
+from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.loaders import StoredRun, read_stored_run
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
+from orchestrator.services import code
+from orchestrator.services.code import PackOptions
+from orchestrator.workdir import Packed
 from xrun_contract import (
     DELETED,
     FAILED,
@@ -166,8 +170,14 @@ def observe(storage: Storage, name: str, backend: Backend,
 # Render and submit
 
 
-def render(spec: RunSpec) -> dict[str, Any]:
-    """The JobSet for ``spec``, admitted offline as the cluster would admit it."""
+def render(spec: RunSpec, pack: PackOptions | None = None) -> dict[str, Any]:
+    """The JobSet for ``spec``, admitted offline as the cluster would admit it; a ``workdir``
+    is packed (nothing uploaded) so the manifest names its archive."""
+    spec, _ = code.prepare(spec, pack)
+    return _render(spec)
+
+
+def _render(spec: RunSpec) -> dict[str, Any]:
     check_workload_args(spec)
     manifest = jobset(spec)
     admit(manifest)
@@ -181,7 +191,7 @@ def render_for_submit(spec: RunSpec) -> dict[str, Any]:
     """:func:`render`, and what only a submission needs: a cluster run's ``xrun_image`` must
     be pullable by its nodes (``render`` alone prints the manifest for any image)."""
     check_cluster_xrun_image(spec)
-    return render(spec)
+    return _render(spec)
 
 
 def admit(manifest: dict[str, Any]) -> None:
@@ -252,37 +262,55 @@ class Submitted:
     manifest: dict[str, Any]
     storage: Storage
     backend: Backend
+    packed: Packed | None = None  # the shipped working tree, when the spec has a workdir
+    uploaded: bool = False  # whether this submit uploaded its archive (False: already stored)
 
     @property
     def url(self) -> str:
         return self.storage.url(Layout.run(self.spec.name))
 
 
-def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Submitted:
+def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
+           pack: PackOptions | None = None) -> Submitted:
     """Write manifest.yaml and run.json under the run's folder, then hand the manifest to the
     backend. ``replace`` removes an earlier run of the same name first (its stored data and
     checkpoints with it), and only once that run is over as its backend and state.json say
     and no process of it lives; ``force`` replaces a live one too, stopping it first.
 
     Exclusive per name: run.json is created atomically (``Storage.create_exclusive``: O_EXCL
-    locally, ifGenerationMatch=0 on GCS), so of racing submits exactly one starts."""
+    locally, ifGenerationMatch=0 on GCS), so of racing submits exactly one starts.
+
+    A ``workdir`` is packed first (bad input: exit 2, nothing written) and its archive
+    uploaded before run.json, only when absent (``code.upload``)."""
     if force and not replace:
         raise XrunError("--force: only with --replace (it replaces a run that is still live)")
+    spec, packed = code.prepare(spec, pack)
     manifest = render_for_submit(spec)
     storage = _open(spec.storage)
     backend = backend_for_spec(spec)
     _preflight(backend)
+    uploaded = False
+    if packed is not None:
+        uploaded = code.upload(storage, packed)
+    elif spec.code_sha256:
+        code.check_uploaded(storage, spec.code_sha256)
     record = {
         "name": spec.name, "spec": spec.to_dict(), "submitted_at": time.time(),
         "backend": spec.backend_name, "context": spec.context, "namespace": spec.namespace,
         "xrun_version": XRUN_VERSION, "storage": storage.root, "submit_id": writer_id(),
     }
+    if packed is not None:
+        record["code"] = {**packed.record(), "uploaded": uploaded}
+    elif spec.code_sha256:
+        record["code"] = {"sha256": spec.code_sha256}
     data = (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode()
     if not _create(storage, Layout.run_json(spec.name), data):
         _make_room(storage, spec, backend, replace, force)
         if not _create(storage, Layout.run_json(spec.name), data):
             raise XrunError(f"name: another submit of {spec.name!r} won the race under "
                             f"{storage.root}; choose another name")
+    if packed is not None and not storage.exists_object(Layout.code(packed.sha256)):
+        code.upload(storage, packed)  # a gc or purge removed it between our upload and run.json
     try:  # run.json first: the run is traceable even if the cluster rejects it
         storage.write_text(Layout.manifest(spec.name), dump_yaml(manifest))
     except XrunError:
@@ -293,7 +321,7 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False) -> Subm
     resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
     if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
         storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
-    return Submitted(spec, manifest, storage, backend)
+    return Submitted(spec, manifest, storage, backend, packed, uploaded)
 
 
 def _preflight(backend: Backend) -> None:
@@ -496,7 +524,7 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
         records = [r for r in pool.map(read, names) if r is not None]
     runs = []
     for r in records:
-        last = len(r.steps) > 0
+        fig = figures.progress(r)
         runs.append({
             "name": r.name,
             "state": r.state or ("Pending" if r.run_info else "Unknown"),
@@ -504,9 +532,9 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
             "accelerator": r.spec.get("accelerator", ""),
             "submitted_at": r.submitted_at,
             "restarts": r.restarts,
-            "step": r.steps.step[-1] if last else None,
+            "step": fig["step"],
             "total_steps": r.total_steps,
-            "loss": r.steps.loss[-1] if last else None,
+            "loss": fig["loss"],
             "labels": run_labels(r.spec, r.name),
             **({"message": "; ".join(r.problems)} if r.problems else {}),
         })
@@ -528,19 +556,33 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
     return runs
 
 
+_STEP_RECORD = re.compile(r'"kind":\s*"step"')
+
+
 def _latest_steps(storage: Storage, rec: RunRecord) -> None:
-    """Fold only the first metrics chunk (the header: total steps, unless run.json has them
-    from the workload) and the last one (the latest step and loss) into ``rec``: one or two
-    reads per run however long it trained."""
+    """Fold the first metrics chunk (the header: total steps, unless run.json has them from
+    the workload) and the newest chunks back to the last one holding a step (the latest step
+    and loss; a run's last chunk often holds only its end record) into ``rec``: a few reads
+    per run however long it trained."""
     from orchestrator.readers.loaders import read_jsonl_lines
 
     objects, _ = storage.list(Layout.metrics(rec.name))
     keys = sorted(o.key for o in objects)
-    first = keys[:1] if rec.total_steps is None else []
-    for key in dict.fromkeys(first + keys[-1:]):
-        data = storage.read_bytes(key)
-        if data is not None:
-            read_jsonl_lines(rec, data.decode("utf-8", errors="replace").splitlines())
+    tail: list[list[str]] = []
+    for key in reversed(keys[1:]):
+        lines = _chunk_lines(storage, key)
+        tail.append(lines)
+        if any(_STEP_RECORD.search(ln) for ln in lines):
+            break
+    stepped = any(_STEP_RECORD.search(ln) for lines in tail for ln in lines)
+    head = keys[:1] if rec.total_steps is None or not stepped else []
+    for lines in [_chunk_lines(storage, k) for k in head] + tail[::-1]:
+        read_jsonl_lines(rec, lines)
+
+
+def _chunk_lines(storage: Storage, key: str) -> list[str]:
+    data = storage.read_bytes(key)
+    return [] if data is None else data.decode("utf-8", errors="replace").splitlines()
 
 
 def checkpoints(storage: Storage, name: str, sizes: bool = False) -> list[CheckpointInfo]:
@@ -557,6 +599,7 @@ class Deleted:
     stopped: bool
     purged: int | None = None
     url: str = ""
+    code_removed: str = ""  # the sha256 of the archive purged with the run
 
 
 def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = True) -> Deleted:
@@ -571,7 +614,10 @@ def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = Tru
                                                   message="deleted by xrun delete"), backend.name)
     out = Deleted(stopped, url=storage.url(Layout.run(name)))
     if purge:
+        sha = ((storage.read_json(Layout.run_json(name)) or {}).get("spec") or {}).get("code_sha256", "")
         out.purged = storage.delete_prefix(Layout.run(name))
+        # Its shipped tree too, unless another run still names it.
+        out.code_removed = sha if sha and code.release(storage, name, sha) else ""
     return out
 
 

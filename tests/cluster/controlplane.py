@@ -499,7 +499,12 @@ class Supervisor:
         audit_policy = self.root / "audit-policy.yaml"
         audit_policy.write_text(yaml.safe_dump({
             "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
-            "omitStages": ["RequestReceived"], "rules": [{"level": "Metadata"}]}))
+            "omitStages": ["RequestReceived"], "rules": [
+                # What clients send to change a JobSet (the body of a create, a delete's
+                # options): tests assert on the request as it reached the server.
+                {"level": "Request", "verbs": ["create", "update", "patch", "delete"],
+                 "resources": [{"group": "jobset.x-k8s.io", "resources": ["jobsets"]}]},
+                {"level": "Metadata"}]}))
         self.start("kube-apiserver", [
             f"--etcd-servers=https://127.0.0.1:{p['etcd']}", f"--etcd-cafile={tls['ca']}",
             f"--etcd-certfile={tls['cert']}", f"--etcd-keyfile={tls['key']}",
