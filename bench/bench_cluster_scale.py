@@ -437,7 +437,7 @@ def storage_kinds(reqs: list[tuple[str, str]]) -> dict[str, int]:
 
 
 # --- one size ------------------------------------------------------------------------------------
-def bench_size(cl: ClusterProc, pods: int, exe: Path, work: Path) -> dict[str, Any]:
+def bench_size(cl: ClusterProc, pods: int, exe: Path, work: Path, commands: bool = True) -> dict[str, Any]:
     from fake_gcs import fake_gcs_server
     from http_counter import CountingProxy
 
@@ -513,6 +513,11 @@ def bench_size(cl: ClusterProc, pods: int, exe: Path, work: Path) -> dict[str, A
 
         # status with the pods still there (the JobSet's TTL has not run yet)
         res["status_live_s"], _ = timed(xrun_cmd("status", name), env, repeat=1)
+        if not commands:
+            watcher.stop.set()
+            proxy.close()
+            res.pop("_said_running", None)
+            return res
         # the TTL deletes the JobSet and its pods; then every command reads storage
         t_gone = time.time() + 300
         while time.time() < t_gone and not gone(cl.c, name):
@@ -562,14 +567,15 @@ def report(results: list[dict[str, Any]]) -> str:
         f"{r['follow_storage'].get('list', 0)}/{r['follow_storage'].get('get', 0)}" for r in results])
     row("follow: wall time (s)", [f"{r['follow_s']:.0f}" for r in results])
     row("status, pods present (s)", [f"{r['status_live_s']:.2f}" for r in results])
-    labels = list(results[0]["commands"])
+    labels = list(results[0].get("commands") or {}) if all("commands" in r for r in results) else []
     for i, label in enumerate(labels):
         name = label if not label.startswith("logs --host") else "logs --host <last slice>-63"
         row(f"{name} (s)", [f"{list(r['commands'].values())[i]['s']:.2f}" for r in results])
         row(f"{name}: storage requests (list/get)", [
             f"{list(r['commands'].values())[i]['storage'].get('list', 0)}/"
             f"{list(r['commands'].values())[i]['storage'].get('get', 0)}" for r in results])
-    row("stored logs (MiB, all hosts)", [f"{r['bulk_bytes'] / 2**20:.0f}" for r in results])
+    if labels:
+        row("stored logs (MiB, all hosts)", [f"{r['bulk_bytes'] / 2**20:.0f}" for r in results])
     return "\n".join(out)
 
 
@@ -578,6 +584,8 @@ def main() -> int:
     ap.add_argument("--pods", type=int, nargs="+", default=[64, 256, 1024],
                     help="run sizes (multiples of 64: one v6e-256 slice each)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--follow-only", action="store_true",
+                    help="only the follow (API requests, lags, RSS) and status; no stored logs or commands")
     a = ap.parse_args()
     if any(p % HOSTS_PER_SLICE for p in a.pods):
         print("--pods: multiples of 64", file=sys.stderr)
@@ -592,7 +600,7 @@ def main() -> int:
     results = []
     try:
         for p in a.pods:
-            results.append(bench_size(cl, p, exe, work))
+            results.append(bench_size(cl, p, exe, work, commands=not a.follow_only))
     finally:
         cl.down()
     print()
