@@ -28,6 +28,7 @@ from xrun_contract import (
     HEADER_LINE,
     HEADER_VERSIONS_KEY,
     MEMORY_LINE,
+    METRICS_ROLLUP_EVERY,
     PHASE_ACTIVITY,
     PHASE_LINE,
     PHASE_TOOK,
@@ -108,7 +109,9 @@ class Metrics:
             start = next_chunk_seq(storage, run, attempt)
             tag = writer_id()
             self.writer = ChunkWriter(
-                storage, lambda seq: Layout.metrics_chunk(run, attempt, seq, tag), interval, start)
+                storage, lambda seq: Layout.metrics_chunk(run, attempt, seq, tag), interval, start,
+                rollup_key_for=lambda seq: Layout.metrics_rollup(run, attempt, seq, tag),
+                rollup_every=METRICS_ROLLUP_EVERY)
             self.events = EventWriter(storage, run, attempt, tensorboard_interval)
 
     def record(self, rec: records.Record, at: float | None = None) -> None:

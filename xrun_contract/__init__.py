@@ -227,6 +227,17 @@ class Layout:
         return f"runs/{name}/metrics/attempt-{attempt:03d}-{seq:08d}{tag}.jsonl"
 
     @staticmethod
+    def metrics_rollups(name: str) -> str:
+        return f"runs/{name}/metrics-rollup"
+
+    @staticmethod
+    def metrics_rollup(name: str, attempt: int, upto: int, writer: str) -> str:
+        """Every record writer ``writer`` wrote in ``attempt`` up to and including its chunk
+        ``upto``, in one object (rewritten every METRICS_ROLLUP_EVERY chunks): a reader of the
+        whole run reads it and the chunks after it, not every chunk of a long run."""
+        return f"runs/{name}/metrics-rollup/attempt-{attempt:03d}-{upto:08d}-{writer}.jsonl"
+
+    @staticmethod
     def checkpoints(name: str) -> str:
         return f"runs/{name}/checkpoints"
 
@@ -260,6 +271,11 @@ ATTEMPT_RE = re.compile(r"attempt-(\d+)")
 # The sequence number of a chunk object's name (log ``00000003-1a2b3c4d.log``, metrics
 # ``attempt-000-00000003-1a2b3c4d.jsonl``; the writer tag is absent in older runs).
 CHUNK_SEQ_RE = re.compile(r"(\d{8})(?:-[0-9a-f]+)?\.(?:log|jsonl)$")
+
+
+# A metrics chunk's and a rollup's attempt, sequence number and writer tag.
+METRICS_CHUNK_RE = re.compile(r"attempt-(\d+)-(\d{8})(?:-([0-9a-f]+))?\.jsonl$")
+METRICS_ROLLUP_EVERY = 30  # chunks (a minute of a writer flushing every 2 s)
 
 
 def writer_id() -> str:

@@ -701,10 +701,16 @@ class ChunkWriter(PeriodicFlush):
     ever rewritten, so a reader listing the chunks sees a growing, consistent prefix.
     """
 
-    def __init__(self, storage: Storage, key_for, interval: float = 2.0, start_seq: int = 0):
+    def __init__(self, storage: Storage, key_for, interval: float = 2.0, start_seq: int = 0,
+                 rollup_key_for=None, rollup_every: int = 0):
         self._storage = storage
         self._key_for = key_for
         self._seq = start_seq
+        # With ``rollup_key_for``: every ``rollup_every`` chunks, one more object holding all
+        # this writer wrote so far (``rollup_key_for(last seq)``), for readers of the whole.
+        self._rollup_key_for, self._rollup_every = rollup_key_for, rollup_every
+        self._all: list[str] = []
+        self._start = start_seq
         self._buf: list[str] = []
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -734,6 +740,12 @@ class ChunkWriter(PeriodicFlush):
                     self._buf.insert(0, data)
                 raise
             self._seq += 1
+            if self._rollup_key_for is not None and self._rollup_every > 0:
+                self._all.append(data)
+                if (self._seq - self._start) % self._rollup_every == 0:
+                    with contextlib.suppress(Exception):  # a rollup is an optimisation only
+                        self._storage.write_bytes(self._rollup_key_for(self._seq - 1),
+                                                  "".join(self._all).encode())
 
     def __enter__(self) -> ChunkWriter:
         return self

@@ -23,6 +23,8 @@ from orchestrator.readers.logparse import READ_CHARS, LogParser
 from orchestrator.readers.record import RunRecord, _maybe_json, format_params
 from xrun_contract import (
     ATTEMPT_RE,
+    METRICS_CHUNK_RE,
+    METRICS_ROLLUP_EVERY,
     TERMINAL_STATES,
     UNKNOWN,
     Env,
@@ -244,13 +246,14 @@ class StoredRun:
             apply_run_json(self.rec, run)
         if metrics:
             objects, _ = self.storage.list(Layout.metrics(self.name))
-            for o in objects:
-                if o.key in self._seen:
-                    continue
-                data = self.storage.read_bytes(o.key)
+            new = [o.key for o in objects if o.key not in self._seen]
+            if not self._seen and len(new) > METRICS_ROLLUP_EVERY:
+                new = self._with_rollups(new)
+            # Fetched together (a long run has a chunk per 2 s), folded in key order.
+            for key, data in zip(new, _read_many(self.storage, new), strict=True):
                 if data is None:
                     continue
-                self._seen.add(o.key)
+                self._seen.add(key)
                 self.bad_lines += read_jsonl_lines(
                     self.rec, data.decode("utf-8", errors="replace").splitlines())
         if state:
@@ -259,6 +262,39 @@ class StoredRun:
         if self.rec.problems:
             mark_unknown(self.rec)
         return self.rec
+
+    def _with_rollups(self, keys: list[str]) -> list[str]:
+        """The objects to read for every record of ``keys`` (all metrics chunks, in order):
+        each writer's latest rollup in place of the chunks it covers (those are marked
+        seen, unread). A run of an hour is then a rollup or two and the chunks since."""
+        objects, _ = self.storage.list(Layout.metrics_rollups(self.name))
+        best: dict[tuple[int, str], tuple[int, str]] = {}
+        for o in objects:
+            m = METRICS_CHUNK_RE.search(o.key)
+            if m and m[3]:
+                k = (int(m[1]), m[3])
+                if k not in best or int(m[2]) > best[k][0]:
+                    best[k] = (int(m[2]), o.key)
+        if not best:
+            return keys
+        out: list[tuple[tuple[int, int, int], str]] = []
+        placed: set[tuple[int, str]] = set()
+        for key in keys:
+            m = METRICS_CHUNK_RE.search(key)
+            if not m:
+                out.append(((1 << 30, 0, 0), key))
+                continue
+            attempt, seq, tag = int(m[1]), int(m[2]), m[3] or ""
+            rollup = best.get((attempt, tag))
+            if rollup is not None and seq <= rollup[0]:
+                self._seen.add(key)
+                if (attempt, tag) not in placed:  # where its first chunk was
+                    placed.add((attempt, tag))
+                    out.append(((attempt, seq, 0), rollup[1]))
+                continue
+            out.append(((attempt, seq, 1), key))
+        out.sort(key=lambda x: x[0])
+        return [k for _, k in out]
 
     def _record(self, key: str) -> dict[str, Any] | None:
         """run.json or state.json, checked: a corrupt one is a problem of the record (its
@@ -269,6 +305,19 @@ class StoredRun:
         if problem:
             self.rec.problems.append(problem)
         return obj
+
+
+READ_THREADS = 8  # below the storage client's connection pool (10)
+
+
+def _read_many(storage: Storage, keys: list[str]) -> list[bytes | None]:
+    """The objects' contents, in order; several at once when there are several."""
+    if len(keys) < 3:
+        return [storage.read_bytes(k) for k in keys]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(READ_THREADS) as pool:
+        return list(pool.map(storage.read_bytes, keys))
 
 
 def record_problems(storage: Storage, name: str) -> list[str]:

@@ -2,13 +2,14 @@
 
 The pod's log-shipping sidecar ships each host's output to ``runs/<name>/logs/<slice>-<host>/attempt-NNN/``
 as numbered chunk objects; reading them back works from a folder or gs:// after the pods
-are gone. Listing is one delimiter listing per host and attempt folder.
+are gone. Listing is one (paged) listing of the run's logs folder, or one per host asked
+for; a tail reads chunks from the newest back, only as many as it needs.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from xrun_contract import ATTEMPT_RE, Layout, split_stamp
@@ -26,23 +27,78 @@ class LogChunk:
 
 
 def list_log_chunks(storage: Storage, name: str, hosts: set[str] | None = None) -> list[LogChunk]:
-    """All log chunk objects of a run: one listing per host and attempt folder."""
+    """All log chunk objects of a run: one listing of the whole logs folder (paged by the
+    store: a request per 1,000 chunks, whatever the number of hosts and attempts), or one
+    per host asked for."""
+    base = Layout.logs(name)
     chunks: list[LogChunk] = []
-    _, host_prefixes = storage.list(Layout.logs(name))
-    for hp in host_prefixes:
-        host = hp.rsplit("/", 1)[-1]
-        if hosts and host not in hosts:
-            continue
-        _, attempt_prefixes = storage.list(hp)
-        for ap in attempt_prefixes:
-            m = ATTEMPT_RE.search(ap.rsplit("/", 1)[-1])
-            if not m:
+    for prefix in ([f"{base}/{h}" for h in sorted(hosts)] if hosts else [base]):
+        objects, _ = storage.list(prefix, delimiter=None)
+        for o in objects:
+            parts = o.key[len(base) + 1:].split("/")
+            if len(parts) != 3 or (hosts and parts[0] not in hosts):
                 continue
-            objects, _ = storage.list(ap)
-            chunks += [LogChunk(host, int(m[1]), o.key, o.updated) for o in objects]
+            m = ATTEMPT_RE.fullmatch(parts[1])
+            if m:
+                chunks.append(LogChunk(parts[0], int(m[1]), o.key, o.updated))
     # Merge order: attempt, then write time, then host and sequence.
     chunks.sort(key=lambda c: (c.attempt, c.updated, c.host, c.key))
     return chunks
+
+
+def read_chunk_lines(storage: Storage, c: LogChunk, since: float | None = None) -> list[StampedLine] | None:
+    """One chunk's lines (None when it vanished); ``since`` filters per line."""
+    data = storage.read_bytes(c.key)
+    if data is None:
+        return None
+    out = []
+    for raw in data.decode("utf-8", errors="replace").splitlines():
+        t, line = split_stamp(raw)
+        t = c.updated if t is None else t
+        if since is None or t >= since:
+            out.append((c.host, c.attempt, t, line))
+    return out
+
+
+def tail_lines(storage: Storage, name: str, *, hosts: set[str] | None = None,
+               since: float | None = None, tail: int | None = None, tail_per_host: int | None = None,
+               keep: Callable[[StampedLine], bool] = lambda _x: True,
+               attempts: Callable[[int], bool] = lambda _a: True,
+               chunks: list[LogChunk] | None = None) -> list[StampedLine]:
+    """The last ``tail`` lines of the merged stream (after the last ``tail_per_host`` of
+    each host) that ``keep`` keeps, exactly as reading every chunk and cutting would give,
+    but reading chunks from the newest back only until enough lines are found: a tail of
+    100 lines reads a chunk or two, not every host's whole log. ``chunks``: a listing
+    already made."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chunks = [c for c in (list_log_chunks(storage, name, hosts) if chunks is None else chunks)
+              if attempts(c.attempt) and (since is None or c.updated >= since)]
+    Keyed = tuple[int, int, StampedLine]  # (chunk's place in merge order, line in chunk, line)
+
+    def last(order: list[int], n: int | None) -> list[Keyed]:
+        got: list[Keyed] = []
+        for i in reversed(order):
+            if n is not None and len(got) >= n:
+                break
+            lines = [x for x in read_chunk_lines(storage, chunks[i], since) or [] if keep(x)]
+            got = [(i, j, x) for j, x in enumerate(lines)] + got
+        return got[len(got) - n:] if n else ([] if n == 0 else got)
+
+    if tail_per_host is not None:
+        by_host: dict[str, list[int]] = {}
+        for i, c in enumerate(chunks):
+            by_host.setdefault(c.host, []).append(i)
+        with ThreadPoolExecutor(8) as pool:
+            keyed = sorted(k for got in pool.map(lambda o: last(o, tail_per_host), by_host.values())
+                           for k in got)
+        lines = [x for _i, _j, x in keyed]
+        return (lines[len(lines) - tail:] if tail else []) if tail is not None else lines
+    return [x for _i, _j, x in last(list(range(len(chunks))), tail)]
+
+
+FOLLOW_THREADS = 8  # below the storage client's connection pool (10)
+FOLLOW_BATCH = 64  # chunks read ahead of the lines yielded (a 256 KiB chunk: 16 MiB at most)
 
 
 class LogFollower:
@@ -58,22 +114,28 @@ class LogFollower:
         self.seen: set[str] = set()
 
     def poll_stamped(self) -> Iterator[StampedLine]:
+        new = []
         for c in list_log_chunks(self.storage, self.name, self.hosts):
             if c.key in self.seen:
                 continue
             if self.since is not None and c.updated < self.since:
                 self.seen.add(c.key)
                 continue
-            data = self.storage.read_bytes(c.key)
-            if data is None:
-                continue
-            self.seen.add(c.key)
-            for raw in data.decode("utf-8", errors="replace").splitlines():
-                t, line = split_stamp(raw)
-                t = c.updated if t is None else t
-                if self.since is not None and t < self.since:
-                    continue
-                yield c.host, c.attempt, t, line
+            new.append(c)
+        # A poll of a thousand hosts finds a new chunk for each: read FOLLOW_THREADS at
+        # once (one after the other they took tens of seconds), a batch at a time so
+        # memory stays bounded, lines in listing order.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(FOLLOW_THREADS) as pool:
+            for i in range(0, len(new), FOLLOW_BATCH):
+                batch = new[i:i + FOLLOW_BATCH]
+                read = pool.map(lambda c: read_chunk_lines(self.storage, c, self.since), batch)
+                for c, lines in zip(batch, read, strict=True):
+                    if lines is None:
+                        continue
+                    self.seen.add(c.key)
+                    yield from lines
 
     def poll(self) -> Iterator[tuple[str, int, str]]:
         for host, attempt, _t, line in self.poll_stamped():

@@ -93,9 +93,12 @@ def _state_from_end(rec: RunRecord) -> str | None:
     return SUCCEEDED if rec.exit_code == 0 else FAILED
 
 
-def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None) -> dict[str, Any]:
-    """Everything known about a run, as a plain dict."""
-    checkpoints = list_checkpoints(storage, rec.name)
+def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None,
+             checkpoints: list[Any] | None = None) -> dict[str, Any]:
+    """Everything known about a run, as a plain dict (``checkpoints``: a listing already
+    made, else one is made here)."""
+    if checkpoints is None:
+        checkpoints = list_checkpoints(storage, rec.name)
     latest = latest_committed(checkpoints)
     state_info = rec.state_info
     if live is not None:

@@ -13,22 +13,19 @@ import time
 from collections.abc import Callable, Iterator
 
 from orchestrator.backends.base import Backend, LogItem
-from orchestrator.readers.logs import LogFollower, StampedLine, known_hosts
+from orchestrator.readers.logs import (
+    LogFollower,
+    StampedLine,
+    known_hosts,
+    list_log_chunks,
+    tail_lines,
+)
 from orchestrator.services.runs import observe
 from xrun_contract import is_terminal
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import Storage
 
 POLL_SECONDS = 0.5
-
-
-def _tail(items: list[StampedLine], tail: int) -> list[StampedLine]:
-    """The last ``tail`` lines of each host."""
-    per_host: dict[str, list[int]] = {}
-    for i, item in enumerate(items):
-        per_host.setdefault(item[0], []).append(i)
-    keep = {i for idx in per_host.values() for i in (idx[-tail:] if tail else [])}
-    return [x for i, x in enumerate(items) if i in keep]
 
 
 def check_hosts(storage: Storage, name: str, hosts: set[str] | None) -> None:
@@ -86,15 +83,21 @@ def stamped_log_lines(storage: Storage, name: str, backend: Backend, *, follow: 
         from_pods = bool(live) or (status is not None and not is_terminal(status.state))
     first_live = min(live) if live else None
     follower = LogFollower(storage, name, hosts, since)
-    stored = [x for x in follower.poll_stamped()
-              if (not from_pods or first_live is None or x[1] < first_live) and keep(x)]
+
+    def stored_attempt(attempt: int) -> bool:
+        return not from_pods or first_live is None or attempt < first_live
+
     if (tail is not None or tail_per_host is not None) and live:
-        stored = []  # the last lines of each host are its live pod's
-    if tail_per_host is not None:
-        stored = _tail(stored, tail_per_host)
-    if tail is not None:
-        stored = stored[len(stored) - tail:] if tail else []
-    yield from stored
+        pass  # the last lines of each host are its live pod's
+    elif tail is not None or tail_per_host is not None:
+        # only the chunks the tail needs, newest first (follow goes on from every chunk seen)
+        chunks = list_log_chunks(storage, name, hosts)
+        follower.seen.update(c.key for c in chunks)  # -f goes on after them
+        yield from tail_lines(storage, name, hosts=hosts, since=since, tail=tail,
+                              tail_per_host=tail_per_host, keep=keep, attempts=stored_attempt,
+                              chunks=chunks)
+    else:
+        yield from (x for x in follower.poll_stamped() if stored_attempt(x[1]) and keep(x))
     if from_pods:
         pod_tail = tail_per_host if tail_per_host is not None else tail
         since_s = int(max(0.0, time.time() - since)) if since is not None else None

@@ -2,7 +2,7 @@
 kube-controller-manager, kube-scheduler, the JobSet controller, Kueue and KWOK, built from
 their upstream Go modules by ``build.sh``.
 
-    python controlplane.py up DIR [--owner PID]   # returns once ready; DIR/kubeconfig
+    python controlplane.py up DIR [--owner PID] [--tpu-pool v6e-256:16 ...]   # DIR/kubeconfig
     python controlplane.py down DIR               # stops every process ``up`` started
 
 ``up`` starts a supervisor (a process of its own session) that starts each component with
@@ -341,15 +341,38 @@ GPU_POOLS = [("a3mega", "a3-megagpu-8g", "nvidia-h100-mega-80gb", 2),
              ("a3ultra", "a3-ultragpu-8g", "nvidia-h200-141gb", 2)]
 
 
-def gke_nodes() -> list[dict[str, Any]]:
+# Extra TPU pools ``up --tpu-pool TOPOLOGY-NAME:SLICES`` adds (the scale benchmark's
+# 16 x v6e-256): accelerator label, topology, machine type, chips per VM, VMs per slice.
+EXTRA_POOL_SHAPES = {
+    "v6e-256": ("tpu-v6e-slice", "16x16", "ct6e-standard-4t", 4, 64),
+    "v6e-64": ("tpu-v6e-slice", "8x8", "ct6e-standard-4t", 4, 16),
+    "v5p-128": ("tpu-v5p-slice", "4x4x4", "ct5p-hightpu-4t", 4, 16),
+}
+
+
+def extra_pools(specs: list[str]) -> list[tuple]:
+    """``["v6e-256:16"]`` -> TPU_POOLS rows: one node pool per slice, as GKE makes a
+    multi-host TPU slice one node pool."""
+    out = []
+    for spec in specs:
+        shape, _, count = spec.partition(":")
+        if shape not in EXTRA_POOL_SHAPES or not count.isdigit() or int(count) < 1:
+            raise SystemExit(f"--tpu-pool: {spec!r} is not SHAPE:SLICES with SHAPE one of "
+                             f"{', '.join(EXTRA_POOL_SHAPES)}")
+        acc, topo, machine, chips, vms = EXTRA_POOL_SHAPES[shape]
+        out.append((shape, acc, topo, machine, chips, vms, int(count), {}))
+    return out
+
+
+def gke_nodes(extra: list[tuple] | None = None) -> list[dict[str, Any]]:
     nodes = [node("system-0", {"type": "kwok", "kubernetes.io/hostname": "system-0",
                                "kubernetes.io/os": "linux", "cloud.google.com/gke-nodepool": "system",
                                "node.kubernetes.io/instance-type": "e2-standard-16"}, {}, [])]
-    for pool, acc, topo, machine, chips, vms, slices, extra in TPU_POOLS:
+    for pool, acc, topo, machine, chips, vms, slices, labels in TPU_POOLS + (extra or []):
         for s in range(slices):
             for v in range(vms):
                 nodes.append(tpu_node(f"{pool}-{s}-{v}", f"{pool}-{s}", acc, topo, machine,
-                                      chips, extra))
+                                      chips, labels))
     for pool, machine, acc, count in GPU_POOLS:
         nodes += [gpu_node(f"{pool}-{i}", machine, acc, pool) for i in range(count)]
     return nodes
@@ -398,8 +421,9 @@ def kueue_queues() -> list[dict[str, Any]]:
 
 # --- the supervisor -------------------------------------------------------------------------
 class Supervisor:
-    def __init__(self, root: Path, bindir: Path, owner: int | None):
+    def __init__(self, root: Path, bindir: Path, owner: int | None, pools: list[str] | None = None):
         self.root, self.bin, self.owner = root, bindir, owner
+        self.extra_pools = extra_pools(pools or [])
         self.pki, self.logs = root / "pki", root / "logs"
         self.procs: dict[str, subprocess.Popen] = {}
         self.args: dict[str, list[str]] = {}
@@ -561,8 +585,9 @@ class Supervisor:
             f"--server-address=127.0.0.1:{p['kwok']}", "--node-lease-duration-seconds=200",
             "--enable-crds=Logs,ClusterLogs"])
 
-        api.apply_all(priority_classes() + gke_nodes())
-        self.wait_for("KWOK nodes Ready", lambda: _nodes_ready(api), 60)
+        nodes = gke_nodes(self.extra_pools)
+        api.apply_all(priority_classes() + nodes)
+        self.wait_for("KWOK nodes Ready", lambda: _nodes_ready(api), 60 + len(nodes) // 10)
         # The webhooks answer through the API server (a dry-run create goes through both
         # JobSet's and Kueue's), and the queues exist.
         self.wait_for("Kueue's webhooks", lambda: _admitted(api, kueue_queues()[0]), 90)
@@ -640,8 +665,8 @@ def _probe_jobset() -> dict[str, Any]:
                     {"name": "c", "image": "busybox"}]}}}}}]}}
 
 
-def serve(root: Path, bindir: Path, owner: int | None) -> int:
-    sup = Supervisor(root, bindir, owner)
+def serve(root: Path, bindir: Path, owner: int | None, pools: list[str] | None = None) -> int:
+    sup = Supervisor(root, bindir, owner, pools)
 
     def on_term(*_: Any) -> None:
         sup.stopping = True
@@ -663,7 +688,8 @@ def serve(root: Path, bindir: Path, owner: int | None) -> int:
     return 0
 
 
-def up(root: Path, owner: int | None, timeout: float = READY_TIMEOUT) -> int:
+def up(root: Path, owner: int | None, timeout: float = READY_TIMEOUT,
+       pools: list[str] | None = None) -> int:
     root = root.resolve()
     if (root / "state.json").exists() and _supervisor_alive(root):
         print(f"a control plane is already running in {root}", file=sys.stderr)
@@ -682,6 +708,10 @@ def up(root: Path, owner: int | None, timeout: float = READY_TIMEOUT) -> int:
     cmd = [sys.executable, str(Path(__file__).resolve()), "serve", str(root), "--bin", str(bindir)]
     if owner:
         cmd += ["--owner", str(owner)]
+    for pool in pools or []:
+        cmd += ["--tpu-pool", pool]
+    extra_pools(pools or [])  # bad input: exit 2 here, before anything starts
+    timeout += 120 * len(pools or [])  # a thousand nodes to create and see Ready
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, cwd=root)
     log.close()
@@ -750,18 +780,21 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("dir", type=Path)
     u.add_argument("--owner", type=int, default=None,
                    help="stop the cluster when this process is gone (a test session)")
+    u.add_argument("--tpu-pool", action="append", default=[], metavar="SHAPE:SLICES",
+                   help=f"extra TPU node pools, e.g. v6e-256:16 (shapes: {', '.join(EXTRA_POOL_SHAPES)})")
     d = sub.add_parser("down")
     d.add_argument("dir", type=Path)
     s = sub.add_parser("serve")
     s.add_argument("dir", type=Path)
     s.add_argument("--bin", type=Path, required=True)
     s.add_argument("--owner", type=int, default=None)
+    s.add_argument("--tpu-pool", action="append", default=[])
     a = ap.parse_args(argv)
     if a.cmd == "up":
-        return up(a.dir, a.owner)
+        return up(a.dir, a.owner, pools=a.tpu_pool)
     if a.cmd == "down":
         return down(a.dir)
-    return serve(a.dir.resolve(), a.bin, a.owner)
+    return serve(a.dir.resolve(), a.bin, a.owner, a.tpu_pool)
 
 
 if __name__ == "__main__":

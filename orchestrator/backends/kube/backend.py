@@ -20,6 +20,7 @@ Errors are :class:`~xrun_contract.errors.XrunError` with a one-line message and 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import json
 import os
 import threading
@@ -74,7 +75,12 @@ __all__ = ["KUEUE_GROUP", "KubeBackend"]
 # that never exits, and the pod stays in Init for ever.
 NATIVE_SIDECARS_MIN = (1, 29)
 # Event lists for a waiting run: at most this often, and Pending pods asked about by name.
+# A watched (followed) run lists them at most every WATCHED_EVENTS_SECONDS, whichever pods
+# are Pending: the one periodic request a follow makes, bounded whatever the pod count.
 EVENTS_SECONDS = 2.0
+WATCHED_EVENTS_SECONDS = 5.0
+# The User-Agent of every request (kube-apiserver's audit log and APF see it).
+USER_AGENT = "xrun/{version} (python kubernetes client)"
 MAX_PENDING_PODS_ASKED = 3
 # Resources that are not namespaced: a RoleBinding cannot grant them, so a refusal names
 # the cluster scope (kube-apiserver's own message says "at the cluster scope").
@@ -119,6 +125,7 @@ class KubeBackend:
         self._jobset_restarts: dict[str, int] = {}  # their status.restarts as last read
         self._events_cache: tuple[float, Any, list[dict[str, Any]]] | None = None
         self._sidecars_checked = False
+        self._watches: dict[str, Any] = {}  # run name -> RunWatch while followed
 
     @property
     def namespace(self) -> str:
@@ -158,6 +165,9 @@ class KubeBackend:
                 self.context_name = (active or {}).get("name", "")
             if self._namespace is None:
                 self._namespace = ((active or {}).get("context") or {}).get("namespace") or "default"
+            from xrun_contract import XRUN_VERSION
+
+            api.user_agent = USER_AGENT.format(version=XRUN_VERSION)
         except ConfigException as e:
             if self.context and "Expected object with name" in str(e):
                 raise XrunError(f"--context: no context {self.context!r} in kubeconfig {path}", EXIT_USAGE) from None
@@ -306,9 +316,11 @@ class KubeBackend:
         pending = sorted((p.get("metadata") or {}).get("name", "") for p in pods
                          if (p.get("status") or {}).get("phase") == "Pending")[:MAX_PENDING_PODS_ASKED]
         queued = bool((jobset.get("spec") or {}).get("suspend")) or Conditions.SUSPENDED in true_conditions(jobset)
-        key = (name, meta.get("uid"), tuple(pending), queued)
+        watched = name in self._watches
+        key = (name, meta.get("uid"), () if watched else tuple(pending), queued)
+        every = WATCHED_EVENTS_SECONDS if watched else EVENTS_SECONDS
         now = time.monotonic()
-        if self._events_cache and self._events_cache[1] == key and now - self._events_cache[0] < EVENTS_SECONDS:
+        if self._events_cache and self._events_cache[1] == key and now - self._events_cache[0] < every:
             return self._events_cache[2]
         selectors = [f"involvedObject.kind=JobSet,involvedObject.name={name}", "involvedObject.kind=Job"]
         selectors += [f"involvedObject.kind=Pod,involvedObject.name={p}" for p in pending]
@@ -340,13 +352,34 @@ class KubeBackend:
                 return BackendStatus(state=state, restarts=restarts, hosts=[], message=one_line(ev.get("message", "")))
         return None
 
+    @contextlib.contextmanager
+    def watch(self, name: str) -> Iterator[None]:
+        """While the block runs, ``status(name)`` answers from a list-then-watch cache of
+        the JobSet and its pods (``watch.RunWatch``) instead of a GET and a LIST each time:
+        what ``submit --follow`` uses, at a request rate that does not grow with pods."""
+        from orchestrator.backends.kube.watch import RunWatch
+
+        w = RunWatch(self, name).start()
+        self._watches[name] = w
+        try:
+            yield
+        finally:
+            self._watches.pop(name, None)
+            w.close()
+
     def status(self, name: str) -> BackendStatus | None:
-        jobset = self.get_jobset(name)
+        w = self._watches.get(name)
+        if w is not None:
+            jobset, pods = w.snapshot()
+        else:
+            jobset = self.get_jobset(name)
+            pods = None
         if jobset is None:
             return self.ended_from_events(name)
         self._jobset_uids[name] = (jobset.get("metadata") or {}).get("uid", "")
         self._jobset_restarts[name] = int((jobset.get("status") or {}).get("restarts") or 0)
-        pods, _ = self.list_pods(name)
+        if pods is None:
+            pods, _ = self.list_pods(name)
         hosts = latest_hosts(pods)
         state, message = jobset_state(jobset, hosts)
         if state == PENDING and (jobset.get("spec") or {}).get("suspend"):

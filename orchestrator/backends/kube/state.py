@@ -227,13 +227,15 @@ def jobset_state(jobset: dict[str, Any], hosts: list[HostStatus] | None) -> tupl
     meta, status, spec = jobset.get("metadata") or {}, jobset.get("status") or {}, jobset.get("spec") or {}
     conds = true_conditions(jobset)
     restarts = int(status.get("restarts") or 0)
-    if meta.get("deletionTimestamp"):
-        return DELETED, "deleting"
+    # A finished JobSet that is being deleted (its TTL: ttlSecondsAfterFinished 0 deletes
+    # it at once) ended as its condition says, not Deleted.
     if Conditions.COMPLETED in conds:
         return SUCCEEDED, one_line(conds[Conditions.COMPLETED].get("message", ""))
     if Conditions.FAILED in conds:
         failed = conds[Conditions.FAILED]
         return FAILED, one_line(failed.get("message", "") or failed.get("reason", ""))
+    if meta.get("deletionTimestamp"):
+        return DELETED, "deleting"
     if Conditions.SUSPENDED in conds or spec.get("suspend"):
         queue_name = (meta.get("labels") or {}).get(Labels.QUEUE_NAME)
         why = f"suspended: waiting for Kueue admission in queue {queue_name}" if queue_name else "suspended"

@@ -1,0 +1,136 @@
+"""What `xrun submit --follow` asks of the API server does not grow with pods: a 256-pod
+run (4 x v6e-256) on the real control plane, its requests counted in the API server's
+audit log (user agent ``xrun/``).
+
+The design (orchestrator/backends/kube/watch.py): one LIST per kind (pods, the JobSet),
+then one watch per kind with bookmarks, reopened every WATCH_SECONDS; events by field
+selector at most every WATCHED_EVENTS_SECONDS while the run waits; nothing per pod or per
+Job. The bounds below follow from that and from the follow's duration, never from the pod
+count: a GET or a LIST per pod per tick (what a poll does) exceeds them many times over.
+bench/bench_cluster_scale.py measures the same at 64 / 256 / 1,024 pods.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime as dt
+import importlib.util
+import json
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_helpers import xrun_env
+from cluster_helpers import timing, unique
+
+REPO = Path(__file__).resolve().parent.parent
+PODS = 256
+SLICES = PODS // 64
+
+
+def _controlplane():
+    spec = importlib.util.spec_from_file_location("controlplane", REPO / "tests/cluster/controlplane.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def v6e_256_pools(cluster):
+    """SLICES v6e-256 node pools (a KWOK node per TPU VM, labelled as GKE's), added to the
+    session's cluster for this test and removed after it."""
+    cp = _controlplane()
+    nodes = [n for n in cp.gke_nodes(cp.extra_pools([f"v6e-256:{SLICES}"]))
+             if n["metadata"]["labels"].get("cloud.google.com/gke-tpu-topology") == "16x16"]
+    core = cluster.core
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(core.create_node, nodes))
+    try:
+        yield [n["metadata"]["name"] for n in nodes]
+    finally:  # in the background: the session's next tests need not wait for it
+        threading.Thread(target=_delete_nodes, args=(core,), daemon=True).start()
+
+
+def _delete_nodes(core) -> None:
+    with contextlib.suppress(Exception):  # best effort: the session's cluster goes away anyway
+        core.delete_collection_node(label_selector="cloud.google.com/gke-tpu-topology=16x16")
+
+
+def xrun_requests(cluster, since: float, until: float) -> list[dict]:
+    out: dict[str, dict] = {}
+    for path in sorted((cluster.root / "logs").glob("audit*.log")):
+        with path.open() as f:
+            for line in f:
+                if '"userAgent":"xrun/' not in line:
+                    continue
+                ev = json.loads(line)
+                t = dt.datetime.fromisoformat(ev["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+                if since <= t <= until:
+                    out.setdefault(ev["auditID"], ev)
+    return list(out.values())
+
+
+def by_verb(reqs: list[dict]) -> collections.Counter:
+    c: collections.Counter = collections.Counter()
+    for r in reqs:
+        o = r.get("objectRef")
+        res = (o.get("resource", "?") + (f"/{o['subresource']}" if o.get("subresource") else "")
+               if o else r["requestURI"].split("?")[0].rstrip("/"))  # a non-resource URL: /version
+        c[(r["verb"], res)] += 1
+    return c
+
+
+def test_follow_of_256_pods_makes_a_constant_number_of_requests(cluster, v6e_256_pools, gcs_bucket, tmp_path):
+    import subprocess
+    import sys
+
+    name = unique("scale")
+    run_file = tmp_path / f"{name}.yaml"
+    run_file.write_text(yaml.safe_dump({
+        "name": name, "accelerator": "v6e-256", "num_slices": SLICES, "image": "example.com/train:1",
+        "xrun_image": "example.com/xrun-workload:1", "command": "python3 train.py",
+        "context": "xrun-test", "termination_grace_seconds": 1, "ttl_seconds_after_finished": 0,
+        "pod_annotations": timing(run_s=4.0, start_s=0.4)}))
+    storage = f"{gcs_bucket}/xrun"
+    started = time.time()
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", "--follow", "-f", str(run_file)],
+                          env=xrun_env(storage, KUBECONFIG=cluster.kubeconfig), capture_output=True, text=True,
+                          timeout=240)
+    ended = time.time()
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"run {name}: Succeeded" in proc.stderr
+
+    reqs = by_verb(xrun_requests(cluster, started, ended))
+    took = ended - started
+    # The first watch, one per server timeout (WATCH_SECONDS), and a few resumed from their
+    # resourceVersion (no LIST) after the API server closed them: it closes a watch whose
+    # client falls behind a burst of events (the watch cache's per-watcher buffer).
+    rewatch = 6 + math.ceil(took / 300)
+    event_rounds = math.ceil(took / 5) + 2
+    bounds = {
+        ("create", "jobsets"): 1,
+        ("get", "/version"): 1,  # submit's native-sidecar check
+        ("list", "pods"): 2,  # the reflector's first LIST (+ one after a 410)
+        ("watch", "pods"): rewatch,
+        ("list", "jobsets"): 2,
+        ("watch", "jobsets"): rewatch,
+        ("get", "jobsets"): 2,
+        ("list", "events"): 6 * event_rounds,  # JobSet, Jobs, 3 Pending pods, Workload
+    }
+    unexpected = {k: v for k, v in reqs.items() if k not in bounds}
+    over = {k: (reqs[k], b) for k, b in bounds.items() if reqs.get(k, 0) > b}
+    assert not unexpected and not over, (
+        f"xrun's requests during a {took:.0f}s follow of {PODS} pods: {dict(reqs)}; "
+        f"unexpected {unexpected}; over the bound (count, bound) {over}")
+    assert reqs[("get", "pods")] == 0 and reqs[("get", "pods/log")] == 0
+    assert sum(reqs.values()) <= 10 + 2 * took, dict(reqs)  # a steady rate well under 2/s
+    # nothing of it grows with pods: every count is far below one request per pod
+    assert max(reqs.values()) < PODS / 8, dict(reqs)
+    # the run really had its 256 pods, all Running at once, and xrun said so
+    assert f"xrun: {name} Running" in proc.stderr

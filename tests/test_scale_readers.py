@@ -1,0 +1,101 @@
+"""Readers that read only what they need (bench/bench_cluster_scale.py at 1,024 hosts):
+a tail reads chunks from the newest back, and a long run's metrics are read through the
+writer's rollups, with the very same result as reading every chunk."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from orchestrator.readers.loaders import StoredRun
+from orchestrator.readers.logs import LogFollower, tail_lines
+from xrun_contract import METRICS_ROLLUP_EVERY, Layout, records, stamp_line
+from xrun_contract.storage import ChunkWriter, LocalStorage
+
+
+class Counting(LocalStorage):
+    """A real local storage root that counts reads and listings (what a GCS bill counts)."""
+
+    def __init__(self, root: str):
+        super().__init__(root)
+        self.reads: list[str] = []
+        self.lists = 0
+
+    def read_bytes(self, key: str):
+        self.reads.append(key)
+        return super().read_bytes(key)
+
+    def list(self, prefix: str, delimiter: str | None = "/"):
+        self.lists += 1
+        return super().list(prefix, delimiter)
+
+
+def write_logs(st: LocalStorage, name: str, hosts: int, chunks: int, lines: int) -> None:
+    rnd = random.Random(7)
+    t = 1_700_000_000.0
+    for attempt in (0, 1):
+        for seq in range(chunks):
+            for h in range(hosts):
+                t += rnd.random()
+                text = "".join(stamp_line(t + i * 1e-3, f"h{h} a{attempt} c{seq} l{i}\n") for i in range(lines))
+                st.write_bytes(Layout.log_chunk(name, f"0-{h}", attempt, seq, "ab"), text.encode())
+
+
+@pytest.mark.parametrize("tail,per_host", [(100, None), (7, None), (0, None), (None, 3), (5, 2), (10_000, None)])
+def test_tail_reads_from_the_newest_back_and_equals_a_full_read(tmp_path, tail, per_host):
+    st = Counting(str(tmp_path))
+    write_logs(st, "r", hosts=6, chunks=5, lines=30)
+    everything = list(LogFollower(st, "r").poll_stamped())
+    want = everything
+    if per_host is not None:
+        by: dict[str, list[int]] = {}
+        for i, x in enumerate(want):
+            by.setdefault(x[0], []).append(i)
+        keep = {i for idx in by.values() for i in idx[-per_host:]}
+        want = [x for i, x in enumerate(want) if i in keep]
+    if tail is not None:
+        want = want[len(want) - tail:] if tail else []
+    st.reads.clear()
+    got = tail_lines(st, "r", tail=tail, tail_per_host=per_host)
+    assert got == want
+    if tail == 100 and per_host is None:
+        assert len(st.reads) == 4  # 30 lines a chunk: the newest four, of 60
+    if per_host is not None:
+        assert len(st.reads) == 6  # one chunk of each host
+
+
+def test_a_long_runs_metrics_are_read_through_its_rollups(tmp_path):
+    st = Counting(str(tmp_path))
+    chunks = METRICS_ROLLUP_EVERY * 3 + 7
+    for attempt in (0, 1):
+        w = ChunkWriter(st, lambda seq, a=attempt: Layout.metrics_chunk("r", a, seq, "cafe"), interval=3600,
+                        rollup_key_for=lambda seq, a=attempt: Layout.metrics_rollup("r", a, seq, "cafe"),
+                        rollup_every=METRICS_ROLLUP_EVERY)
+        for i in range(chunks):
+            w.write(records.to_json(records.Step(step=attempt * 1000 + i, seconds=0.5, loss=1.0 / (i + 1),
+                                                 time=float(i), attempt=attempt)) + "\n")
+            w.flush()
+        w.close()
+    st.write_json(Layout.run_json("r"), {"name": "r"})
+
+    whole = Counting(str(tmp_path))
+    # every chunk read one by one: what the reader did before rollups
+    expected = []
+    for o in sorted(whole.list(Layout.metrics("r"))[0], key=lambda o: o.key):
+        expected += [records.parse(json.loads(line)) for line in whole.read_bytes(o.key).decode().splitlines()]
+    st.reads.clear()
+    reader = StoredRun(st, "r")
+    rec = reader.poll()
+    assert list(rec.steps.step) == [r.step for r in expected]
+    assert list(rec.steps.attempt) == [r.attempt for r in expected]
+    metrics_reads = [k for k in st.reads if "/metrics" in k]
+    assert len(metrics_reads) == 2 * (1 + 7), metrics_reads  # a rollup and the chunks after it, per attempt
+    # later polls read only new chunks, never a rollup again
+    w = ChunkWriter(st, lambda seq: Layout.metrics_chunk("r", 1, seq, "beef"), interval=3600, start_seq=chunks)
+    w.write(records.to_json(records.Step(step=5000, attempt=1, time=1.0)) + "\n")
+    w.close()
+    st.reads.clear()
+    assert reader.poll().steps.step[-1] == 5000
+    assert [k for k in st.reads if "/metrics" in k] == [Layout.metrics_chunk("r", 1, chunks, "beef")]
