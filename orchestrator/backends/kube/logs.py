@@ -26,6 +26,7 @@ from orchestrator.backends.kube.state import (
     parse_time,
     pod_host,
     restart_count,
+    shut_down,
 )
 from xrun_contract import DELETED, FAILED, SUCCEEDED
 from xrun_contract.errors import EXIT_FAILED, XrunError
@@ -112,11 +113,7 @@ class _LogSession:
         self.stop.set()
         with self.lock:
             open_responses = list(self.responses)
-        for resp in open_responses:
-            with contextlib.suppress(Exception):
-                resp.shutdown()  # unblocks a thread waiting in a socket read
-            with contextlib.suppress(Exception):
-                resp.release_conn()
+        shut_down(open_responses)
 
     def _guard(self, fn: Callable, *args: Any) -> None:
         """Run a worker; its XrunError reaches the caller through the queue."""

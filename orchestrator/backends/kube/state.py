@@ -7,6 +7,7 @@ events that explain a wait. Used by the kube backend and by tests on recorded ob
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import re
 from typing import Any
@@ -48,6 +49,15 @@ def one_line(text: str, limit: int = 300) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
+
+def shut_down(responses: list[Any]) -> None:
+    """Close streaming responses (watches, followed logs) another thread may be reading:
+    ``shutdown`` unblocks a thread waiting in a socket read."""
+    for resp in responses:
+        with contextlib.suppress(Exception):
+            resp.shutdown()
+        with contextlib.suppress(Exception):
+            resp.release_conn()
 
 
 

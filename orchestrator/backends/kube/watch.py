@@ -21,7 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.backends.kube.state import ApiUnavailable, one_line
+from orchestrator.backends.kube.state import ApiUnavailable, one_line, shut_down
 from xrun_contract.errors import EXIT_FAILED, XrunError
 from xrun_contract.k8s import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Labels
 
@@ -82,11 +82,7 @@ class RunWatch:
         self.stop.set()
         with self.lock:
             open_responses = list(self.responses)
-        for resp in open_responses:
-            with contextlib.suppress(Exception):
-                resp.shutdown()
-            with contextlib.suppress(Exception):
-                resp.release_conn()
+        shut_down(open_responses)
 
     def snapshot(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
         """(JobSet or None, pods) as last seen. Raises a refusal, or ApiUnavailable once the
