@@ -11,6 +11,7 @@ part, for what the session's one cluster cannot be made to be.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.parse
 from pathlib import Path
@@ -377,9 +378,22 @@ def test_a_server_without_native_sidecars_is_refused(cluster, proxy, storage, tm
 
 # --- replace, list, delete -----------------------------------------------------------------
 
+def pool_free(cluster: Cluster, pool: str = "v6e-2x4") -> None:
+    """Wait until no pod sits on ``pool``'s nodes: the JobSets earlier tests deleted in the
+    background may still hold its slices while their pods end."""
+    node = re.compile(rf"{re.escape(pool)}-\d+-\d+$")
+
+    def free():
+        pods = json.loads(cluster.core.list_pod_for_all_namespaces(_preload_content=False).data)["items"]
+        held = [p["metadata"]["name"] for p in pods if node.match(p["spec"].get("nodeName") or "")]
+        return not held or None
+    cluster.wait(f"the {pool} pool free of earlier tests' pods", free, 120, every=0.5)
+
+
 def test_replace_list_and_delete(cluster):
     backend = backend_for(cluster.kubeconfig)
     one, two, foreign = unique("one"), unique("two"), unique("foreign")
+    pool_free(cluster)  # one and two take both of its slices
     try:
         backend.submit(manifest(one))
         backend.submit(manifest(two))

@@ -71,8 +71,10 @@ def test_exit_code_survives_unreachable_storage(gcs_proxy, gcs_bucket, mode, tmp
     err = side.communicate(timeout=30)[1]
     assert "Traceback" not in err
     if mode == "403":
-        line = next(ln for ln in err.splitlines() if "xrun-logs: shipping failed, retrying:" in ln)
+        # A 403 is permanent: said once while running, and the final drain gives up at once.
+        line = next(ln for ln in err.splitlines() if "xrun-logs: shipping failed (permanent), retrying:" in ln)
         assert "403" in line
+        assert "xrun-logs: final shipping failed, not retried (permanent" in err, err
     gcs_proxy.clear()
     storage = open_storage(f"{gcs_bucket}/xrun")
     assert storage.list(Layout.run("wr"), delimiter=None)[0] == []

@@ -212,7 +212,7 @@ def test_the_nightly_page_shows_run_sets_states_and_the_trend_in_chromium(tmp_pa
     steady = tiny[0]
     assert steady["points"] == (6 * 4 + 6) + (6 + 6)  # main: runs + medians; feat: 1 run a night + medians
     assert steady["names"] == ["main runs", "main", "feat runs", "feat"] and steady["drawn"] == 4
-    assert steady["shapes"] == 1 and steady["note"] == ["+29.9% (c300000 → d000000)"]
+    assert steady["shapes"] == 1 and steady["note"] == ["+29.9% (c3000000 → d0000000)"]  # commits as given, up to 12
 
 
 def test_every_failure_path_is_incomplete_with_its_reason(tmp_path, monkeypatch):
