@@ -307,7 +307,9 @@ class Cluster:
                 raise
 
     def delete_jobset(self, name: str, namespace: str = NAMESPACE) -> None:
-        """Remove a test's JobSet (background: its pods go after)."""
+        """Remove a test's JobSet, and its pods at once: a pod deleted while it waits in Init
+        would otherwise hold its node (and the slice) for its whole grace period, which KWOK
+        waits out, and the next test's JobSet would find the pool taken."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -316,6 +318,8 @@ class Cluster:
         except ApiException as e:
             if e.status != 404:
                 raise
+        self.core.delete_collection_namespaced_pod(
+            namespace, label_selector=f"jobset.sigs.k8s.io/jobset-name={name}", grace_period_seconds=0)
 
     def audit(self, verb: str, uri: str) -> list[dict[str, Any]]:
         """The audit log's ResponseComplete entries for ``verb`` whose requestURI contains
