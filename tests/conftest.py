@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -10,6 +11,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+# Started in the background by a script (`nohup pytest &`, `cmd &` without job control), the
+# session runs with SIGINT ignored, and every process it starts inherits that: the tests that
+# press Ctrl-C on `xrun submit` would see it ignored. A handler of our own is not inherited:
+# the children start with SIGINT at its default again.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
