@@ -531,13 +531,15 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
     with ThreadPoolExecutor(LIST_THREADS) as pool:
         records = [r for r in pool.map(read, names) if r is not None]
     runs = []
+    local: Backend | None = None  # made once, for the first live local run
     for r in records:
         state = r.state or ("Pending" if r.run_info else "Unknown")
         if r.run_info.get("backend", "local") == "local" and not is_terminal(state) and not r.problems:
             # As status sees it: a supervisor killed with -9 left state.json saying Running;
             # the local backend knows it is gone (Failed). list only reads (status records).
             with contextlib.suppress(XrunError):
-                live = backend_for("local", storage.root).status(r.name)
+                local = local or backend_for("local", storage.root)
+                live = local.status(r.name)
                 if live is not None:
                     state = live.state
         fig = figures.progress(r, state)
