@@ -138,7 +138,7 @@ def dot_product(q: jax.Array, k: jax.Array, v: jax.Array, implementation: str) -
 
 
 @functools.cache
-def _splash_kernel(heads: int, seq: int, interpret: bool):
+def _splash_kernel(heads: int, seq: int, interpret: bool, block: int = 512):
     from jax.experimental.pallas.ops.tpu.splash_attention import (
         splash_attention_kernel as sk,
     )
@@ -146,7 +146,7 @@ def _splash_kernel(heads: int, seq: int, interpret: bool):
         splash_attention_mask as sm,
     )
 
-    block = min(512, seq)
+    block = min(block, seq)
     sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block,
                           block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
                           block_q_dq=block, block_kv_dq=block)
@@ -159,10 +159,11 @@ def _splash_kernel(heads: int, seq: int, interpret: bool):
 
 
 def splash(q: jax.Array, k: jax.Array, v: jax.Array, interpret: bool = False,
-           mesh: jax.sharding.Mesh | None = None, batch_axes=None) -> jax.Array:
+           mesh: jax.sharding.Mesh | None = None, batch_axes=None,
+           block: int = 512) -> jax.Array:
     """Splash attention; ``mesh``/``batch_axes`` put it in a shard_map over the batch."""
     b, s, n, h = q.shape
-    kernel = _splash_kernel(n, s, interpret)
+    kernel = _splash_kernel(n, s, interpret, block)
 
     def local(q, k, v):
         # [B, S, N, H] -> [B, N, S, H]; splash does not scale q (MaxText scales first).
@@ -180,7 +181,8 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, interpret: bool = False,
 
 
 def attend(kind: str, q: jax.Array, k: jax.Array, v: jax.Array,
-           mesh: jax.sharding.Mesh | None = None, batch_axes=None) -> jax.Array:
+           mesh: jax.sharding.Mesh | None = None, batch_axes=None,
+           splash_block: int = 512) -> jax.Array:
     """Dispatch on a resolved kernel name (never ``auto``)."""
     if kind == "einsum":
         return einsum_cpu(q, k, v) if jax.default_backend() == "cpu" else einsum(q, k, v)
@@ -188,5 +190,5 @@ def attend(kind: str, q: jax.Array, k: jax.Array, v: jax.Array,
         return dot_product(q, k, v, kind)
     if kind == "splash":  # off TPU (a test, a laptop): the same kernel, interpreted
         return splash(q, k, v, interpret=jax.default_backend() != "tpu", mesh=mesh,
-                      batch_axes=batch_axes)
+                      batch_axes=batch_axes, block=splash_block)
     raise ValueError(f"unknown attention kernel {kind!r}")

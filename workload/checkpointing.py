@@ -18,6 +18,13 @@ Rules, each decided identically on every process (:class:`workload.peers.Peers` 
   land exactly every ``checkpoint_every`` steps; when it does not, as often as it allows.
 * **Exit waits.** The last step's save and a SIGTERM save must commit before the process
   exits; that wait is an "exit_wait" event, never a "waited" one.
+* **The blocking part is as short as the device allows** (``Staging``). Orbax's save copies
+  every array to the host before it returns, because the next train step donates them.
+  The arrays that fit in the device memory the train step leaves free are copied there
+  instead (a device-to-device copy, milliseconds) and handed to Orbax as *deprioritized*
+  transfers (orbax ``TransferPriority.ASYNCHRONOUS_DEPRIORITIZED``), which its background
+  thread copies to the host while training goes on; only the rest is copied before
+  ``save`` returns. Same bytes, same files: a staged save restores like any other.
 * **Committed means Orbax's rule** (:mod:`xrun_contract.checkpoints`); an empty step folder
   is removed before the manager lists the directory (it would collide with a later save).
 * **Restore falls back.** If the newest committed step does not restore on every process,
@@ -42,8 +49,13 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint._src.metadata import array_metadata_store
+from orbax.checkpoint._src.serialization import type_handler_registry
+from orbax.checkpoint._src.serialization import types as serialization_types
 
 from workload.config import Config
 from workload.metrics import Metrics, say
@@ -174,6 +186,114 @@ def _watched_temporary_path(base: type, on_error: Callable[[BaseException], None
     return Watched
 
 
+# What a staged save leaves free on each device beside the train step's own need (its
+# temporaries, from the compiled step's memory analysis): allocator slack and fragmentation.
+STAGING_MARGIN_BYTES = 1 << 30
+
+
+def _keystr(path: Any) -> str:
+    return jax.tree_util.keystr(tuple(path))
+
+
+class _StagedInBackground:
+    """Orbax's per-array transfer priority (``SerializationStatusCallback``): the staged
+    copies go to the host in Orbax's background thread, every other array before ``save``
+    returns (the default, ``SYNCHRONOUS``: the next step donates those)."""
+
+    def __init__(self) -> None:
+        self.keys: frozenset[str] = frozenset()
+        self.background: list[str] = []  # keys transferred in the background, last save
+
+    def key_priority(self, keypath: Any) -> Any:
+        priority = serialization_types.TransferPriority
+        if _keystr(keypath) in self.keys:
+            self.background.append(_keystr(keypath))
+            return priority.ASYNCHRONOUS_DEPRIORITIZED
+        return priority.SYNCHRONOUS
+
+    def on_transfer_start(self, keypath: Any) -> None:
+        pass
+
+    def on_transfer_end(self, keypath: Any) -> None:
+        pass
+
+    def on_write_start(self, keypath: Any) -> None:
+        pass
+
+    def on_write_end(self, keypath: Any) -> None:
+        pass
+
+
+def per_device_bytes(a: Any) -> int:
+    """Bytes of ``a`` on each device that holds a shard (its largest shard)."""
+    return int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize
+
+
+def choose_staged(state: Any, budget: int) -> frozenset[str]:
+    """Keys of the arrays to copy in device memory at a save: the largest first while they
+    fit in ``budget`` bytes per device; never the scalars (the step, Adam's count), which
+    cost nothing to copy to the host at once. The same on every process (global shapes and
+    shardings, an agreed budget)."""
+    leaves = sorted(((per_device_bytes(a), _keystr(p)) for p, a in
+                     jax.tree_util.tree_flatten_with_path(state)[0] if a.ndim),
+                    key=lambda t: (-t[0], t[1]))
+    chosen, used = [], 0
+    for size, key in leaves:
+        if used + size <= budget:
+            chosen.append(key)
+            used += size
+    return frozenset(chosen)
+
+
+@jax.jit
+def _device_copy(arrays: list[Any]) -> list[Any]:
+    """New buffers with the same values and shardings (``jnp.copy`` is a real copy: jit
+    forwards an input returned as it is)."""
+    return [jnp.copy(a) for a in arrays]
+
+
+class Staging:
+    """A save's copy of part of the train state in device memory (see the module's doc).
+
+    ``budget`` is called once, at the first save (after a step ran, so the device's memory in
+    use is the steady state's): the bytes per device the copies may take. The processes
+    agree on the smallest."""
+
+    def __init__(self, budget: Callable[[], int]):
+        self.budget_fn = budget
+        self.budget: int | None = None
+        self.keys: frozenset[str] = frozenset()
+        self.staged_bytes = 0  # per device, last save
+        self.copies: list[Any] = []
+
+    def plan(self, state: Any, peers: Peers) -> None:
+        if self.budget is None:
+            mine = max(0, int(self.budget_fn()))
+            self.budget = min(int(v) for v in peers.gather(str(mine)))
+            self.keys = choose_staged(state, self.budget)
+
+    def stage(self, state: Any) -> Any:
+        """``state`` with the chosen arrays replaced by fresh copies (dispatched, not waited
+        for: the next step that donates the originals runs after the copy read them)."""
+        flat, treedef = jax.tree_util.tree_flatten_with_path(state)
+        index = [i for i, (p, _) in enumerate(flat) if _keystr(p) in self.keys]
+        leaves = [a for _, a in flat]
+        if index:
+            self.copies = _device_copy([leaves[i] for i in index])
+            for i, c in zip(index, self.copies, strict=True):
+                leaves[i] = c
+        self.staged_bytes = sum(per_device_bytes(leaves[i]) for i in index)
+        return jax.tree_util.tree_unflatten(treedef, leaves)
+
+    def release(self) -> None:
+        """After the save committed: free the copies' device memory now (Orbax may keep a
+        reference to what it saved until its next save)."""
+        for c in self.copies:
+            if not c.is_deleted():
+                c.delete()
+        self.copies = []
+
+
 class Checkpoints:
     """Save/restore for the training loop. Every process makes the same calls in the same
     order: ``restore_latest`` once, ``after_step`` at every step boundary, ``finish`` at the
@@ -181,7 +301,8 @@ class Checkpoints:
 
     def __init__(self, storage: Storage, key: str, cfg: Config, metrics: Metrics, *,
                  exit_code: int = RESTARTABLE_EXIT_CODE, peers: Peers | None = None,
-                 grace_s: float = 5.0, poll_s: float = 0.05):
+                 grace_s: float = 5.0, poll_s: float = 0.05,
+                 staging_budget: Callable[[], int] | None = None):
         self.storage, self.key, self.directory = storage, key, storage.url(key)
         self.cfg, self.metrics, self.exit_code = cfg, metrics, exit_code
         self.every = cfg.checkpoint_every
@@ -192,6 +313,9 @@ class Checkpoints:
             # gcsfs warns on every call that the emulator gave it no credentials.
             logging.getLogger("gcsfs").setLevel(logging.ERROR)
         self.manager: ocp.CheckpointManager | None = None
+        # None: every array is copied to the host before save returns (Orbax's default).
+        self.staging = Staging(staging_budget) if staging_budget is not None else None
+        self._priority = _StagedInBackground()
         self.pending: tuple[int, float] | None = None  # (step, save start) not yet committed
         self.deferred_at: int | None = None  # step at which a due save was deferred
         self.next_due = self.every
@@ -319,8 +443,17 @@ class Checkpoints:
                 ocp.path.atomicity.CommitFileTemporaryPath if uses_commit_file(self.storage)
                 else ocp.path.atomicity.AtomicRenameTemporaryPath, self._local_error),
         )
+        # Orbax's default handlers, but jax.Array's with the staged arrays' priority; the
+        # transfer limit (any) is what makes Orbax ask for priorities at all
+        # (orbax jax_array_handlers._serialize_arrays).
+        registry = ocp.type_handlers.create_type_handler_registry(
+            *[(t, h) for t, h in type_handler_registry._DEFAULT_TYPE_HANDLERS if t is not jax.Array],
+            (jax.Array, ocp.type_handlers.ArrayHandler(
+                array_metadata_store=array_metadata_store.Store(), callback=self._priority)))
         state_handler = WatchedPyTreeHandler(use_ocdbt=True, use_zarr3=True,
-                                             use_compression=USE_COMPRESSION)
+                                             use_compression=USE_COMPRESSION,
+                                             type_handler_registry=registry,
+                                             save_device_host_concurrent_gb=1 << 20)
         data_handler = WatchedJsonHandler()
         state_handler.on_error = data_handler.on_error = self._local_error
         self.manager = ocp.CheckpointManager(
@@ -424,8 +557,13 @@ class Checkpoints:
     def _save(self, step: int, state: Any, data: dict[str, Any]) -> float:
         assert self.manager is not None, "restore_latest() opens the manager"
         self.metrics.checkpoint("started", step)
+        if self.staging is not None:
+            self.staging.plan(state, self.peers)  # once: an agreement round, no device work
+            self._priority.keys, self._priority.background = self.staging.keys, []
         start_wall, t = time.time(), time.perf_counter()
         try:
+            if self.staging is not None:
+                state = self.staging.stage(state)
             self.manager.save(step, force=True, args=ocp.args.Composite(
                 state=StateSave(state, ocdbt_target_data_file_size=OCDBT_TARGET_DATA_FILE_SIZE),
                 data=DataSave(data)))
@@ -444,6 +582,8 @@ class Checkpoints:
     def _committed(self, step: int) -> None:
         saved, start = self.pending  # type: ignore[misc]
         self.pending = None
+        if self.staging is not None:
+            self.staging.release()
         self.write_steps = step - saved
         self.metrics.checkpoint("committed", saved, time.time() - start, sync_s=self.sync_s)
         self.sync_s = 0.0

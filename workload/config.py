@@ -46,6 +46,9 @@ class Config:
     # residuals and gradients in the loop; a longer compile in exchange).
     scan_unroll: int = 1
     attention: str = "auto"  # one of ATTENTION_KERNELS
+    # Splash attention's query and key/value block (forward and backward): a multiple of 128;
+    # a block longer than the sequence is cut to it.
+    splash_block: int = 512
     # Batch: global_batch > 0 fixes it; 0 means batch_per_device x devices.
     global_batch: int = 8
     batch_per_device: int = 1
@@ -67,6 +70,10 @@ class Config:
     checkpoint_every: int = 10
     max_to_keep: int = 3
     async_checkpoint: bool = True
+    # Device memory (GiB per device) a save may copy part of the state into, so that only the
+    # rest is copied to the host before training goes on (workload.checkpointing.Staging):
+    # -1 what the train step leaves free (none on CPU), 0 off.
+    checkpoint_stage_gib: float = -1.0
 
     @property
     def params_count(self) -> int:
@@ -199,11 +206,17 @@ def validate(cfg: Config) -> Config:
     if cfg.attention == "splash" and cfg.seq_len % 128:
         raise ValueError("workload config attention: splash needs seq_len a multiple of 128 "
                          f"(its block size), got seq_len={cfg.seq_len}")
+    if cfg.splash_block < 128 or cfg.splash_block % 128:
+        raise ValueError("workload config splash_block: a multiple of 128 (splash's block "
+                         f"unit), got {cfg.splash_block}")
     if cfg.attention == "cudnn" and (cfg.compute_dtype != "bfloat16" or cfg.head_dim % 8
                                      or cfg.head_dim > 128):
         raise ValueError("workload config attention: cudnn needs compute_dtype=bfloat16 and "
                          f"head_dim a multiple of 8 up to 128, got {cfg.compute_dtype}, "
                          f"head_dim={cfg.head_dim}")
+    if cfg.checkpoint_stage_gib < 0 and cfg.checkpoint_stage_gib != -1:
+        raise ValueError("workload config checkpoint_stage_gib: -1 (auto), 0 (off) or a size "
+                         f"in GiB, got {cfg.checkpoint_stage_gib}")
     if cfg.learning_rate <= 0:
         raise ValueError(f"workload config learning_rate: must be > 0, got {cfg.learning_rate}")
     if not 0 <= cfg.min_lr_ratio <= 1:

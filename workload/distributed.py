@@ -234,32 +234,39 @@ def wait_for_coordinator(address: str, timeout: float = COORDINATOR_WAIT_SECONDS
 
 
 def initialize(cluster: Cluster) -> bool:
-    """Start jax.distributed; True when it was started (and so preemption sync exists)."""
+    """Start jax.distributed; True when it was started (and so preemption sync exists).
+
+    One process needs no distributed service: nothing is started (on a TPU VM, JAX's own
+    cluster detection would ask the metadata server, which a single-host VM outside GCE, or
+    one with ``TPU_SKIP_MDS_QUERY``, does not answer). Several processes started by xrun
+    use xrun's env alone (``cluster_detection_method="deactivate"``: no metadata server, no
+    SLURM or MPI env can override it). Outside xrun, a multi-host TPU VM (more than one name
+    in ``TPU_WORKER_HOSTNAMES``) still gets JAX's detection, as ``python -m workload.train``
+    on each worker expects.
+    """
     import jax
 
     if cluster.from_xrun:
+        if cluster.num_processes == 1:
+            return False
         if cluster.process_id != 0 and cluster.coordinator:
             wait_for_coordinator(cluster.coordinator)
-        kwargs: dict[str, Any] = {}
-        if cluster.platform == "cpu":
-            # Nothing in CI's environment (SLURM, MPI, a TPU VM's metadata) may override us.
-            kwargs["cluster_detection_method"] = "deactivate"
         jax.distributed.initialize(
             coordinator_address=cluster.coordinator,
             num_processes=cluster.num_processes,
             process_id=cluster.process_id,
-            **kwargs,
+            cluster_detection_method="deactivate",
         )
         return True
-    if cluster.platform == "tpu" or (not cluster.platform and _on_tpu_vm()):
+    if len(tpu_worker_hostnames()) > 1:
         jax.distributed.initialize()  # JAX's own detection (TPU metadata server)
         return True
     return False
 
 
-def _on_tpu_vm() -> bool:
-    return any(os.environ.get(k) for k in ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE",
-                                           "TPU_WORKER_ID", "CLOUD_TPU_TASK_ID"))
+def tpu_worker_hostnames() -> list[str]:
+    """The TPU VM's workers as the TPU runtime's env lists them (empty off a TPU VM)."""
+    return [h for h in os.environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
 
 
 def make_mesh(num_slices: int | None = None):

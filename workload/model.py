@@ -205,7 +205,8 @@ class Attention(nnx.Module):
         sharding = self.act_sharding
         out = attention.attend(self.kernel, q, k, v,
                                mesh=sharding.mesh if sharding is not None else None,  # type: ignore[arg-type]
-                               batch_axes=sharding.spec[0] if sharding is not None else None)
+                               batch_axes=sharding.spec[0] if sharding is not None else None,
+                               splash_block=cfg.splash_block)
         return dense("bsnh,nhd->bsd", out, self.wo[...], dt)
 
 

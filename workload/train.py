@@ -513,12 +513,34 @@ def agreed_latest_step(storage: Storage, key: str) -> int | None:
 
 
 def open_checkpoints(storage: Storage, run: str, cfg: Config, metrics: Metrics,
-                     cluster: Cluster) -> Any:
+                     cluster: Cluster, program: Program) -> Any:
     """Orbax's side (imports Orbax: about a second)."""
     from workload.checkpointing import Checkpoints
 
     return Checkpoints(storage, Layout.checkpoints(run), cfg, metrics,
-                       exit_code=cluster.restartable_exit_code)
+                       exit_code=cluster.restartable_exit_code,
+                       staging_budget=functools.partial(staging_budget, cfg, program))
+
+
+def staging_budget(cfg: Config, program: Program) -> int:
+    """Bytes per device a save may copy the state into (``checkpoint_stage_gib``; auto: what
+    the fullest local device has free now, at a step boundary, less the train step's
+    temporaries and a margin). 0 where the backend reports no device memory (CPU)."""
+    import jax
+
+    from workload.checkpointing import STAGING_MARGIN_BYTES
+
+    if cfg.checkpoint_stage_gib >= 0:
+        return int(cfg.checkpoint_stage_gib * 2**30)
+    stats = [d.memory_stats() or {} for d in jax.local_devices()]
+    if not stats or not all("bytes_limit" in s and "bytes_in_use" in s for s in stats):
+        return 0
+    try:
+        temp = int(program.train_step.memory_analysis().temp_size_in_bytes)
+    except Exception:  # noqa: BLE001 - no analysis: stage nothing rather than risk the step
+        return 0
+    free = min(s["bytes_limit"] - s["bytes_in_use"] for s in stats)
+    return max(0, free - temp - STAGING_MARGIN_BYTES)
 
 
 def checkpoint_write_failed() -> type[BaseException]:
@@ -551,10 +573,11 @@ class DeferredCheckpoints:
     def __init__(self, storage: Storage, run: str, cfg: Config, metrics: Metrics,
                  cluster: Cluster, program: Program):
         self.args = (storage, run, cfg, metrics, cluster)
+        self.program = program
         self.abstract_state = program.abstract_state
 
     def open(self) -> Any:
-        ckpt = open_checkpoints(*self.args)
+        ckpt = open_checkpoints(*self.args, self.program)
         if ckpt.restore_latest(self.abstract_state) is not None:  # agreed: none committed
             raise RuntimeError("a checkpoint was committed by another writer during startup")
         return ckpt
@@ -604,7 +627,7 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         if latest is None:  # nothing to restore: no Orbax before the first step
             deferred = DeferredCheckpoints(storage, run, cfg, metrics, cluster, program)
         else:
-            ckpt = open_checkpoints(storage, run, cfg, metrics, cluster)
+            ckpt = open_checkpoints(storage, run, cfg, metrics, cluster, program)
             write_failed = (checkpoint_write_failed(),)
     source = data.make_source(cfg.data, cfg.data_dtype, cfg.seed, cfg.seq_len, cfg.vocab_size)
     metrics.phase("checkpoint_manager", step=latest)

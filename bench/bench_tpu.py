@@ -1,0 +1,480 @@
+"""The workload on one accelerator chip, measured against the chip itself and plain Orbax.
+
+    python bench/bench_tpu.py --out DIR                 # on the TPU machine: every part
+    python bench/bench_tpu.py --out DIR --smoke         # on CPU: the same code paths, tiny
+
+Parts, each in a process of its own (one program holds a TPU chip at a time); each appends
+JSON lines to DIR/results.jsonl, and ``report`` turns them into DIR/table.md:
+
+* ``peak``: a bf16 matmul (8192^3) in the same process as the grid: the chip's own peak.
+* ``grid``: the train step of each variant (remat policy, batch, attention kernel, splash
+  block, scan unroll) on the base config (``1b`` with 8 layers: 618M parameters, the
+  largest 1b-shaped model whose train state fits one v5e chip): compile time, median step
+  time, MFU by MaxText's formula (``workload.config.step_flops``: learnable-weight matmuls
+  plus causal attention counted half, x3 for forward and backward) against the spec peak
+  (``--spec-tflops``, 197 for v5e) and the measured one, and the device memory the compiled
+  step needs (XLA's memory analysis: arguments + outputs - aliased + temporaries).
+* ``profile``: the ``--profile`` variant's step traced with ``jax.profiler``; time per XLA
+  op on the device, summed over the traced steps, its largest ops and categories.
+* ``ckpt``: on the ``--ckpt`` variants' fresh train state (a step between measurements, so
+  no array's host copy is cached), how long each save blocks training: the host link alone
+  (``jax.device_get`` from 4 threads), plain Orbax (``CheckpointManager`` +
+  ``StandardSave``), xrun's ``Checkpoints`` with staging off and on; the commit time and the
+  steps run while each is written.
+* ``startup``: ``python -m workload.train`` from process start to its first step, cold (an
+  empty compilation cache) and warm, with its startup phases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+SPEC_TFLOPS = {"TPU v5 lite": 197.0, "TPU v6 lite": 918.0, "TPU v5": 459.0, "TPU v4": 275.0}
+BASE = "--preset 1b n_layers=8 global_batch=4"
+GRID = [
+    "remat=full",
+    "remat=dots_no_batch",
+    "remat=dots_no_batch splash_block=1024",
+    "remat=dots_no_batch scan_unroll=0",
+    "remat=full global_batch=8",
+    "remat=none global_batch=2",
+    "remat=dots_no_batch attention=xla",
+]
+SMOKE_BASE = "--preset tiny seq_len=128 global_batch=2 attention=einsum"
+SMOKE_GRID = ["remat=full", "remat=dots_no_batch scan_unroll=0"]
+
+
+def emit(out: Path, part: str, **fields: Any) -> None:
+    line = json.dumps({"part": part, **fields}, default=str)
+    print(line, flush=True)
+    with open(out / "results.jsonl", "a") as f:
+        f.write(line + "\n")
+
+
+def parse_config(base: str, variant: str):
+    from workload.config import arg_parser, load_config
+
+    ns = arg_parser().parse_args((base + " " + variant).split())
+    return load_config(ns.preset, ns.overrides)
+
+
+# ---------------------------------------------------------------------------------------
+# In one process: peak, grid, profile, ckpt
+
+
+def measure_peak(smoke: bool) -> float:
+    """bf16 matmul TFLOP/s, mean of 10 after a warm-up (random data)."""
+    import jax
+    import jax.numpy as jnp
+
+    n = 1024 if smoke else 8192
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
+    f = jax.jit(lambda a, b: a @ b)
+    f(a, b).block_until_ready()
+    t = time.perf_counter()
+    for _ in range(10):
+        c = f(a, b)
+    c.block_until_ready()
+    return 2 * n**3 * 10 / (time.perf_counter() - t) / 1e12
+
+
+class Variant:
+    """One config's program, state and batch on the devices."""
+
+    def __init__(self, base: str, variant: str, state: Any = None):
+        import jax
+
+        from workload import data
+        from workload.distributed import make_mesh
+        from workload.train import Program
+
+        self.name = variant
+        self.cfg = parse_config(base, variant)
+        self.mesh = make_mesh(1)
+        self.batch_size = self.cfg.batch_size(jax.device_count())
+        t = time.perf_counter()
+        self.program = Program(self.cfg, self.mesh, self.batch_size, compile_now=False)
+        self.build_s = time.perf_counter() - t
+        t = time.perf_counter()
+        self.program.compile()
+        self.compile_s = time.perf_counter() - t
+        t = time.perf_counter()
+        # Every variant has the same parameters: the first one's state serves the rest.
+        self.state = self.program.init() if state is None else state
+        jax.block_until_ready(self.state)
+        self.init_s = time.perf_counter() - t if state is None else None
+        source = data.make_source(self.cfg.data, self.cfg.data_dtype, self.cfg.seed,
+                                  self.cfg.seq_len, self.cfg.vocab_size)
+        self.batches = [data.make_batch(source, i * self.batch_size, self.batch_size,
+                                        self.cfg.seq_len, self.program.batch_sharding)
+                        for i in range(2)]
+        self.steps_run = 0
+
+    def step(self) -> float:
+        """One step as the workload runs it (dispatch, wait for its outputs); seconds."""
+        import jax
+
+        t = time.perf_counter()
+        self.state, out = self.program.train_step(self.state, self.batches[self.steps_run % 2])
+        jax.device_get(out)
+        self.steps_run += 1
+        self.loss = float(out["loss"])
+        return time.perf_counter() - t
+
+    def memory(self) -> dict[str, float]:
+        import jax
+
+        m = self.program.train_step.memory_analysis()
+        need = (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+                + m.temp_size_in_bytes)
+        stats = jax.local_devices()[0].memory_stats() or {}
+        return {"compiled_gib": need / 2**30, "temp_gib": m.temp_size_in_bytes / 2**30,
+                "state_gib": m.argument_size_in_bytes / 2**30,
+                "in_use_gib": stats.get("bytes_in_use", 0) / 2**30,
+                "process_peak_gib": stats.get("peak_bytes_in_use", 0) / 2**30,
+                "limit_gib": stats.get("bytes_limit", 0) / 2**30}
+
+    def close(self) -> Any:
+        """Free everything but the state, which is returned (for the next variant)."""
+        import jax
+
+        state, keep = self.state, {id(a) for a in jax.tree.leaves(self.state)}
+        del self.state, self.batches
+        for a in jax.live_arrays():
+            if id(a) not in keep:
+                a.delete()
+        return state
+
+
+def run_grid(out: Path, args: argparse.Namespace, spec: float, peak: float) -> None:
+    from workload.config import step_flops
+
+    state = None
+    for name in args.grid:
+        try:
+            v = Variant(args.base, name, state)
+        except Exception as e:  # noqa: BLE001 - one variant's failure (OOM) is a result
+            emit(out, "grid", variant=name, error=f"{type(e).__name__}: {str(e)[:400]}")
+            continue
+        try:
+            for _ in range(args.warmup):
+                v.step()
+            times = [v.step() for _ in range(args.steps)]
+            step_s = statistics.median(times)
+            flops = step_flops(v.cfg, v.batch_size, 1)["tflops_per_device"]
+            emit(out, "grid", variant=name, batch=v.batch_size, build_s=v.build_s,
+                 compile_s=v.compile_s, init_s=v.init_s, step_s=step_s, min_step_s=min(times),
+                 tflops=flops / step_s, mfu_spec=flops / step_s / spec,
+                 mfu_measured=flops / step_s / peak, loss=v.loss,
+                 tokens_per_s=v.batch_size * v.cfg.seq_len / step_s, **v.memory())
+            if name == args.profile:
+                profile(out, v, args)
+            if name in args.ckpt:
+                checkpoint_compare(out, v, args)
+        except Exception as e:  # noqa: BLE001
+            emit(out, "grid", variant=name, error=f"{type(e).__name__}: {str(e)[:400]}",
+                 trace=traceback.format_exc()[-1500:])
+        finally:
+            state = v.close()
+
+
+def profile(out: Path, v: Variant, args: argparse.Namespace) -> None:
+    """Trace ``args.profile_steps`` steps; time per device op from the trace's XSpace."""
+    import jax
+    from jax.profiler import ProfileData
+
+    folder = Path(tempfile.mkdtemp(prefix="xrun-trace-"))
+    jax.profiler.start_trace(str(folder))
+    for _ in range(args.profile_steps):
+        v.step()
+    jax.profiler.stop_trace()
+    files = sorted(folder.rglob("*.xplane.pb"))
+    if not files:
+        emit(out, "profile", variant=v.name, error="no .xplane.pb written")
+        return
+    data = ProfileData.from_file(str(files[-1]))
+    planes = [p for p in data.planes if p.name.startswith("/device:")
+              and "CPU" not in p.name] or [p for p in data.planes if p.name.startswith("/device:")]
+    ops: dict[str, list[float]] = {}
+    categories: dict[str, float] = {}
+    lines_seen: dict[str, int] = {}
+    sample_stats: dict[str, Any] = {}
+    for plane in planes[:1]:
+        for line in plane.lines:
+            events = list(line.events)
+            lines_seen[line.name] = len(events)
+            if line.name not in ("XLA Ops", "Ops"):
+                continue
+            for ev in events:
+                stats = dict(ev.stats)
+                if not sample_stats:
+                    sample_stats = {k: str(val)[:80] for k, val in stats.items()}
+                ops.setdefault(ev.name, []).append(ev.duration_ns / 1e6)
+                cat = str(stats.get("hlo_category") or stats.get("category") or "?")
+                categories[cat] = categories.get(cat, 0.0) + ev.duration_ns / 1e6
+    total = sum(sum(t) for t in ops.values())
+    top = sorted(ops.items(), key=lambda kv: -sum(kv[1]))[:args.profile_top]
+    emit(out, "profile", variant=v.name, steps=args.profile_steps,
+         planes=[p.name for p in data.planes], lines=lines_seen, sample_stats=sample_stats,
+         device_ms_per_step=total / args.profile_steps,
+         categories={k: round(ms / args.profile_steps, 3) for k, ms in
+                     sorted(categories.items(), key=lambda kv: -kv[1])},
+         top=[{"op": k, "ms_per_step": round(sum(t) / args.profile_steps, 3),
+               "count_per_step": len(t) / args.profile_steps,
+               "pct": round(100 * sum(t) / total, 2) if total else 0.0} for k, t in top])
+    if args.keep_trace and files[-1].stat().st_size < 15 << 20:
+        (out / "trace.xplane.pb").write_bytes(files[-1].read_bytes())
+
+
+def device_get_threads(state: Any, threads: int) -> float:
+    """Seconds to copy every array of ``state`` to the host from ``threads`` threads."""
+    import jax
+    import numpy as np
+
+    leaves = jax.tree.leaves(state)
+    t = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(np.asarray, leaves))
+    return time.perf_counter() - t
+
+
+def steps_while(v: Variant, busy, limit: int = 60) -> list[float]:
+    """Step times while ``busy()`` (a save being written), at most ``limit`` steps."""
+    times = []
+    while busy() and len(times) < limit:
+        times.append(v.step())
+    return times
+
+
+def checkpoint_compare(out: Path, v: Variant, args: argparse.Namespace) -> None:
+    """Blocking time of a save of the same (fresh) state: the link, plain Orbax, xrun."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from workload.checkpointing import Checkpoints
+    from workload.metrics import Metrics
+    from workload.train import staging_budget
+    from xrun_contract.storage import open_storage
+
+    steady = statistics.median([v.step() for _ in range(5)])
+    state_gib = sum(a.nbytes for a in jax.tree.leaves(v.state)) / 2**30
+    root = Path(args.ckpt_dir or tempfile.mkdtemp(prefix="xrun-ckpt-"))
+    metrics = Metrics(None, None, 0, True)
+    results: dict[str, Any] = {"variant": v.name, "state_gib": state_gib, "steady_step_s": steady}
+    for round_ in range(args.ckpt_rounds):
+        v.step()  # fresh arrays: nothing cached on the host
+        results[f"link_4threads_s_{round_}"] = device_get_threads(v.state, 4)
+        v.step()
+        # Plain Orbax, as its docs show it.
+        mgr = ocp.CheckpointManager(root / f"orbax-{round_}", options=ocp.CheckpointManagerOptions(
+            enable_async_checkpointing=True))
+        t, t_wall = time.perf_counter(), time.time()
+        mgr.save(v.steps_run, args=ocp.args.StandardSave(v.state))
+        results[f"orbax_blocked_s_{round_}"] = time.perf_counter() - t
+        during = steps_while(v, mgr.is_saving_in_progress)
+        mgr.wait_until_finished()
+        results[f"orbax_commit_s_{round_}"] = time.time() - t_wall
+        results[f"orbax_steps_during_{round_}"] = [round(s, 4) for s in during]
+        mgr.close()
+        shutil.rmtree(root / f"orbax-{round_}", ignore_errors=True)
+        for stage_gib in (0.0, -1.0):
+            label = "xrun_unstaged" if stage_gib == 0 else "xrun_staged"
+            v.step()
+            cfg = v.cfg.__class__(**{**v.cfg.to_dict(), "checkpoint_stage_gib": stage_gib})
+            ck = Checkpoints(open_storage(str(root)), f"{label}-{round_}", cfg, metrics,
+                             staging_budget=lambda cfg=cfg: staging_budget(cfg, v.program))
+            ck.restore_latest(v.program.abstract_state)
+            t_wall = time.time()
+            blocked = ck._save(v.steps_run, v.state, {"position": 0})
+            results[f"{label}_blocked_s_{round_}"] = blocked
+            if ck.staging is not None:
+                results[f"{label}_staged_gib_{round_}"] = ck.staging.staged_bytes / 2**30
+                results[f"{label}_budget_gib_{round_}"] = (ck.staging.budget or 0) / 2**30
+            during = steps_while(v, ck.manager.is_saving_in_progress)
+            ck.manager.wait_until_finished()
+            results[f"{label}_commit_s_{round_}"] = time.time() - t_wall
+            results[f"{label}_steps_during_{round_}"] = [round(s, 4) for s in during]
+            ck.pending = None
+            if ck.staging is not None:
+                ck.staging.release()
+            ck.close()
+            shutil.rmtree(root / f"{label}-{round_}", ignore_errors=True)
+        emit(out, "ckpt", **results)
+
+
+def in_process(out: Path, args: argparse.Namespace) -> None:
+    import jax
+
+    device = jax.devices()[0]
+    spec = args.spec_tflops or SPEC_TFLOPS.get(device.device_kind, 0.0) or 1.0
+    peak = measure_peak(args.smoke)
+    emit(out, "peak", device=device.device_kind, platform=device.platform, jax=jax.__version__,
+         spec_tflops=spec, matmul_tflops=peak, matmul_pct_of_spec=100 * peak / spec)
+    run_grid(out, args, spec, peak)
+
+
+# ---------------------------------------------------------------------------------------
+# Startup: separate processes
+
+
+def startup(out: Path, args: argparse.Namespace) -> None:
+    cache = Path(tempfile.mkdtemp(prefix="xrun-cc-"))
+    storage = Path(tempfile.mkdtemp(prefix="xrun-st-"))
+    cmd = [sys.executable, "-m", "workload.train", *args.base.split(), *args.startup.split(),
+           "steps=3", "checkpoint_every=0", "--storage", str(storage)]
+    env = {**os.environ, "XRUN_COMPILATION_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
+    for kind in ("cold", "warm"):
+        t = time.time()
+        proc = subprocess.run([*cmd, "--run-name", kind], cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=args.startup_timeout)
+        wall = time.time() - t
+        phases = {}
+        for f in sorted((storage / "runs" / kind / "metrics").glob("*.jsonl")):
+            for line in f.read_text().splitlines():
+                rec = json.loads(line)
+                if "phase" in rec and "seconds" in rec:
+                    phases[rec["phase"]] = round(rec["seconds"], 3)
+                    if rec.get("began") is not None:
+                        phases[rec["phase"] + "_began"] = round(rec["began"], 3)
+                    if rec.get("source"):
+                        phases[rec["phase"] + "_source"] = rec["source"]
+        emit(out, "startup", kind=kind, rc=proc.returncode, wall_s=wall,
+             first_step_s=phases.get("first_step"), phases=phases,
+             tail=(proc.stdout + proc.stderr)[-1500:] if proc.returncode else "")
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:.0f}"
+    return str(x)
+
+
+def report(out: Path) -> str:
+    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines() if x.strip()]
+    lines = []
+    for r in rows:
+        if r["part"] == "peak":
+            lines += [f"Device {r['device']} ({r['platform']}), jax {r['jax']}: bf16 matmul "
+                      f"{r['matmul_tflops']:.1f} TFLOP/s = {r['matmul_pct_of_spec']:.1f}% of the "
+                      f"{r['spec_tflops']:.0f} TFLOP/s spec.", ""]
+    grid = [r for r in rows if r["part"] == "grid"]
+    if grid:
+        lines += ["| variant | batch | step s | TFLOP/s | MFU (spec) | MFU (measured peak) | "
+                  "compiled step GiB | compile s | loss |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in grid:
+            if "error" in r:
+                lines.append(f"| {r['variant']} | | error: {r['error'][:120]} | | | | | | |")
+                continue
+            lines.append(f"| {r['variant']} | {r['batch']} | {r['step_s']:.4f} | "
+                         f"{r['tflops']:.1f} | {100 * r['mfu_spec']:.1f}% | "
+                         f"{100 * r['mfu_measured']:.1f}% | {r['compiled_gib']:.2f} | "
+                         f"{r['compile_s']:.1f} | {r['loss']:.4f} |")
+        lines.append("")
+    for r in rows:
+        if r["part"] == "ckpt":
+            lines += [f"Checkpoint, {r['variant']} (state {r['state_gib']:.2f} GiB, steady step "
+                      f"{r['steady_step_s']:.4f} s):", ""]
+            lines += ["| route | blocked s | commit s | steps while written (max s) |",
+                      "|---|---|---|---|"]
+            rounds = sorted({k.rsplit("_", 1)[1] for k in r if k.startswith("orbax_blocked")})
+            for i in rounds:
+                lines.append(f"| host link, 4 threads (round {i}) | "
+                             f"{fmt(r.get(f'link_4threads_s_{i}'))} | | |")
+                for label in ("orbax", "xrun_unstaged", "xrun_staged"):
+                    during = r.get(f"{label}_steps_during_{i}") or []
+                    staged = r.get(f"{label}_staged_gib_{i}")
+                    lines.append(f"| {label}{f' ({staged:.2f} GiB staged)' if staged else ''} "
+                                 f"(round {i}) | {fmt(r.get(f'{label}_blocked_s_{i}'))} | "
+                                 f"{fmt(r.get(f'{label}_commit_s_{i}'))} | "
+                                 f"{len(during)} ({fmt(max(during) if during else None)}) |")
+            lines.append("")
+    for r in rows:
+        if r["part"] == "startup":
+            lines.append(f"Startup {r['kind']}: first step at {fmt(r['first_step_s'])} s "
+                         f"(rc {r['rc']}); phases {r['phases']}")
+    for r in rows:
+        if r["part"] == "profile" and "top" in r:
+            lines += ["", f"Profile of {r['variant']}: {r['device_ms_per_step']:.1f} ms of device "
+                      f"ops per step; categories {r['categories']}", "",
+                      "| op | ms/step | % |", "|---|---|---|"]
+            lines += [f"| {o['op'][:90]} | {o['ms_per_step']} | {o['pct']} |" for o in r["top"]]
+    text = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--part", choices=["all", "chip", "startup", "report"], default="all")
+    p.add_argument("--smoke", action="store_true", help="CPU: tiny config, same code paths")
+    p.add_argument("--base", default=None)
+    p.add_argument("--grid", action="append", default=None)
+    p.add_argument("--profile", default=None, help="variant to trace (default: the second)")
+    p.add_argument("--ckpt", action="append", default=None, help="variants to save (default: "
+                   "the first two)")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--profile-steps", type=int, default=3)
+    p.add_argument("--profile-top", type=int, default=40)
+    p.add_argument("--keep-trace", action="store_true")
+    p.add_argument("--ckpt-rounds", type=int, default=2)
+    p.add_argument("--ckpt-dir", default=None)
+    p.add_argument("--spec-tflops", type=float, default=0.0)
+    p.add_argument("--startup", default="remat=full", help="overrides of the startup runs")
+    p.add_argument("--startup-timeout", type=float, default=240)
+    p.add_argument("--chip-timeout", type=float, default=540)
+    args = p.parse_args(argv)
+    args.base = args.base or (SMOKE_BASE if args.smoke else BASE)
+    args.grid = args.grid or (SMOKE_GRID if args.smoke else GRID)
+    args.profile = args.profile or args.grid[min(1, len(args.grid) - 1)]
+    args.ckpt = args.ckpt or args.grid[:2]
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.smoke:
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if args.part == "chip":
+        in_process(args.out, args)
+        return 0
+    if args.part == "startup":
+        startup(args.out, args)
+        return 0
+    if args.part == "all":
+        given = list(argv if argv is not None else sys.argv[1:])
+        own = [a for i, a in enumerate(given) if a != "--part" and (i == 0 or given[i - 1] != "--part")]
+        for part, limit in (("chip", args.chip_timeout),
+                            ("startup", 2 * args.startup_timeout + 30)):
+            try:
+                subprocess.run([sys.executable, __file__, *own, "--part", part], cwd=REPO,
+                               timeout=limit, check=False)
+            except subprocess.TimeoutExpired:
+                emit(args.out, part, error=f"timed out after {limit:.0f} s")
+    print(report(args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    threading.excepthook = lambda a: traceback.print_exception(a.exc_value)
+    sys.exit(main())
