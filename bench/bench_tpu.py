@@ -294,10 +294,12 @@ def checkpoint_compare(out: Path, v: Variant, args: argparse.Namespace) -> None:
         results[f"orbax_steps_during_{round_}"] = [round(s, 4) for s in during]
         mgr.close()
         shutil.rmtree(root / f"orbax-{round_}", ignore_errors=True)
-        for stage_gib in (0.0, -1.0):
-            label = "xrun_unstaged" if stage_gib == 0 else "xrun_staged"
+        # xrun as before (Orbax's own serial copy), the copy from threads, staging and threads.
+        for label, stage_gib, threads in (("xrun_orbax_copy", 0.0, 0), ("xrun_threads", 0.0, 4),
+                                          ("xrun_staged", -1.0, 4)):
             v.step()
-            cfg = v.cfg.__class__(**{**v.cfg.to_dict(), "checkpoint_stage_gib": stage_gib})
+            cfg = v.cfg.__class__(**{**v.cfg.to_dict(), "checkpoint_stage_gib": stage_gib,
+                                     "checkpoint_copy_threads": threads})
             ck = Checkpoints(open_storage(str(root)), f"{label}-{round_}", cfg, metrics,
                              staging_budget=lambda cfg=cfg: staging_budget(cfg, v.program))
             ck.restore_latest(v.program.abstract_state)
@@ -403,7 +405,7 @@ def report(out: Path) -> str:
             for i in rounds:
                 lines.append(f"| host link, 4 threads (round {i}) | "
                              f"{fmt(r.get(f'link_4threads_s_{i}'))} | | |")
-                for label in ("orbax", "xrun_unstaged", "xrun_staged"):
+                for label in ("orbax", "xrun_orbax_copy", "xrun_threads", "xrun_staged"):
                     during = r.get(f"{label}_steps_during_{i}") or []
                     staged = r.get(f"{label}_staged_gib_{i}")
                     lines.append(f"| {label}{f' ({staged:.2f} GiB staged)' if staged else ''} "

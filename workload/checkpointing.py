@@ -24,7 +24,11 @@ Rules, each decided identically on every process (:class:`workload.peers.Peers` 
   instead (a device-to-device copy, milliseconds) and handed to Orbax as *deprioritized*
   transfers (orbax ``TransferPriority.ASYNCHRONOUS_DEPRIORITIZED``), which its background
   thread copies to the host while training goes on; only the rest is copied before
-  ``save`` returns. Same bytes, same files: a staged save restores like any other.
+  ``save`` returns. Same bytes, same files: a staged save restores like any other. That
+  rest is copied from several threads (``copy_to_host``) before ``save`` is called: Orbax
+  copies one array after another (``replica_slices.transfer_arrays_to_host``: ``np.asarray``
+  of each shard in turn), 1.7 GB/s on a v5e chip's link where 4 threads reach 2.85 GB/s,
+  and finds each shard's host value cached on the same shard object.
 * **Committed means Orbax's rule** (:mod:`xrun_contract.checkpoints`); an empty step folder
   is removed before the manager lists the directory (it would collide with a later save).
 * **Restore falls back.** If the newest committed step does not restore on every process,
@@ -46,6 +50,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -250,6 +255,28 @@ def _device_copy(arrays: list[Any]) -> list[Any]:
     """New buffers with the same values and shardings (``jnp.copy`` is a real copy: jit
     forwards an input returned as it is)."""
     return [jnp.copy(a) for a in arrays]
+
+
+def copy_to_host(state: Any, skip: frozenset[str], threads: int) -> int:
+    """Copy the arrays of ``state`` not in ``skip`` to the host from ``threads`` threads;
+    bytes copied. JAX keeps each shard's host value on the shard's array
+    (``ArrayImpl._npy_value``) and ``addressable_shards`` hands out those same arrays, so
+    Orbax's own ``np.asarray`` of each shard returns at once. Only arrays with one copy of
+    each shard: Orbax slices replicated shards across replicas (replica-parallel), and a
+    slice is a new array that no cache serves."""
+    shards: list[Any] = []
+    for path, a in jax.tree_util.tree_flatten_with_path(state)[0]:
+        if _keystr(path) in skip or not isinstance(a, jax.Array) or a.is_deleted():
+            continue
+        if int(np.prod(a.sharding.shard_shape(a.shape))) * len(a.sharding.device_set) != a.size:
+            continue  # replicated: Orbax's replica-parallel path
+        shards.extend(s.data for s in a.addressable_shards)
+    if not shards:
+        return 0
+    for d in shards:
+        d.copy_to_host_async()  # all transfers in flight at once, as Orbax starts them
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="xrun-d2h") as pool:
+        return sum(int(h.nbytes) for h in pool.map(np.asarray, shards))
 
 
 class Staging:
@@ -564,6 +591,8 @@ class Checkpoints:
         try:
             if self.staging is not None:
                 state = self.staging.stage(state)
+            if self.cfg.checkpoint_copy_threads:
+                copy_to_host(state, self._priority.keys, self.cfg.checkpoint_copy_threads)
             self.manager.save(step, force=True, args=ocp.args.Composite(
                 state=StateSave(state, ocdbt_target_data_file_size=OCDBT_TARGET_DATA_FILE_SIZE),
                 data=DataSave(data)))

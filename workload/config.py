@@ -74,6 +74,9 @@ class Config:
     # rest is copied to the host before training goes on (workload.checkpointing.Staging):
     # -1 what the train step leaves free (none on CPU), 0 off.
     checkpoint_stage_gib: float = -1.0
+    # Threads that copy the rest to the host before save returns (Orbax copies one array after
+    # another: 1.7 GB/s on a v5e chip's link, 2.85 GB/s from 4 threads); 0: Orbax's own copy.
+    checkpoint_copy_threads: int = 4
 
     @property
     def params_count(self) -> int:
@@ -217,6 +220,9 @@ def validate(cfg: Config) -> Config:
     if cfg.checkpoint_stage_gib < 0 and cfg.checkpoint_stage_gib != -1:
         raise ValueError("workload config checkpoint_stage_gib: -1 (auto), 0 (off) or a size "
                          f"in GiB, got {cfg.checkpoint_stage_gib}")
+    if not 0 <= cfg.checkpoint_copy_threads <= 64:
+        raise ValueError("workload config checkpoint_copy_threads: 0 (Orbax's own copy) to 64, "
+                         f"got {cfg.checkpoint_copy_threads}")
     if cfg.learning_rate <= 0:
         raise ValueError(f"workload config learning_rate: must be > 0, got {cfg.learning_rate}")
     if not 0 <= cfg.min_lr_ratio <= 1:

@@ -52,7 +52,7 @@ _SETTINGS_NOT_KEYED = ("compilation_cache", "persistent_cache", "log", "explain_
 # token file's path: a batch is int32 [batch, seq_len + 1] whatever its source). Every other
 # key is part of the key.
 _CONFIG_NOT_KEYED = ("checkpoint_every", "max_to_keep", "async_checkpoint", "data",
-                     "checkpoint_stage_gib")
+                     "checkpoint_stage_gib", "checkpoint_copy_threads")
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes")
 _ENV_KEYED = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS")
 
