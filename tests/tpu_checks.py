@@ -78,6 +78,8 @@ def resume(preset: str, overrides: list[str], warm: int,
 
 
 def _resume_one(cfg: Any, program: Any, batch: Any, warm: int) -> dict[str, Any]:
+    import jax
+
     from workload.checkpointing import Checkpoints
     from workload.metrics import Metrics
     from workload.train import staging_budget
@@ -104,6 +106,8 @@ def _resume_one(cfg: Any, program: Any, batch: Any, warm: int) -> dict[str, Any]
     ck.finish(warm, state, lambda: {"position": warm})  # waits for the commit (warm is saved)
     commit_s = time.perf_counter() - t
     ck.close()
+    for a in jax.tree.leaves(state):  # room for the restored copy (HBM holds one state)
+        a.delete()
     del state
     ck2 = checkpoints()
     restored = ck2.restore_latest(program.abstract_state)
