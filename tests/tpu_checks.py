@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", action="append", default=None, metavar="GIB:THREADS",
                    help="checkpoint_stage_gib and checkpoint_copy_threads (default -1:4)")
     p.add_argument("overrides", nargs="*")
-    a = p.parse_args(argv)
+    a = p.parse_intermixed_args(argv)  # KEY=VALUE overrides after options too
     if a.check == "losses":
         result = losses(a.preset, a.overrides, a.steps)
     else:
