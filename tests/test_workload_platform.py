@@ -412,3 +412,35 @@ def test_splash_inside_fsdp_training_matches_einsum():
     losses = json.loads(r.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(losses["splash"], losses["einsum"], rtol=1e-5)
     assert losses["einsum"][2] < losses["einsum"][0]
+
+
+@pytest.mark.parametrize("env,expected", [
+    # One process started by xrun on a TPU VM whose metadata server does not answer.
+    ({Env.COORDINATOR_ADDRESS: "127.0.0.1:1", "TPU_WORKER_HOSTNAMES": "localhost"}, None),
+    # `python -m workload.train` by hand on a single-host TPU VM.
+    ({"TPU_WORKER_HOSTNAMES": "localhost", "TPU_SKIP_MDS_QUERY": "true"}, None),
+    # Two processes from xrun: xrun's env only, never JAX's own detection.
+    ({Env.COORDINATOR_ADDRESS: "10.0.0.2:8476", Env.HOSTS_PER_SLICE: "2", Env.HOST_INDEX: "0",
+      "TPU_WORKER_HOSTNAMES": "a,b"},
+     {"coordinator_address": "10.0.0.2:8476", "num_processes": 2, "process_id": 0,
+      "cluster_detection_method": "deactivate"}),
+    # A multi-host TPU VM outside xrun: JAX's detection, as its docs run it.
+    ({"TPU_WORKER_HOSTNAMES": "a,b"}, {}),
+], ids=["xrun-one-process", "tpu-vm-one-host", "xrun-two-hosts", "tpu-vm-two-hosts"])
+def test_a_single_process_starts_no_distributed_service(monkeypatch, env, expected):
+    """#37: a single-process run must not call jax.distributed.initialize(), which on a TPU VM
+    asks the metadata server; several processes from xrun use xrun's env alone."""
+    import jax
+
+    from workload.distributed import Cluster, initialize
+
+    for k in [k for k in os.environ if k.startswith(("XRUN_", "TPU_"))]:
+        monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    calls: list[dict] = []
+    monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    monkeypatch.setattr("workload.distributed.wait_for_coordinator", lambda *a, **k: None)
+    started = initialize(Cluster.from_env())
+    assert calls == ([] if expected is None else [expected])
+    assert started is (expected is not None)
