@@ -192,13 +192,13 @@ class ProgressScreen:
         else:
             print(out.plain, flush=True)
 
-    def note(self, message: str) -> None:
+    def note(self, message: str, prefix: str = "xrun: ") -> None:
         """An orchestrator line (state change, why a pod waits): above the progress line on
         a terminal, on stderr otherwise."""
         if self.live is not None:
-            self.console.print(Text(f"xrun: {message}", style="yellow"), soft_wrap=True, highlight=False)
+            self.console.print(Text(f"{prefix}{message}", style="yellow"), soft_wrap=True, highlight=False)
         else:
-            print(f"xrun: {message}", file=_stderr(), flush=True)
+            print(f"{prefix}{message}", file=_stderr(), flush=True)
 
     def _merged(self, view: dict[str, Any]) -> dict[str, Any]:
         return view if self._step is None else newest(view, *self._step)

@@ -235,6 +235,7 @@ def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
     screen = None if table_screen else ProgressScreen(out, interval=interval,
                                                       verbose=verbose or not out.is_terminal)
     last_state = None
+    said_end = False  # the summary's first line, printed when the backend said the end
     seen_events: set[str] = set()
     view: dict[str, Any] = {}
     try:
@@ -250,6 +251,11 @@ def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
             view = event.view
             if isinstance(event, following.Done):
                 break  # the summary says how it ended (once)
+            if isinstance(event, following.Ended):
+                if screen:  # the end as the summary says it, before the hosts' last lines
+                    screen.note(summary_lines(view)[0], prefix="")
+                    said_end = True
+                continue
             if live_ctx:
                 live_ctx.update(render_table(view))
                 continue
@@ -285,7 +291,7 @@ def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
             live_ctx.stop()
         if screen:
             screen.stop()
-    for line in summary_lines(view, started):
+    for line in summary_lines(view, started)[1 if said_end else 0:]:
         click.echo(line, err=True)
     return EXIT_OK if view["state"] == SUCCEEDED else EXIT_FAILED
 

@@ -50,11 +50,18 @@ class Line:
 
 
 @dataclass
+class Ended:
+    """The backend says the run ended; the hosts' last lines (if followed) and Done follow."""
+
+    view: dict[str, Any]
+
+
+@dataclass
 class Done:
     view: dict[str, Any]
 
 
-Event = Tick | Line | Done
+Event = Tick | Line | Ended | Done
 
 
 def follow(storage: Storage, name: str, backend: Backend, *, logs: bool = False,
@@ -84,6 +91,11 @@ def _follow(storage: Storage, name: str, backend: Backend, logs: bool,
             now = time.monotonic()
             if lines is not None:
                 yield from lines.take()
+                if ended:
+                    # The state first, as soon as the backend says it: the storage poll and
+                    # the hosts' last lines (a whole poll of every host's chunks: seconds at
+                    # a thousand hosts) come after it, as Ended says.
+                    yield Ended(run_view(storage, reader.rec, live, checkpoints=checkpoints))
             if ended or now - polled_at >= storage_seconds:
                 polled_at = now
                 reader.poll()
