@@ -18,10 +18,11 @@ import json
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.analysis.goodput import DEFAULT_WARMUP, format_goodput, goodput
+from orchestrator.analysis.outliers import OutlierScan, avg_share, scan
 from orchestrator.analysis.stats import iqr, mann_whitney_u, mean_diff_test, median_ci
 from orchestrator.readers.record import RunRecord, format_params
 
@@ -74,6 +75,8 @@ class RunFigures:
     # that value as logged ("nan", "inf"); None when every loss is finite.
     diverged_step: int | None = None
     diverged_value: str = ""
+    # Steps far outside the steady distribution (analysis/outliers.py): out of steady state.
+    outliers: OutlierScan = field(default_factory=OutlierScan)
 
     @property
     def steady_median(self) -> float | None:
@@ -87,9 +90,14 @@ class RunFigures:
         return self.stall_in_steps / total if total > 0 else 0.0
 
 
-def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
+def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP, peak: float | None = None) -> RunFigures:
+    """One run's figures; ``peak`` (TFLOP/s per device) overrides the chip's catalogue peak
+    for the impossible-step check."""
     steps = rec.steps
     steady = rec.steady_mask(warmup)
+    found = scan(rec, steady, warmup, peak, "--peak-tflops" if peak else "")
+    out_keys = found.keys
+    steady = [ok and (a, st) not in out_keys for ok, a, st in zip(steady, steps.attempt, steps.step, strict=True)]
     final = rec.final_mask()
     ss, tf, tok = [], [], []
     for (_step, seconds, tflops, tokens, _loss, _b, _t, _a), ok in zip(steps.rows(), steady, strict=True):
@@ -136,8 +144,15 @@ def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
         stall_saves=int(rec.checkpoint_totals["saves"]), time_to_first_step=ttfs,
         ttfs_basis=basis, goodput=goodput(rec, warmup=warmup), warmup=warmup, stride=steps.stride,
         diverged_step=not_finite[0] if not_finite else None,
-        diverged_value=str(not_finite[1]) if not_finite else "",
+        diverged_value=str(not_finite[1]) if not_finite else "", outliers=found,
     )
+
+
+def _avg_decided(fig: RunFigures, rec: RunRecord) -> str:
+    """'one step of 23 s is 40% of it': the outlier steps that decide a run's Avg s/step."""
+    steps = rec.steps
+    first = (steps.attempt[0], steps.step[0]) if len(steps) else None
+    return avg_share(fig.avg_seconds, [o for o in fig.outliers.outliers if (o.attempt, o.step) != first])
 
 
 def diverged_text(fig: RunFigures) -> str:
@@ -427,9 +442,10 @@ def _labels(base: RunRecord, cand: RunRecord) -> tuple[str, str]:
 
 
 def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
-            alpha: float = DEFAULT_ALPHA, warmup: int = DEFAULT_WARMUP) -> Comparison:
+            alpha: float = DEFAULT_ALPHA, warmup: int = DEFAULT_WARMUP,
+            peak_tflops: float | None = None) -> Comparison:
     """The table, warnings and notes of CANDIDATE against BASE."""
-    fb, fc = figures(base, warmup), figures(cand, warmup)
+    fb, fc = figures(base, warmup, peak_tflops), figures(cand, warmup, peak_tflops)
     lb, lc = _labels(base, cand)
     cmp = Comparator(threshold_pct, alpha)
     # The familiar rows mean what they mean in the reports people already have (MaxText's
@@ -444,6 +460,10 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
     avg = cmp.sampled("Avg s/step", fb.avg_seconds, fc.avg_seconds, "mean", "lower", 3,
                       what="steps after the first", gating=False)
     avg.note = AVG_NOTE
+    for fig, rec, side in ((fb, base, "base"), (fc, cand, "cand")):
+        said = _avg_decided(fig, rec)
+        if said:
+            setattr(avg, side, f"{getattr(avg, side)} ({said})")
     steady = cmp.sampled("Steady-state s/step (median)", fb.steady_seconds, fc.steady_seconds,
                          "median", "lower", 3)
     steady.note = (f"median of steady-state steps: after the first {warmup} of each attempt, "
@@ -786,8 +806,12 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
            warmup: int, rows: list[Row], base: RunRecord, cand: RunRecord) -> list[str]:
     n: list[str] = []
     n.append(f"Steady state: steps after the first {warmup} of each attempt, without the steps whose "
-             f"time absorbed a checkpoint stall: {lb} {len(fb.steady_seconds)} of "
+             f"time absorbed a checkpoint stall and without outlier steps: {lb} {len(fb.steady_seconds)} of "
              f"{fb.steps_executed} steps, {lc} {len(fc.steady_seconds)} of {fc.steps_executed}.")
+    for fig, lab in ((fb, lb), (fc, lc)):
+        outlier_note = fig.outliers.note(lab)
+        if outlier_note:
+            n.append(outlier_note + ".")
     for fig, lab in ((fb, lb), (fc, lc)):
         ci = median_ci(fig.steady_seconds)
         if fig.steady_median is not None:
