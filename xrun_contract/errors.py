@@ -12,6 +12,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the run failed, or a comparison found a significant regression
 EXIT_USAGE = 2  # bad input: nothing was submitted or written
 EXIT_UNREACHABLE = 3  # cluster or storage root unreachable (or refusing our credentials)
+EXIT_NOT_COMPARABLE = 4  # compare/report: the two runs ran on different shapes: no verdict
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): the run goes on
 
 # `xrun wait` (xpk's convention for scripts): 0 succeeded, 124 timed out, 125 failed.

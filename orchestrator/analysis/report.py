@@ -49,6 +49,7 @@ ul.warnings{background:#fff4e5;border:1px solid #f0b429;padding:8px 8px 8px 28px
 ul.warnings li{margin:2px 0}ul.notes{color:#333;font-size:.88em}
 .verdict{display:inline-block;padding:2px 8px;border-radius:3px;font-weight:bold;margin:4px 0}
 .verdict.bad{background:#fde7ea;color:#b00020}.verdict.good{background:#e8f5e9;color:#1b7f2a}
+.verdict.warn{background:#fff4e0;color:#8a5300}
 figure{margin:12px 0}figcaption{font-size:.85em;color:#444;margin-top:2px}
 svg.chart{background:#fff;border:1px solid #e0e0e0}svg text{font-size:11px;fill:#333}
 .runs td{font-size:.85em}\n.plot{width:100%}.controls{font-size:.85em;color:#333;margin:4px 0}\n.chartrow{display:flex;gap:8px}.chartrow>.plot{flex:1}
@@ -417,12 +418,22 @@ def _diff_html(row: Row) -> str:
     return f'<td class="num {cls}" data-verdict="{esc(row.verdict)}">{text}</td>'
 
 
-def comparison_html(c: Comparison) -> str:
-    parts = []
-    verdict = ("bad", f"REGRESSED: {', '.join(r.metric for r in c.regressions) or 'candidate failed'}") \
-        if c.regressed else ("good", "no regression beyond the threshold")
-    parts.append(f'<h3>{esc(c.cand_label)} vs {esc(c.base_label)}</h3>')
-    parts.append(f'<div class="verdict {verdict[0]}">{esc(verdict[1])}</div>')
+VERDICT_CLASS = {"ok": "good", "regressed": "bad", "failed": "bad", "not comparable": "warn"}
+
+
+def _verdict_div(kind: str, line: str) -> str:
+    return f'<div class="verdict {VERDICT_CLASS.get(kind, "warn")}" data-verdict="{esc(kind)}">{esc(line)}</div>'
+
+
+def comparison_html(c: Comparison, owner: RunSetComparison | None = None) -> str:
+    """One pair's table. As supporting detail of repeated runs (``owner``) its banner is the
+    run-level verdict of the same pair, never a second one that could disagree."""
+    parts = [f'<h3>{esc(c.cand_label)} vs {esc(c.base_label)}</h3>']
+    if owner is not None:
+        kind, line = owner.verdict
+        parts.append(_verdict_div(kind, f"verdict for this pair (run-level, above): {line}"))
+    else:
+        parts.append(_verdict_div(*c.verdict))
     if c.warnings:
         parts.append('<ul class="warnings">' + "".join(f"<li>Warning: {esc(w)}</li>" for w in c.warnings) + "</ul>")
     head = (f"<tr><th>Metric</th><th>{esc(c.base_label)}</th><th>{esc(c.cand_label)}</th>"
@@ -443,6 +454,7 @@ def run_set_html(rs: RunSetComparison) -> str:
         f"<tr><td>{esc(r.metric)}</td><td class=\"num\">{esc(r.base)}</td><td class=\"num\">{esc(r.cand)}</td>"
         f"{_diff_html(r)}</tr>" for r in rs.rows)
     return (f'<h3>{esc(rs.cand_label)} vs {esc(rs.base_label)}: {rs.n_base} vs {rs.n_cand} runs</h3>'
+            + _verdict_div(*rs.verdict) +
             f'<p class="meta">Basis: {esc(rs.basis)}.</p>'
             f'<table class="cmp runset"><thead>{head}</thead><tbody>{body}</tbody></table>')
 
@@ -489,7 +501,7 @@ def render_report(sections: Sequence[Section], title: str = "xrun comparison rep
     if verdict is not None:
         summary = f'<div class="verdict {"good" if verdict[0] == "within noise" else "bad"}">{esc(verdict[1])}</div>'
     else:
-        regressed = [c for s in sections for c in s.comparisons if c.regressed]
+        regressed = [c for s in sections for c in (s.run_sets or s.comparisons) if c.regressed]
         compared = any(s.comparisons for s in sections)
         summary = (f'<div class="verdict bad">{len(regressed)} comparison(s) regressed</div>' if regressed
                    else '<div class="verdict good">nothing regressed beyond the threshold</div>' if compared
@@ -502,8 +514,9 @@ def render_report(sections: Sequence[Section], title: str = "xrun comparison rep
             body.append(run_set_html(rs))
         if s.run_sets and s.comparisons:
             body.append("<h3>Per-step detail (first run of each side)</h3>")
+        owners = {id(rs.per_step): rs for rs in s.run_sets if rs.per_step is not None}
         for c in s.comparisons:
-            body.append(comparison_html(c))
+            body.append(comparison_html(c, owners.get(id(c))))
         body.append(charts_html(s, str(i)))
         body.append(runs_table(s))
         body.append("</section>")
