@@ -122,6 +122,10 @@ def test_a_pair_has_one_verdict_in_the_html_report(tmp_path):
     page = render_report([Section("Config tiny", [base, cand], [per_step], run_sets=[rs])])
     assert f"verdict for this pair (run-level, above): {line}" in page
     assert 'class="verdict good"' not in page and "no regression" not in page
+    # A verdict the nightly stated for the pair (INCOMPLETE) is the one both banners show.
+    rs.stated = ("failed", "INCOMPLETE: r-3 (feat) Deleted")
+    page = render_report([Section("Config tiny", [base, cand], [per_step], run_sets=[rs])])
+    assert page.count("INCOMPLETE: r-3 (feat) Deleted") == 2 and "REGRESSED" not in page
     # Alone (no repeated runs), a pair's banner is its own verdict, the terminal's line.
     assert f'data-verdict="ok">{per_step.verdict[1]}</div>' in comparison_html(per_step)
 

@@ -1020,6 +1020,9 @@ class RunSetComparison:
     per_step: Comparison | None
     threshold_pct: float
     alpha: float
+    # (kind, line) the caller decided for this pair (the nightly's INCOMPLETE / REGRESSED /
+    # within noise): then every output of the pair shows that one.
+    stated: tuple[str, str] | None = None
 
     @property
     def n_base(self) -> int:
@@ -1050,7 +1053,10 @@ class RunSetComparison:
     @property
     def verdict(self) -> tuple[str, str]:
         """(kind, line) of this pair, the one every output shows: on per-run values with
-        enough runs, else the first pair's per-step verdict (plus a diverged candidate run)."""
+        enough runs, else the first pair's per-step verdict (plus a diverged candidate run);
+        what the caller stated for the pair when it did."""
+        if self.stated is not None:
+            return self.stated
         if self.per_step is not None and self.per_step.candidate_failed:
             return self.per_step.verdict
         if self.regressions:
@@ -1085,6 +1091,7 @@ class RunSetComparison:
             "basis": self.basis, "base_values": self.base_values, "candidate_values": self.cand_values,
             "rows": [asdict(r) for r in self.rows],
             "regressions": [r.metric for r in self.regressions], "regressed": self.regressed,
+            "verdict": self.verdict[1],
             "per_step": self.per_step.to_dict() if self.per_step else None,
         }
 
