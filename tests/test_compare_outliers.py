@@ -114,10 +114,12 @@ def test_a_host_side_pause_is_named_unexplained_and_kept_out(tmp_path):
     note = _note(c, c.cand_label)
     assert "step 20: 10.751 s, unexplained" in note
     # Its partner: faster than any chip could run it, and its time is step 20's.
-    assert re.search(r"step 21: 0\.006 s, impossible: 3 TFLOP/s/device over the peak 1; the step after "
+    assert re.search(r"step 21: 0\.006 s, impossible: 3\.29 TFLOP/s/device over the peak 1; the step after "
                      r"step 20's 10\.751 s", note)
     assert "step 22: 5.119 s, two steps' work after the fast step 21" in note
-    assert "robust SD" in note and "1.4826 x MAD" in note
+    assert re.search(r"\(steady median 2\.\d+ s, robust SD 0\.\d+ s, peak 1 TFLOP/s/device \(--peak-tflops\)\)", note)
+    assert any(n.startswith("Outlier steps: beyond their run's steady median ± max(5 robust SD, 50% of the median) "
+                            "(robust SD = 1.4826 x the median absolute deviation") for n in c.notes)
     fig = c.cand_fig
     steady = fig.steady_seconds
     assert max(steady) < 4.0 and min(steady) > 1.0, steady  # none of the three is steady state
@@ -140,6 +142,9 @@ def test_a_wait_printed_at_the_next_save_is_named_as_the_cause(tmp_path):
     assert ('step 20: 10.751 s, a checkpoint save\'s wait: "Waiting for previous save to complete took '
             '6.0 seconds", printed at the save of step 25') in note
     assert "step 26" not in note  # an ordinary step, not an outlier
+    # The warning on what decides Avg s/step gives the same cause, in the same words.
+    assert any(w.startswith("Avg s/step differs by one step: step 20 (late-wait) took 10.8 s (a checkpoint "
+                            "save's wait: \"Waiting for previous save") for w in c.warnings), c.warnings
     assert "impossible" not in note  # no peak known for a CPU log: nothing claimed
 
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.analysis.goodput import DEFAULT_WARMUP, format_goodput, goodput
+from orchestrator.analysis.outliers import RULE_TEXT as OUTLIER_RULE
 from orchestrator.analysis.outliers import OutlierScan, avg_share, scan
 from orchestrator.analysis.stats import iqr, mann_whitney_u, mean_diff_test, median_ci
 from orchestrator.readers.record import RunRecord, format_params
@@ -531,7 +532,7 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
     steady = cmp.sampled("Steady-state s/step (median)", fb.steady_seconds, fc.steady_seconds,
                          "median", "lower", 3)
     steady.note = (f"median of steady-state steps: after the first {warmup} of each attempt, "
-                   "without the steps whose time absorbed a checkpoint stall")
+                   "without the steps whose time absorbed a checkpoint stall and without outlier steps")
     rows = [
         cmp.text("Parameters", *_params_cells(base, cand)),
         cmp.sampled("Final loss", fb.loss_tail, fc.loss_tail, "median", "lower", 4,
@@ -555,7 +556,7 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
     # A loss that changed only within noise is still not identical numerics: say so.
     warnings = confounders(base, cand, fb, fc, lb, lc)
     warnings += disagreements(rows, fb, fc, lc, threshold_pct)
-    decider = avg_decider(base, cand, lb, lc)
+    decider = avg_decider(base, cand, lb, lc, figs=(fb, fc))
     if decider:
         avg.decided_by = decider
         warnings.insert(0, decider)
@@ -799,10 +800,14 @@ def _step_causes(rec: RunRecord) -> dict[tuple[int, int], str]:
     return out
 
 
-def avg_decider(base: RunRecord, cand: RunRecord, lb: str, lc: str, most: int = 3) -> str:
+def avg_decider(base: RunRecord, cand: RunRecord, lb: str, lc: str, most: int = 3,
+                figs: tuple[RunFigures, RunFigures] | None = None) -> str:
     """'Avg s/step differs by one step: step 7 (main) took 22.7 s waiting on a checkpoint
     save' when at most ``most`` steps of one side make the difference of the means (without
-    them it shrinks to a quarter or turns); '' otherwise."""
+    them it shrinks to a quarter or turns); '' otherwise. With ``figs`` a step's cause is
+    the one its outlier note gives (the same words in both places)."""
+    named = {id(rec): {(o.attempt, o.step): o.why for o in f.outliers.outliers}
+             for rec, f in zip((base, cand), figs or (), strict=False)}
     sides = []
     for rec, label in ((base, lb), (cand, lc)):
         rows = [(s, st, a) for st, s, a in zip(rec.steps.step[1:], rec.steps.seconds[1:],
@@ -829,7 +834,8 @@ def avg_decider(base: RunRecord, cand: RunRecord, lb: str, lc: str, most: int = 
         if top[k - 1][0] < 2 * typical:
             return ""  # not a few outlying steps: the steps differ throughout
         if abs(left) <= 0.25 * abs(delta) or left * delta < 0:
-            causes = _step_causes(rec)
+            known = _step_causes(rec)
+            causes = {**{k: f"({why})" for k, why in named.get(id(rec), {}).items()}, **known}
             picked = sorted(top[:k], key=lambda r: (r[2], r[1]))
             what = [causes.get((a, st), "with no recorded cause") for _s, st, a in picked]
             count = "one step" if k == 1 else f"{k} steps"
@@ -910,6 +916,8 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
     n.append(f"Steady state: steps after the first {warmup} of each attempt, without the steps whose "
              f"time absorbed a checkpoint stall and without outlier steps: {lb} {len(fb.steady_seconds)} of "
              f"{fb.steps_executed} steps, {lc} {len(fc.steady_seconds)} of {fc.steps_executed}.")
+    if fb.outliers.outliers or fc.outliers.outliers:
+        n.append(OUTLIER_RULE + ".")
     for fig, lab in ((fb, lb), (fc, lc)):
         outlier_note = fig.outliers.note(lab)
         if outlier_note:

@@ -27,8 +27,10 @@ K_SD = 5.0  # robust standard deviations from the median
 MIN_REL = 0.5  # and at least half the median away (x >= 1.5 m or x <= 0.5 m)
 MIN_BASE = 4  # steady steps needed to estimate the centre and spread
 MAX_NAMED = 12  # steps named in one note (the rest counted)
-RULE_TEXT = (f"beyond the steady median ± max({K_SD:g} x 1.4826 x MAD, {MIN_REL:.0%} of the median), "
-             "or over the chip's peak TFLOP/s")
+RULE_TEXT = (f"Outlier steps: beyond their run's steady median ± max({K_SD:g} robust SD, {MIN_REL:.0%} of "
+             "the median) (robust SD = 1.4826 x the median absolute deviation of the steady steps), or over "
+             "the chip's peak TFLOP/s/device (impossible: the step's time was counted in another); they are "
+             "named with their cause and kept out of the steady state and its CI")
 
 # Device kinds as JAX names them (``device.device_kind``) -> accelerator family of the catalogue.
 _KIND_FAMILY = (("tpu v6", "v6e"), ("tpu v5 lite", "v5e"), ("tpu v5e", "v5e"), ("tpu v5p", "v5p"),
@@ -73,10 +75,9 @@ class OutlierScan:
             named += f"; and {more} more"
         basis = (f"steady median {_secs(self.median)} s, robust SD {_secs(self.robust_sd)} s"
                  if self.median is not None else "too few steady steps for a spread: over the peak only")
-        peak = f", peak {self.peak_tflops:g} TFLOP/s ({self.peak_name})" if self.peak_tflops else ""
+        peak = f", peak {self.peak_tflops:g} TFLOP/s/device ({self.peak_name})" if self.peak_tflops else ""
         count = "1 outlier step" if len(self.outliers) == 1 else f"{len(self.outliers)} outlier steps"
-        return (f"{label}: {count}, kept out of the steady state and its CI ({basis}{peak}; "
-                f"an outlier is {RULE_TEXT}): {named}")
+        return f"{label}: {count} ({basis}{peak}): {named}"
 
 
 def _attempt(attempt: int) -> str:
@@ -183,11 +184,17 @@ def scan(rec: RunRecord, steady: list[bool], warmup: int, peak: float | None = N
             else:
                 cause, why = "unexplained", "unexplained: no log line names a cause"
             if over_peak:
-                why = f"impossible: {tf:,.0f} TFLOP/s/device over the peak {peak:g}; " + why
+                why = f"impossible: {_tflops(tf)} TFLOP/s/device over the peak {peak:g}; " + why
         o = Outlier(a, st, s, slow, "impossible" if over_peak and not slow else cause, why, over_peak)
         out.outliers.append(o)
         prev, prev_key = o, (a, st)
     return out
+
+
+def _tflops(x: float) -> str:
+    from xrun_contract import significant
+
+    return f"{x:,.0f}" if x >= 100 else significant(x, 3)
 
 
 def _first_steps(attempt: int) -> str:
@@ -235,7 +242,8 @@ def avg_share(seconds: list[float], outliers: list[Outlier]) -> str:
         return ""
     if len(slow) == 1:
         return f"one step of {_short(slow[0])} s is {share:.0%} of it"
-    return f"{len(slow)} steps of {_short(slow[-1])}-{_short(slow[0])} s are {share:.0%} of it"
+    lo, hi = _short(slow[-1]), _short(slow[0])
+    return f"{len(slow)} steps of {lo if lo == hi else f'{lo}-{hi}'} s are {share:.0%} of it"
 
 
 def _short(x: float) -> str:
