@@ -77,6 +77,8 @@ def test_different_shapes_are_not_comparable_with_their_own_exit_code(tmp_path):
     out = tmp_path / "r.html"
     r = xrun("report", "one", "two", "-o", str(out), storage=root)
     assert r.returncode == 4 and want in r.stderr
+    page = out.read_text()
+    assert "1 comparison(s) not comparable: different shapes" in page and 'class="verdict good"' not in page
 
 
 def test_a_shipped_tree_labels_its_run(tmp_path):

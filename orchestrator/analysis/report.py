@@ -502,8 +502,11 @@ def render_report(sections: Sequence[Section], title: str = "xrun comparison rep
         summary = f'<div class="verdict {"good" if verdict[0] == "within noise" else "bad"}">{esc(verdict[1])}</div>'
     else:
         regressed = [c for s in sections for c in (s.run_sets or s.comparisons) if c.regressed]
+        apart = [c for s in sections for c in s.comparisons if c.not_comparable and not c.regressed]
         compared = any(s.comparisons for s in sections)
         summary = (f'<div class="verdict bad">{len(regressed)} comparison(s) regressed</div>' if regressed
+                   else f'<div class="verdict warn">{len(apart)} comparison(s) not comparable: different '
+                        'shapes</div>' if apart
                    else '<div class="verdict good">nothing regressed beyond the threshold</div>' if compared
                    else '<div class="verdict good">single run: no comparison</div>')
     body = [f"<h1>{esc(title)}</h1>", f'<p class="meta">{esc(subtitle + " · " if subtitle else "")}generated {now}</p>',
