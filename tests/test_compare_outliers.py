@@ -21,6 +21,7 @@ near it. ``outlier_log`` below is the recipe:
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -129,8 +130,11 @@ def test_a_host_side_pause_is_named_unexplained_and_kept_out(tmp_path):
     assert next(o for o in fig.outliers.outliers if o.step == 21).impossible
     avg = next(r for r in c.rows if r.metric == "Avg s/step")
     assert re.fullmatch(r"\d\.\d{3} \(\d+ steps of [\d.]+-11 s are \d+% of it\)", avg.cand), avg.cand
-    # The markdown carries the same note.
+    # The markdown carries the same note, the JSON each outlier.
     assert "step 20: 10.751 s, unexplained" in c.markdown()
+    doc = json.loads(c.json())["candidate"]["outliers"]
+    assert {"step": 21, "seconds": 0.006, "impossible": True, "cause": "impossible"}.items() <= \
+        next(o for o in doc if o["step"] == 21).items()
 
 
 def test_a_wait_printed_at_the_next_save_is_named_as_the_cause(tmp_path):
@@ -165,3 +169,23 @@ def test_the_peak_comes_from_the_accelerator_or_the_device_kind():
     rec = load_run(str(DATA / "xpk.log"))
     rec.accelerator = "v5litepod-4"
     assert figures(rec).outliers.peak_tflops == 197.0
+
+
+def test_a_restart_and_the_avg_cell_of_one_step():
+    """A restart's first steps are named as such; one step that makes a large share of the
+    mean is said in the Avg s/step cell as the issue's example reads."""
+    rec = RunRecord(name="r")
+    for step in range(30):  # attempt 0: steps 0-29 at 0.15 s, one pause of 23 s at step 12
+        rec.steps.append(step, 23.0 if step == 12 else 0.150 + 0.001 * (step % 3), 1.0, 1.0, 2.0)
+    for step in range(25, 40):  # attempt 1 redoes 25.. after a restart: its first step compiles
+        rec.steps.append(step, 9.0 if step == 25 else 0.151, 1.0, 1.0, 2.0, attempt=1)
+    fig = figures(rec, warmup=1)
+    by = {(o.attempt, o.step): o for o in fig.outliers.outliers}
+    assert set(by) == {(0, 12), (1, 25)}
+    assert by[(0, 12)].why.startswith("unexplained")
+    assert by[(1, 25)].why == "restart: the first steps of attempt 1, restore and compilation"
+    assert max(fig.steady_seconds) < 0.2
+    from orchestrator.analysis.outliers import avg_share
+
+    assert avg_share([0.15] * 20 + [23.0], [o for o in fig.outliers.outliers if o.step == 12]) \
+        == "one step of 23 s is 88% of it"

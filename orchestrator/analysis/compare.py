@@ -409,6 +409,7 @@ class Comparison:
                                "restored_step": _restored_step(rec),
                                "found_at_start": rec.checkpoints_found},
                 "failure": rec.failure,
+                "outliers": [asdict(o) for o in fig.outliers.outliers],
                 "notes": rec.notes,
             }
 
