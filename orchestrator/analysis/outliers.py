@@ -160,7 +160,7 @@ def scan(rec: RunRecord, steady: list[bool], warmup: int, peak: float | None = N
     prev_key: tuple[int, int] | None = None
     for st, s, tf, a in rows:
         if not math.isfinite(s):
-            prev = None
+            prev, prev_key = None, None
             continue
         over_peak = peak is not None and math.isfinite(tf) and tf > peak
         slow = s > m + margin
@@ -211,10 +211,11 @@ def _slow_cause(rec: RunRecord, st: int, s: float, a: int, m: float, first: int,
         return "checkpoint", causes[(a, st)]
     excess = s - m
     # MaxText prints "Waiting for previous save to complete took N seconds" at the save after
-    # the one that was slow, often steps after the step whose time it took: the first unused
-    # wait at or after this step that is about this step's excess.
+    # the one that was slow, often steps after the step whose time it took: an unused wait
+    # of about this step's excess at one of the next two saves (from the step before on).
+    upcoming = sorted({k[1] for k in saves if k[0] == a and k[1] >= st - 1})[:2]
     for wstep, wa, w in waits:
-        if wa == a and wstep >= st - 1 and (wa, wstep) not in used and 0.5 * excess <= w <= 1.5 * excess + 1.0:
+        if wa == a and wstep in upcoming and (wa, wstep) not in used and 0.5 * excess <= w <= 1.5 * excess + 1.0:
             used.add((wa, wstep))
             return "checkpoint", (f"a checkpoint save's wait: \"Waiting for previous save to complete took "
                                   f"{w:.1f} seconds\", printed at the save of step {wstep}")
