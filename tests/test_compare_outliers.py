@@ -132,6 +132,11 @@ def test_a_host_side_pause_is_named_unexplained_and_kept_out(tmp_path):
     assert re.fullmatch(r"\d\.\d{3} \(\d+ steps of [\d.]+-11 s are \d+% of it\)", avg.cand), avg.cand
     # The markdown carries the same note, the JSON each outlier.
     assert "step 20: 10.751 s, unexplained" in c.markdown()
+    from orchestrator.analysis.report import comparison_html
+
+    page = comparison_html(c)  # the report: a count, the steps a click away
+    assert f"Outlier steps, kept out of steady state: {c.base_label} 4, {c.cand_label} 7</summary>" in page
+    assert "step 20: 10.751 s, unexplained" in page.split("<details", 1)[1]
     doc = json.loads(c.json())["candidate"]["outliers"]
     assert {"step": 21, "seconds": 0.006, "impossible": True, "cause": "impossible"}.items() <= \
         next(o for o in doc if o["step"] == 21).items()

@@ -24,6 +24,7 @@ from typing import Any
 
 from orchestrator.analysis.compare import Comparison, Row, RunSetComparison
 from orchestrator.analysis.goodput import CATEGORIES, format_goodput, format_startup
+from orchestrator.analysis.outliers import RULE_TEXT as OUTLIER_RULE
 from orchestrator.readers.record import RunRecord, short_commit
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
@@ -442,7 +443,18 @@ def comparison_html(c: Comparison, owner: RunSetComparison | None = None) -> str
         f"<tr><td>{esc(r.metric)}</td><td class=\"num\">{esc(r.base)}</td><td class=\"num\">{esc(r.cand)}</td>"
         f"{_diff_html(r)}</tr>" for r in c.rows)
     parts.append(f'<table class="cmp"><thead>{head}</thead><tbody>{body}</tbody></table>')
-    parts.append('<ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in c.notes) + "</ul>")
+    # Outlier steps: one line that says how many, the steps themselves a click away.
+    sides = ((c.base_fig, c.base_label), (c.cand_fig, c.cand_label))
+    outlier_notes = {f.outliers.note(lab) + "." for f, lab in sides if f.outliers.outliers}
+    if outlier_notes:
+        outlier_notes.add(OUTLIER_RULE + ".")
+    notes = "".join(f"<li>{esc(n)}</li>" for n in c.notes if n not in outlier_notes)
+    if outlier_notes:
+        counts = ", ".join(f"{esc(lab)} {len(f.outliers.outliers)}" for f, lab in sides if f.outliers.outliers)
+        inner = "".join(f"<li>{esc(n)}</li>" for n in c.notes if n in outlier_notes)
+        notes += (f'<li><details class="outliers"><summary>Outlier steps, kept out of steady state: {counts}'
+                  f"</summary><ul>{inner}</ul></details></li>")
+    parts.append(f'<ul class="notes">{notes}</ul>')
     return "".join(parts)
 
 
