@@ -214,9 +214,14 @@ def test_cli_outputs_and_exit_codes(tmp_path):
     slow = write_log(tmp_path / "slow.log", RunShape(seed=3, seconds=0.18))
     r = xrun("compare", str(main), str(same), storage=tmp_path / "root")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.splitlines()[0] == "| Metric | main | same | Diff (same − main) |"
+    lines = r.stdout.splitlines()
+    # Markdown (what CI pipes): the verdict first, as on the terminal, and as the last line.
+    assert lines[0] == "**Verdict:** OK: no significant regression beyond 5%"
+    assert lines[2] == "| Metric | main | same | Diff (same − main) |"
+    assert lines[-1] == "Verdict: OK: no significant regression beyond 5%"
     r = xrun("compare", str(main), str(slow), storage=tmp_path / "root")
     assert r.returncode == 1 and "**regressed**" in r.stdout
+    assert r.stdout.splitlines()[-1].startswith("Verdict: REGRESSED beyond 5%: Steady-state s/step (median) +")
     r = xrun("compare", str(main), str(slow), "--threshold", "25%", storage=tmp_path / "root")
     assert r.returncode == 0
     r = xrun("compare", str(main), str(slow), "--format", "json", storage=tmp_path / "root")

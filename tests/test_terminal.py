@@ -289,7 +289,8 @@ def test_compare_table_verdict_first_and_colours(tmp_path: Path):
     write_stored_run(root, "base", RunShape(steps=60, seed=1))
     write_stored_run(root, "slow", RunShape(steps=60, seed=2, seconds=0.150 * 1.2), branch="feat")
     r = xrun("compare", "base", "slow", storage=root)  # not a terminal: Markdown
-    assert r.returncode == 1 and r.stdout.lstrip().startswith(("|", "**Warning"))
+    assert r.returncode == 1 and r.stdout.startswith("**Verdict:** REGRESSED beyond 5%: ")
+    assert r.stdout.splitlines()[-1].startswith("Verdict: REGRESSED beyond 5%: ")
     r = xrun("compare", "base", "slow", "--format", "table", storage=root)
     assert r.returncode == 1
     lines = r.stdout.splitlines()

@@ -2,7 +2,8 @@
 
 Exit codes of every ``xrun`` command: 0 ok; 1 the run (or a comparison) failed or
 regressed; 2 bad input (one line naming the field and what is allowed; nothing submitted
-or written); 3 a cluster or storage root cannot be reached; 130 interrupted. Lower layers
+or written); 3 a cluster or storage root cannot be reached; 4 (compare, report) the runs
+are not comparable (different shapes); 130 interrupted. Lower layers
 (manifests, backends, readers, services) raise :class:`XrunError`; only the CLI prints it.
 """
 
@@ -12,6 +13,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the run failed, or a comparison found a significant regression
 EXIT_USAGE = 2  # bad input: nothing was submitted or written
 EXIT_UNREACHABLE = 3  # cluster or storage root unreachable (or refusing our credentials)
+EXIT_NOT_COMPARABLE = 4  # compare/report: the two runs ran on different shapes: no verdict
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): the run goes on
 
 # `xrun wait` (xpk's convention for scripts): 0 succeeded, 124 timed out, 125 failed.

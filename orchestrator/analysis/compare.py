@@ -16,14 +16,18 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.analysis.goodput import DEFAULT_WARMUP, format_goodput, goodput
+from orchestrator.analysis.outliers import RULE_TEXT as OUTLIER_RULE
+from orchestrator.analysis.outliers import OutlierScan, avg_share, scan
 from orchestrator.analysis.stats import iqr, mann_whitney_u, mean_diff_test, median_ci
 from orchestrator.readers.record import RunRecord, format_params
+from xrun_contract.errors import EXIT_FAILED, EXIT_NOT_COMPARABLE, EXIT_OK
 
 DEFAULT_THRESHOLD_PCT = 5.0
 DEFAULT_ALPHA = 0.05
@@ -74,6 +78,8 @@ class RunFigures:
     # that value as logged ("nan", "inf"); None when every loss is finite.
     diverged_step: int | None = None
     diverged_value: str = ""
+    # Steps far outside the steady distribution (analysis/outliers.py): out of steady state.
+    outliers: OutlierScan = field(default_factory=OutlierScan)
 
     @property
     def steady_median(self) -> float | None:
@@ -87,9 +93,14 @@ class RunFigures:
         return self.stall_in_steps / total if total > 0 else 0.0
 
 
-def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
+def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP, peak: float | None = None) -> RunFigures:
+    """One run's figures; ``peak`` (TFLOP/s per device) overrides the chip's catalogue peak
+    for the impossible-step check."""
     steps = rec.steps
     steady = rec.steady_mask(warmup)
+    found = scan(rec, steady, warmup, peak, "--peak-tflops" if peak else "")
+    out_keys = found.keys
+    steady = [ok and (a, st) not in out_keys for ok, a, st in zip(steady, steps.attempt, steps.step, strict=True)]
     final = rec.final_mask()
     ss, tf, tok = [], [], []
     for (_step, seconds, tflops, tokens, _loss, _b, _t, _a), ok in zip(steps.rows(), steady, strict=True):
@@ -125,7 +136,7 @@ def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
         label=rec.label, steady_seconds=ss, steady_tflops=tf, steady_tokens=tok,
         all_seconds=all_seconds,
         avg_seconds=[s for s in steps.seconds[1:] if math.isfinite(s)],
-        last_tflops=_finite(steps.tflops[last_i]) if last_i >= 0 else None,
+        last_tflops=(_finite(steps.tflops[last_i]) or None) if last_i >= 0 else None,  # 0: not measured
         last_tokens=_finite(steps.tokens[last_i]) if last_i >= 0 else None,
         loss_tail=[loss for _, loss in losses[-k:]],
         final_loss=losses[-1][1] if losses else None,
@@ -136,8 +147,15 @@ def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP) -> RunFigures:
         stall_saves=int(rec.checkpoint_totals["saves"]), time_to_first_step=ttfs,
         ttfs_basis=basis, goodput=goodput(rec, warmup=warmup), warmup=warmup, stride=steps.stride,
         diverged_step=not_finite[0] if not_finite else None,
-        diverged_value=str(not_finite[1]) if not_finite else "",
+        diverged_value=str(not_finite[1]) if not_finite else "", outliers=found,
     )
+
+
+def _avg_decided(fig: RunFigures, rec: RunRecord) -> str:
+    """'one step of 23 s is 40% of it': the outlier steps that decide a run's Avg s/step."""
+    steps = rec.steps
+    first = (steps.attempt[0], steps.step[0]) if len(steps) else None
+    return avg_share(fig.avg_seconds, [o for o in fig.outliers.outliers if (o.attempt, o.step) != first])
 
 
 def diverged_text(fig: RunFigures) -> str:
@@ -197,6 +215,7 @@ class Row:
     note: str = ""  # what the figure is, said under the table
     diverged_step: int | None = None  # the candidate's loss went NaN/Inf at this step
     decided_by: str = ""  # the few steps that decide this row's difference, in words
+    delta_text: str = ""  # the difference as the terminal's DELTA column shows it, when not a %
 
 
 def _fmt(v: float | None, decimals: int, unit: str = "") -> str:
@@ -333,9 +352,13 @@ class Comparison:
     alpha: float
     warmup: int
     candidate_failed: bool = False
+    # What differs in the two runs' shapes (accelerator, devices, hosts): no verdict on speed.
+    not_comparable: list[str] = field(default_factory=list)
 
     @property
     def regressions(self) -> list[Row]:
+        if self.not_comparable:  # only a diverged loss is a regression whatever the shape
+            return [r for r in self.rows if r.diverged_step is not None]
         return [r for r in self.rows if r.gating and r.beyond_threshold]
 
     @property
@@ -344,15 +367,28 @@ class Comparison:
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.regressed else 0
+        if self.regressed:
+            return EXIT_FAILED
+        return EXIT_NOT_COMPARABLE if self.not_comparable else EXIT_OK
+
+    @property
+    def verdict(self) -> tuple[str, str]:
+        """(kind, line): the one verdict every output shows (terminal, markdown, JSON, HTML).
+        kind is failed | regressed | not comparable | ok."""
+        return verdict_of(self)
 
     # -- output -------------------------------------------------------------------------
     def markdown(self) -> str:
-        lines = [f"**Warning:** {w}\n" for w in self.warnings]
+        """Verdict first, as on the terminal, and again as the last line (what `tail -n 1`
+        in CI reads)."""
+        line = self.verdict[1]
+        lines = [f"**Verdict:** {line}", ""]
+        lines += [f"**Warning:** {w}\n" for w in self.warnings]
         lines.append(table_markdown(self))
         lines.append("")
         lines.append("Notes:")
         lines += [f"- {n}" for n in self.notes]
+        lines += ["", f"Verdict: {line}"]
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict[str, Any]:
@@ -373,6 +409,7 @@ class Comparison:
                                "restored_step": _restored_step(rec),
                                "found_at_start": rec.checkpoints_found},
                 "failure": rec.failure,
+                "outliers": [asdict(o) for o in fig.outliers.outliers],
                 "notes": rec.notes,
             }
 
@@ -386,6 +423,8 @@ class Comparison:
             "alpha": self.alpha,
             "warmup_steps": self.warmup,
             "candidate_failed": self.candidate_failed,
+            "not_comparable": self.not_comparable,
+            "verdict": self.verdict[1],
             "regressions": [r.metric for r in self.regressions],
             "regressed": self.regressed,
             "exit_code": self.exit_code,
@@ -405,6 +444,48 @@ def _json_default(o: Any) -> Any:
 
 def _md_cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def delta_text(r: Row) -> str:
+    """A row's difference in a few characters (the terminal's DELTA column, the verdict)."""
+    if r.delta_text:
+        return r.delta_text
+    if r.delta_pct is not None:
+        return f"{r.delta_pct:+.1f}%"
+    if r.verdict in ("identical", "same") or r.diff in ("—", "0", ""):
+        return "~"
+    return r.diff.replace("**", "") if len(r.diff) <= 24 else ""
+
+
+def verdict_of(c: Comparison) -> tuple[str, str]:
+    """See :attr:`Comparison.verdict`."""
+    if c.candidate_failed:
+        return "failed", f"FAILED: the candidate {c.cand_label} did not finish"
+    if c.regressions:
+        worst = ", ".join(f"{r.metric} {delta_text(r)}" for r in c.regressions)
+        return "regressed", f"REGRESSED beyond {c.threshold_pct:g}%: {worst}"
+    if c.not_comparable:
+        return "not comparable", ("NOT COMPARABLE: different shapes (" + "; ".join(c.not_comparable)
+                                  + "): figures shown, no verdict on speed")
+    improved = [r for r in c.rows if r.verdict == "improved"]
+    regressed = [r for r in c.rows if r.verdict == "regressed"]
+    bits = [f"{len(improved)} improved" if improved else "",
+            f"{len(regressed)} regressed under {c.threshold_pct:g}%" if regressed else ""]
+    tail = "; ".join(b for b in bits if b)
+    return "ok", f"OK: no significant regression beyond {c.threshold_pct:g}%" + (f" ({tail})" if tail else "")
+
+
+def shape_differences(base: RunRecord, cand: RunRecord) -> list[str]:
+    """What differs in the two runs' shapes ('accelerator cpu-1 vs cpu-2'): step times of
+    different shapes are not a regression or an improvement of the code."""
+    out = []
+    for what, vb, vc in (("accelerator", base.accelerator, cand.accelerator),
+                         ("device kind", base.device_kind, cand.device_kind),
+                         ("devices", base.devices, cand.devices),
+                         ("hosts", base.process_count, cand.process_count)):
+        if vb and vc and vb != vc:
+            out.append(f"{what} {vb} vs {vc}")
+    return out
 
 
 def table_markdown(c: Comparison) -> str:
@@ -427,9 +508,10 @@ def _labels(base: RunRecord, cand: RunRecord) -> tuple[str, str]:
 
 
 def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THRESHOLD_PCT,
-            alpha: float = DEFAULT_ALPHA, warmup: int = DEFAULT_WARMUP) -> Comparison:
+            alpha: float = DEFAULT_ALPHA, warmup: int = DEFAULT_WARMUP,
+            peak_tflops: float | None = None) -> Comparison:
     """The table, warnings and notes of CANDIDATE against BASE."""
-    fb, fc = figures(base, warmup), figures(cand, warmup)
+    fb, fc = figures(base, warmup, peak_tflops), figures(cand, warmup, peak_tflops)
     lb, lc = _labels(base, cand)
     cmp = Comparator(threshold_pct, alpha)
     # The familiar rows mean what they mean in the reports people already have (MaxText's
@@ -444,10 +526,14 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
     avg = cmp.sampled("Avg s/step", fb.avg_seconds, fc.avg_seconds, "mean", "lower", 3,
                       what="steps after the first", gating=False)
     avg.note = AVG_NOTE
+    for fig, rec, side in ((fb, base, "base"), (fc, cand, "cand")):
+        said = _avg_decided(fig, rec)
+        if said:
+            setattr(avg, side, f"{getattr(avg, side)} ({said})")
     steady = cmp.sampled("Steady-state s/step (median)", fb.steady_seconds, fc.steady_seconds,
                          "median", "lower", 3)
     steady.note = (f"median of steady-state steps: after the first {warmup} of each attempt, "
-                   "without the steps whose time absorbed a checkpoint stall")
+                   "without the steps whose time absorbed a checkpoint stall and without outlier steps")
     rows = [
         cmp.text("Parameters", *_params_cells(base, cand)),
         cmp.sampled("Final loss", fb.loss_tail, fc.loss_tail, "median", "lower", 4,
@@ -466,11 +552,12 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
                           fc.goodput["goodput_pct"] if fc.steps_executed else None, 1,
                           why="one value per run"),
     ]
+    in_points(rows)
     slower_goodput(rows)
     # A loss that changed only within noise is still not identical numerics: say so.
     warnings = confounders(base, cand, fb, fc, lb, lc)
     warnings += disagreements(rows, fb, fc, lc, threshold_pct)
-    decider = avg_decider(base, cand, lb, lc)
+    decider = avg_decider(base, cand, lb, lc, figs=(fb, fc))
     if decider:
         avg.decided_by = decider
         warnings.insert(0, decider)
@@ -486,10 +573,25 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
         warnings.insert(0, f"candidate {lc} diverged: {diverged_text(fc)}; counted as a regression")
     notes = _notes(fb, fc, lb, lc, threshold_pct, alpha, warmup, rows, base, cand)
     return Comparison(base, cand, lb, lc, fb, fc, rows, warnings, notes, threshold_pct, alpha,
-                      warmup, candidate_failed)
+                      warmup, candidate_failed, shape_differences(base, cand))
 
 
 STEP_TIME_METRICS = ("Steady-state s/step (median)", "Avg s/step")
+PERCENT_METRICS = ("Goodput %",)  # figures that are percentages: differences in points
+
+
+def in_points(rows: list[Row]) -> None:
+    """A percentage's difference in percentage points ('+41.0 pp'), the same on every output:
+    a relative change of a share (+1125%) reads as a speed-up it is not."""
+    for r in rows:
+        if r.metric not in PERCENT_METRICS or r.delta is None:
+            continue
+        pct = f" ({r.delta_pct:+.1f}%)" if r.delta_pct is not None else ""
+        r.delta_pct = None
+        r.delta_text = f"{_signed(r.delta, 1)} pp" if r.delta else "0 pp"
+        r.diff = r.diff.replace(pct, "", 1)
+        if r.diff.startswith(_signed(r.delta, 1)):
+            r.diff = r.delta_text + r.diff[len(_signed(r.delta, 1)):]
 
 
 def slower_goodput(rows: list[Row]) -> None:
@@ -505,7 +607,7 @@ def slower_goodput(rows: list[Row]) -> None:
             pct = f" ({worst.delta_pct:+.1f}%)" if worst.delta_pct is not None else ""
             r.verdict = "not improved"
             r.beyond_threshold = False
-            r.diff = (f"{_signed(r.delta, 1)} not improved: the candidate's steps are slower "
+            r.diff = (f"{_signed(r.delta, 1)} pp not improved: the candidate's steps are slower "
                       f"({worst.metric}{pct}), so its startup is a smaller share of a longer run")
 
 
@@ -514,13 +616,21 @@ def _params(p: float | None) -> str:
 
 
 def _params_cells(base: RunRecord, cand: RunRecord) -> tuple[str, str]:
-    """Both sides at the precision of the less precise one (a log line has 3 decimals of billions)."""
+    """Both sides at the precision of the less precise one (a log line has 3 decimals of
+    billions); a count that reads as zero there (a model under 0.5 million parameters) is
+    not measured at that precision: "n/a", never "0.000 billion"."""
     if base.params and cand.params and not (base.params_exact and cand.params_exact):
-        return f"{base.params / 1e9:.3f} billion", f"{cand.params / 1e9:.3f} billion"
-    tb, tc = base.params_text or _params(base.params), cand.params_text or _params(cand.params)
-    if tb == tc and _params_differ(base, cand):  # exact counts that round alike: show them whole
-        return f"{base.params:,.0f}", f"{cand.params:,.0f}"
-    return tb, tc
+        tb, tc = f"{base.params / 1e9:.3f} billion", f"{cand.params / 1e9:.3f} billion"
+    else:
+        tb, tc = base.params_text or _params(base.params), cand.params_text or _params(cand.params)
+        if tb == tc and _params_differ(base, cand):  # exact counts that round alike: show them whole
+            return f"{base.params:,.0f}", f"{cand.params:,.0f}"
+    return _zero_na(tb), _zero_na(tc)
+
+
+def _zero_na(text: str) -> str:
+    """'n/a' for a figure that reads as zero ('0.000 billion', '0'): it was not measured."""
+    return "n/a" if re.fullmatch(r"\s*0(?:\.0*)?(?:\s+\w+)?\s*", text or "") else text
 
 
 def _params_differ(base: RunRecord, cand: RunRecord) -> bool:
@@ -552,8 +662,15 @@ def _spread_row(cmp: Comparator, fb: RunFigures, fc: RunFigures) -> Row:
 def _stall_row(cmp: Comparator, fb: RunFigures, fc: RunFigures) -> Row:
     """Total seconds saves blocked or waited; tested on the per-save stalls."""
     if not fb.stall_events and not fc.stall_events:
-        return Row("Checkpoint stall total", _fmt(fb.stall_total, 3, " s"), _fmt(fc.stall_total, 3, " s"),
-                   "0 (no save blocked or waited)" if fb.stall_total == fc.stall_total == 0 else "n/a",
+        def cell(fig: RunFigures) -> str:  # no save at all: nothing was measured
+            if fig.stall_total == 0:
+                return "0 s" if fig.stall_saves else "n/a (no saves)"
+            return _fmt(fig.stall_total, 3, " s")
+
+        same = fb.stall_total == fc.stall_total == 0
+        return Row("Checkpoint stall total", cell(fb), cell(fc),
+                   ("0 (no save blocked or waited)" if fb.stall_saves or fc.stall_saves else "n/a (no saves)")
+                   if same else "n/a",
                    base_value=fb.stall_total, cand_value=fc.stall_total, verdict="identical",
                    n_base=0, n_cand=0, better="lower")
     row = cmp.sampled("Checkpoint stall total", fb.stall_events, fc.stall_events, "mean", "lower", 3,
@@ -590,7 +707,7 @@ def confounders(base: RunRecord, cand: RunRecord, fb: RunFigures, fc: RunFigures
         w.append(f"different process counts: {lb} {base.process_count}, {lc} {cand.process_count}")
     if base.source and base.source == cand.source:
         w.append("the same run on both sides: every difference is zero by construction")
-    elif base.commit and cand.commit and base.commit == cand.commit:
+    elif base.commit and cand.commit and base.commit == cand.commit and _same_tree(base, cand):
         w.append(f"same commit {base.short_commit} on both sides: any difference is noise or environment, "
                  "not code")
     if base.process_id is not None and cand.process_id is not None and base.process_id != cand.process_id:
@@ -626,6 +743,13 @@ def confounders(base: RunRecord, cand: RunRecord, fb: RunFigures, fc: RunFigures
             w.append(f"{lab} has only {len(fig.steady_seconds)} steady-state steps: too few to test; "
                      "run more steps or lower --warmup")
     return w
+
+
+def _same_tree(base: RunRecord, cand: RunRecord) -> bool:
+    """False when both shipped a working tree and the trees differ (uncommitted changes on
+    the same commit): then the code is not the same."""
+    sb, sc = (base.code or {}).get("sha256"), (cand.code or {}).get("sha256")
+    return not (sb and sc and sb != sc)
 
 
 def _restored_step(rec: RunRecord) -> int | None:
@@ -677,10 +801,14 @@ def _step_causes(rec: RunRecord) -> dict[tuple[int, int], str]:
     return out
 
 
-def avg_decider(base: RunRecord, cand: RunRecord, lb: str, lc: str, most: int = 3) -> str:
+def avg_decider(base: RunRecord, cand: RunRecord, lb: str, lc: str, most: int = 3,
+                figs: tuple[RunFigures, RunFigures] | None = None) -> str:
     """'Avg s/step differs by one step: step 7 (main) took 22.7 s waiting on a checkpoint
     save' when at most ``most`` steps of one side make the difference of the means (without
-    them it shrinks to a quarter or turns); '' otherwise."""
+    them it shrinks to a quarter or turns); '' otherwise. With ``figs`` a step's cause is
+    the one its outlier note gives (the same words in both places)."""
+    named = {id(rec): {(o.attempt, o.step): o.why for o in f.outliers.outliers}
+             for rec, f in zip((base, cand), figs or (), strict=False)}
     sides = []
     for rec, label in ((base, lb), (cand, lc)):
         rows = [(s, st, a) for st, s, a in zip(rec.steps.step[1:], rec.steps.seconds[1:],
@@ -707,7 +835,8 @@ def avg_decider(base: RunRecord, cand: RunRecord, lb: str, lc: str, most: int = 
         if top[k - 1][0] < 2 * typical:
             return ""  # not a few outlying steps: the steps differ throughout
         if abs(left) <= 0.25 * abs(delta) or left * delta < 0:
-            causes = _step_causes(rec)
+            known = _step_causes(rec)
+            causes = {**{k: f"({why})" for k, why in named.get(id(rec), {}).items()}, **known}
             picked = sorted(top[:k], key=lambda r: (r[2], r[1]))
             what = [causes.get((a, st), "with no recorded cause") for _s, st, a in picked]
             count = "one step" if k == 1 else f"{k} steps"
@@ -786,8 +915,14 @@ def _notes(fb: RunFigures, fc: RunFigures, lb: str, lc: str, threshold: float, a
            warmup: int, rows: list[Row], base: RunRecord, cand: RunRecord) -> list[str]:
     n: list[str] = []
     n.append(f"Steady state: steps after the first {warmup} of each attempt, without the steps whose "
-             f"time absorbed a checkpoint stall: {lb} {len(fb.steady_seconds)} of "
+             f"time absorbed a checkpoint stall and without outlier steps: {lb} {len(fb.steady_seconds)} of "
              f"{fb.steps_executed} steps, {lc} {len(fc.steady_seconds)} of {fc.steps_executed}.")
+    if fb.outliers.outliers or fc.outliers.outliers:
+        n.append(OUTLIER_RULE + ".")
+    for fig, lab in ((fb, lb), (fc, lc)):
+        outlier_note = fig.outliers.note(lab)
+        if outlier_note:
+            n.append(outlier_note + ".")
     for fig, lab in ((fb, lb), (fc, lc)):
         ci = median_ci(fig.steady_seconds)
         if fig.steady_median is not None:
@@ -894,6 +1029,9 @@ class RunSetComparison:
     per_step: Comparison | None
     threshold_pct: float
     alpha: float
+    # (kind, line) the caller decided for this pair (the nightly's INCOMPLETE / REGRESSED /
+    # within noise): then every output of the pair shows that one.
+    stated: tuple[str, str] | None = None
 
     @property
     def n_base(self) -> int:
@@ -922,6 +1060,22 @@ class RunSetComparison:
         return bool(self.regressions) or bool(self.per_step and self.per_step.candidate_failed)
 
     @property
+    def verdict(self) -> tuple[str, str]:
+        """(kind, line) of this pair, the one every output shows: on per-run values with
+        enough runs, else the first pair's per-step verdict (plus a diverged candidate run);
+        what the caller stated for the pair when it did."""
+        if self.stated is not None:
+            return self.stated
+        if self.per_step is not None and self.per_step.candidate_failed:
+            return self.per_step.verdict
+        if self.regressions:
+            worst = ", ".join(f"{r.metric} {delta_text(r)}" for r in self.regressions)
+            return "regressed", f"REGRESSED beyond {self.threshold_pct:g}%: {worst}"
+        if not self.on_runs and self.per_step is not None:
+            return self.per_step.verdict
+        return "ok", f"OK: no significant regression beyond {self.threshold_pct:g}%"
+
+    @property
     def basis(self) -> str:
         """One sentence: what the verdict rests on."""
         n = f"n={self.n_base}/{self.n_cand} runs"
@@ -946,6 +1100,7 @@ class RunSetComparison:
             "basis": self.basis, "base_values": self.base_values, "candidate_values": self.cand_values,
             "rows": [asdict(r) for r in self.rows],
             "regressions": [r.metric for r in self.regressions], "regressed": self.regressed,
+            "verdict": self.verdict[1],
             "per_step": self.per_step.to_dict() if self.per_step else None,
         }
 
@@ -967,6 +1122,7 @@ def compare_runs(base: list[RunRecord], cand: list[RunRecord], threshold_pct: fl
         if row.verdict == "not tested" and (len(xb) < MIN_RUNS or len(xc) < MIN_RUNS):
             row.diff = row.diff.replace("too few samples", f"benchstat needs n >= {MIN_RUNS} runs per side")
         rows.append(row)
+    in_points(rows)
     slower_goodput(rows)
     diverged = [f for f in cand_figs if f.diverged_step is not None]
     if diverged:

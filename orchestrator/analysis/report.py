@@ -24,6 +24,7 @@ from typing import Any
 
 from orchestrator.analysis.compare import Comparison, Row, RunSetComparison
 from orchestrator.analysis.goodput import CATEGORIES, format_goodput, format_startup
+from orchestrator.analysis.outliers import RULE_TEXT as OUTLIER_RULE
 from orchestrator.readers.record import RunRecord, short_commit
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
@@ -49,6 +50,7 @@ ul.warnings{background:#fff4e5;border:1px solid #f0b429;padding:8px 8px 8px 28px
 ul.warnings li{margin:2px 0}ul.notes{color:#333;font-size:.88em}
 .verdict{display:inline-block;padding:2px 8px;border-radius:3px;font-weight:bold;margin:4px 0}
 .verdict.bad{background:#fde7ea;color:#b00020}.verdict.good{background:#e8f5e9;color:#1b7f2a}
+.verdict.warn{background:#fff4e0;color:#8a5300}
 figure{margin:12px 0}figcaption{font-size:.85em;color:#444;margin-top:2px}
 svg.chart{background:#fff;border:1px solid #e0e0e0}svg text{font-size:11px;fill:#333}
 .runs td{font-size:.85em}\n.plot{width:100%}.controls{font-size:.85em;color:#333;margin:4px 0}\n.chartrow{display:flex;gap:8px}.chartrow>.plot{flex:1}
@@ -417,12 +419,22 @@ def _diff_html(row: Row) -> str:
     return f'<td class="num {cls}" data-verdict="{esc(row.verdict)}">{text}</td>'
 
 
-def comparison_html(c: Comparison) -> str:
-    parts = []
-    verdict = ("bad", f"REGRESSED: {', '.join(r.metric for r in c.regressions) or 'candidate failed'}") \
-        if c.regressed else ("good", "no regression beyond the threshold")
-    parts.append(f'<h3>{esc(c.cand_label)} vs {esc(c.base_label)}</h3>')
-    parts.append(f'<div class="verdict {verdict[0]}">{esc(verdict[1])}</div>')
+VERDICT_CLASS = {"ok": "good", "regressed": "bad", "failed": "bad", "not comparable": "warn"}
+
+
+def _verdict_div(kind: str, line: str) -> str:
+    return f'<div class="verdict {VERDICT_CLASS.get(kind, "warn")}" data-verdict="{esc(kind)}">{esc(line)}</div>'
+
+
+def comparison_html(c: Comparison, owner: RunSetComparison | None = None) -> str:
+    """One pair's table. As supporting detail of repeated runs (``owner``) its banner is the
+    run-level verdict of the same pair, never a second one that could disagree."""
+    parts = [f'<h3>{esc(c.cand_label)} vs {esc(c.base_label)}</h3>']
+    if owner is not None:
+        kind, line = owner.verdict
+        parts.append(_verdict_div(kind, f"verdict for this pair (run-level, above): {line}"))
+    else:
+        parts.append(_verdict_div(*c.verdict))
     if c.warnings:
         parts.append('<ul class="warnings">' + "".join(f"<li>Warning: {esc(w)}</li>" for w in c.warnings) + "</ul>")
     head = (f"<tr><th>Metric</th><th>{esc(c.base_label)}</th><th>{esc(c.cand_label)}</th>"
@@ -431,7 +443,18 @@ def comparison_html(c: Comparison) -> str:
         f"<tr><td>{esc(r.metric)}</td><td class=\"num\">{esc(r.base)}</td><td class=\"num\">{esc(r.cand)}</td>"
         f"{_diff_html(r)}</tr>" for r in c.rows)
     parts.append(f'<table class="cmp"><thead>{head}</thead><tbody>{body}</tbody></table>')
-    parts.append('<ul class="notes">' + "".join(f"<li>{esc(n)}</li>" for n in c.notes) + "</ul>")
+    # Outlier steps: one line that says how many, the steps themselves a click away.
+    sides = ((c.base_fig, c.base_label), (c.cand_fig, c.cand_label))
+    outlier_notes = {f.outliers.note(lab) + "." for f, lab in sides if f.outliers.outliers}
+    if outlier_notes:
+        outlier_notes.add(OUTLIER_RULE + ".")
+    notes = "".join(f"<li>{esc(n)}</li>" for n in c.notes if n not in outlier_notes)
+    if outlier_notes:
+        counts = ", ".join(f"{esc(lab)} {len(f.outliers.outliers)}" for f, lab in sides if f.outliers.outliers)
+        inner = "".join(f"<li>{esc(n)}</li>" for n in c.notes if n in outlier_notes)
+        notes += (f'<li><details class="outliers"><summary>Outlier steps, kept out of steady state: {counts}'
+                  f"</summary><ul>{inner}</ul></details></li>")
+    parts.append(f'<ul class="notes">{notes}</ul>')
     return "".join(parts)
 
 
@@ -443,6 +466,7 @@ def run_set_html(rs: RunSetComparison) -> str:
         f"<tr><td>{esc(r.metric)}</td><td class=\"num\">{esc(r.base)}</td><td class=\"num\">{esc(r.cand)}</td>"
         f"{_diff_html(r)}</tr>" for r in rs.rows)
     return (f'<h3>{esc(rs.cand_label)} vs {esc(rs.base_label)}: {rs.n_base} vs {rs.n_cand} runs</h3>'
+            + _verdict_div(*rs.verdict) +
             f'<p class="meta">Basis: {esc(rs.basis)}.</p>'
             f'<table class="cmp runset"><thead>{head}</thead><tbody>{body}</tbody></table>')
 
@@ -489,9 +513,12 @@ def render_report(sections: Sequence[Section], title: str = "xrun comparison rep
     if verdict is not None:
         summary = f'<div class="verdict {"good" if verdict[0] == "within noise" else "bad"}">{esc(verdict[1])}</div>'
     else:
-        regressed = [c for s in sections for c in s.comparisons if c.regressed]
+        regressed = [c for s in sections for c in (s.run_sets or s.comparisons) if c.regressed]
+        apart = [c for s in sections for c in s.comparisons if c.not_comparable and not c.regressed]
         compared = any(s.comparisons for s in sections)
         summary = (f'<div class="verdict bad">{len(regressed)} comparison(s) regressed</div>' if regressed
+                   else f'<div class="verdict warn">{len(apart)} comparison(s) not comparable: different '
+                        'shapes</div>' if apart
                    else '<div class="verdict good">nothing regressed beyond the threshold</div>' if compared
                    else '<div class="verdict good">single run: no comparison</div>')
     body = [f"<h1>{esc(title)}</h1>", f'<p class="meta">{esc(subtitle + " · " if subtitle else "")}generated {now}</p>',
@@ -502,8 +529,9 @@ def render_report(sections: Sequence[Section], title: str = "xrun comparison rep
             body.append(run_set_html(rs))
         if s.run_sets and s.comparisons:
             body.append("<h3>Per-step detail (first run of each side)</h3>")
+        owners = {id(rs.per_step): rs for rs in s.run_sets if rs.per_step is not None}
         for c in s.comparisons:
-            body.append(comparison_html(c))
+            body.append(comparison_html(c, owners.get(id(c))))
         body.append(charts_html(s, str(i)))
         body.append(runs_table(s))
         body.append("</section>")

@@ -2,7 +2,8 @@
 
 Exit codes as the rest of xrun: 0 nothing regressed; 1 a significant regression beyond the
 threshold (or a failed candidate), so a scheduler can alert; 2 bad input (one line naming
-the field, nothing written); 3 storage or cluster unreachable.
+the field, nothing written); 3 storage or cluster unreachable; 4 not comparable (the runs
+ran on different shapes: accelerator, devices or hosts; the table is shown, no verdict).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import click
 from orchestrator import settings
 from orchestrator.cli.common import storage_timeout_option
 from orchestrator.services import analysis
-from xrun_contract.errors import EXIT_FAILED, EXIT_OK, XrunError
+from xrun_contract.errors import EXIT_FAILED, EXIT_NOT_COMPARABLE, EXIT_OK, XrunError
 
 
 class Percent(click.ParamType):
@@ -81,6 +82,9 @@ def _common(fn):
                      help="Significance level of the Mann-Whitney U test."),
         click.option("--warmup", type=click.IntRange(0, 10_000), default=3, show_default=True,
                      help="Steps of each attempt left out of steady state (compilation, restore)."),
+        click.option("--peak-tflops", type=click.FloatRange(0, None, min_open=True), default=None,
+                     help="Per-device peak TFLOP/s: a step over it is impossible (an outlier). "
+                     "Default: the accelerator's catalogue figure, where the run names one."),
     ]):
         fn = deco(fn)
     return storage_timeout_option(fn)
@@ -97,14 +101,15 @@ def _common(fn):
               "names the column and feeds the same-commit warning.")
 @click.option("--label-b", help="CANDIDATE's branch@commit, branch, or @commit.")
 def compare(base: str, candidate: str, storage: str | None, threshold: float, alpha: float,
-            warmup: int, fmt: str, output: str | None, label_a: str | None,
+            warmup: int, peak_tflops: float | None, fmt: str, output: str | None, label_a: str | None,
             label_b: str | None) -> int:
     """Compare CANDIDATE with BASE: a table, significance marks, warnings, goodput.
 
     BASE and CANDIDATE are each a run name (under --storage), a run path
     (<root>/runs/<name>, local or gs://) or a log / metrics file (MaxText or xrun lines;
     .gz too). Exit code: 0 no significant regression beyond --threshold, 1 regression (or
-    the candidate failed), 2 bad input.
+    the candidate failed), 2 bad input, 4 not comparable (different accelerator, device or
+    host counts: the table is shown, no verdict).
 
     \b
     Examples:
@@ -116,7 +121,7 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
     _check_output(output)
     result = analysis.compare(base, candidate, settings.storage_root(storage),
                               threshold_pct=threshold, alpha=alpha, warmup=warmup,
-                              label_a=label_a, label_b=label_b)
+                              label_a=label_a, label_b=label_b, peak_tflops=peak_tflops)
     if fmt is None:
         to_terminal = (output is None or output == "-") and click.get_text_stream("stdout").isatty()
         fmt = "table" if to_terminal else "md"
@@ -146,12 +151,19 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
     return result.exit_code
 
 
+def _exit_code(results: list[Any]) -> int:
+    """1 when any comparison regressed, else 4 when any pair ran on different shapes."""
+    if any(r.regressed for r in results):
+        return EXIT_FAILED
+    return EXIT_NOT_COMPARABLE if any(r.not_comparable for r in results) else EXIT_OK
+
+
 def _why_failed(results: list[Any]) -> None:
     """Why the exit code is 1, on stderr, when the page went to a file (not only inside it)."""
     from orchestrator.cli.screen import verdict_line
 
     for r in results:
-        if r.regressed:
+        if r.regressed or r.not_comparable:
             click.echo(f"xrun: {r.cand_label} vs {r.base_label}: {verdict_line(r).plain}", err=True)
 
 
@@ -163,7 +175,7 @@ def _why_failed(results: list[Any]) -> None:
               help="HTML file to write ('-' for stdout).")
 @click.option("--title", default=None, help="Default: 'xrun comparison report', or 'xrun run report' for one run.")
 def report(base: str, candidates: tuple[str, ...], storage: str | None, threshold: float, alpha: float,
-           warmup: int, output: str, title: str | None) -> int:
+           warmup: int, peak_tflops: float | None, output: str, title: str | None) -> int:
     """Write a self-contained HTML report: tables, interactive loss and step-time charts, goodput.
 
     Every CANDIDATE is compared with BASE; with no CANDIDATE, a single-run report of BASE. Exit code as `xrun compare`: 1 when any
@@ -178,13 +190,13 @@ def report(base: str, candidates: tuple[str, ...], storage: str | None, threshol
     _check_output(output)
     title = title or ("xrun comparison report" if candidates else f"xrun run report: {base}")
     page, results = analysis.report(base, candidates, settings.storage_root(storage),
-                                    threshold_pct=threshold, alpha=alpha, warmup=warmup, title=title)
+                                    threshold_pct=threshold, alpha=alpha, warmup=warmup, title=title,
+                                    peak_tflops=peak_tflops)
     _write(page, output)
-    if any(r.regressed for r in results):
-        if output != "-":
-            _why_failed(results)
-        return EXIT_FAILED
-    return EXIT_OK
+    code = _exit_code(results)
+    if code and output != "-":
+        _why_failed(results)
+    return code
 
 
 @click.command()

@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from orchestrator.cli.screen import _duration
-from orchestrator.readers.figures import WINDOW
+from orchestrator.readers.figures import window_text
 from xrun_contract import HEADER_RE, STEP_RE, host_prefix, significant
 
 # Lines that are noise on a terminal: Gloo's connection chatter (gloo/transport), absl /
@@ -85,7 +85,8 @@ def progress_parts(view: dict[str, Any]) -> list[tuple[str, str]]:
         total = view.get("total_steps")
         parts.append(("step", f"{view['step']}/{total}" if total else str(view["step"])))
         parts.append(("loss", _num(view.get("loss"), 5)))
-        parts.append((f"tokens/s (total, {WINDOW}-step median)", _tokens(view.get("tokens_per_s"))))
+        parts.append((f"tokens/s (total, {window_text(view.get('window_steps'), short=True)})",
+                      _tokens(view.get("tokens_per_s"))))
         if view.get("eta_seconds") is not None:
             parts.append(("ETA", _duration(view["eta_seconds"])))
     ck = view.get("latest_checkpoint")

@@ -208,7 +208,7 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
         p = sub.packed
         git = (f", git {p.git.commit[:7]}{' on ' + p.git.branch if p.git.branch else ''}"
                f"{' + uncommitted changes' if p.git.dirty else ''}" if p.git and p.git.commit else "")
-        info(f"workdir {p.workdir}: {len(p.files)} files, {p.total_bytes / 1e6:.2f} MB -> "
+        info(f"workdir {p.workdir}: {len(p.files)} files, {_megabytes(p.total_bytes)} -> "
              f"code/{p.sha256[:12]}… ({'uploaded' if sub.uploaded else 'already in storage'}{git})")
     slices = f" x{spec.slices} slices" if spec.slices > 1 else ""
     info(f"submitted {spec.name} ({spec.backend_name} backend, {spec.accelerator}{slices}); storage {sub.url}")
@@ -652,9 +652,17 @@ def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
     verb = "would remove" if dry_run else "removed"
     for sha in out.removed:
         click.echo(f"{verb} code/{sha}.tar.gz")
-    info(f"{verb} {len(out.removed)} archive(s), {out.bytes_removed / 1e6:.2f} MB; kept {out.kept} named by runs"
+    info(f"{verb} {len(out.removed)} archive(s), {_megabytes(out.bytes_removed)}; kept {out.kept} named by runs"
          + (f", {len(out.young)} unnamed but younger than {grace_s:g}s" if out.young else ""))
     return EXIT_OK
 
 
 COMMANDS = (wait, render, submit, status, logs, checkpoints, list_cmd, delete, gc)
+
+
+def _megabytes(n: int) -> str:
+    """'0.0031 MB', '12.4 MB' (3 significant digits, never '0.00 MB' for a small tree); '0 MB'
+    only when nothing."""
+    from xrun_contract import significant
+
+    return f"{significant(n / 1e6, 3)} MB"

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.analysis.goodput import format_goodput, format_startup
-from orchestrator.readers.figures import WINDOW_TEXT
+from orchestrator.readers.figures import window_text
 from orchestrator.readers.record import code_text
 from xrun_contract import (
     DELETED,
@@ -96,7 +96,7 @@ def render_table(view: dict[str, Any]) -> Group:
     eta = "" if is_terminal(view["state"]) else f"   ETA {_duration(view['eta_seconds'])}"
     head.add_row("Step", f"{step}   loss {_sig(view['loss'], 5)}   "
                          f"tokens/s (total) {_rate(view['tokens_per_s'])}   "
-                         f"s/step {_sig(view['step_seconds'])}{eta}   ({WINDOW_TEXT})")
+                         f"s/step {_sig(view['step_seconds'])}{eta}   ({window_text(view.get('window_steps'))})")
     ck = view["latest_checkpoint"]
     ck_text = "none committed"
     if ck:
@@ -138,7 +138,7 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
     if view["step"] is not None:
         lines.append(
             f"  steps {view['step']}" + (f"/{view['total_steps']}" if view["total_steps"] else "")
-            + f", final loss {_sig(view['loss'], 5)}; {WINDOW_TEXT}: s/step "
+            + f", final loss {_sig(view['loss'], 5)}; {window_text(view.get('window_steps'))}: s/step "
             f"{_sig(view['step_seconds'])}, tokens/s (total) {_rate(view['tokens_per_s'])}; "
             f"last step: s/step {_sig(view.get('last_step_seconds'))}, tokens/s (total) "
             f"{_rate(view.get('last_tokens_per_s'))}"
@@ -161,11 +161,9 @@ VERDICT_STYLE = {"improved": "green", "regressed": "red", "within noise": "dim",
 
 
 def _delta(r: Any) -> str:
-    if r.delta_pct is not None:
-        return f"{r.delta_pct:+.1f}%"
-    if r.verdict in ("identical", "same") or r.diff in ("—", "0", ""):
-        return "~"
-    return r.diff.replace("**", "") if len(r.diff) <= 24 else ""
+    from orchestrator.analysis.compare import delta_text
+
+    return delta_text(r)
 
 
 def _verdict(r: Any, threshold_pct: float) -> str:
@@ -178,20 +176,15 @@ def _verdict(r: Any, threshold_pct: float) -> str:
     return v
 
 
+VERDICT_LINE_STYLE = {"failed": "bold red", "regressed": "bold red", "not comparable": "bold yellow",
+                      "ok": "bold green"}
+
+
 def verdict_line(c: Any) -> Text:
-    """The one line a reader needs first: regressed or not, and by what."""
-    improved = [r.metric for r in c.rows if r.verdict == "improved"]
-    regressed = [r.metric for r in c.rows if r.verdict == "regressed"]
-    if c.candidate_failed:
-        return Text(f"FAILED: the candidate {c.cand_label} did not finish", style="bold red")
-    if c.regressions:
-        worst = ", ".join(f"{r.metric} {_delta(r)}" for r in c.regressions)
-        return Text(f"REGRESSED beyond {c.threshold_pct:g}%: {worst}", style="bold red")
-    bits = [f"{len(improved)} improved" if improved else "", f"{len(regressed)} regressed under "
-            f"{c.threshold_pct:g}%" if regressed else ""]
-    tail = "; ".join(b for b in bits if b)
-    return Text(f"OK: no significant regression beyond {c.threshold_pct:g}%" + (f" ({tail})" if tail else ""),
-                style="bold green")
+    """The one line a reader needs first: regressed or not, and by what (the comparison's
+    own verdict, the same line markdown, JSON and HTML show)."""
+    kind, line = c.verdict
+    return Text(line, style=VERDICT_LINE_STYLE.get(kind, "bold"))
 
 
 def comparison_screen(c: Any) -> Group:

@@ -27,6 +27,16 @@ WINDOW = 20  # steps the live step time, tokens/s and ETA are smoothed over
 WINDOW_TEXT = f"median of the last {WINDOW} steps"
 
 
+def window_text(steps: int | None = None, short: bool = False) -> str:
+    """What the live step time is a median of, with the true count: 'median of the last 20
+    steps', 'median of the last 10 steps' for a 10-step run ('10-step median' when short);
+    ``steps`` is the view's ``window_steps`` (None: the full window)."""
+    n = WINDOW if steps is None or steps <= 0 or steps > WINDOW else int(steps)
+    if short:
+        return f"{n}-step median"
+    return f"median of the last {n} steps" if n > 1 else "the last step"
+
+
 def window_figures(seconds: list[float], tokens_per_step: list[float]) -> tuple[float | None, float | None]:
     """(median step seconds, tokens/s it implies) over the given window's finite values."""
     secs = [s for s in seconds if math.isfinite(s) and s > 0]

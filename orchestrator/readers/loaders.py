@@ -128,6 +128,7 @@ def apply_run_json(rec: RunRecord, run: dict[str, Any]) -> None:
     rec.image = str(spec.get("image") or rec.image or "")
     code = run.get("code")
     rec.code = code if isinstance(code, dict) else {}
+    _label_from_code(rec, spec)
     rec.accelerator = str(spec.get("accelerator") or rec.accelerator or "")
     if isinstance(run.get("submitted_at"), int | float):
         rec.submitted_at = float(run["submitted_at"])
@@ -147,6 +148,21 @@ def apply_run_json(rec: RunRecord, run: dict[str, Any]) -> None:
             setattr(rec, key, float(wl[key]))
     if isinstance(wl.get("exit_code"), int):
         rec.exit_code = wl["exit_code"]
+
+
+def _label_from_code(rec: RunRecord, spec: dict[str, Any]) -> None:
+    """A run that shipped a working tree ran that tree's code: its branch and commit (the
+    tree's git; the label adds "-dirty" for uncommitted changes) name it, not the image's or the
+    checkout's the submit came from. The spec's branch stays only for the same commit (a
+    nightly's detached worktree of that branch)."""
+    git = (rec.code or {}).get("git") or {}
+    commit = str(git.get("commit") or "") if isinstance(git, dict) else ""
+    if not commit:
+        return
+    spec_commit = str(spec.get("commit") or "")
+    same = bool(spec_commit) and (commit.startswith(spec_commit) or spec_commit.startswith(commit))
+    rec.branch = str(git.get("branch") or (rec.branch if same else ""))
+    rec.commit = commit
 
 
 def apply_state(rec: RunRecord, state: dict[str, Any]) -> None:

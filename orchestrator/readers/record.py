@@ -208,7 +208,9 @@ class RunRecord:
     @property
     def label(self) -> str:
         """'<branch> <short commit>', else what is known, else the run or file name."""
-        parts = [p for p in (self.branch, self.short_commit) if p]
+        git = (self.code or {}).get("git") or {}
+        dirty = "-dirty" if self.commit and isinstance(git, dict) and git.get("dirty") else ""
+        parts = [p for p in (self.branch, self.short_commit + dirty if self.commit else "") if p]
         if parts and not self.branch:
             parts.insert(0, self.name)
         return " ".join(parts) or self.name or self.source

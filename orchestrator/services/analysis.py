@@ -57,7 +57,8 @@ def apply_label(rec: RunRecord, label: tuple[str, str]) -> None:
 
 
 def compare(base: str, candidate: str, storage_root: str, *, threshold_pct: float, alpha: float,
-            warmup: int, label_a: str | None = None, label_b: str | None = None) -> Comparison:
+            warmup: int, label_a: str | None = None, label_b: str | None = None,
+            peak_tflops: float | None = None) -> Comparison:
     """CANDIDATE against BASE; ``label_a``/``label_b`` ("branch@commit") name each side."""
     la = parse_label(label_a, "--label-a") if label_a is not None else None
     lb = parse_label(label_b, "--label-b") if label_b is not None else None
@@ -67,7 +68,8 @@ def compare(base: str, candidate: str, storage_root: str, *, threshold_pct: floa
         apply_label(b, la)
     if lb:
         apply_label(c, lb)
-    return compare_records(b, c, threshold_pct=threshold_pct, alpha=alpha, warmup=warmup)
+    return compare_records(b, c, threshold_pct=threshold_pct, alpha=alpha, warmup=warmup,
+                           peak_tflops=peak_tflops)
 
 
 def comparison_html(result: Comparison) -> str:
@@ -75,14 +77,15 @@ def comparison_html(result: Comparison) -> str:
 
 
 def report(base: str, candidates: Sequence[str], storage_root: str, *, threshold_pct: float,
-           alpha: float, warmup: int, title: str) -> tuple[str, list[Comparison]]:
+           alpha: float, warmup: int, title: str,
+           peak_tflops: float | None = None) -> tuple[str, list[Comparison]]:
     """The self-contained HTML report of every candidate against the base (no candidate: a
     single-run report)."""
     b = load(base, storage_root, "BASE" if candidates else "RUN")
     cands = [load(c, storage_root, f"CANDIDATE {i + 1}" if len(candidates) > 1 else "CANDIDATE")
              for i, c in enumerate(candidates)]
-    results = [compare_records(b, c, threshold_pct=threshold_pct, alpha=alpha, warmup=warmup)
-               for c in cands]
+    results = [compare_records(b, c, threshold_pct=threshold_pct, alpha=alpha, warmup=warmup,
+                               peak_tflops=peak_tflops) for c in cands]
     return report_for(b, cands, results, title=title), results
 
 

@@ -254,6 +254,9 @@ def _run_nightly(cfg: NightlyConfig, log: Callable[[str], None],
                              verdict=f"within noise: no regression beyond {cfg.threshold_pct:g}% "
                                      f"({'per-run test' if rs.on_runs else 'per-step test only'}, "
                                      f"n={rs.n_base}/{rs.n_cand} runs)")
+            if rs is not None:  # the report shows this pair's verdict, the one above
+                rs.stated = (("regressed" if entry["regressed"] else "failed") if entry["state"] != "within noise"
+                             else "ok", entry["verdict"])
             entries.append(entry)
         runs_in = [(o, records.get(o.planned.name)) for o in mine]
         sections.append(Section(f"Config {config.name}", [r for _, r in runs_in if r is not None],
