@@ -173,6 +173,29 @@ class Layout:
     RUNS = "runs"
     REPORTS = "reports"
     CODE = "code"
+    SUMMARIES = "summaries"
+    CODE_LEASES = "code-leases"
+
+    @staticmethod
+    def summaries(name: str) -> str:
+        """A run's summary parts (``xrun_contract.summary``): outside ``runs/`` so that one
+        listing of ``summaries/`` reads every run's, and nothing else."""
+        return f"summaries/{name}"
+
+    @staticmethod
+    def summary(name: str, part: str) -> str:
+        return f"summaries/{name}/{part}.json"
+
+    @staticmethod
+    def code_lease(sha256: str, holder: str) -> str:
+        """A submit's claim on a shared archive while it reuses or uploads it and writes its
+        run.json (``orchestrator.services.code``): gc and purge leave a leased archive."""
+        return f"code-leases/{sha256}/{holder}"
+
+    @staticmethod
+    def code_gc_intent(sha256: str) -> str:
+        """Written by gc or purge before they decide to delete the archive, removed after."""
+        return f"code-leases/{sha256}.gc"
 
     @staticmethod
     def code(sha256: str) -> str:

@@ -40,6 +40,7 @@ from xrun_contract import (
     Layout,
     check_run_name,
     is_terminal,
+    summary,
     writer_id,
 )
 from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
@@ -151,6 +152,7 @@ def record_state(storage: Storage, name: str, status: BackendStatus, backend: st
                                                   "reason": status.message})
     try:
         storage.write_json(Layout.state(name), current)
+        summary.write_state(storage, name, current)  # what list reads, right after what status reads
     except StorageError as e:
         if e.permanent:  # a full disk: the reader still shows the truth, unrecorded
             return
@@ -315,6 +317,10 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
         if not _create(storage, Layout.run_json(spec.name), data):
             raise XrunError(f"name: another submit of {spec.name!r} won the race under "
                             f"{storage.root}; choose another name")
+    with contextlib.suppress(XrunError):  # without it the run lists the old way (reads)
+        summary.write_run(storage, spec.name, {
+            "name": spec.name, "backend": spec.backend_name, "accelerator": spec.accelerator,
+            "submitted_at": record["submitted_at"], "labels": run_labels(spec.to_dict(), spec.name)})
     if packed is not None and not storage.exists_object(Layout.code(packed.sha256)):
         code.upload(storage, packed)  # a gc or purge removed it between our upload and run.json
     try:  # run.json first: the run is traceable even if the cluster rejects it
@@ -375,7 +381,7 @@ def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool,
                         f"(pids {', '.join(map(str, pids[:8]))}); 'xrun delete {spec.name}' first")
     if procs:  # nothing live: a local delete only removes what a lost supervisor left (pod folders)
         backend.delete(spec.name, wait=True)
-    storage.delete_prefix(Layout.run(spec.name))
+    purge_run(storage, spec.name)
 
 
 def _retire(storage: Storage, spec: RunSpec, force: bool) -> None:
@@ -512,50 +518,44 @@ LIST_THREADS = 8  # below the storage client's connection pool (10)
 
 def list_runs(storage: Storage, cluster: Backend | None = None,
               where: RunFilter | None = None) -> list[dict[str, Any]]:
-    """Every run under the root, newest first; with ``cluster`` its JobSets are merged in."""
+    """Every run under the root, newest first; with ``cluster`` its JobSets are merged in.
+
+    One listing of ``runs/`` and one of ``summaries/`` (``xrun_contract.summary``) serve
+    every run that keeps a summary; a run without one (written by an older xrun) is read
+    as before: run.json, state.json and its newest metrics chunks."""
     _, prefixes = storage.list(Layout.RUNS)
     names = [n for p in prefixes if RUN_NAME_RE.fullmatch(n := p.rsplit("/", 1)[-1])]
+    summaries = summary.read_all(storage)
 
-    def read(name: str) -> RunRecord | None:
+    def read(name: str) -> dict[str, Any] | None:
+        s = summaries.get(name)
+        if s is not None and s.run is not None:
+            return _summary_row(storage, s)
         try:
             rec = read_stored_run(storage, name, metrics=False)
         except XrunError:
             return None  # a folder with nothing of a run in it
         _latest_steps(storage, rec)
-        return rec
+        return _record_row(rec)
 
-    # A few small reads per run, independent: in parallel (1,000 runs one after the other
-    # is 5,000 round trips in a row).
+    # Runs without a summary take a few small reads each, independent: in parallel (1,000
+    # runs one after the other is 5,000 round trips in a row).
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(LIST_THREADS) as pool:
-        records = [r for r in pool.map(read, names) if r is not None]
+        rows = [r for r in pool.map(read, names) if r is not None]
     runs = []
     local: Backend | None = None  # made once, for the first live local run
-    for r in records:
-        state = r.state or ("Pending" if r.run_info else "Unknown")
-        if r.run_info.get("backend", "local") == "local" and not is_terminal(state) and not r.problems:
+    for row in rows:
+        if row["backend"] in ("local", "") and not is_terminal(row["state"]) and "message" not in row:
             # As status sees it: a supervisor killed with -9 left state.json saying Running;
             # the local backend knows it is gone (Failed). list only reads (status records).
             with contextlib.suppress(XrunError):
                 local = local or backend_for("local", storage.root)
-                live = local.status(r.name)
+                live = local.status(row["name"])
                 if live is not None:
-                    state = live.state
-        fig = figures.progress(r, state)
-        runs.append({
-            "name": r.name,
-            "state": state,
-            "backend": r.run_info.get("backend", ""),
-            "accelerator": r.spec.get("accelerator", ""),
-            "submitted_at": r.submitted_at,
-            "restarts": r.restarts,
-            "step": fig["step"],
-            "total_steps": r.total_steps,
-            "loss": fig["loss"],
-            "labels": run_labels(r.spec, r.name),
-            **({"message": "; ".join(r.problems)} if r.problems else {}),
-        })
+                    row["state"] = live.state
+        runs.append(row)
     if cluster is not None:
         by_name = {r["name"]: r for r in runs}
         for item in cluster.list():
@@ -572,6 +572,51 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
         now = time.time()
         runs = [r for r in runs if matches(r, where, now)]
     return runs
+
+
+def _record_row(r: RunRecord) -> dict[str, Any]:
+    """A list row from run.json, state.json and the newest metrics (a run with no summary)."""
+    state = r.state or ("Pending" if r.run_info else "Unknown")
+    fig = figures.progress(r, state)
+    return {
+        "name": r.name,
+        "state": state,
+        "backend": r.run_info.get("backend", ""),
+        "accelerator": r.spec.get("accelerator", ""),
+        "submitted_at": r.submitted_at,
+        "restarts": r.restarts,
+        "step": fig["step"],
+        "total_steps": r.total_steps,
+        "loss": fig["loss"],
+        "labels": run_labels(r.spec, r.name),
+        **({"message": "; ".join(r.problems)} if r.problems else {}),
+    }
+
+
+def _summary_row(storage: Storage, s: summary.RunSummary) -> dict[str, Any]:
+    """A list row from a run's summary parts: no read. A run that ran but has no metrics
+    part (a workload that keeps none: another program, an older image) reads its newest
+    metrics chunks as before."""
+    run, st = s.run or {}, s.state
+    state = str(st.get("state") or "Pending")
+    fig = s.figures()
+    if not s.has_metrics and state != "Pending":
+        rec = RunRecord(name=s.name)
+        _latest_steps(storage, rec)
+        steps = figures.progress(rec, state)
+        fig = {"step": steps["step"], "loss": steps["loss"], "total_steps": rec.total_steps}
+    return {
+        "name": s.name,
+        "state": state,
+        "backend": str(run.get("backend") or "local"),
+        "accelerator": str(run.get("accelerator") or ""),
+        "submitted_at": run.get("submitted_at"),
+        "restarts": int(st.get("restarts") or 0),
+        "step": fig["step"],
+        "total_steps": fig["total_steps"],
+        "loss": fig["loss"],
+        "labels": dict(run.get("labels") or {}),
+    }
 
 
 _STEP_RECORD = re.compile(r'"kind":\s*"step"')
@@ -637,10 +682,18 @@ def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = Tru
     out = Deleted(stopped, url=storage.url(Layout.run(name)), found=str(getattr(backend, "found", "") or ""))
     if purge:
         sha = ((storage.read_json(Layout.run_json(name)) or {}).get("spec") or {}).get("code_sha256", "")
-        out.purged = storage.delete_prefix(Layout.run(name))
+        out.purged = purge_run(storage, name)
         # Its shipped tree too, unless another run still names it.
         out.code_removed = sha if sha and code.release(storage, name, sha) else ""
     return out
+
+
+def purge_run(storage: Storage, name: str) -> int:
+    """Remove a run's stored data: its summary first, then its folder (run.json last:
+    ``Storage.delete_prefix``), so a new submit of the name, which can only begin once
+    run.json is gone, writes nothing this removes."""
+    storage.delete_prefix(Layout.summaries(name))
+    return storage.delete_prefix(Layout.run(name))
 
 
 def stop(backend: Backend, name: str) -> bool:
