@@ -188,14 +188,10 @@ class Layout:
 
     @staticmethod
     def code_lease(sha256: str, holder: str) -> str:
-        """A submit's claim on a shared archive while it reuses or uploads it and writes its
-        run.json (``orchestrator.services.code``): gc and purge leave a leased archive."""
+        """A marker on a shared archive (``orchestrator.services.code``): ``lease-<id>``, a
+        submit reusing or uploading it until its run.json names it (gc and purge leave a
+        leased archive); ``gc-<id>``, a gc or purge deciding whether to delete it."""
         return f"code-leases/{sha256}/{holder}"
-
-    @staticmethod
-    def code_gc_intent(sha256: str) -> str:
-        """Written by gc or purge before they decide to delete the archive, removed after."""
-        return f"code-leases/{sha256}.gc"
 
     @staticmethod
     def code(sha256: str) -> str:

@@ -409,7 +409,10 @@ class LocalStorage(Storage):
                         continue
                     p = Path(dirpath, f)
                     rel = p.relative_to(self.root).as_posix()
-                    st = p.stat()
+                    try:
+                        st = p.stat()
+                    except FileNotFoundError:  # deleted since the folder was read: gone
+                        continue
                     objects.append(ObjectInfo(rel, st.st_size, st.st_mtime))
         else:
             for entry in os.scandir(base):
@@ -419,7 +422,10 @@ class LocalStorage(Storage):
                 if entry.is_dir():
                     prefixes.append(rel)
                 else:
-                    st = entry.stat()
+                    try:
+                        st = entry.stat()
+                    except FileNotFoundError:  # deleted since the folder was read: gone
+                        continue
                     objects.append(ObjectInfo(rel, st.st_size, st.st_mtime))
         objects.sort(key=lambda o: o.key)
         prefixes.sort()
@@ -433,8 +439,16 @@ class LocalStorage(Storage):
             raise XrunError(f"storage: refusing to delete {path}: not below {self.root}", EXIT_USAGE)
         if not path.exists():
             return 0
-        count = sum(len(files) for _, _, files in os.walk(path))
-        shutil.rmtree(path)
+        # Renamed aside first (one atomic step, the name is free at once and nothing written
+        # under it afterwards, by a new run of the name, is in what is removed); the hidden
+        # name is skipped by listings.
+        trash = path.with_name(f".{path.name}.deleting-{os.getpid()}-{threading.get_ident()}")
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return 0
+        count = sum(len(files) for _, _, files in os.walk(trash))
+        shutil.rmtree(trash)
         return count
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
@@ -694,6 +708,9 @@ class GCSStorage(Storage):
         if not check_key(prefix).strip("/"):
             raise XrunError(f"storage: refusing to delete the whole root {self.root}", EXIT_USAGE)
         objects, _ = self.list(prefix, delimiter=None)
+        # run.json last: a new submit of the name can only begin once it is gone (its
+        # exclusive create), so nothing a new run writes is in this listing's deletions.
+        objects.sort(key=lambda o: o.key.endswith("/run.json"))
         for o in objects:
             blob = self._bucket.blob(self._name(o.key))
             with contextlib.suppress(NotFound):  # deleted meanwhile: gone is what we want

@@ -297,6 +297,28 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
     storage = _open(spec.storage)
     backend = backend_for_spec(spec)
     _preflight(backend)
+    with code.leased(storage, spec.code_sha256):  # gc and purge leave the archive alone
+        record, uploaded = store_run(storage, spec, packed,
+                                     lambda: _make_room(storage, spec, backend, replace, force))
+    try:  # run.json first: the run is traceable even if the cluster rejects it
+        storage.write_text(Layout.manifest(spec.name), dump_yaml(manifest))
+    except XrunError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
+    backend.submit(manifest, replace=replace)
+    resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
+    if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
+        storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
+    return Submitted(spec, manifest, storage, backend, packed, uploaded)
+
+
+def store_run(storage: Storage, spec: RunSpec, packed: Packed | None,
+              make_room: Callable[[], None]) -> tuple[dict[str, Any], bool]:
+    """Submit's storage part, under a lease on the spec's archive (``code.leased``): the
+    archive (uploaded unless there), run.json (exclusive; ``make_room`` when the name is
+    taken) and its summary, then ``code.settle``. Returns run.json's record and whether
+    this call uploaded the archive."""
     uploaded = False
     if packed is not None:
         uploaded = code.upload(storage, packed)
@@ -313,7 +335,7 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
         record["code"] = {"sha256": spec.code_sha256}
     data = (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode()
     if not _create(storage, Layout.run_json(spec.name), data):
-        _make_room(storage, spec, backend, replace, force)
+        make_room()
         if not _create(storage, Layout.run_json(spec.name), data):
             raise XrunError(f"name: another submit of {spec.name!r} won the race under "
                             f"{storage.root}; choose another name")
@@ -321,19 +343,8 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
         summary.write_run(storage, spec.name, {
             "name": spec.name, "backend": spec.backend_name, "accelerator": spec.accelerator,
             "submitted_at": record["submitted_at"], "labels": run_labels(spec.to_dict(), spec.name)})
-    if packed is not None and not storage.exists_object(Layout.code(packed.sha256)):
-        code.upload(storage, packed)  # a gc or purge removed it between our upload and run.json
-    try:  # run.json first: the run is traceable even if the cluster rejects it
-        storage.write_text(Layout.manifest(spec.name), dump_yaml(manifest))
-    except XrunError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
-    backend.submit(manifest, replace=replace)
-    resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
-    if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
-        storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
-    return Submitted(spec, manifest, storage, backend, packed, uploaded)
+    code.settle(storage, spec.code_sha256, packed)  # a gc or purge deciding on it: its archive is back
+    return record, uploaded
 
 
 def _preflight(backend: Backend) -> None:
