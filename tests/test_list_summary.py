@@ -178,3 +178,17 @@ def test_gcs_summary_is_in_the_listing_metadata(gcs_bucket):
     got = st.list_summaries(Layout.SUMMARIES)
     assert got == {key: {"state": "Running", "restarts": 2, "message": "", "updated": None}}
     assert json.loads(st.read_text(key) or "") == got[key]  # the content says the same
+
+
+@pytest.mark.parametrize("state", ["Succeeded", "Failed", "Running"])
+def test_status_of_a_finished_run_asks_no_backend(tmp_path, monkeypatch, state):
+    """A run recorded as ended is over: status reads storage only (no JobSet, no pods)."""
+    from orchestrator.backends.kube.backend import KubeBackend
+
+    asked: list[str] = []
+    monkeypatch.setattr(KubeBackend, "status", lambda self, name: asked.append(name))
+    st = LocalStorage(str(tmp_path))
+    write_run(st, "k", steps=4, state=state)
+    view = runs.status(st, "k")
+    assert view["state"] == state and view["step"] == 4
+    assert asked == ([] if state != "Running" else ["k"])

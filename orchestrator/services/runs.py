@@ -438,9 +438,13 @@ def _open(root: str) -> Storage:
 
 def status(storage: Storage, name: str, context: str | None = None,
            namespace: str | None = None, warn: Any = None) -> dict[str, Any]:
-    """Everything known about a run (the dict ``xrun status -o json`` prints)."""
+    """Everything known about a run (the dict ``xrun status -o json`` prints). A run whose
+    state.json says it succeeded or failed is over: its backend is not asked (no JobSet or
+    pod listing); what was recorded when it ended is what there is."""
     backend = backend_of(storage, name, context, namespace)
-    live = observe(storage, name, backend, warn)
+    recorded, problem = _read_record(storage, Layout.state(name))
+    ended = not problem and (recorded or {}).get("state") in (SUCCEEDED, FAILED)
+    live = None if ended else observe(storage, name, backend, warn)
     rec = read_stored_run(storage, name)
     return run_view(storage, rec, live)
 
