@@ -114,7 +114,7 @@ def test_gc_and_purge_never_delete_a_reused_archive_folder(tmp_path):
 
 @pytest.mark.usefixtures("gcs_emulator")
 def test_gc_and_purge_never_delete_a_reused_archive_gcs(gcs_bucket):
-    seen = race(Jitter(open_storage(gcs_bucket + "/race"), seed=2), ROUNDS, spread_s=0.03, seed=2)
+    seen = race(Jitter(open_storage(gcs_bucket + "/race"), seed=2), ROUNDS, spread_s=0.015, seed=2)
     assert seen["purge removed"] + seen["gc removed"] > ROUNDS // 20, seen
 
 

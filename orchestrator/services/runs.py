@@ -438,12 +438,16 @@ def _open(root: str) -> Storage:
 
 def status(storage: Storage, name: str, context: str | None = None,
            namespace: str | None = None, warn: Any = None) -> dict[str, Any]:
-    """Everything known about a run (the dict ``xrun status -o json`` prints). A run whose
-    state.json says it succeeded or failed is over: its backend is not asked (no JobSet or
-    pod listing); what was recorded when it ended is what there is."""
+    """Everything known about a run (the dict ``xrun status -o json`` prints). A cluster
+    run whose state.json says it succeeded or failed is over: its backend is not asked (no
+    JobSet or pod listing); ``record_state`` recorded its hosts when it ended. (A local
+    run's backend is asked: it is cheap, and only it knows what a lost supervisor left.)"""
     backend = backend_of(storage, name, context, namespace)
     recorded, problem = _read_record(storage, Layout.state(name))
-    ended = not problem and (recorded or {}).get("state") in (SUCCEEDED, FAILED)
+    hosts = (recorded or {}).get("hosts") or {}
+    ended = (backend.name != "local" and not problem
+             and (recorded or {}).get("state") in (SUCCEEDED, FAILED)
+             and all((h or {}).get("state") not in ("Running", "Pending") for h in hosts.values()))
     live = None if ended else observe(storage, name, backend, warn)
     rec = read_stored_run(storage, name)
     return run_view(storage, rec, live)
