@@ -25,7 +25,7 @@ from manifests.spec import RunSpec, check_cluster_xrun_image
 from orchestrator.backends.base import Backend, BackendStatus
 from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
-from orchestrator.readers.loaders import StoredRun, read_stored_run
+from orchestrator.readers.loaders import StoredRun, apply_state, read_stored_run
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
 from orchestrator.services import code
@@ -443,13 +443,17 @@ def status(storage: Storage, name: str, context: str | None = None,
     JobSet or pod listing); ``record_state`` recorded its hosts when it ended. (A local
     run's backend is asked: it is cheap, and only it knows what a lost supervisor left.)"""
     backend = backend_of(storage, name, context, namespace)
-    recorded, problem = _read_record(storage, Layout.state(name))
-    hosts = (recorded or {}).get("hosts") or {}
-    ended = (backend.name != "local" and not problem
-             and (recorded or {}).get("state") in (SUCCEEDED, FAILED)
+    rec = read_stored_run(storage, name)
+    recorded = rec.state_info
+    hosts = recorded.get("hosts") or {}
+    ended = (backend.name != "local" and not rec.problems
+             and recorded.get("state") in (SUCCEEDED, FAILED)
              and all((h or {}).get("state") not in ("Running", "Pending") for h in hosts.values()))
     live = None if ended else observe(storage, name, backend, warn)
-    rec = read_stored_run(storage, name)
+    if live is not None and (live.state, live.restarts) != (rec.state, rec.restarts):
+        state = _read(storage, Layout.state(name))  # observe recorded the change: its transition
+        if state is not None:
+            apply_state(rec, state)
     return run_view(storage, rec, live)
 
 
