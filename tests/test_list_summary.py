@@ -2,9 +2,9 @@
 right after the records they summarise, and `list` reads every run's from one listing of
 ``summaries/``, however many runs there are. Runs without a summary list as before.
 
-The runs are written by the writers xrun itself uses: the metrics ``ChunkWriter`` with the
-workload's ``MetricsSummary`` hook, ``record_state`` (what status and the kube follow use)
-and the submit service's run summary. Requests are counted through a proxy in front of
+The runs are written by the writers xrun itself uses: the workload's ``Metrics`` (its chunk
+writer and summary hook), ``record_state`` (what status and the kube follow use) and the
+submit service's run summary. Requests are counted through a proxy in front of
 the GCS emulator.
 """
 
@@ -22,6 +22,7 @@ from orchestrator.backends.base import BackendStatus
 from orchestrator.readers.loaders import read_stored_run
 from orchestrator.readers.view import run_view
 from orchestrator.services import runs
+from workload.metrics import Metrics
 from xrun_contract import Layout, records, summary
 from xrun_contract.storage import ChunkWriter, LocalStorage, Storage, open_storage
 
@@ -39,20 +40,18 @@ def write_run(storage: Storage, name: str, steps: int, state: str = "Succeeded",
                                       "submitted_at": submitted_at,
                                       "labels": runs.run_labels(spec, name)})
     runs.record_state(storage, name, BackendStatus(state="Running", restarts=0), "kube")
-    hook = summary.MetricsSummary(storage, name, 0, "abcd1234")
-    writer = ChunkWriter(storage, lambda seq: Layout.metrics_chunk(name, 0, seq, "abcd1234"),
-                         interval=3600, after_write=hook.after_write)
+    metrics = Metrics(storage, name, 0, primary=True, interval=3600, tensorboard_interval=3600)
+    assert metrics.writer is not None
     try:
-        writer.write(records.to_json(records.Header(time=submitted_at, total_steps=steps)) + "\n")
+        metrics.header({"jax": "0"}, {"preset": "tiny", "steps": steps})
         for step in range(1, steps + 1):
             loss = 7.0 / step if step != 3 else math.nan  # a NaN loss reads as none in both
-            writer.write(records.to_json(records.Step(time=submitted_at + step, step=step, seconds=0.1,
-                                                      loss=loss, tokens_per_s_per_device=10.0)) + "\n")
+            metrics.step(step, 0.1, 1.0, 10.0, 100, loss, 0.0)
             if step % flush_every == 0:
-                writer.flush()
-        writer.write(records.to_json(records.End(time=submitted_at + steps + 1, exit_code=0)) + "\n")
+                metrics.writer.flush()
+        metrics.end(0, "done")
     finally:
-        writer.close()
+        metrics.close()
     runs.record_state(storage, name, BackendStatus(state=state, restarts=1), "kube")
 
 
