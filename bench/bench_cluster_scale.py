@@ -295,8 +295,9 @@ class Writer(threading.Thread):
 
 
 def seed_runs(client: Any, count: int) -> None:
-    """``count`` finished runs under the root, as xrun leaves them: run.json, state.json and
-    process 0's first and last metrics chunks."""
+    """``count`` finished runs under the root, as xrun leaves them: run.json, state.json,
+    process 0's first and last metrics chunks, and the summary each of their writers keeps
+    (``xrun_contract.summary``: what ``xrun list`` reads)."""
     bucket = client.bucket(BUCKET)
     storage = open_storage(ROOT)
 

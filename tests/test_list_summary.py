@@ -28,10 +28,11 @@ from xrun_contract.storage import ChunkWriter, LocalStorage, Storage, open_stora
 
 
 def write_run(storage: Storage, name: str, steps: int, state: str = "Succeeded",
-              submitted_at: float | None = None, flush_every: int = 4) -> None:
+              submitted_at: float | None = None, flush_every: int = 4, quick: bool = False) -> None:
     """One run through xrun's own writers: run.json and its summary (as submit writes
     them), metrics chunks through the workload's writer and summary hook, state.json
-    through ``record_state``."""
+    through ``record_state``. ``quick``: the chunk writer and the workload's summary hook
+    alone (no TensorBoard events, no Running state first), for many runs."""
     submitted_at = time.time() - 600 if submitted_at is None else submitted_at
     spec = {"name": name, "accelerator": "v6e-8", "pod_labels": {"team": "t" + name[-1]}}
     storage.write_json(Layout.run_json(name), {"name": name, "spec": spec, "backend": "kube",
@@ -39,6 +40,15 @@ def write_run(storage: Storage, name: str, steps: int, state: str = "Succeeded",
     summary.write_run(storage, name, {"name": name, "backend": "kube", "accelerator": "v6e-8",
                                       "submitted_at": submitted_at,
                                       "labels": runs.run_labels(spec, name)})
+    if quick:
+        hook = summary.MetricsSummary(storage, name, 0, "abcd1234")
+        with ChunkWriter(storage, lambda seq: Layout.metrics_chunk(name, 0, seq, "abcd1234"), interval=3600,
+                         after_write=hook.after_write) as w:
+            w.write(records.to_json(records.Header(total_steps=steps)) + "\n")
+            for step in range(1, steps + 1):
+                w.write(records.to_json(records.Step(step=step, seconds=0.1, loss=7.0 / step)) + "\n")
+        runs.record_state(storage, name, BackendStatus(state=state, restarts=1), "kube")
+        return
     runs.record_state(storage, name, BackendStatus(state="Running", restarts=0), "kube")
     metrics = Metrics(storage, name, 0, primary=True, interval=3600, tensorboard_interval=3600)
     assert metrics.writer is not None
@@ -152,8 +162,8 @@ def test_gcs_list_requests_do_not_grow_with_runs(counted_gcs):
     counts = {}
     for n in (30, 120):
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda i: write_run(direct, f"r{i:04d}", steps=3, flush_every=2,
-                                              submitted_at=1000.0 + i), range(made, n)))
+            list(pool.map(lambda i: write_run(direct, f"r{i:04d}", steps=3, submitted_at=1000.0 + i,
+                                              quick=True), range(made, n)))
         made = n
         proxy.reset()
         listed = runs.list_runs(counted())  # a fresh client: what one `xrun list` makes
