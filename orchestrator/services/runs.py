@@ -98,7 +98,11 @@ def run_info(storage: Storage, name: str) -> dict[str, Any]:
 def backend_of(storage: Storage, name: str, context: str | None = None,
                namespace: str | None = None) -> Backend:
     """The backend a stored run was submitted to (context/namespace as recorded unless given)."""
-    run = run_info(storage, name)
+    return _backend_for_run(run_info(storage, name), storage, context, namespace)
+
+
+def _backend_for_run(run: dict[str, Any], storage: Storage, context: str | None,
+                     namespace: str | None) -> Backend:
     kind = run.get("backend", "local")
     ctx = context if context is not None else run.get("context", "")
     ns = namespace or run.get("namespace") or None
@@ -442,8 +446,15 @@ def status(storage: Storage, name: str, context: str | None = None,
     run whose state.json says it succeeded or failed is over: its backend is not asked (no
     JobSet or pod listing); ``record_state`` recorded its hosts when it ended. (A local
     run's backend is asked: it is cheap, and only it knows what a lost supervisor left.)"""
-    backend = backend_of(storage, name, context, namespace)
-    rec = read_stored_run(storage, name)
+    check_run_name(name)
+    try:
+        rec = read_stored_run(storage, name)  # run.json read once: the backend is named there
+    except XrunError:
+        run_info(storage, name)  # no such run: the message every command gives
+        raise
+    if not (rec.run_info or rec.state_info or rec.problems):
+        run_info(storage, name)
+    backend = _backend_for_run(rec.run_info, storage, context, namespace)
     recorded = rec.state_info
     hosts = recorded.get("hosts") or {}
     ended = (backend.name != "local" and not rec.problems
