@@ -55,7 +55,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import yaml  # noqa: E402
 from cluster_helpers import FAIL_CONTAINER, FAIL_DELAY, FAIL_EXIT, FAIL_JITTER, FAIL_LABEL, timing  # noqa: E402
 
-from xrun_contract import METRICS_ROLLUP_EVERY, Layout, records, stamp_line  # noqa: E402
+from xrun_contract import METRICS_ROLLUP_EVERY, Layout, records, stamp_line, summary  # noqa: E402
+from xrun_contract.storage import open_storage  # noqa: E402
 
 HOSTS_PER_SLICE = 64  # v6e-256: 16x16 chips, 4 per VM
 LIVE_CHUNK_SECONDS = 10.0  # a Running host's shipper writes a small chunk this often
@@ -294,9 +295,11 @@ class Writer(threading.Thread):
 
 
 def seed_runs(client: Any, count: int) -> None:
-    """``count`` finished runs under the root, as xrun leaves them: run.json, state.json and
-    process 0's first and last metrics chunks."""
+    """``count`` finished runs under the root, as xrun leaves them: run.json, state.json,
+    process 0's first and last metrics chunks, and the summary each of their writers keeps
+    (``xrun_contract.summary``: what ``xrun list`` reads)."""
     bucket = client.bucket(BUCKET)
+    storage = open_storage(ROOT)
 
     def one(i: int) -> None:
         name = f"old-{i:04d}"
@@ -312,10 +315,17 @@ def seed_runs(client: Any, count: int) -> None:
                  "transitions": [{"time": t + 60, "state": "Running"}, {"time": t + 600, "state": "Succeeded"}]}
         bucket.blob(f"xrun/{Layout.run_json(name)}").upload_from_string(json.dumps(run, indent=2))
         bucket.blob(f"xrun/{Layout.state(name)}").upload_from_string(json.dumps(state, indent=2))
+        # and the summary each writer keeps beside what it wrote (xrun_contract.summary)
+        summary.write_run(storage, name, {"name": name, "backend": "kube", "accelerator": "v6e-32",
+                                          "submitted_at": t, "labels": {"xrun.dev/run": name, "team": "ml"}})
+        summary.write_state(storage, name, state)
+        hook = summary.MetricsSummary(storage, name, 0, "ab")
         for seq in (0, 1):
             recs = [records.to_json(records.Step(step=seq * 100 + k, seconds=0.5, loss=2.0, time=t, attempt=0))
                     for k in range(1, 5)]
-            bucket.blob(f"xrun/{Layout.metrics_chunk(name, 0, seq, 'ab')}").upload_from_string("\n".join(recs) + "\n")
+            text = "\n".join(recs) + "\n"
+            bucket.blob(f"xrun/{Layout.metrics_chunk(name, 0, seq, 'ab')}").upload_from_string(text)
+            hook.after_write(Layout.metrics_chunk(name, 0, seq, "ab"), text)
 
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(one, range(count)))
@@ -574,6 +584,10 @@ def report(results: list[dict[str, Any]]) -> str:
         row(f"{name}: storage requests (list/get)", [
             f"{list(r['commands'].values())[i]['storage'].get('list', 0)}/"
             f"{list(r['commands'].values())[i]['storage'].get('get', 0)}" for r in results])
+        if name.startswith("list ("):
+            row("list: storage requests per 1,000 runs", [
+                f"{list(r['commands'].values())[i]['storage'].get('total', 0) * 1000 / (LIST_RUNS + 1):.1f}"
+                for r in results])
     if labels:
         row("stored logs (MiB, all hosts)", [f"{r['bulk_bytes'] / 2**20:.0f}" for r in results])
     return "\n".join(out)

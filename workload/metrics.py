@@ -42,6 +42,7 @@ from xrun_contract import (
     writer_id,
 )
 from xrun_contract.storage import ChunkWriter, Storage
+from xrun_contract.summary import MetricsSummary
 
 CHECKPOINT_LINES = {
     "started": CKPT_START_LINE,
@@ -108,10 +109,11 @@ class Metrics:
 
             start = next_chunk_seq(storage, run, attempt)
             tag = writer_id()
+            self.summary = MetricsSummary(storage, run, attempt, tag)  # what `xrun list` reads
             self.writer = ChunkWriter(
                 storage, lambda seq: Layout.metrics_chunk(run, attempt, seq, tag), interval, start,
                 rollup_key_for=lambda seq: Layout.metrics_rollup(run, attempt, seq, tag),
-                rollup_every=METRICS_ROLLUP_EVERY)
+                rollup_every=METRICS_ROLLUP_EVERY, after_write=self.summary.after_write)
             self.events = EventWriter(storage, run, attempt, tensorboard_interval)
 
     def record(self, rec: records.Record, at: float | None = None) -> None:

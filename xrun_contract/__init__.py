@@ -173,6 +173,25 @@ class Layout:
     RUNS = "runs"
     REPORTS = "reports"
     CODE = "code"
+    SUMMARIES = "summaries"
+    CODE_LEASES = "code-leases"
+
+    @staticmethod
+    def summaries(name: str) -> str:
+        """A run's summary parts (``xrun_contract.summary``): outside ``runs/`` so that one
+        listing of ``summaries/`` reads every run's, and nothing else."""
+        return f"summaries/{name}"
+
+    @staticmethod
+    def summary(name: str, part: str) -> str:
+        return f"summaries/{name}/{part}.json"
+
+    @staticmethod
+    def code_lease(sha256: str, holder: str) -> str:
+        """A marker on a shared archive (``orchestrator.services.code``): ``lease-<id>``, a
+        submit reusing or uploading it until its run.json names it (gc and purge leave a
+        leased archive); ``gc-<id>``, a gc or purge deciding whether to delete it."""
+        return f"code-leases/{sha256}/{holder}"
 
     @staticmethod
     def code(sha256: str) -> str:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from xrun_contract import summary as _summary
 from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
 
 # The total time one storage call may take, retries included, before the command gives up
@@ -291,6 +292,22 @@ class Storage:
     def write_json(self, key: str, obj: dict) -> None:
         self.write_text(key, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
+    def write_summary(self, key: str, fields: dict) -> None:
+        """A small JSON summary (``xrun_contract.summary``), written atomically; where the
+        storage keeps object metadata (GCS), also as metadata, so a listing returns it."""
+        self.write_json(key, fields)
+
+    def list_summaries(self, prefix: str) -> dict[str, dict]:
+        """Every summary below ``prefix``: key -> fields. One listing, plus a read per
+        summary the listing did not carry (a folder's: local reads, cheap)."""
+        objects, _ = self.list(prefix, delimiter=None)
+        out: dict[str, dict] = {}
+        for o in objects:
+            doc = self.read_json(o.key)
+            if doc is not None:
+                out[o.key] = doc
+        return out
+
     def update_json(self, key: str, change: Callable[[dict | None], dict | None]) -> bool:
         """Read-modify-write of a JSON record with no lost update: ``change`` gets the stored
         object (None when there is none or it is corrupt) and returns the new one, or None to
@@ -392,7 +409,10 @@ class LocalStorage(Storage):
                         continue
                     p = Path(dirpath, f)
                     rel = p.relative_to(self.root).as_posix()
-                    st = p.stat()
+                    try:
+                        st = p.stat()
+                    except FileNotFoundError:  # deleted since the folder was read: gone
+                        continue
                     objects.append(ObjectInfo(rel, st.st_size, st.st_mtime))
         else:
             for entry in os.scandir(base):
@@ -402,7 +422,10 @@ class LocalStorage(Storage):
                 if entry.is_dir():
                     prefixes.append(rel)
                 else:
-                    st = entry.stat()
+                    try:
+                        st = entry.stat()
+                    except FileNotFoundError:  # deleted since the folder was read: gone
+                        continue
                     objects.append(ObjectInfo(rel, st.st_size, st.st_mtime))
         objects.sort(key=lambda o: o.key)
         prefixes.sort()
@@ -416,8 +439,16 @@ class LocalStorage(Storage):
             raise XrunError(f"storage: refusing to delete {path}: not below {self.root}", EXIT_USAGE)
         if not path.exists():
             return 0
-        count = sum(len(files) for _, _, files in os.walk(path))
-        shutil.rmtree(path)
+        # Renamed aside first (one atomic step, the name is free at once and nothing written
+        # under it afterwards, by a new run of the name, is in what is removed); the hidden
+        # name is skipped by listings.
+        trash = path.with_name(f".{path.name}.deleting-{os.getpid()}-{threading.get_ident()}")
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return 0
+        count = sum(len(files) for _, _, files in os.walk(trash))
+        shutil.rmtree(trash)
         return count
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
@@ -582,6 +613,44 @@ class GCSStorage(Storage):
             return self.read_bytes(key) == data
         return True
 
+    def write_summary(self, key: str, fields: dict) -> None:
+        """Content and custom metadata in one upload: a reader of either sees the same."""
+        text = json.dumps(fields, sort_keys=True, default=str)
+        blob = self._bucket.blob(self._name(key))
+        if len(text.encode()) <= _summary.METADATA_MAX:
+            blob.metadata = {_summary.METADATA_KEY: text}
+        self._call("write", key, lambda: blob.upload_from_string(
+            text + "\n", content_type="application/json", retry=self._retry, timeout=self._rpc_timeout))
+
+    def list_summaries(self, prefix: str) -> dict[str, dict]:
+        """One listing (its pages) carries every summary in the objects' metadata (GCS's
+        default projection, noAcl, includes custom metadata); one without it is read."""
+        name = self._name(prefix)
+        name = f"{name}/" if name else ""
+
+        def run() -> list:
+            return list(self._client.list_blobs(self._bucket, prefix=name, retry=self._retry,
+                                                timeout=self._rpc_timeout))
+
+        out: dict[str, dict] = {}
+        unread: list[str] = []
+        for b in self._call("list", prefix, run):
+            key = self._key(b.name)
+            text = (b.metadata or {}).get(_summary.METADATA_KEY)
+            doc = None
+            if text:
+                with contextlib.suppress(ValueError):
+                    doc = json.loads(text)
+            if isinstance(doc, dict):
+                out[key] = doc
+            else:
+                unread.append(key)
+        for key in unread:
+            doc = self.read_json(key)
+            if doc is not None:
+                out[key] = doc
+        return out
+
     def update_json(self, key: str, change: Callable[[dict | None], dict | None]) -> bool:
         """ifGenerationMatch on the generation read: a write that raced ours makes GCS answer
         412, and the change is applied again to what that write left."""
@@ -639,6 +708,9 @@ class GCSStorage(Storage):
         if not check_key(prefix).strip("/"):
             raise XrunError(f"storage: refusing to delete the whole root {self.root}", EXIT_USAGE)
         objects, _ = self.list(prefix, delimiter=None)
+        # run.json last: a new submit of the name can only begin once it is gone (its
+        # exclusive create), so nothing a new run writes is in this listing's deletions.
+        objects.sort(key=lambda o: o.key.endswith("/run.json"))
         for o in objects:
             blob = self._bucket.blob(self._name(o.key))
             with contextlib.suppress(NotFound):  # deleted meanwhile: gone is what we want
@@ -702,8 +774,12 @@ class ChunkWriter(PeriodicFlush):
     """
 
     def __init__(self, storage: Storage, key_for, interval: float = 2.0, start_seq: int = 0,
-                 rollup_key_for=None, rollup_every: int = 0):
+                 rollup_key_for=None, rollup_every: int = 0,
+                 after_write: Callable[[str | None, str], None] | None = None):
         self._storage = storage
+        # Called with each chunk's key and text once it is written (the run summary's
+        # writer), and with (None, "") on a flush with nothing new (a retry of its own).
+        self._after_write = after_write
         self._key_for = key_for
         self._seq = start_seq
         # With ``rollup_key_for``: every ``rollup_every`` chunks, one more object holding all
@@ -725,6 +801,9 @@ class ChunkWriter(PeriodicFlush):
             with self._lock:
                 data, self._buf = "".join(self._buf), []
             if not data:
+                if self._after_write is not None:
+                    with contextlib.suppress(Exception):
+                        self._after_write(None, "")
                 return
             try:
                 for attempt in range(5):
@@ -739,7 +818,11 @@ class ChunkWriter(PeriodicFlush):
                 with self._lock:  # kept, in order: the next flush (or close) writes it
                     self._buf.insert(0, data)
                 raise
+            key = self._key_for(self._seq)
             self._seq += 1
+            if self._after_write is not None:
+                with contextlib.suppress(Exception):  # it retries at the next flush
+                    self._after_write(key, data)
             if self._rollup_key_for is not None and self._rollup_every > 0:
                 self._all.append(data)
                 if (self._seq - self._start) % self._rollup_every == 0:

@@ -11,17 +11,109 @@ its archive before its run.json exists.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from manifests.spec import RunSpec
 from orchestrator.workdir import DEFAULT_MAX_MB, Packed, pack
-from xrun_contract import RUN_NAME_RE, Layout
+from xrun_contract import RUN_NAME_RE, Layout, writer_id
 from xrun_contract.errors import EXIT_UNREACHABLE, XrunError
-from xrun_contract.storage import Storage
+from xrun_contract.storage import ObjectInfo, Storage
 
 GRACE_S = 3600.0  # an archive this young may belong to a submit whose run.json is not written yet
+LEASE_STALE_S = 3600.0  # a lease or gc intent this old was left by a process that died
+SETTLE_TIMEOUT_S = 600.0  # how long a submit waits for a gc deciding on its archive
+
+# The race between gc / delete --purge and a submit reusing an archive (#40), closed with
+# two markers under code-leases/<sha256>/ and this order of steps (every step a single
+# strongly consistent storage call: a folder's, or GCS's, listings and writes):
+#
+#   submit: s1 write lease-<id>; s2 upload unless present; s3 create run.json;
+#           s4 wait until no gc-* intent is there, then upload again if absent; s5 drop lease
+#   gc:     g1 write gc-<id>; g2 list leases; g3 read every run.json (names);
+#           g4 delete if no lease at g2 and no name at g3; g5 drop gc-<id>
+#
+# Suppose g4 deleted the archive a submit needs. g2 saw no lease, so g2 < s1 (the lease
+# lives until s5, after s4). If s5 < g2, then g3 > s3 and the name is seen: no deletion.
+# So g1 < g2 < s1 < s4: at s4 the intent is there unless g5 (> g4) already passed; the
+# submit waits for g5 either way, and its check after that finds the archive deleted and
+# uploads it again. One gc's g5 cannot hide another's intent: each has its own.
+
+
+def _lease_prefix(sha256: str) -> str:
+    return Layout.code_lease(sha256, "").rstrip("/")
+
+
+def _fresh(objects: list[ObjectInfo], now: float, kind: str) -> list[ObjectInfo]:
+    return [o for o in objects if o.key.rsplit("/", 1)[-1].startswith(kind)
+            and now - o.updated < LEASE_STALE_S]
+
+
+@contextlib.contextmanager
+def leased(storage: Storage, sha256: str) -> Iterator[None]:
+    """s1 and s5: hold a lease on ``sha256`` while a submit reuses or uploads it and writes
+    the run.json that names it (then the name protects it)."""
+    if not sha256:
+        yield
+        return
+    key = Layout.code_lease(sha256, f"lease-{writer_id()}")
+    storage.write_bytes(key, str(time.time()).encode())
+    try:
+        yield
+    finally:
+        with contextlib.suppress(XrunError):
+            storage.delete_object(key)
+
+
+def settle(storage: Storage, sha256: str, packed: Packed | None,
+           timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    """s4: after run.json names the archive, wait for any gc deciding on it to finish, then
+    put the archive back if it removed it (a run file's ``code_sha256`` without the tree:
+    exit 2, the run would not start)."""
+    if not sha256:
+        return
+    deadline = time.monotonic() + timeout_s
+    delay = 0.02
+    while True:
+        objects, _ = storage.list(_lease_prefix(sha256))
+        if not _fresh(objects, time.time(), "gc-") or time.monotonic() > deadline:
+            break
+        time.sleep(delay)
+        delay = min(delay * 2, 0.5)
+    if storage.exists_object(Layout.code(sha256)):
+        return
+    if packed is None:
+        raise XrunError(f"code_sha256: {storage.url(Layout.code(sha256))} was removed by a gc or purge "
+                        "while this run was submitted; ship the tree with workdir (or --workdir DIR)")
+    upload(storage, packed)
+
+
+def _remove_unused(storage: Storage, candidates: list[str], except_run: str = "") -> list[str]:
+    """g1-g5 for ``candidates`` (sha256s): the ones removed; leased or named ones stay."""
+    if not candidates:
+        return []
+    intents = [Layout.code_lease(sha, f"gc-{writer_id()}") for sha in candidates]
+    for key in intents:  # g1
+        storage.write_bytes(key, str(time.time()).encode())
+    try:
+        leases, _ = storage.list(Layout.CODE_LEASES, delimiter=None)  # g2
+        now = time.time()
+        leased_shas = {o.key.split("/")[1] for o in _fresh(leases, now, "lease-")}
+        named = named_archives(storage, except_run=except_run)  # g3
+        removed = []
+        for sha in candidates:
+            if sha in leased_shas or sha in named:
+                continue
+            storage.delete_object(Layout.code(sha))  # g4
+            removed.append(sha)
+        return removed
+    finally:
+        for key in intents:  # g5
+            with contextlib.suppress(XrunError):
+                storage.delete_object(key)
 
 
 @dataclass(frozen=True)
@@ -96,6 +188,7 @@ def gc(storage: Storage, *, dry_run: bool = False, grace_s: float = GRACE_S,
     named = named_archives(storage)
     now = time.time() if now is None else now
     out = GcResult()
+    candidates: dict[str, int] = {}
     for o in objects:
         name = o.key.rsplit("/", 1)[-1]
         if not name.endswith(".tar.gz"):
@@ -106,15 +199,18 @@ def gc(storage: Storage, *, dry_run: bool = False, grace_s: float = GRACE_S,
         elif now - o.updated < grace_s:
             out.young.append(sha)
         else:
-            out.removed.append(sha)
-            out.bytes_removed += o.size
-            if not dry_run:
-                storage.delete_object(o.key)
+            candidates[sha] = o.size
+    if dry_run:
+        out.removed = list(candidates)
+    else:  # decided again under the protocol above: a submit may be reusing one right now
+        out.removed = _remove_unused(storage, list(candidates))
+        out.kept += len(candidates) - len(out.removed)
+    out.bytes_removed = sum(candidates[sha] for sha in out.removed)
     return out
 
 
 def release(storage: Storage, run: str, sha256: str) -> bool:
     """``delete --purge``: remove the run's archive unless another run names it; True if removed."""
-    if not sha256 or sha256 in named_archives(storage, except_run=run):
+    if not sha256:
         return False
-    return storage.delete_object(Layout.code(sha256))
+    return bool(_remove_unused(storage, [sha256], except_run=run))

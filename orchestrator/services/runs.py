@@ -25,7 +25,7 @@ from manifests.spec import RunSpec, check_cluster_xrun_image
 from orchestrator.backends.base import Backend, BackendStatus
 from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
-from orchestrator.readers.loaders import StoredRun, read_stored_run
+from orchestrator.readers.loaders import StoredRun, apply_state, read_stored_run
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
 from orchestrator.services import code
@@ -40,6 +40,7 @@ from xrun_contract import (
     Layout,
     check_run_name,
     is_terminal,
+    summary,
     writer_id,
 )
 from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
@@ -97,7 +98,11 @@ def run_info(storage: Storage, name: str) -> dict[str, Any]:
 def backend_of(storage: Storage, name: str, context: str | None = None,
                namespace: str | None = None) -> Backend:
     """The backend a stored run was submitted to (context/namespace as recorded unless given)."""
-    run = run_info(storage, name)
+    return _backend_for_run(run_info(storage, name), storage, context, namespace)
+
+
+def _backend_for_run(run: dict[str, Any], storage: Storage, context: str | None,
+                     namespace: str | None) -> Backend:
     kind = run.get("backend", "local")
     ctx = context if context is not None else run.get("context", "")
     ns = namespace or run.get("namespace") or None
@@ -151,6 +156,7 @@ def record_state(storage: Storage, name: str, status: BackendStatus, backend: st
                                                   "reason": status.message})
     try:
         storage.write_json(Layout.state(name), current)
+        summary.write_state(storage, name, current)  # what list reads, right after what status reads
     except StorageError as e:
         if e.permanent:  # a full disk: the reader still shows the truth, unrecorded
             return
@@ -295,6 +301,28 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
     storage = _open(spec.storage)
     backend = backend_for_spec(spec)
     _preflight(backend)
+    with code.leased(storage, spec.code_sha256):  # gc and purge leave the archive alone
+        record, uploaded = store_run(storage, spec, packed,
+                                     lambda: _make_room(storage, spec, backend, replace, force))
+    try:  # run.json first: the run is traceable even if the cluster rejects it
+        storage.write_text(Layout.manifest(spec.name), dump_yaml(manifest))
+    except XrunError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
+    backend.submit(manifest, replace=replace)
+    resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
+    if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
+        storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
+    return Submitted(spec, manifest, storage, backend, packed, uploaded)
+
+
+def store_run(storage: Storage, spec: RunSpec, packed: Packed | None,
+              make_room: Callable[[], None]) -> tuple[dict[str, Any], bool]:
+    """Submit's storage part, under a lease on the spec's archive (``code.leased``): the
+    archive (uploaded unless there), run.json (exclusive; ``make_room`` when the name is
+    taken) and its summary, then ``code.settle``. Returns run.json's record and whether
+    this call uploaded the archive."""
     uploaded = False
     if packed is not None:
         uploaded = code.upload(storage, packed)
@@ -311,23 +339,16 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
         record["code"] = {"sha256": spec.code_sha256}
     data = (json.dumps(record, indent=2, sort_keys=True, default=str) + "\n").encode()
     if not _create(storage, Layout.run_json(spec.name), data):
-        _make_room(storage, spec, backend, replace, force)
+        make_room()
         if not _create(storage, Layout.run_json(spec.name), data):
             raise XrunError(f"name: another submit of {spec.name!r} won the race under "
                             f"{storage.root}; choose another name")
-    if packed is not None and not storage.exists_object(Layout.code(packed.sha256)):
-        code.upload(storage, packed)  # a gc or purge removed it between our upload and run.json
-    try:  # run.json first: the run is traceable even if the cluster rejects it
-        storage.write_text(Layout.manifest(spec.name), dump_yaml(manifest))
-    except XrunError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
-    backend.submit(manifest, replace=replace)
-    resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
-    if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
-        storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
-    return Submitted(spec, manifest, storage, backend, packed, uploaded)
+    with contextlib.suppress(XrunError):  # without it the run lists the old way (reads)
+        summary.write_run(storage, spec.name, {
+            "name": spec.name, "backend": spec.backend_name, "accelerator": spec.accelerator,
+            "submitted_at": record["submitted_at"], "labels": run_labels(spec.to_dict(), spec.name)})
+    code.settle(storage, spec.code_sha256, packed)  # a gc or purge deciding on it: its archive is back
+    return record, uploaded
 
 
 def _preflight(backend: Backend) -> None:
@@ -375,7 +396,7 @@ def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool,
                         f"(pids {', '.join(map(str, pids[:8]))}); 'xrun delete {spec.name}' first")
     if procs:  # nothing live: a local delete only removes what a lost supervisor left (pod folders)
         backend.delete(spec.name, wait=True)
-    storage.delete_prefix(Layout.run(spec.name))
+    purge_run(storage, spec.name)
 
 
 def _retire(storage: Storage, spec: RunSpec, force: bool) -> None:
@@ -421,10 +442,29 @@ def _open(root: str) -> Storage:
 
 def status(storage: Storage, name: str, context: str | None = None,
            namespace: str | None = None, warn: Any = None) -> dict[str, Any]:
-    """Everything known about a run (the dict ``xrun status -o json`` prints)."""
-    backend = backend_of(storage, name, context, namespace)
-    live = observe(storage, name, backend, warn)
-    rec = read_stored_run(storage, name)
+    """Everything known about a run (the dict ``xrun status -o json`` prints). A cluster
+    run whose state.json says it succeeded or failed is over: its backend is not asked (no
+    JobSet or pod listing); ``record_state`` recorded its hosts when it ended. (A local
+    run's backend is asked: it is cheap, and only it knows what a lost supervisor left.)"""
+    check_run_name(name)
+    try:
+        rec = read_stored_run(storage, name)  # run.json read once: the backend is named there
+    except XrunError:
+        run_info(storage, name)  # no such run: the message every command gives
+        raise
+    if not (rec.run_info or rec.state_info or rec.problems):
+        run_info(storage, name)
+    backend = _backend_for_run(rec.run_info, storage, context, namespace)
+    recorded = rec.state_info
+    hosts = recorded.get("hosts") or {}
+    ended = (backend.name != "local" and not rec.problems
+             and recorded.get("state") in (SUCCEEDED, FAILED)
+             and all((h or {}).get("state") not in ("Running", "Pending") for h in hosts.values()))
+    live = None if ended else observe(storage, name, backend, warn)
+    if live is not None and (live.state, live.restarts) != (rec.state, rec.restarts):
+        state = _read(storage, Layout.state(name))  # observe recorded the change: its transition
+        if state is not None:
+            apply_state(rec, state)
     return run_view(storage, rec, live)
 
 
@@ -512,50 +552,44 @@ LIST_THREADS = 8  # below the storage client's connection pool (10)
 
 def list_runs(storage: Storage, cluster: Backend | None = None,
               where: RunFilter | None = None) -> list[dict[str, Any]]:
-    """Every run under the root, newest first; with ``cluster`` its JobSets are merged in."""
+    """Every run under the root, newest first; with ``cluster`` its JobSets are merged in.
+
+    One listing of ``runs/`` and one of ``summaries/`` (``xrun_contract.summary``) serve
+    every run that keeps a summary; a run without one (written by an older xrun) is read
+    as before: run.json, state.json and its newest metrics chunks."""
     _, prefixes = storage.list(Layout.RUNS)
     names = [n for p in prefixes if RUN_NAME_RE.fullmatch(n := p.rsplit("/", 1)[-1])]
+    summaries = summary.read_all(storage)
 
-    def read(name: str) -> RunRecord | None:
+    def read(name: str) -> dict[str, Any] | None:
+        s = summaries.get(name)
+        if s is not None and s.run is not None:
+            return _summary_row(storage, s)
         try:
             rec = read_stored_run(storage, name, metrics=False)
         except XrunError:
             return None  # a folder with nothing of a run in it
         _latest_steps(storage, rec)
-        return rec
+        return _record_row(rec)
 
-    # A few small reads per run, independent: in parallel (1,000 runs one after the other
-    # is 5,000 round trips in a row).
+    # Runs without a summary take a few small reads each, independent: in parallel (1,000
+    # runs one after the other is 5,000 round trips in a row).
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(LIST_THREADS) as pool:
-        records = [r for r in pool.map(read, names) if r is not None]
+        rows = [r for r in pool.map(read, names) if r is not None]
     runs = []
     local: Backend | None = None  # made once, for the first live local run
-    for r in records:
-        state = r.state or ("Pending" if r.run_info else "Unknown")
-        if r.run_info.get("backend", "local") == "local" and not is_terminal(state) and not r.problems:
+    for row in rows:
+        if row["backend"] in ("local", "") and not is_terminal(row["state"]) and "message" not in row:
             # As status sees it: a supervisor killed with -9 left state.json saying Running;
             # the local backend knows it is gone (Failed). list only reads (status records).
             with contextlib.suppress(XrunError):
                 local = local or backend_for("local", storage.root)
-                live = local.status(r.name)
+                live = local.status(row["name"])
                 if live is not None:
-                    state = live.state
-        fig = figures.progress(r, state)
-        runs.append({
-            "name": r.name,
-            "state": state,
-            "backend": r.run_info.get("backend", ""),
-            "accelerator": r.spec.get("accelerator", ""),
-            "submitted_at": r.submitted_at,
-            "restarts": r.restarts,
-            "step": fig["step"],
-            "total_steps": r.total_steps,
-            "loss": fig["loss"],
-            "labels": run_labels(r.spec, r.name),
-            **({"message": "; ".join(r.problems)} if r.problems else {}),
-        })
+                    row["state"] = live.state
+        runs.append(row)
     if cluster is not None:
         by_name = {r["name"]: r for r in runs}
         for item in cluster.list():
@@ -572,6 +606,51 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
         now = time.time()
         runs = [r for r in runs if matches(r, where, now)]
     return runs
+
+
+def _record_row(r: RunRecord) -> dict[str, Any]:
+    """A list row from run.json, state.json and the newest metrics (a run with no summary)."""
+    state = r.state or ("Pending" if r.run_info else "Unknown")
+    fig = figures.progress(r, state)
+    return {
+        "name": r.name,
+        "state": state,
+        "backend": r.run_info.get("backend", ""),
+        "accelerator": r.spec.get("accelerator", ""),
+        "submitted_at": r.submitted_at,
+        "restarts": r.restarts,
+        "step": fig["step"],
+        "total_steps": r.total_steps,
+        "loss": fig["loss"],
+        "labels": run_labels(r.spec, r.name),
+        **({"message": "; ".join(r.problems)} if r.problems else {}),
+    }
+
+
+def _summary_row(storage: Storage, s: summary.RunSummary) -> dict[str, Any]:
+    """A list row from a run's summary parts: no read. A run that ran but has no metrics
+    part (a workload that keeps none: another program, an older image) reads its newest
+    metrics chunks as before."""
+    run, st = s.run or {}, s.state
+    state = str(st.get("state") or "Pending")
+    fig = s.figures()
+    if not s.has_metrics and state != "Pending":
+        rec = RunRecord(name=s.name)
+        _latest_steps(storage, rec)
+        steps = figures.progress(rec, state)
+        fig = {"step": steps["step"], "loss": steps["loss"], "total_steps": rec.total_steps}
+    return {
+        "name": s.name,
+        "state": state,
+        "backend": str(run.get("backend") or "local"),
+        "accelerator": str(run.get("accelerator") or ""),
+        "submitted_at": run.get("submitted_at"),
+        "restarts": int(st.get("restarts") or 0),
+        "step": fig["step"],
+        "total_steps": fig["total_steps"],
+        "loss": fig["loss"],
+        "labels": dict(run.get("labels") or {}),
+    }
 
 
 _STEP_RECORD = re.compile(r'"kind":\s*"step"')
@@ -637,10 +716,18 @@ def delete(storage: Storage, name: str, *, purge: bool = False, wait: bool = Tru
     out = Deleted(stopped, url=storage.url(Layout.run(name)), found=str(getattr(backend, "found", "") or ""))
     if purge:
         sha = ((storage.read_json(Layout.run_json(name)) or {}).get("spec") or {}).get("code_sha256", "")
-        out.purged = storage.delete_prefix(Layout.run(name))
+        out.purged = purge_run(storage, name)
         # Its shipped tree too, unless another run still names it.
         out.code_removed = sha if sha and code.release(storage, name, sha) else ""
     return out
+
+
+def purge_run(storage: Storage, name: str) -> int:
+    """Remove a run's stored data: its summary first, then its folder (run.json last:
+    ``Storage.delete_prefix``), so a new submit of the name, which can only begin once
+    run.json is gone, writes nothing this removes."""
+    storage.delete_prefix(Layout.summaries(name))
+    return storage.delete_prefix(Layout.run(name))
 
 
 def stop(backend: Backend, name: str) -> bool:

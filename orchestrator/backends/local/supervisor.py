@@ -61,6 +61,7 @@ from xrun_contract import (
     Env,
     Layout,
     host_id,
+    summary,
 )
 from xrun_contract.errors import EXIT_FAILED, XrunError, exit_code_of_returncode
 from xrun_contract.k8s import Annotations, JobFailureReasons, Labels
@@ -480,6 +481,7 @@ class Supervisor:
                 data, version = self._unwritten, self._version
             try:
                 self.storage.write_bytes(Layout.state(self.name), data)
+                summary.write_state(self.storage, self.name, json.loads(data))  # what list reads
             except Exception as e:  # noqa: BLE001 - nothing here may end the run's supervision
                 fault = classify_storage_error(e)
                 # A refused connection or a failed DNS lookup may heal: retried, as an outage.
