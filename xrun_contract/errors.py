@@ -14,7 +14,9 @@ EXIT_USAGE = 2  # bad input: nothing was submitted or written
 EXIT_UNREACHABLE = 3  # cluster or storage root unreachable (or refusing our credentials)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): the run goes on
 
-# `xrun wait` (xpk's convention for scripts): 0 succeeded, 124 timed out, 125 failed.
+# `xrun wait` (xpk's convention for scripts): 0 succeeded, 124 timed out, 125 failed; and
+# xrun's own 123: the run is still Running but stalled (no progress past its stall limit).
+EXIT_WAIT_STALLED = 123
 EXIT_WAIT_TIMEOUT = 124
 EXIT_WAIT_FAILED = 125
 

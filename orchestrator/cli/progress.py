@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from orchestrator.cli.screen import _duration
-from orchestrator.readers.figures import WINDOW
+from orchestrator.readers.figures import WINDOW, stall_text
 from xrun_contract import HEADER_RE, STEP_RE, host_prefix, significant
 
 # Lines that are noise on a terminal: Gloo's connection chatter (gloo/transport), absl /
@@ -78,6 +78,8 @@ def _tokens(x: float | None) -> str:
 def progress_parts(view: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) pairs of the progress line, in order; shared by both renderings."""
     parts: list[tuple[str, str]] = [("", str(view.get("phase") or view["state"].lower()))]
+    if view.get("stall"):
+        parts.append(("stalled:", stall_text(view["stall"])))
     since = view.get("phase_since")
     if since is not None and view.get("phase") not in ("training", "checkpointing"):
         parts.append(("for", _duration(max(0.0, time.time() - since))))

@@ -559,22 +559,29 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
 def wait(name: str, storage: str | None, timeout_s: float | None, context: str | None,
          namespace: str | None) -> int:
     """Wait for a run to end, for scripts; exit codes as xpk's: 0 succeeded, 124 timed out,
-    125 failed (or deleted); 2 no such run; 3 cluster or storage unreachable.
+    125 failed (or deleted); and 123 stalled: still Running but no progress past its stall
+    limit (see 'xrun status'; the run is left running); 2 no such run; 3 cluster or storage
+    unreachable.
 
     \b
     Examples:
       xrun submit -f run.yaml --detach && xrun wait mt-07 --timeout 3600
       xrun wait mt-07; echo $?
     """
-    from xrun_contract.errors import EXIT_WAIT_FAILED, EXIT_WAIT_TIMEOUT
+    from orchestrator.readers.figures import stall_text
+    from xrun_contract.errors import EXIT_WAIT_FAILED, EXIT_WAIT_STALLED, EXIT_WAIT_TIMEOUT
 
     st = open_storage(storage)
     outcome = runs.wait(st, name, timeout_s, context, namespace, warn=warn)
     if outcome is None:
         info(f"{name}: still running after {timeout_s:g}s")
         return EXIT_WAIT_TIMEOUT
-    info(f"{name}: {outcome}")
-    return EXIT_OK if outcome == SUCCEEDED else EXIT_WAIT_FAILED
+    if outcome.state == runs.STALLED and outcome.stall is not None:
+        info(f"{name}: stalled: {stall_text(outcome.stall)}, past its limit of "
+             f"{outcome.stall['limit_seconds']:.0f}s; it is still running ('xrun delete {name}' stops it)")
+        return EXIT_WAIT_STALLED
+    info(f"{name}: {outcome.state}")
+    return EXIT_OK if outcome.state == SUCCEEDED else EXIT_WAIT_FAILED
 
 
 @click.command()

@@ -22,9 +22,11 @@ import yaml
 
 from manifests.jobset import jobset
 from manifests.spec import RunSpec, check_cluster_xrun_image
+from orchestrator import settings
 from orchestrator.backends.base import Backend, BackendStatus
 from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
+from orchestrator.readers.figures import stall
 from orchestrator.readers.loaders import StoredRun, read_stored_run
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
@@ -425,20 +427,36 @@ def status(storage: Storage, name: str, context: str | None = None,
     backend = backend_of(storage, name, context, namespace)
     live = observe(storage, name, backend, warn)
     rec = read_stored_run(storage, name)
-    return run_view(storage, rec, live)
+    return run_view(storage, rec, live, stall_floor=settings.stall_floor())
+
+
+STALLED = "Stalled"  # wait's and the nightly's outcome for a run that stopped making progress
+
+
+@dataclass
+class WaitOutcome:
+    state: str  # a terminal state, or STALLED
+    stall: dict[str, Any] | None = None  # figures.stall's finding when STALLED
 
 
 def wait(storage: Storage, name: str, timeout_s: float | None = None, context: str | None = None,
-         namespace: str | None = None, warn: Any = None, poll_seconds: float = 1.0) -> str | None:
-    """The run's end state once it ended, or None when ``timeout_s`` passed first."""
+         namespace: str | None = None, warn: Any = None, poll_seconds: float = 1.0) -> WaitOutcome | None:
+    """The run's end state once it ended, STALLED once it stopped making progress
+    (``figures.stall``: it is left running), or None when ``timeout_s`` passed first."""
     run_info(storage, name)  # no such run: exit 2 at once
+    floor = settings.stall_floor()
     backend = backend_of(storage, name, context, namespace)
+    reader = StoredRun(storage, name)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         live = observe(storage, name, backend, warn)
-        state = live.state if live is not None else (read_stored_run(storage, name, metrics=False).state or "")
+        rec = reader.poll()
+        state = live.state if live is not None else (rec.state or "")
         if is_terminal(state):
-            return state
+            return WaitOutcome(state)
+        found = stall(rec, state, live.restarts if live is not None else rec.restarts, time.time(), floor)
+        if found is not None:
+            return WaitOutcome(STALLED, found)
         if deadline is not None and time.monotonic() >= deadline:
             return None
         time.sleep(poll_seconds if deadline is None else max(0.0, min(poll_seconds, deadline - time.monotonic())))
@@ -447,7 +465,7 @@ def wait(storage: Storage, name: str, timeout_s: float | None = None, context: s
 def live_view(reader: StoredRun, backend: Backend, warn: Any = None) -> dict[str, Any]:
     """One refresh of a followed run: the backend's view, then storage's (incrementally)."""
     live = observe(reader.storage, reader.name, backend, warn)
-    return run_view(reader.storage, reader.poll(), live)
+    return run_view(reader.storage, reader.poll(), live, stall_floor=settings.stall_floor())
 
 
 # kubectl -l syntax, equality-based (apimachinery labels/selector.go Parse): key=value,

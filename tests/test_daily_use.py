@@ -1,0 +1,196 @@
+"""Daily use as a new user meets it (issue #39): a relative storage root, storage that cannot
+be reached, an empty or misnamed root, a run that stops making progress, small screen
+wording.
+
+The stall and the relative root share one real local run (the issue's repro: the README's
+nightly repository shipped with ``--workdir .``, ``--storage ./relstore``): once it has
+committed a checkpoint its workload container's process group is frozen with SIGSTOP, and
+``wait``, ``status`` and the follow's progress line must say so; the group is resumed and
+killed, and the run deleted, whatever the test found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_helpers import REPO, xrun, xrun_env
+
+from orchestrator.backends.local.backend import run_processes
+from orchestrator.readers.checkpoints import list_checkpoints
+from orchestrator.readers.loaders import StoredRun
+from xrun_contract import Layout
+from xrun_contract.storage import open_storage
+
+NAME = "nb-rel"
+
+
+def _poll(condition, timeout: float, what: str, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _workload_pgid(root: Path) -> int | None:
+    """The process group of the run's workload container (the one running train.py): the
+    only processes this test freezes."""
+    for pid in run_processes(str(root), NAME):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(part.endswith(b"train.py") for part in cmd) and b"-c" not in cmd[:2]:
+            with contextlib.suppress(ProcessLookupError):
+                return os.getpgid(pid)
+    return None
+
+
+@pytest.fixture(scope="module")
+def frozen_run(tmp_path_factory):
+    """The issue's repro, detached, frozen once step 5's checkpoint committed."""
+    tmp = tmp_path_factory.mktemp("daily")
+    repo = tmp / "nightly-repo"
+    subprocess.run(["bash", str(REPO / "examples/make-nightly-repo.sh"), str(repo)], check=True,
+                   capture_output=True, cwd=tmp)
+    root = repo / "relstore"  # what ./relstore means where the user typed it
+    env = {"XRUN_STALL_SECONDS": "3"}
+    sub = xrun("submit", "--name", NAME, "--storage", "./relstore", "--accelerator", "cpu-1",
+               "--image", "xrun-workload:dev", "--workdir", ".", "--detach", "--command",
+               "python3 train.py --preset tiny steps=100000 checkpoint_every=5",
+               storage=tmp / "unused", cwd=repo, **env)
+    assert sub.returncode == 0, sub.stderr
+    pgid = None
+    try:
+        storage = open_storage(str(root))
+        reader = StoredRun(storage, NAME)
+        _poll(lambda: any(c.state == "committed" for c in list_checkpoints(storage, NAME))
+              and (reader.poll().steps.last_step or 0) > 5, 240,
+              "a committed checkpoint and the steps after it under ./relstore")
+        pgid = _poll(lambda: _workload_pgid(root), 30, "the workload's process group")
+        os.killpg(pgid, signal.SIGSTOP)
+        out = {"tmp": tmp, "repo": repo, "root": root, "submit": sub}
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "logs", NAME, "-f", "--storage", str(root),
+             "--progress-interval", "0.5"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env=xrun_env(root, **env))
+        try:
+            out["wait"] = xrun("wait", NAME, "--timeout", "120", storage=root, **env)
+            out["status_json"] = xrun("status", NAME, "-o", "json", storage=root, **env)
+            out["status"] = xrun("status", NAME, storage=root, **env)
+            lines: list[str] = []
+            assert follow.stderr is not None
+            for line in follow.stderr:  # the stall is past its limit already: the next line says it
+                lines.append(line)
+                if "no step for" in line or len(lines) > 200:
+                    break
+            out["follow"] = "".join(lines)
+        finally:
+            follow.kill()
+            follow.wait()
+        yield out
+    finally:
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGCONT)  # so the deletion's SIGTERM is heard
+        xrun("delete", NAME, storage=root, timeout=120)
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+
+
+def test_a_relative_storage_root_is_where_the_user_named_it(frozen_run):
+    root, repo = frozen_run["root"], frozen_run["repo"]
+    assert f"storage {root}/runs/{NAME}" in frozen_run["submit"].stderr
+    run = json.loads((root / Layout.run_json(NAME)).read_text())
+    assert run["spec"]["storage"] == str(root) and run["storage"] == str(root)
+    manifest = (root / Layout.manifest(NAME)).read_text()
+    assert f"value: {root}\n" in manifest and "value: ./relstore" not in manifest
+    # The pod ran in its unpacked copy of the tree, yet its checkpoints and step records
+    # are in the root the user named.
+    committed = [c.step for c in list_checkpoints(open_storage(str(root)), NAME) if c.state == "committed"]
+    assert committed and all(step % 5 == 0 for step in committed), committed
+    records = [json.loads(ln) for p in sorted((root / Layout.metrics(NAME)).glob("*.jsonl"))
+               for ln in p.read_text().splitlines() if ln.strip()]
+    steps = [r for r in records if r.get("kind") == "step"]
+    assert len(steps) > 5 and steps[0]["step"] >= 1
+    assert not (repo / "relstore" / "relstore").exists()
+
+
+def test_wait_ends_a_stalled_run_with_its_own_code(frozen_run):
+    w = frozen_run["wait"]
+    assert w.returncode == 123, (w.returncode, w.stderr)
+    assert f"{NAME}: stalled: no step for" in w.stderr and "(last: step " in w.stderr, w.stderr
+    assert "Traceback" not in w.stderr
+
+
+def test_status_and_the_follow_say_no_step_for(frozen_run):
+    view = json.loads(frozen_run["status_json"].stdout)
+    assert view["state"] == "Running"
+    stall = view["stall"]
+    assert stall["last_step"] >= 5 and stall["seconds"] > stall["limit_seconds"] >= 3
+    assert "no step for" in frozen_run["status"].stdout
+    assert f"(last: step {stall['last_step']})" in frozen_run["status"].stdout or \
+        "(last: step " in frozen_run["status"].stdout
+    assert "stalled: no step for" in frozen_run["follow"], frozen_run["follow"][-2000:]
+
+
+def _one_line_exit_3(proc: subprocess.CompletedProcess, root: str) -> None:
+    assert proc.returncode == 3, (proc.returncode, proc.stderr[-3000:])
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("xrun: error: storage: ") and root in lines[0], lines
+    assert "Traceback" not in proc.stderr
+
+
+def test_gcs_without_credentials_or_endpoint_is_one_line_exit_3(tmp_path):
+    """No Google credentials (none configured, or a credentials file that is not there), and
+    an endpoint that accepts connections but never answers: one line, exit 3, no traceback."""
+    root = "gs://no-such-bucket/x"
+    home = tmp_path / "home"
+    home.mkdir()
+    bare = {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
+    no_creds = {**bare, "HOME": str(home), "CLOUDSDK_CONFIG": str(home / "gcloud"),
+                "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
+    no_creds.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+    missing_file = {**no_creds, "GOOGLE_APPLICATION_CREDENTIALS": str(home / "no-such-key.json")}
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(1)  # connections complete in the kernel; nothing ever answers
+    endpoint = {**os.environ, "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+    cases = {
+        "list": (["list"], no_creds),
+        "submit": (["submit", "--name", "mt-07", "--accelerator", "cpu-1", "--image", "img", "--command", "true"],
+                   missing_file),
+        "silent endpoint": (["status", "mt-07", "--storage-timeout", "1"], endpoint),
+    }
+    procs = {}
+    try:
+        for what, (args, env) in cases.items():
+            procs[what] = subprocess.Popen(
+                [sys.executable, "-m", "orchestrator.cli", *args, "--storage", root,
+                 *(["--storage-timeout", "5"] if "--storage-timeout" not in args else [])],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                env={**xrun_env(root), **{k: v for k, v in env.items() if not k.startswith("XRUN_")},
+                     "PYTHONPATH": str(REPO)})
+        for what, p in procs.items():
+            out, err = p.communicate(timeout=90)
+            _one_line_exit_3(subprocess.CompletedProcess(p.args, p.returncode, out, err), root)
+            if what != "silent endpoint":
+                assert "no usable Google credentials" in err and "GOOGLE_APPLICATION_CREDENTIALS" in err, err
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        silent.close()
