@@ -146,51 +146,71 @@ def test_status_and_the_follow_say_no_step_for(frozen_run):
     assert "stalled: no step for" in frozen_run["follow"], frozen_run["follow"][-2000:]
 
 
-def _one_line_exit_3(proc: subprocess.CompletedProcess, root: str) -> None:
-    assert proc.returncode == 3, (proc.returncode, proc.stderr[-3000:])
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("xrun: error: storage: ") and root in lines[0], lines
-    assert "Traceback" not in proc.stderr
-
-
-def test_gcs_without_credentials_or_endpoint_is_one_line_exit_3(tmp_path):
+def test_gcs_without_credentials_or_endpoint_is_one_line_exit_3(tmp_path, capsys, monkeypatch):
     """No Google credentials (none configured, or a credentials file that is not there), and
     an endpoint that accepts connections but never answers: one line, exit 3, no traceback."""
     root = "gs://no-such-bucket/x"
     home = tmp_path / "home"
     home.mkdir()
-    bare = {k: v for k, v in os.environ.items() if k != "STORAGE_EMULATOR_HOST"}
-    no_creds = {**bare, "HOME": str(home), "CLOUDSDK_CONFIG": str(home / "gcloud"),
-                "GCE_METADATA_HOST": "127.0.0.1:9", "GCE_METADATA_IP": "127.0.0.1:9"}
-    no_creds.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
-    missing_file = {**no_creds, "GOOGLE_APPLICATION_CREDENTIALS": str(home / "no-such-key.json")}
+    for key in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "XRUN_STORAGE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("XRUN_STORAGE_TIMEOUT", "5")  # restored after: --storage-timeout sets it
+    for key, value in (("HOME", str(home)), ("CLOUDSDK_CONFIG", str(home / "gcloud")), ("NO_GCE_CHECK", "True")):
+        monkeypatch.setenv(key, value)  # no gcloud config, and not on GCE (a CI runner may be)
+
+    def one_line_exit_3(*args: str) -> str:
+        code, out, err = _cli(capsys, *args, "--storage", root)
+        lines = err.strip().splitlines()
+        assert code == 3 and not out and len(lines) == 1, (code, out, err)
+        assert lines[0].startswith("xrun: error: storage: ") and root in lines[0] and "Traceback" not in err
+        return lines[0]
+
+    for args in (["list", "--storage-timeout", "5"], ["status", "mt-07", "--storage-timeout", "5"]):
+        line = one_line_exit_3(*args)
+        assert "no usable Google credentials" in line and "gcloud auth application-default login" in line, line
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(home / "no-such-key.json"))
+    line = one_line_exit_3("submit", "--name", "mt-07", "--accelerator", "cpu-1", "--image", "img",
+                           "--command", "true", "--storage-timeout", "5")
+    assert "no-such-key.json was not found" in line, line
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(1)  # connections complete in the kernel; nothing ever answers
-    endpoint = {**os.environ, "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{silent.getsockname()[1]}"}
-    cases = {
-        "list": (["list"], no_creds),
-        "submit": (["submit", "--name", "mt-07", "--accelerator", "cpu-1", "--image", "img", "--command", "true"],
-                   missing_file),
-        "silent endpoint": (["status", "mt-07", "--storage-timeout", "1"], endpoint),
-    }
-    procs = {}
     try:
-        for what, (args, env) in cases.items():
-            procs[what] = subprocess.Popen(
-                [sys.executable, "-m", "orchestrator.cli", *args, "--storage", root,
-                 *(["--storage-timeout", "5"] if "--storage-timeout" not in args else [])],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                env={**xrun_env(root), **{k: v for k, v in env.items() if not k.startswith("XRUN_")},
-                     "PYTHONPATH": str(REPO)})
-        for what, p in procs.items():
-            out, err = p.communicate(timeout=90)
-            _one_line_exit_3(subprocess.CompletedProcess(p.args, p.returncode, out, err), root)
-            if what != "silent endpoint":
-                assert "no usable Google credentials" in err and "GOOGLE_APPLICATION_CREDENTIALS" in err, err
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{silent.getsockname()[1]}")
+        line = one_line_exit_3("list", "--storage-timeout", "1")
+        assert "timed out" in line.lower() or "timeout" in line.lower(), line
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait()
         silent.close()
+
+
+def _cli(capsys, *args: str) -> tuple[int, str, str]:
+    """The CLI in this process (no interpreter start): exit code, stdout, stderr."""
+    from orchestrator.cli import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_an_empty_or_misnamed_root_says_so_and_names_close_runs(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("XRUN_STORAGE", raising=False)
+    root = tmp_path / "xrun"
+    (root / "runs" / "mt-07").mkdir(parents=True)
+    (root / "runs" / "mt-07" / "run.json").write_text(json.dumps(
+        {"name": "mt-07", "backend": "local", "submitted_at": time.time(), "spec": {"name": "mt-07"}}))
+    (root / "runs" / "mt-07" / "state.json").write_text(json.dumps({"state": "Succeeded", "backend": "local"}))
+    code, out, err = _cli(capsys, "list", "--storage", str(root))
+    assert code == 0 and "mt-07" in out and not err
+    for given, hint in [(tmp_path / "nope", f"{tmp_path / 'nope'} does not exist"),
+                        (root / "runs", f"did you mean --storage {root}?"),
+                        (root / "runs" / "mt-07", f"its storage root is {root}")]:
+        code, out, err = _cli(capsys, "list", "--storage", str(given))
+        assert (code, out) == (0, ""), (code, out, err)
+        assert err.startswith(f"xrun: No runs found under {given} (") and err.endswith(f"{hint})\n"), err
+    code, out, err = _cli(capsys, "list", "--storage", str(root), "--state", "Failed")
+    assert (code, out, err) == (0, "", f"xrun: No runs found under {root} matching the filters\n")
+    code, out, err = _cli(capsys, "status", "mt-7", "--storage", str(root))
+    assert code == 2 and err == f"xrun: error: run: no run named 'mt-7' under {root}; did you mean mt-07?\n", err
+    code, out, err = _cli(capsys, "status", "zz", "--storage", str(root))
+    assert code == 2 and "see 'xrun list'" in err and "did you mean" not in err

@@ -528,6 +528,11 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
     if fmt in ("json", "yaml"):
         click.echo(dump(items, fmt), nl=False)
         return EXIT_OK
+    if not items:  # kubectl's "No resources found in NAMESPACE namespace.", on stderr
+        hint = runs.root_hint(st) if where.empty and cluster is None else ""
+        info(f"No runs found under {st.root}" + (" matching the filters" if not where.empty else "")
+             + (f" ({hint})" if hint else ""))
+        return EXIT_OK
     wide = fmt == "wide"
     cols = ["NAME", "STATE", "STEP", "LOSS", "AGE"]
     if wide:

@@ -10,7 +10,9 @@ pods, the processes or the JobSet are gone.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
+import os
 import re
 import shlex
 import time
@@ -92,8 +94,45 @@ def run_info(storage: Storage, name: str) -> dict[str, Any]:
     check_run_name(name)
     run, run_problem = _read_record(storage, Layout.run_json(name))
     if run is None and not run_problem and _read_record(storage, Layout.state(name)) == (None, None):
-        raise XrunError(f"run: no run named {name!r} under {storage.root} (see 'xrun list')")
+        close = difflib.get_close_matches(name, _run_names(storage), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "see 'xrun list'"
+        where = root_hint(storage)
+        raise XrunError(f"run: no run named {name!r} under {storage.root}; {hint}" + (f" ({where})" if where else ""))
     return run or {}
+
+
+def _run_names(storage: Storage) -> list[str]:
+    """The names of the run folders under the root (one delimiter listing)."""
+    try:
+        _, prefixes = storage.list(Layout.RUNS)
+    except StorageError:
+        return []
+    return [n for p in prefixes if RUN_NAME_RE.fullmatch(n := p.rstrip("/").rsplit("/", 1)[-1])]
+
+
+def root_hint(storage: Storage) -> str:
+    """Why a root holds no runs, when it looks like a mistake: it is itself a run's folder
+    or a ``runs`` folder (a root given a level or two too deep), or it does not exist (a
+    local folder). '' when nothing suggests a better root."""
+    try:
+        if storage.exists_object("run.json"):
+            return f"{storage.root} is a run's folder; its storage root is {_parent(storage.root, 2)}"
+        _, prefixes = storage.list("")
+        for p in prefixes[:20]:
+            if storage.exists_object(f"{p.rstrip('/')}/run.json"):
+                return f"{storage.root} holds run folders itself; did you mean --storage {_parent(storage.root, 1)}?"
+    except StorageError:
+        return ""
+    if not storage.root.startswith("gs://") and not os.path.isdir(storage.root):
+        return f"{storage.root} does not exist"
+    return ""
+
+
+def _parent(root: str, levels: int) -> str:
+    for _ in range(levels):
+        head, _sep, _tail = root.rstrip("/").rpartition("/")
+        root = head if head and not head.endswith(":/") else root
+    return root
 
 
 def backend_of(storage: Storage, name: str, context: str | None = None,
