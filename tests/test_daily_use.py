@@ -214,3 +214,82 @@ def test_an_empty_or_misnamed_root_says_so_and_names_close_runs(tmp_path, capsys
     assert code == 2 and err == f"xrun: error: run: no run named 'mt-7' under {root}; did you mean mt-07?\n", err
     code, out, err = _cli(capsys, "status", "zz", "--storage", str(root))
     assert code == 2 and "see 'xrun list'" in err and "did you mean" not in err
+
+
+def _record(now: float, last_step_age: float, restarts_seen: int = 0):
+    """A run that logged steps 1..10 (0.1 s each, the first 5 s: compilation), the last
+    ``last_step_age`` seconds before ``now``, and committed step 5 in 2 s."""
+    from orchestrator.readers.record import RunRecord
+
+    rec = RunRecord(name="r")
+    t0 = now - last_step_age - 1.0
+    for step in range(1, 11):
+        rec.steps.append(step, 5.0 if step == 1 else 0.1, 0.0, 1.0, 1.0, time=now - last_step_age - (10 - step) / 10,
+                         attempt=0)
+    rec.add_checkpoint("committed", 5, 2.0, 0, time=t0 + 0.6)
+    rec.phases.append({"phase": "first_step", "seconds": 12.0, "attempt": 0, "time": t0})
+    rec.restarts = restarts_seen
+    return rec
+
+
+def test_the_stall_limit_comes_from_the_runs_own_times():
+    from orchestrator.readers.figures import stall, stall_text
+
+    now = 1_000_000.0
+    found = stall(_record(now, 30.0), "Running", 0, now, floor=3.0)
+    # max(floor 3, 10 x slowest step 0.1 (the compile step left out), 2 x the 2 s save) = 4 s
+    assert found is not None and found["limit_seconds"] == 4.0 and "longest save" in found["limit_from"]
+    assert found["last_step"] == 10 and found["seconds"] == 30.0
+    assert stall_text(found) == "no step for 30s (last: step 10)"
+    assert stall(_record(now, 3.5), "Running", 0, now, floor=3.0) is None  # within 2 x the save
+    assert stall(_record(now, 30.0), "Running", 0, now, floor=60.0) is None  # the floor
+    assert stall(_record(now, 30.0), "Running", 0, now, floor=0.0) is None  # off
+    for state in ("Pending", "Restarting", "Succeeded", "Failed"):
+        assert stall(_record(now, 30.0), state, 0, now, floor=3.0) is None
+    # A restart with no step yet: 2 x the longest start-up (12 s to the first step), from
+    # its newest sign of life (the restart's transition, then its phase records).
+    rec = _record(now, 100.0, restarts_seen=1)
+    rec.transitions.append({"state": "Running", "time": now - 20.0})
+    assert stall(rec, "Running", 1, now, floor=3.0) is None  # 20 s < 24 s
+    rec.transitions[-1]["time"] = now - 30.0
+    late = stall(rec, "Running", 1, now, floor=3.0)
+    assert late is not None and late["limit_seconds"] == 24.0 and "start-up" in late["limit_from"]
+    assert stall_text(late) == "no step for 1m40s (last: step 10)"
+    rec.phases.append({"phase": "initialized", "seconds": 5.0, "attempt": 1, "time": now - 2.0})
+    assert stall(rec, "Running", 1, now, floor=3.0) is None
+
+
+def test_a_nightly_deletes_a_stalled_run_and_goes_on(tmp_path, monkeypatch):
+    """nightly.follow: a Running run past its stall limit is deleted and recorded Stalled."""
+    from types import SimpleNamespace
+
+    from orchestrator.backends.base import BackendStatus
+    from orchestrator.services import nightly
+    from orchestrator.services import runs as runs_service
+
+    root = tmp_path / "store"
+    folder = root / "runs" / "n-1"
+    (folder / "metrics").mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"name": "n-1", "backend": "local", "spec": {"name": "n-1"}}))
+    t0 = time.time() - 60
+    (folder / "metrics" / "attempt-000-00000000-w.jsonl").write_text("".join(
+        json.dumps({"kind": "step", "step": s, "seconds": 0.1, "loss": 1.0, "attempt": 0, "time": t0 + s}) + "\n"
+        for s in range(1, 6)))
+    deleted: list[str] = []
+
+    class Backend:
+        name = "local"
+
+        def status(self, name: str) -> BackendStatus:
+            return BackendStatus(state="Running", restarts=0)
+
+        def delete(self, name: str, wait: bool = True) -> bool:
+            deleted.append(name)
+            return True
+
+    monkeypatch.setattr(runs_service, "backend_for_spec", lambda spec: Backend())
+    monkeypatch.setenv("XRUN_STALL_SECONDS", "5")
+    run = SimpleNamespace(name="n-1", spec=SimpleNamespace(storage=str(root)))
+    out = nightly.follow(run, timeout_s=600, poll_s=0.05)  # type: ignore[arg-type]
+    assert out.state == "Stalled" and deleted == ["n-1"]
+    assert out.message.startswith("no step for ") and out.message.endswith("(last: step 5): deleted")
