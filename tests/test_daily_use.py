@@ -126,6 +126,8 @@ def test_a_relative_storage_root_is_where_the_user_named_it(frozen_run):
     steps = [r for r in records if r.get("kind") == "step"]
     assert len(steps) > 5 and steps[0]["step"] >= 1
     assert not (repo / "relstore" / "relstore").exists()
+    state = json.loads((root / Layout.state(NAME)).read_text())
+    assert state["transitions"][0]["reason"] == "attempt 0: 1 pod started"
 
 
 def test_wait_ends_a_stalled_run_with_its_own_code(frozen_run):
@@ -293,3 +295,67 @@ def test_a_nightly_deletes_a_stalled_run_and_goes_on(tmp_path, monkeypatch):
     out = nightly.follow(run, timeout_s=600, poll_s=0.05)  # type: ignore[arg-type]
     assert out.state == "Stalled" and deleted == ["n-1"]
     assert out.message.startswith("no step for ") and out.message.endswith("(last: step 5): deleted")
+
+
+def test_small_screen_wording(tmp_path):
+    """'1 pod started', parameter counts in a unit that shows them, a restart's reason in the
+    plain progress line, and two ranks' Gloo lines glued then split kept out as noise."""
+    from orchestrator.cli.progress import LineFilter, plain_progress
+    from orchestrator.readers.loaders import read_log_file
+    from xrun_contract import format_params_line
+
+    assert [format_params_line(n) for n in (853_100_000, 106_816, 42_816)] == [
+        "number parameters: 0.853 billion", "number parameters: 0.107 million", "number parameters: 42,816"]
+    for n, text in ((106_816, "0.107 million"), (42_816, "42,816"), (853_100_000, "0.853 billion")):
+        log = tmp_path / f"{n}.log"
+        log.write_text(format_params_line(n) + "\n")
+        rec = read_log_file(log)
+        assert rec.params_text == text and abs((rec.params or 0) - n) <= 0.005 * n, (rec.params, rec.params_text)
+    keep = LineFilter().keep
+    glued = ["[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1[Gloo] Rank ",
+             "0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1",
+             "nk 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"]
+    assert not any(keep(line) for line in glued)
+    assert keep("10 is connected to the data server") and keep("completed step: 3, loss: 2.5")
+    view = {"name": "mt-07", "state": "Running", "phase": "starting", "phase_since": None, "step": 30,
+            "total_steps": 100, "loss": 2.5, "tokens_per_s": 1000.0, "eta_seconds": None,
+            "latest_checkpoint": None, "checkpoints_in_progress": [], "restarts": 3,
+            "transitions": [{"state": "Running", "reason": "attempt 0: 1 pod started"},
+                            {"state": "Restarting", "reason": "host 0-0 exited with code 42; restart 3/3"}],
+            "stall": {"seconds": 2165.0, "last_step": 30, "limit_seconds": 600.0}}
+    line = plain_progress(view)
+    assert "| restarts 3 (last: host 0-0 exited with code 42; restart 3/3)" in line, line
+    assert "starting | stalled: no step for 36m05s (last: step 30) |" in line, line
+
+
+def test_logs_by_attempt_exclude_and_kubectls_verbs(tmp_path, capsys, monkeypatch):
+    """logs --previous / --attempt N / --exclude on a stored run with a restart; get and
+    describe answer as list and status."""
+    monkeypatch.delenv("XRUN_STORAGE", raising=False)
+    root = tmp_path / "xrun"
+    run = root / "runs" / "rs-1"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"name": "rs-1", "backend": "local", "submitted_at": time.time(),
+                                              "spec": {"name": "rs-1", "accelerator": "cpu-1"}}))
+    (run / "state.json").write_text(json.dumps({"state": "Succeeded", "backend": "local", "restarts": 1}))
+    for attempt, lines in ((0, ["first try", "noisy line", "died"]), (1, ["second try", "noisy again"])):
+        chunk = run / "logs" / "0-0" / f"attempt-{attempt:03d}" / "00000000-w.log"
+        chunk.parent.mkdir(parents=True)
+        chunk.write_text("".join(f"2026-01-02T15:04:0{i}.000000Z {t}\n" for i, t in enumerate(lines)))
+
+    def logs(*args: str) -> tuple[int, list[str], str]:
+        code, out, err = _cli(capsys, "logs", "rs-1", "--no-prefix", "--storage", str(root), *args)
+        return code, out.splitlines(), err
+
+    assert logs("--previous")[:2] == (0, ["first try", "noisy line", "died"])
+    assert logs("--attempt", "1")[:2] == (0, ["second try", "noisy again"])
+    assert logs("--exclude", "nois")[:2] == (0, ["first try", "died", "second try"])
+    assert logs("--previous", "--exclude", "nois", "--tail", "1")[:2] == (0, ["died"])
+    code, _, err = logs("--attempt", "5")
+    assert code == 2 and err == "xrun: error: --attempt: run rs-1 has no attempt 5; attempts logged: 0, 1\n", err
+    code, _, err = logs("--exclude", "(")
+    assert code == 2 and err.startswith("xrun: error: --exclude: '(' is not a regular expression"), err
+    assert _cli(capsys, "get", "--storage", str(root))[1] == _cli(capsys, "list", "--storage", str(root))[1]
+    described = json.loads(_cli(capsys, "describe", "rs-1", "-o", "json", "--storage", str(root))[1])
+    assert described == json.loads(_cli(capsys, "status", "rs-1", "-o", "json", "--storage", str(root))[1])
+    assert described["state"] == "Succeeded" and described["restarts"] == 1

@@ -326,6 +326,9 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @click.option("--tail", type=int, help="Only the last N lines in total (of the merged stream, before following).")
 @click.option("--tail-per-host", type=int, metavar="N", help="Only the last N lines of each host (stern's --tail).")
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax).")
+@click.option("--exclude", "exclude_pattern", metavar="REGEX", help="Drop lines matching this regular expression (stern's --exclude).")
+@click.option("--attempt", type=int, metavar="N", help="Only restart attempt N's lines (0 is the first run).")
+@click.option("-p", "--previous", is_flag=True, help="Only the attempt before the newest (kubectl logs --previous).")
 @click.option("--timestamps", is_flag=True, help="Start each line with its RFC3339 time (when the wrapper read it).")
 @click.option("--prefix/--no-prefix", default=True, show_default=True, help="Prefix lines with [slice-host].")
 @click.option("--color", "colour", type=click.Choice(["auto", "always", "never"]), default="auto",
@@ -334,8 +337,8 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @PROGRESS_INTERVAL
 def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
          since: str | None, since_time: str | None, tail: int | None, tail_per_host: int | None,
-         pattern: str | None, timestamps: bool, prefix: bool, colour: str, verbose: bool,
-         progress_interval: float) -> int:
+         pattern: str | None, exclude_pattern: str | None, attempt: int | None, previous: bool,
+         timestamps: bool, prefix: bool, colour: str, verbose: bool, progress_interval: float) -> int:
     """Print every host's log from storage, merged, each line prefixed by its host.
 
     On a terminal Gloo/absl chatter and wrapper lines are hidden (-v shows them); piped,
@@ -347,6 +350,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
       xrun logs mt-07 --host 0-1 --tail 50
       xrun logs mt-07 --since 1h30m --grep 'loss' --timestamps
       xrun logs mt-07 --since-time 2026-01-02T15:04:05Z --tail-per-host 5
+      xrun logs mt-07 --previous --exclude 'gloo|absl'
     """
     import datetime
 
@@ -368,10 +372,15 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
         raise XrunError(str(e)) from None
     except re.error as e:
         raise XrunError(f"--grep: {pattern!r} is not a regular expression: {e}") from None
+    try:
+        exclude = re.compile(exclude_pattern) if exclude_pattern is not None else None
+    except re.error as e:
+        raise XrunError(f"--exclude: {exclude_pattern!r} is not a regular expression: {e}") from None
     st = open_storage(storage)
     runs.run_info(st, name)
     _warn_corrupt(st, name)
     logs_service.check_hosts(st, name, set(hosts) or None)
+    only_attempt = logs_service.resolve_attempt(st, name, attempt, previous)
     backend = runs.backend_of(st, name)
     tty = Console().is_terminal
     use_colour = colour == "always" or (colour == "auto" and tty)
@@ -387,7 +396,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
     items = logs_service.stamped_log_lines(
         st, name, backend, follow=follow, hosts=set(hosts) or None, since=since_ts,
         tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn,
-        shown=None if screen.filter.verbose else LineFilter().keep)
+        shown=None if screen.filter.verbose else LineFilter().keep, exclude=exclude, attempt=only_attempt)
     try:
         if not follow:
             for host, attempt, t, line in items:
@@ -663,4 +672,14 @@ def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
     return EXIT_OK
 
 
-COMMANDS = (wait, render, submit, status, logs, checkpoints, list_cmd, delete, gc)
+def _alias(command: click.Command, name: str, of: str) -> click.Command:
+    """kubectl's verbs for the same command (``get`` = list, ``describe`` = status)."""
+    return click.Command(name, callback=command.callback, params=list(command.params),
+                         help=f"Same as 'xrun {of}' (kubectl's verb).\n\n{command.help or ''}",
+                         short_help=f"Same as 'xrun {of}'.")
+
+
+get = _alias(list_cmd, "get", "list")
+describe = _alias(status, "describe", "status")
+
+COMMANDS = (wait, render, submit, status, logs, checkpoints, list_cmd, delete, gc, get, describe)

@@ -489,11 +489,17 @@ def wait(storage: Storage, name: str, timeout_s: float | None = None, context: s
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         live = observe(storage, name, backend, warn)
-        rec = reader.poll()
-        state = live.state if live is not None else (rec.state or "")
+        try:
+            rec: RunRecord | None = reader.poll()
+        except XrunError:
+            if live is None:  # neither answers: exit 3
+                raise
+            rec = None  # the backend still knows the state; the stall check waits for storage
+        state = live.state if live is not None else (rec.state if rec is not None else "") or ""
         if is_terminal(state):
             return WaitOutcome(state)
-        found = stall(rec, state, live.restarts if live is not None else rec.restarts, time.time(), floor)
+        found = None if rec is None else stall(rec, state, live.restarts if live is not None else rec.restarts,
+                                               time.time(), floor)
         if found is not None:
             return WaitOutcome(STALLED, found)
         if deadline is not None and time.monotonic() >= deadline:
