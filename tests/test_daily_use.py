@@ -359,3 +359,27 @@ def test_logs_by_attempt_exclude_and_kubectls_verbs(tmp_path, capsys, monkeypatc
     described = json.loads(_cli(capsys, "describe", "rs-1", "-o", "json", "--storage", str(root))[1])
     assert described == json.loads(_cli(capsys, "status", "rs-1", "-o", "json", "--storage", str(root))[1])
     assert described["state"] == "Succeeded" and described["restarts"] == 1
+
+
+def test_relative_roots_in_run_and_nightly_files_are_from_the_current_folder(tmp_path, capsys, monkeypatch):
+    """storage: ./x in a run file, in a nightly file and in $XRUN_STORAGE: the folder the
+    command was run from, made absolute before anything is rendered."""
+    from orchestrator.nightly_file import load_nightly
+
+    here = tmp_path / "here"
+    (here / "conf").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    (here / "conf" / "run.yaml").write_text("name: rf-1\naccelerator: cpu-1\nimage: img\ncommand: 'true'\n"
+                                            "storage: ./from-file\n")
+    code, out, err = _cli(capsys, "render", "-f", "conf/run.yaml", "-o", "json")
+    assert code == 0, err
+    envs = [e for c in json.loads(out)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+            ["containers"] for e in c.get("env", []) if e["name"] == "XRUN_STORAGE"]
+    assert envs and {e["value"] for e in envs} == {str(here / "from-file")}
+    monkeypatch.setenv("XRUN_STORAGE", "./from-env")
+    code, out, err = _cli(capsys, "render", "--name", "rf-2", "--accelerator", "cpu-1", "--image", "img",
+                          "--command", "true")
+    assert code == 0 and f"value: {here / 'from-env'}\n" in out, err
+    nightly = (REPO / "examples/nightly-local.yaml").read_text()
+    (here / "conf" / "nightly.yaml").write_text(nightly)
+    assert load_nightly("conf/nightly.yaml").storage == str(here / "xrun-nightly")

@@ -2,7 +2,8 @@
 
 Exit codes of every ``xrun`` command: 0 ok; 1 the run (or a comparison) failed or
 regressed; 2 bad input (one line naming the field and what is allowed; nothing submitted
-or written); 3 a cluster or storage root cannot be reached; 130 interrupted. Lower layers
+or written); 3 a cluster or storage root cannot be reached; 130 interrupted; ``xrun wait``
+alone: 123 stalled, 124 timed out, 125 failed. Lower layers
 (manifests, backends, readers, services) raise :class:`XrunError`; only the CLI prints it.
 """
 
