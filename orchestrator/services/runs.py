@@ -481,25 +481,35 @@ class WaitOutcome:
 def wait(storage: Storage, name: str, timeout_s: float | None = None, context: str | None = None,
          namespace: str | None = None, warn: Any = None, poll_seconds: float = 1.0) -> WaitOutcome | None:
     """The run's end state once it ended, STALLED once it stopped making progress
-    (``figures.stall``: it is left running), or None when ``timeout_s`` passed first."""
+    (``figures.stall``: it is left running), or None when ``timeout_s`` passed first.
+
+    The backend is asked every ``poll_seconds``; the run's metrics (for the stall check)
+    are read every tenth of the stall floor, 1 to 10 s, so an hours-long wait lists a
+    long run's metrics a few times a minute, not every second."""
     run_info(storage, name)  # no such run: exit 2 at once
     floor = settings.stall_floor()
+    metrics_every = max(poll_seconds, min(10.0, floor / 10))
     backend = backend_of(storage, name, context, namespace)
     reader = StoredRun(storage, name)
+    metrics_at = -float("inf")
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         live = observe(storage, name, backend, warn)
-        try:
-            rec: RunRecord | None = reader.poll()
-        except XrunError:
-            if live is None:  # neither answers: exit 3
-                raise
-            rec = None  # the backend still knows the state; the stall check waits for storage
+        due = time.monotonic() - metrics_at >= metrics_every
+        rec: RunRecord | None = None
+        if due or live is None:
+            try:
+                rec = reader.poll(metrics=due)
+                metrics_at = time.monotonic() if due else metrics_at
+            except XrunError:
+                if live is None:  # neither answers: exit 3
+                    raise
+                # the backend still knows the state; the stall check waits for storage
         state = live.state if live is not None else (rec.state if rec is not None else "") or ""
         if is_terminal(state):
             return WaitOutcome(state)
-        found = None if rec is None else stall(rec, state, live.restarts if live is not None else rec.restarts,
-                                               time.time(), floor)
+        found = None if rec is None or not due else stall(
+            rec, state, live.restarts if live is not None else rec.restarts, time.time(), floor)
         if found is not None:
             return WaitOutcome(STALLED, found)
         if deadline is not None and time.monotonic() >= deadline:
