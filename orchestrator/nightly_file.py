@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from manifests.spec import FIELDS, RunSpec, build_spec, env_values, max_name_length
+from orchestrator import settings
 from orchestrator.runfile import load_yaml_mapping, read_text
 from xrun_contract.errors import XrunError, short_repr
 
@@ -115,7 +116,7 @@ class NightlyConfig:
         return self.branches[1:]
 
     def with_storage(self, root: str) -> NightlyConfig:
-        cfg = replace(self, storage=root)
+        cfg = replace(self, storage=settings.absolute_root(root))
         plan_runs(cfg)  # revalidate the run specs against the new root
         return cfg
 
@@ -245,7 +246,7 @@ def load_nightly(path: str) -> NightlyConfig:
     slice_ = _mapping(d.get("slice") or {}, "slice")
     _keys(slice_, SLICE_KEYS, "slice")
     _str(slice_.get("accelerator"), "slice.accelerator")
-    storage = _str(d.get("storage"), "storage")
+    storage = settings.absolute_root(_str(d.get("storage"), "storage"))  # from here, as repo: is
     prefix = _str(d.get("prefix", "nightly"), "prefix")
     if not re.fullmatch(r"[a-z]([-a-z0-9]{0,18}[a-z0-9])?", prefix):
         raise XrunError(f"prefix: {short_repr(prefix)} must be 1-20 lowercase letters, digits or '-', starting with a letter")

@@ -211,4 +211,7 @@ def spec_from_inputs(run_file: str | None, flags: dict[str, Any], *, env_file: s
         values["restartable_exit_codes"] = exit_codes(restartable_exit_codes)
     if env:
         values["env"] = env
+    for source in (file_values, values):  # relative to the current folder, as XRUN_STORAGE is
+        if isinstance(source.get("storage"), str):
+            source["storage"] = settings.absolute_root(source["storage"])
     return build_spec(file_values, values, storage_default=settings.storage_root())

@@ -163,7 +163,7 @@ class Metrics:
 
     def params(self, count: int) -> None:
         if self.primary:
-            say(format_params_line(count / 1e9))
+            say(format_params_line(count))
             self.record(records.Params(params=count))
 
     def flops(self, tflops_per_step: float, learnable_pct: float, attention_pct: float,

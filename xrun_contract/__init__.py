@@ -351,16 +351,24 @@ def fixed_or_significant(x: float, decimals: int, digits: int = 3) -> str:
 
 
 PARAMS_LINE = "number parameters: {billions:.3f} billion"
-PARAMS_RE = re.compile(r"number parameters: (?P<billions>[\d.]+) billion")
+# MaxText's billions, or (xrun's line for small models) millions or a plain count.
+PARAMS_RE = re.compile(r"number parameters: (?P<value>\d[\d,]*(?:\.\d+)?)(?: (?P<unit>billion|million))?")
+PARAMS_UNITS = {"billion": 1e9, "million": 1e6, None: 1.0}
 FLOPS_LINE = (
     "Per train step: Total TFLOPs: {total:.2f} split as {learnable_pct:.2f}% learnable "
     "weight flops and {attention_pct:.2f}% attention flops"
 )
 
 
-def format_params_line(billions: float) -> str:
-    """PARAMS_LINE, never '0.000 billion' (PARAMS_RE reads both)."""
-    return PARAMS_LINE.replace("{billions:.3f}", fixed_or_significant(billions, 3))
+def format_params_line(count: float) -> str:
+    """PARAMS_LINE (MaxText's billions) from 0.1 billion up; a smaller model in millions
+    ('0.107 million') or as a plain count ('42,816'), never '0.000107 billion'. PARAMS_RE
+    reads all three."""
+    if count >= 1e8:
+        return PARAMS_LINE.format(billions=count / 1e9)
+    if count >= 1e5:
+        return f"number parameters: {count / 1e6:.3f} million"
+    return f"number parameters: {count:,.0f}"
 
 
 def format_flops_line(total: float, learnable_pct: float, attention_pct: float) -> str:

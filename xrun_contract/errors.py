@@ -3,7 +3,8 @@
 Exit codes of every ``xrun`` command: 0 ok; 1 the run (or a comparison) failed or
 regressed; 2 bad input (one line naming the field and what is allowed; nothing submitted
 or written); 3 a cluster or storage root cannot be reached; 4 (compare, report) the runs
-are not comparable (different shapes); 130 interrupted. Lower layers
+are not comparable (different shapes); 130 interrupted; ``xrun wait`` alone: 123 stalled,
+124 timed out, 125 failed. Lower layers
 (manifests, backends, readers, services) raise :class:`XrunError`; only the CLI prints it.
 """
 
@@ -16,7 +17,9 @@ EXIT_UNREACHABLE = 3  # cluster or storage root unreachable (or refusing our cre
 EXIT_NOT_COMPARABLE = 4  # compare/report: the two runs ran on different shapes: no verdict
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT): the run goes on
 
-# `xrun wait` (xpk's convention for scripts): 0 succeeded, 124 timed out, 125 failed.
+# `xrun wait` (xpk's convention for scripts): 0 succeeded, 124 timed out, 125 failed; and
+# xrun's own 123: the run is still Running but stalled (no progress past its stall limit).
+EXIT_WAIT_STALLED = 123
 EXIT_WAIT_TIMEOUT = 124
 EXIT_WAIT_FAILED = 125
 

@@ -493,7 +493,12 @@ def gcs_client():
         from google.auth.credentials import AnonymousCredentials
 
         return storage.Client(project="xrun-local", credentials=AnonymousCredentials())
-    return storage.Client()
+    try:
+        return storage.Client()
+    except OSError as e:  # credentials that name no project: reading and writing objects needs none
+        if "Project was not passed" not in str(e):
+            raise
+        return storage.Client(project="xrun-no-project")
 
 
 class GCSStorage(Storage):
@@ -523,8 +528,21 @@ class GCSStorage(Storage):
         self._retry = (retry.with_timeout(self.timeout) if hasattr(retry, "with_timeout")
                        else retry.with_deadline(self.timeout))
         self._rpc_timeout = (min(10.0, self.timeout), min(60.0, self.timeout))
-        self._client = gcs_client()
+        self._client = self._make_client()
         self._bucket = self._client.bucket(bucket)
+
+    def _make_client(self):
+        """The client, or one line (exit 3) when Google's credentials cannot be found or
+        loaded: google-auth raises them as a 40-line traceback otherwise."""
+        from google.auth.exceptions import GoogleAuthError
+
+        try:
+            return gcs_client()
+        except GoogleAuthError as e:
+            raise StorageError(
+                f"storage: cannot reach {self.root}: no usable Google credentials ({_one_line(e).split('. ')[0].rstrip('.')[:200]}); "
+                "run 'gcloud auth application-default login' or set GOOGLE_APPLICATION_CREDENTIALS",
+                permanent=True, why="no Google credentials", unreachable=True) from None
 
     def _call(self, what: str, key: str, fn):
         """Run one client call; anything but NotFound ends as exit 3 within the deadline."""

@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.text import Text
 
 from orchestrator.cli.screen import _duration
-from orchestrator.readers.figures import window_text
+from orchestrator.readers.figures import stall_text, window_text
 from xrun_contract import HEADER_RE, STEP_RE, host_prefix, significant
 
 # Lines that are noise on a terminal: Gloo's connection chatter (gloo/transport), absl /
@@ -30,8 +30,11 @@ from xrun_contract import HEADER_RE, STEP_RE, host_prefix, significant
 # absl's pre-init notice, and the wrapper's own bookkeeping (its end line stays).
 NOISE_RE = re.compile(
     # A Gloo line torn where two writers' output met: its head alone ("[Glo"), or its tail
-    # ("oo] Rank 0 is connected to 1 peer ranks. ...") without the "[Gloo]" that marks it.
+    # ("oo] Rank 0 is connected to 1 peer ranks. ...", or after two ranks' lines were glued
+    # at "[Gloo] Rank ", "0 is connected to 1 peer ranks. ...") without the "[Gloo]" that
+    # marks it.
     r"^(?:\[G(?:l(?:oo?)?)?$|\S{0,5}\]? ?Rank \d+ is connected to \d+ peer ranks|"
+    r"(?:\S{0,4} )?\d+ is connected to \d+ peer ranks\b|"
     r"\[Gloo\]|\s*\[?gloo|[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]|"
     r"WARNING: All log messages before absl::InitializeLog\(\)|E0000 |"
     r"xrun-wrapper: start |EXIT_CODE=)"
@@ -78,6 +81,8 @@ def _tokens(x: float | None) -> str:
 def progress_parts(view: dict[str, Any]) -> list[tuple[str, str]]:
     """(label, value) pairs of the progress line, in order; shared by both renderings."""
     parts: list[tuple[str, str]] = [("", str(view.get("phase") or view["state"].lower()))]
+    if view.get("stall"):
+        parts.append(("stalled:", stall_text(view["stall"])))
     since = view.get("phase_since")
     if since is not None and view.get("phase") not in ("training", "checkpointing"):
         parts.append(("for", _duration(max(0.0, time.time() - since))))
@@ -101,7 +106,18 @@ def progress_parts(view: dict[str, Any]) -> list[tuple[str, str]]:
 def plain_progress(view: dict[str, Any]) -> str:
     """One line for a log file: 'xrun: NAME training | step 4/10 | loss 3.2 | ...'."""
     bits = [f"{k} {v}" if k else v for k, v in progress_parts(view)]
+    why = restart_reason(view)
+    if why:  # a log file has no pinned line to glance at: say why the run last restarted
+        bits = [f"{b} (last: {why})" if b.startswith("restarts ") else b for b in bits]
     return f"xrun: {view['name']} " + " | ".join(bits)
+
+
+def restart_reason(view: dict[str, Any]) -> str:
+    """Why the run last restarted, as its Restarting transition recorded it ('' if never)."""
+    if not view.get("restarts"):
+        return ""
+    reasons = [str(t.get("reason") or "") for t in view.get("transitions") or [] if t.get("state") == "Restarting"]
+    return reasons[-1] if reasons else ""
 
 
 def rich_progress(view: dict[str, Any], width: int = 20) -> Text:

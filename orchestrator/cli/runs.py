@@ -332,6 +332,9 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @click.option("--tail", type=int, help="Only the last N lines in total (of the merged stream, before following).")
 @click.option("--tail-per-host", type=int, metavar="N", help="Only the last N lines of each host (stern's --tail).")
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax).")
+@click.option("--exclude", "exclude_pattern", metavar="REGEX", help="Drop lines matching this regular expression (stern's --exclude).")
+@click.option("--attempt", type=int, metavar="N", help="Only restart attempt N's lines (0 is the first run).")
+@click.option("-p", "--previous", is_flag=True, help="Only the attempt before the newest (kubectl logs --previous).")
 @click.option("--timestamps", is_flag=True, help="Start each line with its RFC3339 time (when the wrapper read it).")
 @click.option("--prefix/--no-prefix", default=True, show_default=True, help="Prefix lines with [slice-host].")
 @click.option("--color", "colour", type=click.Choice(["auto", "always", "never"]), default="auto",
@@ -340,8 +343,8 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @PROGRESS_INTERVAL
 def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
          since: str | None, since_time: str | None, tail: int | None, tail_per_host: int | None,
-         pattern: str | None, timestamps: bool, prefix: bool, colour: str, verbose: bool,
-         progress_interval: float) -> int:
+         pattern: str | None, exclude_pattern: str | None, attempt: int | None, previous: bool,
+         timestamps: bool, prefix: bool, colour: str, verbose: bool, progress_interval: float) -> int:
     """Print every host's log from storage, merged, each line prefixed by its host.
 
     On a terminal Gloo/absl chatter and wrapper lines are hidden (-v shows them); piped,
@@ -353,6 +356,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
       xrun logs mt-07 --host 0-1 --tail 50
       xrun logs mt-07 --since 1h30m --grep 'loss' --timestamps
       xrun logs mt-07 --since-time 2026-01-02T15:04:05Z --tail-per-host 5
+      xrun logs mt-07 --previous --exclude 'gloo|absl'
     """
     import datetime
 
@@ -374,10 +378,15 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
         raise XrunError(str(e)) from None
     except re.error as e:
         raise XrunError(f"--grep: {pattern!r} is not a regular expression: {e}") from None
+    try:
+        exclude = re.compile(exclude_pattern) if exclude_pattern is not None else None
+    except re.error as e:
+        raise XrunError(f"--exclude: {exclude_pattern!r} is not a regular expression: {e}") from None
     st = open_storage(storage)
     runs.run_info(st, name)
     _warn_corrupt(st, name)
     logs_service.check_hosts(st, name, set(hosts) or None)
+    only_attempt = logs_service.resolve_attempt(st, name, attempt, previous)
     backend = runs.backend_of(st, name)
     tty = Console().is_terminal
     use_colour = colour == "always" or (colour == "auto" and tty)
@@ -393,7 +402,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
     items = logs_service.stamped_log_lines(
         st, name, backend, follow=follow, hosts=set(hosts) or None, since=since_ts,
         tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn,
-        shown=None if screen.filter.verbose else LineFilter().keep)
+        shown=None if screen.filter.verbose else LineFilter().keep, exclude=exclude, attempt=only_attempt)
     try:
         if not follow:
             for host, attempt, t, line in items:
@@ -534,6 +543,11 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
     if fmt in ("json", "yaml"):
         click.echo(dump(items, fmt), nl=False)
         return EXIT_OK
+    if not items:  # kubectl's "No resources found in NAMESPACE namespace.", on stderr
+        hint = runs.root_hint(st) if where.empty and cluster is None else ""
+        info(f"No runs found under {st.root}" + (" matching the filters" if not where.empty else "")
+             + (f" ({hint})" if hint else ""))
+        return EXIT_OK
     wide = fmt == "wide"
     cols = ["NAME", "STATE", "STEP", "LOSS", "AGE"]
     if wide:
@@ -565,22 +579,29 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
 def wait(name: str, storage: str | None, timeout_s: float | None, context: str | None,
          namespace: str | None) -> int:
     """Wait for a run to end, for scripts; exit codes as xpk's: 0 succeeded, 124 timed out,
-    125 failed (or deleted); 2 no such run; 3 cluster or storage unreachable.
+    125 failed (or deleted); and 123 stalled: still Running but no progress past its stall
+    limit (see 'xrun status'; the run is left running); 2 no such run; 3 cluster or storage
+    unreachable.
 
     \b
     Examples:
       xrun submit -f run.yaml --detach && xrun wait mt-07 --timeout 3600
       xrun wait mt-07; echo $?
     """
-    from xrun_contract.errors import EXIT_WAIT_FAILED, EXIT_WAIT_TIMEOUT
+    from orchestrator.readers.figures import stall_text
+    from xrun_contract.errors import EXIT_WAIT_FAILED, EXIT_WAIT_STALLED, EXIT_WAIT_TIMEOUT
 
     st = open_storage(storage)
     outcome = runs.wait(st, name, timeout_s, context, namespace, warn=warn)
     if outcome is None:
         info(f"{name}: still running after {timeout_s:g}s")
         return EXIT_WAIT_TIMEOUT
-    info(f"{name}: {outcome}")
-    return EXIT_OK if outcome == SUCCEEDED else EXIT_WAIT_FAILED
+    if outcome.state == runs.STALLED and outcome.stall is not None:
+        info(f"{name}: stalled: {stall_text(outcome.stall)}, past its limit of "
+             f"{outcome.stall['limit_seconds']:.0f}s; it is still running ('xrun delete {name}' stops it)")
+        return EXIT_WAIT_STALLED
+    info(f"{name}: {outcome.state}")
+    return EXIT_OK if outcome.state == SUCCEEDED else EXIT_WAIT_FAILED
 
 
 @click.command()
@@ -657,12 +678,22 @@ def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
     return EXIT_OK
 
 
-COMMANDS = (wait, render, submit, status, logs, checkpoints, list_cmd, delete, gc)
-
-
 def _megabytes(n: int) -> str:
     """'0.0031 MB', '12.4 MB' (3 significant digits, never '0.00 MB' for a small tree); '0 MB'
     only when nothing."""
     from xrun_contract import significant
 
     return f"{significant(n / 1e6, 3)} MB"
+
+
+def _alias(command: click.Command, name: str, of: str) -> click.Command:
+    """kubectl's verbs for the same command (``get`` = list, ``describe`` = status)."""
+    return click.Command(name, callback=command.callback, params=list(command.params),
+                         help=f"Same as 'xrun {of}' (kubectl's verb).\n\n{command.help or ''}",
+                         short_help=f"Same as 'xrun {of}'.")
+
+
+get = _alias(list_cmd, "get", "list")
+describe = _alias(status, "describe", "status")
+
+COMMANDS = (wait, render, submit, status, logs, checkpoints, list_cmd, delete, gc, get, describe)

@@ -13,7 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.analysis.goodput import format_goodput, format_startup
-from orchestrator.readers.figures import window_text
+from orchestrator.readers.figures import stall_text, window_text
 from orchestrator.readers.record import code_text
 from xrun_contract import (
     DELETED,
@@ -90,6 +90,10 @@ def render_table(view: dict[str, Any]) -> Group:
         since = view.get("phase_since")
         elapsed = f"  (for {_duration(max(0.0, time.time() - since))})" if isinstance(since, int | float) else ""
         head.add_row("Phase", Text.assemble((str(view["phase"]), "bold cyan"), elapsed))
+    if view.get("stall"):
+        st = view["stall"]
+        head.add_row("Stalled", Text(f"{stall_text(st)}: past its limit of {_duration(st['limit_seconds'])} "
+                                     f"({st['limit_from']})", style="bold red"))
     step = _fmt(view["step"])
     if view["total_steps"]:
         step += f" / {view['total_steps']}"

@@ -77,3 +77,75 @@ def progress(rec: RunRecord, state: str | None = None) -> dict[str, Any]:
     if rec.total_steps and out["step_seconds"] and not is_terminal(state) and state != UNKNOWN:
         out["eta_seconds"] = max(0, rec.total_steps - out["step"]) * out["step_seconds"]
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Stalls: a live run that stopped making progress.
+
+STALL_STEP_FACTOR = 10  # x the slowest step seen (each attempt's first step left out)
+STALL_SAVE_FACTOR = 2  # x the longest checkpoint save seen
+STALL_STARTUP_FACTOR = 2  # x the longest start-up seen, while an attempt has no step yet
+STALL_FLOOR_S = 600.0  # never less than this (XRUN_STALL_SECONDS sets it; 0 turns it off)
+STALL_RULE = (f"no progress record (step, checkpoint event, start-up phase, restart) for longer than "
+              f"max({STALL_STEP_FACTOR} x the slowest step, {STALL_SAVE_FACTOR} x the longest save, "
+              f"{STALL_STARTUP_FACTOR} x the longest start-up while a restart has no step yet, the floor)")
+
+
+def _finite(values: Any) -> list[float]:
+    return [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+
+
+def stall(rec: RunRecord, state: str, restarts: int, now: float,
+          floor: float = STALL_FLOOR_S) -> dict[str, Any] | None:
+    """Whether a Running run stopped making progress, judged by its own times (``STALL_RULE``).
+
+    Only a run that has logged a step is judged (before that, its own step and save times
+    say nothing about how long a start-up may take), and only while it is Running (Pending
+    may wait for a queue, Restarting is on its way). Silence is measured from the newest
+    record of any progress, so a long save or a restart's start-up that still writes its
+    phase records is not a stall; a frozen process, a hung collective or a restart that
+    never reaches its first step is. None when the run is not stalled (or ``floor`` <= 0)."""
+    steps = rec.steps
+    if floor <= 0 or state != "Running" or not len(steps):
+        return None
+    step_times = _finite(steps.time)
+    if not step_times:
+        return None  # a log without times: nothing to measure from
+    last_step_time = max(step_times)
+    activity = [last_step_time,
+                *_finite(c.get("time") for c in rec.checkpoints),
+                *_finite(p.get("time") for p in rec.phases),
+                *_finite(t.get("time") for t in rec.transitions)]
+    idle = now - max(activity)
+    firsts: dict[int, int] = {}
+    steady = []
+    for i, attempt in enumerate(steps.attempt):
+        if firsts.setdefault(attempt, i) != i:
+            steady.append(steps.seconds[i])
+    slowest = max(_finite(steady), default=0.0)
+    saves = _finite(c.get("seconds") for c in rec.checkpoints
+                    if c.get("event") in ("committed", "blocked", "waited", "exit_wait"))
+    longest_save = max(saves, default=0.0)
+    terms = {f"the floor, {floor:g}s": floor,
+             f"{STALL_STEP_FACTOR} x the slowest step, {slowest:.3g}s": STALL_STEP_FACTOR * slowest,
+             f"{STALL_SAVE_FACTOR} x the longest save, {longest_save:.3g}s": STALL_SAVE_FACTOR * longest_save}
+    if steps.attempt[-1] < restarts:  # a restart that has not logged a step yet
+        startups = _finite(p.get("seconds") for p in rec.phases if p.get("phase") == "first_step")
+        startup = max(startups or _finite(steps.seconds[i] for i in firsts.values()), default=0.0)
+        terms[f"{STALL_STARTUP_FACTOR} x the longest start-up, {startup:.3g}s"] = STALL_STARTUP_FACTOR * startup
+    limit = max(terms.values())
+    if idle <= limit:
+        return None
+    return {"seconds": now - last_step_time, "idle_seconds": idle, "last_step": steps.step[-1],
+            "limit_seconds": limit, "limit_from": max(terms, key=lambda k: terms[k]),
+            "slowest_step_seconds": slowest, "longest_save_seconds": longest_save}
+
+
+def stall_text(found: dict[str, Any]) -> str:
+    """'no step for 2m05s (last: step 30)': a stall in one line, as status, the follow's
+    progress line, wait and the nightly say it."""
+    s = int(found["seconds"])
+    m, sec = divmod(s, 60)
+    h, m = divmod(m, 60)
+    took = f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+    return f"no step for {took} (last: step {found['last_step']})"

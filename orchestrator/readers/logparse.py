@@ -57,6 +57,7 @@ from xrun_contract import (
     HOST_PREFIX_RE,
     MEMORY_RE,
     PARAMS_RE,
+    PARAMS_UNITS,
     PHASE_RE,
     STEP_RE,
     WRAPPER_END_RE,
@@ -733,8 +734,8 @@ class LogParser:
     def _on_params(self, st: _HostParse, seg: str, ts: float | None) -> None:
         m = PARAMS_RE.match(seg)
         if m:
-            st.record.params = float(m["billions"]) * 1e9
-            st.record.params_text = f"{m['billions']} billion"
+            st.record.params = float(m["value"].replace(",", "")) * PARAMS_UNITS[m["unit"]]
+            st.record.params_text = f"{m['value']} {m['unit']}" if m["unit"] else m["value"]
 
     def _on_memory(self, st: _HostParse, seg: str, ts: float | None) -> None:
         m = MEMORY_RE.match(seg)

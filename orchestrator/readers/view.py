@@ -7,6 +7,7 @@ plain dict: what ``-o json|yaml`` prints and what the CLI's screen renders.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from orchestrator.backends.base import BackendStatus
@@ -94,9 +95,11 @@ def _state_from_end(rec: RunRecord) -> str | None:
 
 
 def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None,
-             checkpoints: list[Any] | None = None) -> dict[str, Any]:
+             checkpoints: list[Any] | None = None,
+             stall_floor: float = figures.STALL_FLOOR_S) -> dict[str, Any]:
     """Everything known about a run, as a plain dict (``checkpoints``: a listing already
-    made, else one is made here)."""
+    made, else one is made here; ``stall_floor``: the least silence that is a stall,
+    ``figures.stall``)."""
     if checkpoints is None:
         checkpoints = list_checkpoints(storage, rec.name)
     latest = latest_committed(checkpoints)
@@ -140,6 +143,7 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         "phase_since": None,
         "transitions": list(state_info.get("transitions", [])),
         "goodput": _goodput(rec),
+        "stall": figures.stall(rec, current, restarts, time.time(), stall_floor),
     }
     view["phase_since"] = phase_since(rec, view)
     return view

@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator import settings
 from orchestrator.backends.base import Backend, BackendStatus
 from orchestrator.readers.checkpoints import list_checkpoints
 from orchestrator.readers.loaders import StoredRun
@@ -81,6 +82,7 @@ def _follow(storage: Storage, name: str, backend: Backend, logs: bool,
     recorded: tuple[str, int] | None = None
     polled_at = -float("inf")
     checkpoints: list[Any] = []
+    floor = settings.stall_floor()
     try:
         while True:
             live = _ask(backend, name, warn)
@@ -100,7 +102,7 @@ def _follow(storage: Storage, name: str, backend: Backend, logs: bool,
                 polled_at = now
                 reader.poll()
                 checkpoints = list_checkpoints(storage, name)
-            view = run_view(storage, reader.rec, live, checkpoints=checkpoints)
+            view = run_view(storage, reader.rec, live, checkpoints=checkpoints, stall_floor=floor)
             if is_terminal(view["state"]):
                 if lines is not None:  # the last chunks are written before the pods exit
                     yield from lines.last()

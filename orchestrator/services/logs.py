@@ -40,6 +40,26 @@ def check_hosts(storage: Storage, name: str, hosts: set[str] | None) -> None:
                         f"hosts: {', '.join(known)}")
 
 
+def resolve_attempt(storage: Storage, name: str, attempt: int | None, previous: bool) -> int | None:
+    """``--attempt N`` / ``--previous`` (kubectl's: the attempt before the newest) checked
+    against the attempts the run's hosts logged; exit 2 naming those that exist."""
+    if attempt is None and not previous:
+        return None
+    if attempt is not None and previous:
+        raise XrunError("--attempt, --previous: give only one")
+    logged = sorted({c.attempt for c in list_log_chunks(storage, name)})
+    if previous:
+        if len(logged) < 2 and (not logged or logged[-1] == 0):
+            raise XrunError(f"--previous: run {name} has not restarted (attempts logged: "
+                            f"{', '.join(map(str, logged)) or 'none yet'})")
+        return logged[-1] - 1
+    assert attempt is not None
+    if attempt < 0 or (logged and attempt not in logged):
+        raise XrunError(f"--attempt: run {name} has no attempt {attempt}; attempts logged: "
+                        f"{', '.join(map(str, logged)) or 'none yet'}")
+    return attempt
+
+
 def log_lines(storage: Storage, name: str, backend: Backend, *, follow: bool = False,
               hosts: set[str] | None = None, since_seconds: float | None = None,
               tail: int | None = None,
@@ -57,10 +77,13 @@ def stamped_log_lines(storage: Storage, name: str, backend: Backend, *, follow: 
                       tail: int | None = None, tail_per_host: int | None = None,
                       grep: re.Pattern[str] | None = None,
                       warn: Callable[[str], None] | None = None,
-                      shown: Callable[[str], bool] | None = None) -> Iterator[StampedLine]:
+                      shown: Callable[[str], bool] | None = None,
+                      exclude: re.Pattern[str] | None = None,
+                      attempt: int | None = None) -> Iterator[StampedLine]:
     """(host, attempt, time, line) of a run, in order; with ``follow`` until the run ends.
 
-    ``since`` (epoch seconds) filters per line; ``grep`` keeps matching lines; ``tail`` is
+    ``since`` (epoch seconds) filters per line; ``grep`` keeps matching lines, ``exclude``
+    drops them (stern's ``--exclude``); ``attempt`` keeps one restart attempt's; ``tail`` is
     the last N matching (and ``shown``) lines in total (kubectl's ``--tail`` over one merged stream),
     ``tail_per_host`` the last N of each host (stern's ``--tail``). Lines from live pods are
     dated when received."""
@@ -68,7 +91,8 @@ def stamped_log_lines(storage: Storage, name: str, backend: Backend, *, follow: 
         # ``shown``: the lines the caller will print (quiet mode hides some), so --tail N
         # counts N lines the reader sees.
         return ((grep is None or grep.search(item[3]) is not None) and (since is None or item[2] >= since)
-                and (shown is None or shown(item[3])))
+                and (exclude is None or exclude.search(item[3]) is None)
+                and (attempt is None or item[1] == attempt) and (shown is None or shown(item[3])))
 
     live: set[int] = set()
     from_pods = False

@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator import settings
 from orchestrator.nightly_file import NightlyConfig, PlannedRun, _str, plan_runs
 from orchestrator.services import runs
 from xrun_contract import TERMINAL_STATES
@@ -35,7 +36,7 @@ from xrun_contract.errors import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE, EXIT_US
 @dataclass
 class RunOutcome:
     planned: PlannedRun
-    state: str  # Succeeded | Failed | Deleted | Timeout | NotSubmitted
+    state: str  # Succeeded | Failed | Deleted | Timeout | Stalled | NotSubmitted
     message: str = ""
     seconds: float = 0.0
 
@@ -51,15 +52,17 @@ def submit_run(run: PlannedRun) -> None:
 
 def follow(run: PlannedRun, timeout_s: float, poll_s: float,
            on_view: Callable[[dict[str, Any]], None] | None = None) -> RunOutcome:
-    """Poll the backend until the run ends; past the timeout it is deleted. ``on_view``
-    gets the run's status view (phase, step, loss, ...) at each poll."""
-    backend = runs.backend_for_spec(run.spec)
-    reader = None
-    if on_view is not None:
-        from orchestrator.readers.loaders import StoredRun
-        from xrun_contract.storage import open_storage
+    """Poll the backend until the run ends; past the timeout, or once it stalled (no
+    progress past its stall limit: ``figures.stall``), it is deleted and the next run goes
+    on. ``on_view`` gets the run's status view (phase, step, loss, ...) at each poll."""
+    from orchestrator.readers.figures import stall_text
+    from orchestrator.readers.loaders import StoredRun
+    from orchestrator.readers.view import run_view
+    from xrun_contract.storage import open_storage
 
-        reader = StoredRun(open_storage(run.spec.storage), run.name)
+    backend = runs.backend_for_spec(run.spec)
+    floor = settings.stall_floor()
+    reader = StoredRun(open_storage(run.spec.storage), run.name)
     started = time.monotonic()
     missing_since: float | None = None
     while True:
@@ -69,11 +72,12 @@ def follow(run: PlannedRun, timeout_s: float, poll_s: float,
             if e.exit_code == EXIT_UNREACHABLE:
                 raise XrunError(f"follow {run.name}: {e}", EXIT_UNREACHABLE) from None
             status = None
-        if reader is not None and on_view is not None and status is not None:
-            from orchestrator.readers.view import run_view
-
+        view: dict[str, Any] = {}
+        if status is not None:
             with contextlib.suppress(XrunError, OSError):
-                on_view(run_view(reader.storage, reader.poll(), status))
+                view = run_view(reader.storage, reader.poll(), status, stall_floor=floor)
+                if on_view is not None:
+                    on_view(view)
         elapsed = time.monotonic() - started
         if status is not None:
             missing_since = None
@@ -83,6 +87,10 @@ def follow(run: PlannedRun, timeout_s: float, poll_s: float,
             missing_since = elapsed
         elif elapsed - missing_since > 300:
             return RunOutcome(run, "Failed", "the backend lost the run", elapsed)
+        if view.get("stall"):
+            with contextlib.suppress(XrunError):
+                backend.delete(run.name, wait=True)
+            return RunOutcome(run, runs.STALLED, f"{stall_text(view['stall'])}: deleted", elapsed)
         if elapsed > timeout_s:
             with contextlib.suppress(XrunError):
                 backend.delete(run.name, wait=True)

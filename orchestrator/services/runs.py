@@ -10,7 +10,9 @@ pods, the processes or the JobSet are gone.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import json
+import os
 import re
 import shlex
 import time
@@ -22,9 +24,11 @@ import yaml
 
 from manifests.jobset import jobset
 from manifests.spec import RunSpec, check_cluster_xrun_image
+from orchestrator import settings
 from orchestrator.backends.base import Backend, BackendStatus
 from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
+from orchestrator.readers.figures import stall
 from orchestrator.readers.loaders import StoredRun, apply_state, read_stored_run
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
@@ -91,8 +95,45 @@ def run_info(storage: Storage, name: str) -> dict[str, Any]:
     check_run_name(name)
     run, run_problem = _read_record(storage, Layout.run_json(name))
     if run is None and not run_problem and _read_record(storage, Layout.state(name)) == (None, None):
-        raise XrunError(f"run: no run named {name!r} under {storage.root} (see 'xrun list')")
+        close = difflib.get_close_matches(name, _run_names(storage), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}?" if close else "see 'xrun list'"
+        where = root_hint(storage)
+        raise XrunError(f"run: no run named {name!r} under {storage.root}; {hint}" + (f" ({where})" if where else ""))
     return run or {}
+
+
+def _run_names(storage: Storage) -> list[str]:
+    """The names of the run folders under the root (one delimiter listing)."""
+    try:
+        _, prefixes = storage.list(Layout.RUNS)
+    except StorageError:
+        return []
+    return [n for p in prefixes if RUN_NAME_RE.fullmatch(n := p.rstrip("/").rsplit("/", 1)[-1])]
+
+
+def root_hint(storage: Storage) -> str:
+    """Why a root holds no runs, when it looks like a mistake: it is itself a run's folder
+    or a ``runs`` folder (a root given a level or two too deep), or it does not exist (a
+    local folder). '' when nothing suggests a better root."""
+    try:
+        if storage.exists_object("run.json"):
+            return f"{storage.root} is a run's folder; its storage root is {_parent(storage.root, 2)}"
+        _, prefixes = storage.list("")
+        for p in prefixes[:20]:
+            if storage.exists_object(f"{p.rstrip('/')}/run.json"):
+                return f"{storage.root} holds run folders itself; did you mean --storage {_parent(storage.root, 1)}?"
+    except StorageError:
+        return ""
+    if not storage.root.startswith("gs://") and not os.path.isdir(storage.root):
+        return f"{storage.root} does not exist"
+    return ""
+
+
+def _parent(root: str, levels: int) -> str:
+    for _ in range(levels):
+        head, _sep, _tail = root.rstrip("/").rpartition("/")
+        root = head if head and not head.endswith(":/") else root
+    return root
 
 
 def backend_of(storage: Storage, name: str, context: str | None = None,
@@ -465,20 +506,52 @@ def status(storage: Storage, name: str, context: str | None = None,
         state = _read(storage, Layout.state(name))  # observe recorded the change: its transition
         if state is not None:
             apply_state(rec, state)
-    return run_view(storage, rec, live)
+    return run_view(storage, rec, live, stall_floor=settings.stall_floor())
+
+
+STALLED = "Stalled"  # wait's and the nightly's outcome for a run that stopped making progress
+
+
+@dataclass
+class WaitOutcome:
+    state: str  # a terminal state, or STALLED
+    stall: dict[str, Any] | None = None  # figures.stall's finding when STALLED
 
 
 def wait(storage: Storage, name: str, timeout_s: float | None = None, context: str | None = None,
-         namespace: str | None = None, warn: Any = None, poll_seconds: float = 1.0) -> str | None:
-    """The run's end state once it ended, or None when ``timeout_s`` passed first."""
+         namespace: str | None = None, warn: Any = None, poll_seconds: float = 1.0) -> WaitOutcome | None:
+    """The run's end state once it ended, STALLED once it stopped making progress
+    (``figures.stall``: it is left running), or None when ``timeout_s`` passed first.
+
+    The backend is asked every ``poll_seconds``; the run's metrics (for the stall check)
+    are read every tenth of the stall floor, 1 to 10 s, so an hours-long wait lists a
+    long run's metrics a few times a minute, not every second."""
     run_info(storage, name)  # no such run: exit 2 at once
+    floor = settings.stall_floor()
+    metrics_every = max(poll_seconds, min(10.0, floor / 10))
     backend = backend_of(storage, name, context, namespace)
+    reader = StoredRun(storage, name)
+    metrics_at = -float("inf")
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         live = observe(storage, name, backend, warn)
-        state = live.state if live is not None else (read_stored_run(storage, name, metrics=False).state or "")
+        due = time.monotonic() - metrics_at >= metrics_every
+        rec: RunRecord | None = None
+        if due or live is None:
+            try:
+                rec = reader.poll(metrics=due)
+                metrics_at = time.monotonic() if due else metrics_at
+            except XrunError:
+                if live is None:  # neither answers: exit 3
+                    raise
+                # the backend still knows the state; the stall check waits for storage
+        state = live.state if live is not None else (rec.state if rec is not None else "") or ""
         if is_terminal(state):
-            return state
+            return WaitOutcome(state)
+        found = None if rec is None or not due else stall(
+            rec, state, live.restarts if live is not None else rec.restarts, time.time(), floor)
+        if found is not None:
+            return WaitOutcome(STALLED, found)
         if deadline is not None and time.monotonic() >= deadline:
             return None
         time.sleep(poll_seconds if deadline is None else max(0.0, min(poll_seconds, deadline - time.monotonic())))
@@ -487,7 +560,7 @@ def wait(storage: Storage, name: str, timeout_s: float | None = None, context: s
 def live_view(reader: StoredRun, backend: Backend, warn: Any = None) -> dict[str, Any]:
     """One refresh of a followed run: the backend's view, then storage's (incrementally)."""
     live = observe(reader.storage, reader.name, backend, warn)
-    return run_view(reader.storage, reader.poll(), live)
+    return run_view(reader.storage, reader.poll(), live, stall_floor=settings.stall_floor())
 
 
 # kubectl -l syntax, equality-based (apimachinery labels/selector.go Parse): key=value,

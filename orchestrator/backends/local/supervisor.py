@@ -683,7 +683,7 @@ class Supervisor:
         self.save()
         while True:
             self.start_pods()
-            self.transition(RUNNING, f"attempt {self.state['attempt']}: {len(self.pods)} pods started")
+            self.transition(RUNNING, f"attempt {self.state['attempt']}: {len(self.pods)} pod{'' if len(self.pods) == 1 else 's'} started")
             failed = self.wait_pods()
             if self.storage_failure is not None:
                 # Our own records cannot be written (a full disk, no permission, no bucket):
