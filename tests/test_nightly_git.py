@@ -2,7 +2,7 @@
 
 A real git repository with a training entry point and two branches (made by
 examples/make-nightly-repo.sh: feat-slow's input pipeline spends 0.2 s more per batch), one
-`xrun nightly` over examples/nightly-local.yaml with fewer steps (4 repeats a side, as the example): every branch's
+`xrun nightly -f examples/nightly-local.yaml` exactly as the README runs it: every branch's
 head commit is found by itself and recorded, each pod runs its branch's code (a file printed
 from inside the pod), the slow branch is flagged, and no worktree is left behind. Refusals
 (an unknown branch, a commit typed by hand) happen before anything runs.
@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import REPO, xrun
+from cli_helpers import REPO, xrun, xrun_env
 
 EXAMPLE = REPO / "examples" / "nightly-local.yaml"
 SCRIPT = REPO / "examples" / "make-nightly-repo.sh"
@@ -46,11 +47,38 @@ def nightly_file(tmp: Path, repo: Path, store: Path, **changes) -> Path:
 
 @pytest.fixture(scope="module")
 def night(tmp_path_factory):
+    """The README's nightly exactly as written (#39: it once never finished): in a folder
+    holding examples/, the repository made by the script, then `xrun nightly -f
+    examples/nightly-local.yaml` with its relative `repo:` and `storage:`, its own slice,
+    steps, checkpoints and repeats, and no XRUN_STORAGE."""
     tmp = tmp_path_factory.mktemp("gitnight")
-    made = subprocess.run(["sh", str(SCRIPT), str(tmp / "repo")], capture_output=True, text=True, check=True)
-    repo, store = tmp / "repo", tmp / "store"
-    r = xrun("nightly", "-f", str(nightly_file(tmp, repo, store)), storage=store, timeout=400)
+    (tmp / "examples").symlink_to(REPO / "examples")
+    made = subprocess.run(["bash", "examples/make-nightly-repo.sh", "nightly-repo"], cwd=tmp,
+                          capture_output=True, text=True, check=True)
+    repo, store = tmp / "nightly-repo", tmp / "xrun-nightly"
+    env = xrun_env(store)
+    del env["XRUN_STORAGE"]  # the example's own storage: ./xrun-nightly
+    r = subprocess.run([sys.executable, "-m", "orchestrator.cli", "nightly", "-f",
+                        "examples/nightly-local.yaml"], cwd=tmp, env=env, capture_output=True,
+                       text=True, timeout=900)
     return {"tmp": tmp, "repo": repo, "store": store, "r": r, "made": made.stdout}
+
+
+def test_the_readmes_nightly_leaves_every_runs_steps_and_checkpoints_in_its_root(night):
+    """Each run trained its 30 steps and committed its saves (checkpoint_every=15) under the
+    example's relative storage root, as status reads them from there."""
+    r, store = night["r"], night["store"]
+    assert r.returncode in (0, 1), r.stderr[-3000:] + r.stdout[-2000:]
+    (report,) = sorted((store / "reports").iterdir())
+    names = [run["name"] for run in json.loads((report / "summary.json").read_text())["runs"]]
+    assert len(names) == 8
+    for name in names:
+        view = json.loads(xrun("status", name, "-o", "json", storage=store).stdout)
+        assert view["state"] == "Succeeded" and view["step"] == 30, view
+        assert view["latest_checkpoint"]["step"] == 30, view
+        steps = sorted(p.name for p in (store / "runs" / name / "checkpoints").iterdir()
+                       if p.name.isdigit())
+        assert steps == ["15", "30"], (name, steps)
 
 
 def test_the_nightly_runs_each_branchs_head_and_flags_the_slow_one(night):

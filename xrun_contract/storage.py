@@ -333,6 +333,7 @@ class LocalStorage(Storage):
                             "or gs://bucket/prefix)", EXIT_USAGE)
 
     def _failed(self, what: str, path: Path, e: OSError) -> StorageError:
+        self._check_root()  # a root that is a file is bad input, whichever write found it
         fault = classify_storage_error(e)
         return StorageError(f"storage: {path}: cannot {what}: {fault.why}", permanent=fault.permanent,
                             why=fault.why)
