@@ -113,11 +113,18 @@ def test_priority_ladder_raw_names_and_both():
 def test_mounts_gcs_fuse_and_pvc():
     t = tmpl(render(mounts=[{"bucket": "training-data", "path": "/data", "read_only": True, "options": "implicit-dirs"},
                             {"pvc": "datasets", "path": "/datasets"}]))
-    assert t["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    # The sidecar unthrottled as xpk sets it (src/xpk/core/storage.py GCS_FUSE_ANNOTATIONS)...
+    assert t["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "0",
+                                            "gke-gcsfuse/memory-limit": "0",
+                                            "gke-gcsfuse/ephemeral-storage-limit": "0"}
     vols = {v["name"]: v for v in t["spec"]["volumes"]}
+    # ...and a TPU pod (hostNetwork) uses its service account (gcs-fuse-csi-driver
+    # docs/authentication.md: hostNetworkPodKSA).
+    assert t["spec"]["hostNetwork"] is True
     assert vols["mount-0"] == {"name": "mount-0", "csi": {
         "driver": "gcsfuse.csi.storage.gke.io", "readOnly": True,
-        "volumeAttributes": {"bucketName": "training-data", "mountOptions": "implicit-dirs"}}}
+        "volumeAttributes": {"bucketName": "training-data", "mountOptions": "implicit-dirs",
+                             "hostNetworkPodKSA": "true"}}}
     assert vols["mount-1"] == {"name": "mount-1", "persistentVolumeClaim": {"claimName": "datasets"}}
     mounts = t["spec"]["containers"][0]["volumeMounts"]
     assert {"name": "mount-0", "mountPath": "/data", "readOnly": True} in mounts
@@ -193,3 +200,49 @@ def test_flags_have_the_run_file_names(tmp_path):
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [
         "xrun: error: capacity: must be one of on-demand | spot | reservation:<name> | flex-start, got 'cheap'"]
+
+
+def test_gcs_fuse_on_a_pod_network_pod_has_no_host_network_attribute():
+    """A3 Mega pods get their NICs by annotation, without hostNetwork: the driver's default
+    Workload Identity path applies and the attribute is left out."""
+    t = tmpl(render(accelerator="h100-mega-80gb-8", mounts=[{"bucket": "training-data", "path": "/data"}]))
+    assert "hostNetwork" not in t["spec"]
+    vol = next(v for v in t["spec"]["volumes"] if v["name"] == "mount-0")
+    assert vol["csi"]["volumeAttributes"] == {"bucketName": "training-data"}
+    assert t["metadata"]["annotations"]["gke-gcsfuse/memory-limit"] == "0"
+
+
+def test_image_pull_secrets_from_file_and_flags():
+    obj = jobset(build_spec({**BASE, "image_pull_secrets": ["regcred"]},
+                            {"image_pull_secrets": ["other-cred"]}, storage_default=STORAGE))
+    assert violations(obj) == []
+    assert tmpl(obj)["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other-cred"}]
+    assert "imagePullSecrets" not in tmpl(render())["spec"]
+    assert refused(image_pull_secrets=["Bad_Name"]).startswith("image_pull_secrets[0]: a Secret name")
+    assert refused(image_pull_secrets=["a", "a"]) == "image_pull_secrets: a is named twice"
+
+
+def test_image_pull_secret_flag_is_repeatable(tmp_path):
+    r = xrun("render", "--name", "ps", "--accelerator", "v6e-8", "--image", "example.com/i:1",
+             "--image-pull-secret", "one", "--image-pull-secret", "two", storage=STORAGE)
+    assert r.returncode == 0, r.stderr
+    pod = tmpl(yaml.safe_load(r.stdout))["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "one"}, {"name": "two"}]
+
+
+@pytest.mark.parametrize("accelerator,slices", [("v6e-16", 4), ("v5p-16", 2), ("v6e-256", 2)])
+def test_multislice_containers_never_name_an_env_var_twice(accelerator, slices):
+    """Kubernetes keeps duplicate env entries and the last wins silently; MEGASCALE_* come
+    from xrun once (GKE's webhook derives the same values), whatever the user's env says."""
+    obj = render(accelerator=accelerator, num_slices=slices,
+                 env={"LIBTPU_INIT_ARGS": "--xla_tpu_enable_async_collective_fusion=true", "MY_FLAG": "1"})
+    pod = tmpl(obj)["spec"]
+    for c in pod["containers"] + pod["initContainers"]:
+        names = [e["name"] for e in c.get("env") or []]
+        assert len(names) == len(set(names)), (c["name"], names)
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["MEGASCALE_NUM_SLICES"]["value"] == str(slices)
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"]["value"] == "knobs-slice-0-0.knobs"
+    assert env["MEGASCALE_SLICE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['jobset.sigs.k8s.io/job-global-index']")
+    assert refused(num_slices=2, env={"MEGASCALE_PORT": "9090"}).startswith("env: MEGASCALE_PORT is set by xrun itself")

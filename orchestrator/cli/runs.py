@@ -78,7 +78,8 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--mounts", "mounts"), {"multiple": True, "metavar": "SOURCE:PATH[:ro]", "help": "gs://BUCKET:/path or pvc:CLAIM:/path, :ro for read-only (repeatable)."}),
     (("--scheduler",), {"help": "Pod schedulerName, or gke.io/topology-aware-auto (a scheduling gate, like xpk)."}),
     (("--kueue-topology",), {"metavar": "MODE:LABEL", "help": "Kueue topology-aware scheduling: required:LABEL or preferred:LABEL."}),
-    (("--queue",), {"help": "Kueue LocalQueue name."}),
+    (("--queue",), {"help": "Kueue LocalQueue name. Default: the namespace's only LocalQueue ($XRUN_QUEUE first); 'none': no Kueue."}),
+    (("--image-pull-secret", "image_pull_secrets"), {"multiple": True, "metavar": "SECRET", "help": "Secret to pull the pod's images with (a private registry; repeatable)."}),
     (("--kueue-priority",), {"help": "Kueue WorkloadPriorityClass name."}),
     (("--privileged",), {"is_flag": True, "default": None, "help": "Run the container privileged."}),
     (("--branch",), {"help": "Branch the image was built from (for reports)."}),
@@ -118,6 +119,7 @@ def spec_from_options(opts: dict[str, Any]) -> RunSpec:
         opts[name] = parse_pairs(list(opts.get(name) or ()), name) or None
     opts["tolerations"] = [parse_toleration(x) for x in opts.get("tolerations") or ()] or None
     opts["mounts"] = [parse_mount(x) for x in opts.get("mounts") or ()] or None
+    opts["image_pull_secrets"] = list(opts.get("image_pull_secrets") or ()) or None
     opts.pop("max_workdir_mb", None)
     opts.pop("allow_files", None)
     run_file = opts.pop("run_file", None)
