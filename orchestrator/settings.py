@@ -41,3 +41,12 @@ def set_storage_timeout(seconds: str | float | None) -> None:
         storage_timeout()  # a bad $XRUN_STORAGE_TIMEOUT is bad input too
         return
     os.environ[STORAGE_TIMEOUT_ENV] = repr(storage_timeout(seconds))
+
+
+# The Kueue LocalQueue of a cluster run that names none (run file or --queue), before the
+# namespace's only LocalQueue is looked for; "none" submits without Kueue.
+QUEUE_ENV = "XRUN_QUEUE"
+
+
+def default_queue() -> str:
+    return os.environ.get(QUEUE_ENV, "").strip()

@@ -176,7 +176,7 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--follow", "follow_logs", is_flag=True, help="Stream every host's log while following.")
 @click.option("--dry-run", is_flag=True, help="Print the manifest that would be submitted; submit and write nothing.")
 @click.option("--replace", is_flag=True, help="Replace a finished run of the same name (its stored data is removed).")
-@click.option("--force", is_flag=True, help="With --replace: also when the old run is still live (it is stopped first).")
+@click.option("--force", is_flag=True, help="Submit a cluster run no node pool can hold (auto-provisioning); with --replace also replace a live run (it is stopped first).")
 @VERBOSE
 @PROGRESS_INTERVAL
 @storage_timeout_option
@@ -206,6 +206,10 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
         return EXIT_OK
     sub = runs.submit(spec, replace=replace, force=force, pack=pack)
     spec = sub.spec
+    for line in sub.notes:
+        info(line)
+    for line in sub.warnings:
+        warn(line)
     if sub.packed is not None:
         p = sub.packed
         git = (f", git {p.git.commit[:7]}{' on ' + p.git.branch if p.git.branch else ''}"

@@ -30,7 +30,7 @@ from typing import Any
 
 from manifests.catalogue import Shape
 from manifests.jobset import capacity_placement, pod_spec
-from manifests.spec import RunSpec
+from manifests.spec import QUEUE_NONE, RunSpec
 from orchestrator.backends.kube.backend import (
     INSTALL_HINT,
     JOBSET_CRD,
@@ -385,6 +385,28 @@ def check_queue(backend: KubeBackend, queue: str) -> Check:
                               + ("; Kueue reports it active" if active is not None else ""))
 
 
+def check_found_queue(backend: KubeBackend) -> Check:
+    """No queue named: what ``xrun submit`` would do (``services.cluster.resolve_queue``)."""
+    from orchestrator.services.cluster import find_queue
+
+    try:
+        queue, kind, detail = find_queue(backend)
+    except XrunError as e:
+        return Check("kueue", FAIL, str(e), e.exit_code)
+    ns = backend.namespace
+    if kind == "one":
+        return Check("kueue", OK, f"no queue named: submit uses LocalQueue {ns}/{queue}, the only one in namespace {ns}")
+    if kind == "several":
+        return Check("kueue", WARN, f"no queue named and namespace {ns} has several LocalQueues ({detail}): "
+                                    f"submit needs --queue NAME (or --queue {QUEUE_NONE})")
+    if kind == "none":
+        return Check("kueue", WARN, f"Kueue is installed but namespace {ns} has no LocalQueue: runs here are not "
+                                    "queued (no ClusterQueue's quota holds them)")
+    if kind == "forbidden":
+        return Check("kueue", WARN, f"cannot list LocalQueues: {detail}")
+    return Check("kueue", SKIP, "Kueue is not installed: runs are not queued")
+
+
 def check_priority(backend: KubeBackend, wanted: str) -> Check:
     """Which of xpk's ladder PriorityClasses (very-low..very-high) exist, and the run's."""
     from manifests.spec import PRIORITY_LADDER
@@ -480,8 +502,10 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
         checks.append(check_jobset(backend))
         checks.append(check_jobset_controller(backend))
         checks.append(check_rbac(backend))
-        if queue:
+        if queue and queue != QUEUE_NONE:
             checks.append(check_queue(backend, queue))
+        elif not queue:
+            checks.append(check_found_queue(backend))
         checks.append(check_priority(backend, priority))
         if shape is not None:
             checks.append(check_nodes(backend, shape, needed_nodes, capacity))
@@ -540,6 +564,8 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
     values["storage"] = settings.storage_root(values.get("storage"))
     out = DoctorInputs(**{k: v for k, v in values.items() if k in DoctorInputs.__dataclass_fields__})
     out.priority = str(values.get("priority") or data.get("priority_class") or "")
+    if not out.queue:
+        out.queue = settings.default_queue()
     if probe_timeout is not None:
         out.probe_timeout_s = float(probe_timeout)
     image = flags.get("image") or (data.get("image") if run_file else None)

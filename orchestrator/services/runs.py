@@ -15,7 +15,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import yaml
@@ -270,6 +270,8 @@ class Submitted:
     backend: Backend
     packed: Packed | None = None  # the shipped working tree, when the spec has a workdir
     uploaded: bool = False  # whether this submit uploaded its archive (False: already stored)
+    notes: list[str] = field(default_factory=list)  # what was read from the cluster (the queue found)
+    warnings: list[str] = field(default_factory=list)  # what could not be checked there
 
     @property
     def url(self) -> str:
@@ -281,19 +283,23 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
     """Write manifest.yaml and run.json under the run's folder, then hand the manifest to the
     backend. ``replace`` removes an earlier run of the same name first (its stored data and
     checkpoints with it), and only once that run is over as its backend and state.json say
-    and no process of it lives; ``force`` replaces a live one too, stopping it first.
+    and no process of it lives; ``force`` replaces a live one too, stopping it first, and
+    submits a cluster run no node pool can hold (``services.cluster.check_capacity``).
 
     Exclusive per name: run.json is created atomically (``Storage.create_exclusive``: O_EXCL
     locally, ifGenerationMatch=0 on GCS), so of racing submits exactly one starts.
 
     A ``workdir`` is packed first (bad input: exit 2, nothing written) and its archive
     uploaded before run.json, only when absent (``code.upload``)."""
-    if force and not replace:
-        raise XrunError("--force: only with --replace (it replaces a run that is still live)")
     spec, packed = code.prepare(spec, pack)
+    backend = backend_for_spec(spec)
+    notes: list[str] = []
+    warnings: list[str] = []
+    if spec.backend_name == "kube":
+        check_cluster_xrun_image(spec)  # bad input before the cluster is asked anything
+        spec, notes, warnings = _from_cluster(spec, backend, force)
     manifest = render_for_submit(spec)
     storage = _open(spec.storage)
-    backend = backend_for_spec(spec)
     _preflight(backend)
     uploaded = False
     if packed is not None:
@@ -327,7 +333,28 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
     resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
     if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
         storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
-    return Submitted(spec, manifest, storage, backend, packed, uploaded)
+    return Submitted(spec, manifest, storage, backend, packed, uploaded, notes, warnings)
+
+
+def _from_cluster(spec: RunSpec, backend: Backend, force: bool) -> tuple[RunSpec, list[str], list[str]]:
+    """The queue found and the capacity checked (``services.cluster``), before anything is
+    written or created; ``force`` submits a shape no node pool holds (auto-provisioning)."""
+    from orchestrator.backends.kube.backend import KubeBackend
+    from orchestrator.services import cluster
+
+    if not isinstance(backend, KubeBackend):
+        return spec, [], []
+    try:
+        found = cluster.resolve_queue(spec, backend)
+        if not force:
+            problem = cluster.check_capacity(found.spec, backend)
+            if problem:
+                found.warnings.append(problem)
+    except XrunError as e:
+        if e.exit_code != EXIT_UNREACHABLE:
+            raise
+        return spec, [], []  # the steps below say the cluster is unreachable, where they always did
+    return found.spec, found.notes, found.warnings
 
 
 def _preflight(backend: Backend) -> None:
