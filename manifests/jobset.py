@@ -226,10 +226,10 @@ def platform_env(shape: Shape) -> dict[str, str]:
     return out
 
 
-def interfaces_annotation(stack: Networking) -> str:
-    """GKE multi-networking: eth0 on the pod network, eth1.. on the stack's Networks."""
+def interfaces_annotation(networks: list[str] | tuple[str, ...]) -> str:
+    """GKE multi-networking: eth0 on the pod network, eth1.. on the named Network objects."""
     nics = [{"interfaceName": "eth0", "network": "default"}]
-    nics += [{"interfaceName": f"eth{i}", "network": n} for i, n in enumerate(stack.networks, 1)]
+    nics += [{"interfaceName": f"eth{i}", "network": n} for i, n in enumerate(networks, 1)]
     return json.dumps(nics, separators=(",", ":"))
 
 
@@ -242,7 +242,7 @@ def pod_annotations(spec: RunSpec) -> dict[str, str]:
         out.update(stack.annotations)
         if stack.networks:
             out[Annotations.DEFAULT_INTERFACE] = "eth0"
-            out[Annotations.NETWORK_INTERFACES] = interfaces_annotation(stack)
+            out[Annotations.NETWORK_INTERFACES] = interfaces_annotation(spec.networks or stack.networks)
     if any("bucket" in m for m in spec.mounts):
         out[Annotations.GCSFUSE_VOLUMES] = "true"
         out.update(dict.fromkeys(GCSFUSE_SIDECAR_LIMITS, "0"))

@@ -130,6 +130,9 @@ class RunSpec:
     # Secrets (kubernetes.io/dockerconfigjson) the kubelet pulls every image of the pod with:
     # a private registry (xpk --docker-image-pull-secret).
     image_pull_secrets: list[str] = field(default_factory=list)
+    # GKE Network objects for a GPU stack's NICs eth1.. (accelerators.yaml ``networks`` by
+    # default; a cluster submit reads the cluster's when those do not exist there).
+    networks: list[str] = field(default_factory=list)
 
     # --- derived -----------------------------------------------------------------
     @property
@@ -532,6 +535,20 @@ def validate_gke_knobs(spec: RunSpec) -> None:
     if spec.scheduler and spec.scheduler != TOPOLOGY_AWARE_SCHEDULER and is_dns1123_subdomain(spec.scheduler):
         raise XrunError(f"scheduler: {TOPOLOGY_AWARE_SCHEDULER} or a scheduler name (DNS-1123 subdomain), "
                         f"got {short_repr(spec.scheduler)}")
+    stack = spec.shape.networking if spec.shape.kind == "gpu" else None
+    if spec.networks:
+        want = len(stack.networks) if stack else 0
+        if not want:
+            raise XrunError(f"networks: only for GPU shapes whose networking stack attaches NICs "
+                            f"(h100-80gb-8, h100-mega-80gb-8, h200-141gb-8, b200-8), not {spec.accelerator}")
+        if len(spec.networks) != want:
+            raise XrunError(f"networks: {spec.accelerator} ({stack.name}) attaches {want} NICs, so name {want} "  # type: ignore[union-attr]
+                            f"Network objects (eth1..eth{want}), got {len(spec.networks)}")
+        for i, net in enumerate(spec.networks):
+            if is_dns1123_subdomain(net):
+                raise XrunError(f"networks[{i}]: a Network object's name (DNS-1123 subdomain), got {short_repr(net)}")
+            if spec.networks.index(net) != i:
+                raise XrunError(f"networks: {net} is named twice")
     for i, secret in enumerate(spec.image_pull_secrets):
         if is_dns1123_subdomain(secret):
             raise XrunError(f"image_pull_secrets[{i}]: a Secret name (DNS-1123 subdomain), got {short_repr(secret)}")

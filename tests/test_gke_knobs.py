@@ -5,6 +5,7 @@ the spot pool and a flex-start run waits suspended for Kueue."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -246,3 +247,14 @@ def test_multislice_containers_never_name_an_env_var_twice(accelerator, slices):
     assert env["MEGASCALE_SLICE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
         "metadata.labels['jobset.sigs.k8s.io/job-global-index']")
     assert refused(num_slices=2, env={"MEGASCALE_PORT": "9090"}).startswith("env: MEGASCALE_PORT is set by xrun itself")
+
+
+def test_networks_override_names_the_gpu_nics():
+    nets = [f"c-gpunet-{i}-subnet" for i in range(8)]
+    t = tmpl(render(accelerator="h100-mega-80gb-8", networks=nets))
+    nics = json.loads(t["metadata"]["annotations"]["networking.gke.io/interfaces"])
+    assert [n["network"] for n in nics] == ["default", *nets]
+    assert refused(accelerator="h100-mega-80gb-8", networks=nets[:7]).startswith(
+        "networks: h100-mega-80gb-8 (tcpxo) attaches 8 NICs, so name 8 Network objects (eth1..eth8), got 7")
+    assert refused(networks=["a"]).startswith("networks: only for GPU shapes whose networking stack attaches NICs")
+    assert refused(accelerator="h100-mega-80gb-8", networks=[*nets[:7], nets[0]]) == f"networks: {nets[0]} is named twice"

@@ -222,3 +222,90 @@ def check_capacity(spec: RunSpec, backend: KubeBackend) -> str:
     if problem:
         raise XrunError(problem, EXIT_USAGE)
     return ""
+
+
+# ---------------------------------------------------------------------------------------
+# GPU networks
+
+
+# GKE multi-networking (cloud.google.com/kubernetes-engine/docs/how-to/setup-multinetwork-support-for-pods):
+# a pod's networking.gke.io/interfaces annotation names Network objects, each of which
+# points at a GKENetworkParamSet (the VPC and subnet). xpk names its interfaces after the
+# cluster's GKENetworkParamSets (AI-Hypercomputer/xpk@367c8382 src/xpk/core/network.py
+# get_cluster_subnetworks: kubectl get GKENetworkParamSet).
+NETWORKING_GROUP, NETWORKING_VERSION = "networking.gke.io", "v1"
+
+
+def _natural(name: str) -> tuple[Any, ...]:
+    import re
+
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+def order_networks(names: list[str]) -> list[str]:
+    """eth1.. in the order GKE's clusters number them: A3 Ultra / A4 put the gVNIC network
+    (``<cluster>-sub-1``) before the RDMA ones (``<cluster>-rdma-sub-<i>``); within each,
+    by number (``<cluster>-gpunet-<i>-subnet``)."""
+    return sorted(names, key=lambda n: ("rdma" in n, _natural(n)))
+
+
+def device_networks(backend: KubeBackend) -> list[str] | None:
+    """The Network objects that attach a NIC (a parametersRef to an existing
+    GKENetworkParamSet), None when the cluster serves no networking.gke.io API."""
+    if backend.api_group(NETWORKING_GROUP) is None:
+        return None
+    params = {(o.get("metadata") or {}).get("name") for o in
+              backend.cluster_objects(NETWORKING_GROUP, NETWORKING_VERSION, "gkenetworkparamsets")}
+    out = []
+    for net in backend.cluster_objects(NETWORKING_GROUP, NETWORKING_VERSION, "networks"):
+        ref = (net.get("spec") or {}).get("parametersRef") or {}
+        if ref.get("kind") == "GKENetworkParamSet" and ref.get("name") in params:
+            out.append((net.get("metadata") or {}).get("name", ""))
+    return order_networks([n for n in out if n])
+
+
+def pick_networks(accelerator: str, stack: Any, named: list[str], have: list[str] | None) -> tuple[list[str], str]:
+    """(the networks to render, "" for the run file's or xrun's defaults; a note when read
+    from the cluster). Missing, or not as many as the stack attaches: bad input naming what
+    the cluster has (the pods would start without their GPU NICs)."""
+    need = len(stack.networks)
+    if have is None:
+        raise XrunError(f"networks: {accelerator} attaches {need} NICs through GKE multi-networking, and this "
+                        "cluster serves no networking.gke.io Network objects (create it with "
+                        "--enable-multi-networking and the node pools' --additional-node-network)", EXIT_USAGE)
+    seen = ", ".join(have) or "none"
+    if named:
+        missing = [n for n in named if n not in have]
+        if missing:
+            raise XrunError(f"networks: {', '.join(missing)} not in the cluster's Network objects ({seen})", EXIT_USAGE)
+        return [], ""
+    if all(n in have for n in stack.networks):
+        return [], ""
+    if len(have) == need:
+        return have, f"networks: eth1..eth{need} on the cluster's Networks {', '.join(have)}"
+    raise XrunError(f"networks: {accelerator} ({stack.name}) attaches {need} NICs; the cluster's Network "
+                    f"objects are {seen}, not xrun's defaults ({', '.join(stack.networks)}): name the {need} to use "
+                    "in networks: [...]", EXIT_USAGE)
+
+
+def resolve_networks(spec: RunSpec, backend: KubeBackend) -> Resolved:
+    """A GPU stack's NICs named after the cluster's Network objects: the run file's
+    ``networks`` when all exist; else xrun's defaults (accelerators.yaml) when all exist;
+    else the cluster's, when it has exactly as many as the stack attaches."""
+    out = Resolved(spec)
+    stack = spec.shape.networking if spec.shape.kind == "gpu" else None
+    if stack is None or not stack.networks:
+        return out
+    try:
+        have = device_networks(backend)
+    except XrunError as e:
+        if e.exit_code == EXIT_FAILED:
+            out.warnings.append(f"cannot read the cluster's networking.gke.io Networks, so the NICs' networks are "
+                                f"unchecked: {e}")
+            return out
+        raise
+    networks, note = pick_networks(spec.accelerator, stack, spec.networks, have)
+    if networks:
+        out.spec = dataclasses.replace(spec, networks=networks)
+        out.notes.append(note)
+    return out

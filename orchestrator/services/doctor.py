@@ -469,6 +469,25 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int, capacity: str =
                                 f"{shape.gke_accelerator} {what} and {needed} nodes", 1)
 
 
+def check_networks(backend: KubeBackend, shape: Shape, named: list[str]) -> Check:
+    """The GKE Network objects the GPU stack's NICs would attach to, as submit picks them
+    (``services.cluster.pick_networks``)."""
+    from orchestrator.services.cluster import device_networks, pick_networks
+
+    stack = shape.networking
+    assert stack is not None
+    try:
+        have = device_networks(backend)
+        picked, _ = pick_networks(shape.name, stack, named, have)
+    except XrunError as e:
+        if e.exit_code == 1 and "forbidden" in str(e):
+            return Check("networks", WARN, f"cannot read the cluster's Network objects: {e}")
+        return Check("networks", FAIL, str(e), 1 if e.exit_code == 2 else e.exit_code)
+    used = picked or named or list(stack.networks)
+    return Check("networks", OK, f"eth1..eth{len(used)} attach to Networks {', '.join(used)}"
+                                 + (" (read from the cluster)" if picked else ""))
+
+
 def check_storage(root: str, for_cluster: bool = True) -> Check:
     from xrun_contract.storage import open_storage
 
@@ -493,7 +512,7 @@ def check_storage(root: str, for_cluster: bool = True) -> Check:
 def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, queue: str,
                storage_root: str, probe: RunSpec | None = None,
                probe_timeout_s: float = PROBE_TIMEOUT_S, priority: str = "",
-               capacity: str = "on-demand") -> list[Check]:
+               capacity: str = "on-demand", networks: list[str] | None = None) -> list[Check]:
     api, answered = api_check(backend)
     checks = [api]
     if not answered:
@@ -509,6 +528,8 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
         checks.append(check_priority(backend, priority))
         if shape is not None:
             checks.append(check_nodes(backend, shape, needed_nodes, capacity))
+            if shape.kind == "gpu" and shape.networking and shape.networking.networks:
+                checks.append(check_networks(backend, shape, networks or []))
     checks.append(check_storage(storage_root))
     if probe is None:
         checks.append(Check("pod-storage", SKIP, "give the run's image (-f run.yaml or --image) to prove a pod on "
@@ -541,6 +562,7 @@ class DoctorInputs:
     probe_timeout_s: float = PROBE_TIMEOUT_S
     priority: str = ""  # the run's PriorityClass (priority or priority_class)
     capacity: str = "on-demand"  # adds spot / reservation / queued node labels to the node check
+    networks: list[str] | None = None  # the run file's GPU networks
 
 
 def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
@@ -554,7 +576,8 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
     if run_file:
         data = read_run_file(run_file)
         values = {k: data[k] for k in ("accelerator", "num_slices", "nodes", "cpu_devices_per_host",
-                                       "queue", "namespace", "context", "storage", "capacity", "priority")
+                                       "queue", "namespace", "context", "storage", "capacity", "priority",
+                                       "networks")
                   if data.get(k) is not None}
     values.update({k: v for k, v in flags.items() if v is not None and k not in ("image", "service_account")})
     for key in ("num_slices", "nodes"):
@@ -596,5 +619,5 @@ def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
     backend = KubeBackend(v.context or None, v.namespace or None)
     results = run_checks(backend, shape=shape, needed_nodes=needed, queue=v.queue,
                          storage_root=v.storage, probe=v.probe, probe_timeout_s=v.probe_timeout_s,
-                         priority=v.priority, capacity=str(v.capacity))
+                         priority=v.priority, capacity=str(v.capacity), networks=v.networks)
     return results, exit_code(results)

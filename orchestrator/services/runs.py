@@ -346,6 +346,10 @@ def _from_cluster(spec: RunSpec, backend: Backend, force: bool) -> tuple[RunSpec
         return spec, [], []
     try:
         found = cluster.resolve_queue(spec, backend)
+        nets = cluster.resolve_networks(found.spec, backend)
+        found.spec = nets.spec
+        found.notes += nets.notes
+        found.warnings += nets.warnings
         if not force:
             problem = cluster.check_capacity(found.spec, backend)
             if problem:

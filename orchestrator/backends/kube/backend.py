@@ -420,10 +420,19 @@ class KubeBackend:
         position = self.queue_position(meta["labels"][Labels.QUEUE_NAME], names) if names else ""
         return "; ".join(x for x in (message, position) if x)
 
-    def _get_path(self, path: str, **kwargs: Any) -> Any:
-        """GET an API path no generated client method covers (an aggregated API)."""
-        return self.api_client.call_api(path, "GET", auth_settings=["BearerToken"], response_type="object",
-                                        _return_http_data_only=True, **kwargs)
+    def _get_path(self, path: str, _preload_content: bool = False, _request_timeout: Any = None) -> Any:
+        """GET an API path no generated client method covers (an aggregated API's
+        subresource): the urllib3 response, as the generated methods give it."""
+        from kubernetes.client.exceptions import ApiException
+
+        api = self.api_client
+        request = api.param_serialize("GET", path, header_params={"Accept": "application/json"},
+                                      auth_settings=["BearerToken"])
+        resp = api.call_api(*request, _request_timeout=_request_timeout)
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise ApiException(http_resp=resp)
+        return resp.response
 
     def queue_position(self, queue: str, workloads: set[str]) -> str:
         """Where a pending Workload stands, from Kueue's visibility API (the LocalQueue's
@@ -563,6 +572,12 @@ class KubeBackend:
         custom, _ = self._apis()
         return (self.call("list", f"localqueues.{KUEUE_GROUP}", custom.list_namespaced_custom_object,
                           KUEUE_GROUP, version, self.namespace, "localqueues") or {}).get("items") or []
+
+    def cluster_objects(self, group: str, version: str, plural: str) -> builtins.list[dict[str, Any]]:
+        """Every object of a cluster-scoped custom resource."""
+        custom, _ = self._apis()
+        return (self.call("list", f"{plural}.{group}", custom.list_cluster_custom_object, group, version, plural)
+                or {}).get("items") or []
 
     def nodes(self, label_selector: str) -> builtins.list[dict[str, Any]]:
         _, core = self._apis()
