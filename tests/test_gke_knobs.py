@@ -258,3 +258,56 @@ def test_networks_override_names_the_gpu_nics():
         "networks: h100-mega-80gb-8 (tcpxo) attaches 8 NICs, so name 8 Network objects (eth1..eth8), got 7")
     assert refused(networks=["a"]).startswith("networks: only for GPU shapes whose networking stack attaches NICs")
     assert refused(accelerator="h100-mega-80gb-8", networks=[*nets[:7], nets[0]]) == f"networks: {nets[0]} is named twice"
+
+
+def node(name: str, pool: str, labels: dict[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"cloud.google.com/gke-nodepool": pool, "kubernetes.io/hostname": name,
+                                                  **labels}},
+            "spec": {"taints": taints or []}}
+
+
+V6E_2X4 = {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4",
+           "node.kubernetes.io/instance-type": "ct6e-standard-4t"}
+TPU_TAINT = {"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}
+
+
+def test_capacity_counts_whole_untainted_pools_per_slice():
+    """Offline twin of tests/test_cluster_gke_first_run.py (which reads real nodes): one pool
+    per slice, a node per VM, taints the pods do not tolerate rule a pool out."""
+    from orchestrator.services.cluster import capacity_problem, node_pools
+
+    nodes = [node(f"a-{i}", "a", V6E_2X4, [TPU_TAINT]) for i in range(2)]
+    nodes += [node(f"b-{i}", "b", V6E_2X4, [TPU_TAINT]) for i in range(1)]  # one VM short
+    nodes += [node(f"s-{i}", "s", {**V6E_2X4, "cloud.google.com/gke-spot": "true"},
+                   [TPU_TAINT, {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}])
+              for i in range(2)]
+    pools = node_pools(nodes)
+    assert [p.describe() for p in pools] == ["a (tpu-v6e-slice 2x4 ct6e-standard-4t x2)",
+                                             "b (tpu-v6e-slice 2x4 ct6e-standard-4t x1)",
+                                             "s (tpu-v6e-slice 2x4 ct6e-standard-4t x2)"]
+    one = build_spec({**BASE, "accelerator": "v6e-8"}, {}, storage_default=STORAGE)
+    assert capacity_problem(one, pools) == ""
+    two = build_spec({**BASE, "accelerator": "v6e-8", "num_slices": 2}, {}, storage_default=STORAGE)
+    assert ", 1 fit; TPU node pools seen: a (" in capacity_problem(two, pools)  # b too small, s tainted
+    spot = build_spec({**BASE, "accelerator": "v6e-8", "capacity": "spot"}, {}, storage_default=STORAGE)
+    assert capacity_problem(spot, pools) == ""
+    assert "(also labelled cloud.google.com/gke-spot=true)" in capacity_problem(
+        build_spec({**BASE, "accelerator": "v6e-8", "capacity": "spot", "num_slices": 2}, {}, storage_default=STORAGE),
+        pools)
+
+
+def test_network_names_are_picked_as_the_cluster_numbers_them():
+    from manifests.catalogue import lookup
+    from orchestrator.services.cluster import order_networks, pick_networks
+
+    ultra = ["c-sub-1", *(f"c-rdma-sub-{i}" for i in range(8))]
+    assert order_networks(sorted(ultra)) == ultra
+    mega = [f"c-gpunet-{i}-subnet" for i in (10, 2, 1, 0, 3, 4, 5, 6)]
+    assert order_networks(mega)[:3] == ["c-gpunet-0-subnet", "c-gpunet-1-subnet", "c-gpunet-2-subnet"]
+    stack = lookup("h200-141gb-8").networking
+    assert pick_networks("h200-141gb-8", stack, [], ultra) == (
+        ultra, "networks: eth1..eth9 on the cluster's Networks " + ", ".join(ultra))
+    assert pick_networks("h200-141gb-8", stack, [], ["gvnic-1", *(f"rdma-{i}" for i in range(8)), "x"]) == ([], "")
+    with pytest.raises(XrunError) as e:
+        pick_networks("h200-141gb-8", stack, [], None)
+    assert e.value.exit_code == EXIT_USAGE and "serves no networking.gke.io Network objects" in str(e.value)
