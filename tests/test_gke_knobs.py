@@ -311,3 +311,15 @@ def test_network_names_are_picked_as_the_cluster_numbers_them():
     with pytest.raises(XrunError) as e:
         pick_networks("h200-141gb-8", stack, [], None)
     assert e.value.exit_code == EXIT_USAGE and "serves no networking.gke.io Network objects" in str(e.value)
+
+
+def test_doctor_lists_each_mounted_bucket_once(gcs_bucket):
+    """A GCS FUSE bucket that does not exist fails the pods at mount: doctor says so."""
+    from orchestrator.services.doctor import check_mounts
+
+    bucket = gcs_bucket.removeprefix("gs://")
+    check = check_mounts([bucket])
+    assert (check.name, check.result) == ("mounts", "ok"), check
+    check = check_mounts([bucket, "no-such-bucket-xrun"])
+    assert (check.result, check.exit_code) == ("FAIL", 1)
+    assert check.detail.startswith("mounts: bucket gs://no-such-bucket-xrun does not exist"), check.detail

@@ -488,6 +488,28 @@ def check_networks(backend: KubeBackend, shape: Shape, named: list[str]) -> Chec
                                  + (" (read from the cluster)" if picked else ""))
 
 
+def check_mounts(buckets: list[str], timeout_s: float = 20.0) -> Check:
+    """Each GCS FUSE bucket of the run exists and lists (one object asked for) with this
+    machine's credentials: cheap, and it catches a misspelt or missing bucket. The pods read
+    it as their own service account (hostNetworkPodKSA on TPU pods), which only they can prove."""
+    from google.api_core.exceptions import GoogleAPICallError, NotFound
+
+    from xrun_contract.storage import gcs_client
+
+    client = gcs_client()
+    for bucket in buckets:
+        try:
+            list(client.list_blobs(bucket, max_results=1, timeout=timeout_s))
+        except NotFound:
+            return Check("mounts", FAIL, f"mounts: bucket gs://{bucket} does not exist (the pods' GCS FUSE volume "
+                                         "would fail to mount, and the pods with it)", 1)
+        except (GoogleAPICallError, OSError) as e:
+            return Check("mounts", FAIL, f"mounts: cannot list gs://{bucket} from here: "
+                                         f"{' '.join(str(e).split())[:200]}", 1)
+    return Check("mounts", OK, f"bucket(s) {', '.join(f'gs://{b}' for b in buckets)} exist and list from here "
+                               "(the pods read them as their service account)")
+
+
 def check_storage(root: str, for_cluster: bool = True) -> Check:
     from xrun_contract.storage import open_storage
 
@@ -531,6 +553,9 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
             if shape.kind == "gpu" and shape.networking and shape.networking.networks:
                 checks.append(check_networks(backend, shape, networks or []))
     checks.append(check_storage(storage_root))
+    buckets = [m["bucket"] for m in (probe.mounts if probe else []) if "bucket" in m]
+    if buckets:
+        checks.append(check_mounts(buckets))
     if probe is None:
         checks.append(Check("pod-storage", SKIP, "give the run's image (-f run.yaml or --image) to prove a pod on "
                                                  "the target node pool can write the storage root"))
