@@ -292,13 +292,14 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
     A ``workdir`` is packed first (bad input: exit 2, nothing written) and its archive
     uploaded before run.json, only when absent (``code.upload``)."""
     spec, packed = code.prepare(spec, pack)
+    manifest = render_for_submit(spec)  # bad input: exit 2 before the cluster is asked anything
     backend = backend_for_spec(spec)
     notes: list[str] = []
     warnings: list[str] = []
     if spec.backend_name == "kube":
-        check_cluster_xrun_image(spec)  # bad input before the cluster is asked anything
-        spec, notes, warnings = _from_cluster(spec, backend, force)
-    manifest = render_for_submit(spec)
+        found, notes, warnings = _from_cluster(spec, backend, force)
+        if found != spec:  # the queue or the networks read from the cluster
+            spec, manifest = found, render_for_submit(found)
     storage = _open(spec.storage)
     _preflight(backend)
     uploaded = False
