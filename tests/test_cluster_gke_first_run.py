@@ -125,18 +125,25 @@ def test_the_namespaces_only_local_queue_is_used_and_a_queued_run_shows_its_posi
     # Two more through the same service the CLI calls (in-process: each CLI start costs seconds).
     monkeypatch.delenv("XRUN_QUEUE", raising=False)
     monkeypatch.setenv("KUBECONFIG", cluster.kubeconfig)
-    for name in (second, third):
-        sub = runs.submit(spec(name, ns, storage=storage, pod_annotations=timing(run_s=600)))
+    # Kueue orders pending Workloads by priority, then creation time (1 s resolution, ties in
+    # no set order): the priorities make "second ahead of third" certain.
+    for name, priority in ((second, "high"), (third, "low")):
+        sub = runs.submit(spec(name, ns, storage=storage, pod_annotations=timing(run_s=600), priority=priority))
         assert sub.spec.queue == "team-q" and sub.notes == [
             f"queue: LocalQueue {ns}/team-q, the only one in namespace {ns} (--queue NAME to choose, --queue none "
             "for no Kueue)"]
     cluster.wait("both queued runs pending in Kueue", lambda: all(workload_of(cluster, ns, n) for n in (second, third)), 30)
 
     def position() -> dict | None:  # what `xrun status -o json` prints
+        # Until Kueue's queue manager holds both pending Workloads the third may be alone there.
         view = runs.status(open_storage(storage), third)
-        return view if "Kueue queue:" in view.get("message", "") else None
+        return view if "Kueue queue: 1 ahead" in view.get("message", "") else None
 
-    view = cluster.wait("the third run's position in status", position, 60, every=0.5)
+    try:
+        view = cluster.wait("the third run's position in status", position, 60, every=0.5)
+    except AssertionError:
+        wls = {n: (workload_of(cluster, ns, n) or {}).get("status") for n in (first, second, third)}
+        raise AssertionError(f"{runs.status(open_storage(storage), third)['message']}; workloads: {wls}") from None
     assert view["state"] == "Pending", view
     assert f"Kueue queue: 1 ahead in LocalQueue {ns}/team-q ({second}), 1 ahead in its ClusterQueue" in view["message"], view
     assert "insufficient unused quota" in view["message"], view  # Kueue's own reason stays
