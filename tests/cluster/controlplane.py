@@ -295,7 +295,7 @@ def kueue_visibility_objects(mod: Path, port: int) -> list[dict[str, Any]]:
 
 
 def _visibility_served(api: Api) -> Any:
-    """True once the API server proxies Kueue's visibility API (both versions Available)."""
+    """True once the API server proxies Kueue's visibility API (v1beta1, the version xrun reads)."""
     code, body = api.request("GET", "/apis/visibility.kueue.x-k8s.io/v1beta1")
     return True if code == 200 else (code, body)
 
