@@ -83,7 +83,8 @@ def parse_rfc(text: str) -> float:
 
 def xrun_env(kubeconfig: str, gcs_url: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "KUBECONFIG": kubeconfig,
-            "STORAGE_EMULATOR_HOST": gcs_url, "XRUN_STORAGE": ROOT, "COLUMNS": "200"}
+            "STORAGE_EMULATOR_HOST": gcs_url, "XRUN_STORAGE": ROOT, "COLUMNS": "200",
+            "XRUN_QUEUE": "none"}
 
 
 def xrun_cmd(*args: str) -> list[str]:

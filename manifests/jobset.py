@@ -49,6 +49,14 @@ GPU_RESOURCE = "nvidia.com/gpu"
 FAIL_ON_USER_ERROR_RULE = "FailOnUserError"
 SHM_VOLUME = "dshm"
 GCSFUSE_DRIVER = "gcsfuse.csi.storage.gke.io"
+# The GCS FUSE sidecar GKE injects unthrottled: "0" lifts each limit, as xpk sets them
+# (AI-Hypercomputer/xpk@367c8382 src/xpk/core/storage.py GCS_FUSE_ANNOTATIONS).
+GCSFUSE_SIDECAR_LIMITS = ("gke-gcsfuse/cpu-limit", "gke-gcsfuse/memory-limit",
+                          "gke-gcsfuse/ephemeral-storage-limit")
+# A hostNetwork pod (TPU) reaches the bucket with its own Kubernetes service account only with
+# this volume attribute (GoogleCloudPlatform/gcs-fuse-csi-driver@5fcdc04a docs/authentication.md,
+# pkg/csi_driver/controller.go VolumeContextKeyHostNetworkPodKSA; driver >= v1.17.2, GKE >= 1.29).
+GCSFUSE_HOST_NETWORK_KSA = "hostNetworkPodKSA"
 
 
 def coordinator_host(spec: RunSpec) -> str:
@@ -156,6 +164,12 @@ def container_env(spec: RunSpec) -> list[t.EnvVar]:
         static[Env.NNODES] = str(spec.hosts_per_slice)
     multislice = shape.kind == "tpu" and spec.slices > 1
     if multislice:
+        # GKE's TPU webhook also provides MEGASCALE_* to multislice JobSet pods, which is why
+        # GKE's guide (cloud.google.com/kubernetes-engine/docs/how-to/tpu-multislice) and xpk's
+        # TPU workload template (AI-Hypercomputer/xpk@367c8382) set none. xrun names each
+        # once, with the values GKE derives (slice 0 host 0, the JobSet's replicas, the
+        # job-global-index, port 8080), so whichever source the container reads they agree, and
+        # the user's env may not name them (reserved): never two entries of one name.
         static[Env.MEGASCALE_COORDINATOR_ADDRESS] = coordinator_host(spec)
         static[Env.MEGASCALE_NUM_SLICES] = str(spec.slices)
         static[Env.MEGASCALE_PORT] = str(spec.megascale_port)
@@ -177,6 +191,10 @@ def container_env(spec: RunSpec) -> list[t.EnvVar]:
     env += [t.EnvVar(name=k, value=k8s_escape(v)) for k, v in nccl_profile_env(shape, spec.env).items()]
     # An empty value is expressed by leaving "value" out (Kubernetes reads it as "").
     env += [t.EnvVar(name=k, value=k8s_escape(v) if v else None) for k, v in spec.env.items()]
+    names = [e.name for e in env]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # the last would silently win in the kubelet: a rendering bug, never shipped
+        raise XrunError(f"env: {', '.join(twice)} would be set twice in the workload container")
     return env
 
 
@@ -208,10 +226,10 @@ def platform_env(shape: Shape) -> dict[str, str]:
     return out
 
 
-def interfaces_annotation(stack: Networking) -> str:
-    """GKE multi-networking: eth0 on the pod network, eth1.. on the stack's Networks."""
+def interfaces_annotation(networks: list[str] | tuple[str, ...]) -> str:
+    """GKE multi-networking: eth0 on the pod network, eth1.. on the named Network objects."""
     nics = [{"interfaceName": "eth0", "network": "default"}]
-    nics += [{"interfaceName": f"eth{i}", "network": n} for i, n in enumerate(stack.networks, 1)]
+    nics += [{"interfaceName": f"eth{i}", "network": n} for i, n in enumerate(networks, 1)]
     return json.dumps(nics, separators=(",", ":"))
 
 
@@ -224,9 +242,10 @@ def pod_annotations(spec: RunSpec) -> dict[str, str]:
         out.update(stack.annotations)
         if stack.networks:
             out[Annotations.DEFAULT_INTERFACE] = "eth0"
-            out[Annotations.NETWORK_INTERFACES] = interfaces_annotation(stack)
+            out[Annotations.NETWORK_INTERFACES] = interfaces_annotation(spec.networks or stack.networks)
     if any("bucket" in m for m in spec.mounts):
         out[Annotations.GCSFUSE_VOLUMES] = "true"
+        out.update(dict.fromkeys(GCSFUSE_SIDECAR_LIMITS, "0"))
     if spec.kueue_topology:
         mode, _, level = spec.kueue_topology.partition(":")
         key = Annotations.KUEUE_REQUIRED_TOPOLOGY if mode == "required" else Annotations.KUEUE_PREFERRED_TOPOLOGY
@@ -335,6 +354,7 @@ def pod_spec(spec: RunSpec) -> t.PodSpec:
         pod.dns_policy = "ClusterFirstWithHostNet"
     if spec.service_account:
         pod.service_account_name = spec.service_account
+    pod.image_pull_secrets = [t.LocalObjectReference(name=n) for n in spec.image_pull_secrets]
     if spec.priority_class_name:
         pod.priority_class_name = spec.priority_class_name
     if spec.privileged:
@@ -418,6 +438,8 @@ def apply_mounts(spec: RunSpec, pod: t.PodSpec, container: t.Container) -> None:
             attributes = {"bucketName": mount["bucket"]}
             if mount.get("options"):
                 attributes["mountOptions"] = mount["options"]
+            if pod.host_network:
+                attributes[GCSFUSE_HOST_NETWORK_KSA] = "true"
             pod.volumes.append(t.Volume(name=name, csi=t.CSIVolumeSource(
                 driver=GCSFUSE_DRIVER, read_only=read_only or None, volume_attributes=attributes)))
         else:
@@ -428,8 +450,8 @@ def apply_mounts(spec: RunSpec, pod: t.PodSpec, container: t.Container) -> None:
 
 def labels(spec: RunSpec) -> dict[str, str]:
     out = {Labels.RUN: spec.name, Labels.MANAGED_BY: MANAGED_BY}
-    if spec.queue:
-        out[Labels.QUEUE_NAME] = spec.queue
+    if spec.queue_name:
+        out[Labels.QUEUE_NAME] = spec.queue_name
     if spec.kueue_priority:
         out[Labels.KUEUE_PRIORITY] = spec.kueue_priority
     return out

@@ -58,6 +58,9 @@ TOPOLOGY_AWARE_SCHEDULER = "gke.io/topology-aware-auto"
 # validation.go validateSchedulingGates -> ValidateQualifiedName): the part after the "/" at
 # most 63 characters, so a run name of at most 63 - len("topology-aware-auto-") = 43.
 MAX_TOPOLOGY_GATE_NAME = MAX_LABEL - len(TOPOLOGY_AWARE_SCHEDULER.partition("/")[2] + "-")
+# queue: this value submits without Kueue on purpose (no queue label, no look-up of the
+# namespace's LocalQueues).
+QUEUE_NONE = "none"
 # kueue_topology: Kueue's topology-aware scheduling (pod template annotations).
 KUEUE_TOPOLOGY_MODES = ("required", "preferred")
 TOLERATION_KEYS = {"key", "operator", "value", "effect", "toleration_seconds"}
@@ -94,7 +97,9 @@ class RunSpec:
     # hostNetwork, where GKE Workload Identity does not apply (the node's account does).
     service_account: str = ""
     priority_class: str = ""  # pod priorityClassName
-    queue: str = ""  # Kueue LocalQueue (label kueue.x-k8s.io/queue-name)
+    # Kueue LocalQueue (label kueue.x-k8s.io/queue-name). "" = found at submit: the namespace's
+    # only LocalQueue (orchestrator.services.cluster); QUEUE_NONE = on purpose without Kueue.
+    queue: str = ""
     kueue_priority: str = ""  # label kueue.x-k8s.io/priority-class
     privileged: bool = False
     coordinator_port: int = 8476  # jax.distributed coordinator on process 0
@@ -122,6 +127,12 @@ class RunSpec:
     mounts: list[dict[str, Any]] = field(default_factory=list)  # GCS buckets, PVCs
     scheduler: str = ""  # schedulerName, or gke.io/topology-aware-auto (a scheduling gate)
     kueue_topology: str = ""  # required:<node label> | preferred:<node label>
+    # Secrets (kubernetes.io/dockerconfigjson) the kubelet pulls every image of the pod with:
+    # a private registry (xpk --docker-image-pull-secret).
+    image_pull_secrets: list[str] = field(default_factory=list)
+    # GKE Network objects for a GPU stack's NICs eth1.. (accelerators.yaml ``networks`` by
+    # default; a cluster submit reads the cluster's when those do not exist there).
+    networks: list[str] = field(default_factory=list)
 
     # --- derived -----------------------------------------------------------------
     @property
@@ -142,6 +153,11 @@ class RunSpec:
         """The pod's priorityClassName: ``priority`` (a ladder name is xpk's class of that
         name) or the older raw ``priority_class``."""
         return self.priority or self.priority_class
+
+    @property
+    def queue_name(self) -> str:
+        """The LocalQueue the JobSet is labelled with ("" for none)."""
+        return "" if self.queue == QUEUE_NONE else self.queue
 
     @property
     def reservation(self) -> str:
@@ -197,6 +213,12 @@ def _coerce(name: str, value: Any) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
             raise XrunError(f"{name}: must be a list of mappings")
         return [dict(v) for v in value]
+    if kind == "list[str]":
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise XrunError(f"{name}: must be a list of names")
+        return list(value)
     if kind == "list[int]":
         if not isinstance(value, list) or not all(
             isinstance(v, int) and not isinstance(v, bool) for v in value
@@ -225,7 +247,7 @@ def build_spec(file_values: dict[str, Any], flag_values: dict[str, Any],
             continue
         if FIELDS[name].type == "dict[str, str]":  # env, node_selector, pod_*: per key
             merged[name] = {**merged.get(name, {}), **_coerce(name, value)}
-        elif FIELDS[name].type == "list[dict[str, Any]]":  # tolerations, mounts: added
+        elif FIELDS[name].type in ("list[dict[str, Any]]", "list[str]"):  # tolerations, mounts, secrets: added
             merged[name] = merged.get(name, []) + _coerce(name, value)
         else:
             merged[name] = _coerce(name, value)
@@ -482,7 +504,7 @@ def validate_gke_knobs(spec: RunSpec) -> None:
                             "(lowercase letters, digits, '-', at most 63)")
     elif cap not in ("on-demand", "spot", "flex-start"):
         raise XrunError(f"capacity: must be one of {' | '.join(CAPACITIES)}, got {short_repr(cap)}")
-    if cap == "flex-start" and not spec.queue:
+    if cap == "flex-start" and not spec.queue_name:
         raise XrunError("capacity: flex-start needs queue: a Kueue LocalQueue whose ClusterQueue has a "
                         "ProvisioningRequest admission check (GKE queued provisioning)")
     if cap != "on-demand" and spec.shape.kind == "cpu":
@@ -513,10 +535,29 @@ def validate_gke_knobs(spec: RunSpec) -> None:
     if spec.scheduler and spec.scheduler != TOPOLOGY_AWARE_SCHEDULER and is_dns1123_subdomain(spec.scheduler):
         raise XrunError(f"scheduler: {TOPOLOGY_AWARE_SCHEDULER} or a scheduler name (DNS-1123 subdomain), "
                         f"got {short_repr(spec.scheduler)}")
+    stack = spec.shape.networking if spec.shape.kind == "gpu" else None
+    if spec.networks:
+        want = len(stack.networks) if stack else 0
+        if not want:
+            raise XrunError(f"networks: only for GPU shapes whose networking stack attaches NICs "
+                            f"(h100-80gb-8, h100-mega-80gb-8, h200-141gb-8, b200-8), not {spec.accelerator}")
+        if len(spec.networks) != want:
+            raise XrunError(f"networks: {spec.accelerator} ({stack.name}) attaches {want} NICs, so name {want} "  # type: ignore[union-attr]
+                            f"Network objects (eth1..eth{want}), got {len(spec.networks)}")
+        for i, net in enumerate(spec.networks):
+            if is_dns1123_subdomain(net):
+                raise XrunError(f"networks[{i}]: a Network object's name (DNS-1123 subdomain), got {short_repr(net)}")
+            if spec.networks.index(net) != i:
+                raise XrunError(f"networks: {net} is named twice")
+    for i, secret in enumerate(spec.image_pull_secrets):
+        if is_dns1123_subdomain(secret):
+            raise XrunError(f"image_pull_secrets[{i}]: a Secret name (DNS-1123 subdomain), got {short_repr(secret)}")
+        if spec.image_pull_secrets.index(secret) != i:
+            raise XrunError(f"image_pull_secrets: {secret} is named twice")
     if spec.kueue_topology:
         mode, _, level = spec.kueue_topology.partition(":")
         if mode not in KUEUE_TOPOLOGY_MODES or not level or is_qualified_name(level):
             raise XrunError("kueue_topology: required:<node label> or preferred:<node label> (e.g. "
                             f"preferred:cloud.google.com/gce-topology-block), got {short_repr(spec.kueue_topology)}")
-        if not spec.queue:
+        if not spec.queue_name:
             raise XrunError("kueue_topology: needs queue (Kueue's topology-aware scheduling admits through a LocalQueue)")

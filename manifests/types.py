@@ -154,6 +154,11 @@ class PodSchedulingGate:
 
 
 @dataclass(kw_only=True)
+class LocalObjectReference:
+    name: str
+
+
+@dataclass(kw_only=True)
 class PodSpec:
     restart_policy: str | None = None
     termination_grace_period_seconds: int | None = None
@@ -169,6 +174,7 @@ class PodSpec:
     priority_class_name: str | None = None
     scheduler_name: str | None = None
     scheduling_gates: list[PodSchedulingGate] = field(default_factory=list)
+    image_pull_secrets: list[LocalObjectReference] = field(default_factory=list)
     subdomain: str | None = None
     hostname: str | None = None
 

@@ -74,3 +74,12 @@ def stall_floor() -> float:
         raise XrunError(f"{STALL_ENV}: {text!r} is not a number of seconds >= 0 (0 turns stall detection off)",
                         EXIT_USAGE)
     return value
+
+
+# The Kueue LocalQueue of a cluster run that names none (run file or --queue), before the
+# namespace's only LocalQueue is looked for; "none" submits without Kueue.
+QUEUE_ENV = "XRUN_QUEUE"
+
+
+def default_queue() -> str:
+    return os.environ.get(QUEUE_ENV, "").strip()

@@ -15,6 +15,9 @@ def xrun_env(storage: str | Path, **extra: str) -> dict[str, str]:
     env["XRUN_STORAGE"] = str(storage)
     env["PYTHONPATH"] = str(REPO)
     env["XDG_STATE_HOME"] = str(Path(str(storage)).parent / "state") if not str(storage).startswith("gs://") else "/tmp/xrun-test-state"
+    # The test cluster's default namespace has two LocalQueues, where a cluster submit that
+    # names no queue is refused: tests that want one name it (or pass XRUN_QUEUE="").
+    env["XRUN_QUEUE"] = "none"
     env.update(extra)
     return env
 

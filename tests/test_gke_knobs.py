@@ -5,6 +5,7 @@ the spot pool and a flex-start run waits suspended for Kueue."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -113,11 +114,18 @@ def test_priority_ladder_raw_names_and_both():
 def test_mounts_gcs_fuse_and_pvc():
     t = tmpl(render(mounts=[{"bucket": "training-data", "path": "/data", "read_only": True, "options": "implicit-dirs"},
                             {"pvc": "datasets", "path": "/datasets"}]))
-    assert t["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    # The sidecar unthrottled as xpk sets it (src/xpk/core/storage.py GCS_FUSE_ANNOTATIONS)...
+    assert t["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true", "gke-gcsfuse/cpu-limit": "0",
+                                            "gke-gcsfuse/memory-limit": "0",
+                                            "gke-gcsfuse/ephemeral-storage-limit": "0"}
     vols = {v["name"]: v for v in t["spec"]["volumes"]}
+    # ...and a TPU pod (hostNetwork) uses its service account (gcs-fuse-csi-driver
+    # docs/authentication.md: hostNetworkPodKSA).
+    assert t["spec"]["hostNetwork"] is True
     assert vols["mount-0"] == {"name": "mount-0", "csi": {
         "driver": "gcsfuse.csi.storage.gke.io", "readOnly": True,
-        "volumeAttributes": {"bucketName": "training-data", "mountOptions": "implicit-dirs"}}}
+        "volumeAttributes": {"bucketName": "training-data", "mountOptions": "implicit-dirs",
+                             "hostNetworkPodKSA": "true"}}}
     assert vols["mount-1"] == {"name": "mount-1", "persistentVolumeClaim": {"claimName": "datasets"}}
     mounts = t["spec"]["containers"][0]["volumeMounts"]
     assert {"name": "mount-0", "mountPath": "/data", "readOnly": True} in mounts
@@ -193,3 +201,125 @@ def test_flags_have_the_run_file_names(tmp_path):
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines() == [
         "xrun: error: capacity: must be one of on-demand | spot | reservation:<name> | flex-start, got 'cheap'"]
+
+
+def test_gcs_fuse_on_a_pod_network_pod_has_no_host_network_attribute():
+    """A3 Mega pods get their NICs by annotation, without hostNetwork: the driver's default
+    Workload Identity path applies and the attribute is left out."""
+    t = tmpl(render(accelerator="h100-mega-80gb-8", mounts=[{"bucket": "training-data", "path": "/data"}]))
+    assert "hostNetwork" not in t["spec"]
+    vol = next(v for v in t["spec"]["volumes"] if v["name"] == "mount-0")
+    assert vol["csi"]["volumeAttributes"] == {"bucketName": "training-data"}
+    assert t["metadata"]["annotations"]["gke-gcsfuse/memory-limit"] == "0"
+
+
+def test_image_pull_secrets_from_file_and_flags():
+    obj = jobset(build_spec({**BASE, "image_pull_secrets": ["regcred"]},
+                            {"image_pull_secrets": ["other-cred"]}, storage_default=STORAGE))
+    assert violations(obj) == []
+    assert tmpl(obj)["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other-cred"}]
+    assert "imagePullSecrets" not in tmpl(render())["spec"]
+    assert refused(image_pull_secrets=["Bad_Name"]).startswith("image_pull_secrets[0]: a Secret name")
+    assert refused(image_pull_secrets=["a", "a"]) == "image_pull_secrets: a is named twice"
+
+
+def test_image_pull_secret_flag_is_repeatable(tmp_path):
+    r = xrun("render", "--name", "ps", "--accelerator", "v6e-8", "--image", "example.com/i:1",
+             "--image-pull-secret", "one", "--image-pull-secret", "two", storage=STORAGE)
+    assert r.returncode == 0, r.stderr
+    pod = tmpl(yaml.safe_load(r.stdout))["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "one"}, {"name": "two"}]
+
+
+@pytest.mark.parametrize("accelerator,slices", [("v6e-16", 4), ("v5p-16", 2), ("v6e-256", 2)])
+def test_multislice_containers_never_name_an_env_var_twice(accelerator, slices):
+    """Kubernetes keeps duplicate env entries and the last wins silently; MEGASCALE_* come
+    from xrun once (GKE's webhook derives the same values), whatever the user's env says."""
+    obj = render(accelerator=accelerator, num_slices=slices,
+                 env={"LIBTPU_INIT_ARGS": "--xla_tpu_enable_async_collective_fusion=true", "MY_FLAG": "1"})
+    pod = tmpl(obj)["spec"]
+    for c in pod["containers"] + pod["initContainers"]:
+        names = [e["name"] for e in c.get("env") or []]
+        assert len(names) == len(set(names)), (c["name"], names)
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["MEGASCALE_NUM_SLICES"]["value"] == str(slices)
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"]["value"] == "knobs-slice-0-0.knobs"
+    assert env["MEGASCALE_SLICE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['jobset.sigs.k8s.io/job-global-index']")
+    assert refused(num_slices=2, env={"MEGASCALE_PORT": "9090"}).startswith("env: MEGASCALE_PORT is set by xrun itself")
+
+
+def test_networks_override_names_the_gpu_nics():
+    nets = [f"c-gpunet-{i}-subnet" for i in range(8)]
+    t = tmpl(render(accelerator="h100-mega-80gb-8", networks=nets))
+    nics = json.loads(t["metadata"]["annotations"]["networking.gke.io/interfaces"])
+    assert [n["network"] for n in nics] == ["default", *nets]
+    assert refused(accelerator="h100-mega-80gb-8", networks=nets[:7]).startswith(
+        "networks: h100-mega-80gb-8 (tcpxo) attaches 8 NICs, so name 8 Network objects (eth1..eth8), got 7")
+    assert refused(networks=["a"]).startswith("networks: only for GPU shapes whose networking stack attaches NICs")
+    assert refused(accelerator="h100-mega-80gb-8", networks=[*nets[:7], nets[0]]) == f"networks: {nets[0]} is named twice"
+
+
+def node(name: str, pool: str, labels: dict[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": {"cloud.google.com/gke-nodepool": pool, "kubernetes.io/hostname": name,
+                                                  **labels}},
+            "spec": {"taints": taints or []}}
+
+
+V6E_2X4 = {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice", "cloud.google.com/gke-tpu-topology": "2x4",
+           "node.kubernetes.io/instance-type": "ct6e-standard-4t"}
+TPU_TAINT = {"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}
+
+
+def test_capacity_counts_whole_untainted_pools_per_slice():
+    """Offline twin of tests/test_cluster_gke_first_run.py (which reads real nodes): one pool
+    per slice, a node per VM, taints the pods do not tolerate rule a pool out."""
+    from orchestrator.services.cluster import capacity_problem, node_pools
+
+    nodes = [node(f"a-{i}", "a", V6E_2X4, [TPU_TAINT]) for i in range(2)]
+    nodes += [node(f"b-{i}", "b", V6E_2X4, [TPU_TAINT]) for i in range(1)]  # one VM short
+    nodes += [node(f"s-{i}", "s", {**V6E_2X4, "cloud.google.com/gke-spot": "true"},
+                   [TPU_TAINT, {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}])
+              for i in range(2)]
+    pools = node_pools(nodes)
+    assert [p.describe() for p in pools] == ["a (tpu-v6e-slice 2x4 ct6e-standard-4t x2)",
+                                             "b (tpu-v6e-slice 2x4 ct6e-standard-4t x1)",
+                                             "s (tpu-v6e-slice 2x4 ct6e-standard-4t x2)"]
+    one = build_spec({**BASE, "accelerator": "v6e-8"}, {}, storage_default=STORAGE)
+    assert capacity_problem(one, pools) == ""
+    two = build_spec({**BASE, "accelerator": "v6e-8", "num_slices": 2}, {}, storage_default=STORAGE)
+    assert ", 1 fit; TPU node pools seen: a (" in capacity_problem(two, pools)  # b too small, s tainted
+    spot = build_spec({**BASE, "accelerator": "v6e-8", "capacity": "spot"}, {}, storage_default=STORAGE)
+    assert capacity_problem(spot, pools) == ""
+    assert "(also labelled cloud.google.com/gke-spot=true)" in capacity_problem(
+        build_spec({**BASE, "accelerator": "v6e-8", "capacity": "spot", "num_slices": 2}, {}, storage_default=STORAGE),
+        pools)
+
+
+def test_network_names_are_picked_as_the_cluster_numbers_them():
+    from manifests.catalogue import lookup
+    from orchestrator.services.cluster import order_networks, pick_networks
+
+    ultra = ["c-sub-1", *(f"c-rdma-sub-{i}" for i in range(8))]
+    assert order_networks(sorted(ultra)) == ultra
+    mega = [f"c-gpunet-{i}-subnet" for i in (10, 2, 1, 0, 3, 4, 5, 6)]
+    assert order_networks(mega)[:3] == ["c-gpunet-0-subnet", "c-gpunet-1-subnet", "c-gpunet-2-subnet"]
+    stack = lookup("h200-141gb-8").networking
+    assert pick_networks("h200-141gb-8", stack, [], ultra) == (
+        ultra, "networks: eth1..eth9 on the cluster's Networks " + ", ".join(ultra))
+    assert pick_networks("h200-141gb-8", stack, [], ["gvnic-1", *(f"rdma-{i}" for i in range(8)), "x"]) == ([], "")
+    with pytest.raises(XrunError) as e:
+        pick_networks("h200-141gb-8", stack, [], None)
+    assert e.value.exit_code == EXIT_USAGE and "serves no networking.gke.io Network objects" in str(e.value)
+
+
+def test_doctor_lists_each_mounted_bucket_once(gcs_bucket):
+    """A GCS FUSE bucket that does not exist fails the pods at mount: doctor says so."""
+    from orchestrator.services.doctor import check_mounts
+
+    bucket = gcs_bucket.removeprefix("gs://")
+    check = check_mounts([bucket])
+    assert (check.name, check.result) == ("mounts", "ok"), check
+    check = check_mounts([bucket, "no-such-bucket-xrun"])
+    assert (check.result, check.exit_code) == ("FAIL", 1)
+    assert check.detail.startswith("mounts: bucket gs://no-such-bucket-xrun does not exist"), check.detail

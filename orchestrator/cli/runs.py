@@ -78,7 +78,8 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("--mounts", "mounts"), {"multiple": True, "metavar": "SOURCE:PATH[:ro]", "help": "gs://BUCKET:/path or pvc:CLAIM:/path, :ro for read-only (repeatable)."}),
     (("--scheduler",), {"help": "Pod schedulerName, or gke.io/topology-aware-auto (a scheduling gate, like xpk)."}),
     (("--kueue-topology",), {"metavar": "MODE:LABEL", "help": "Kueue topology-aware scheduling: required:LABEL or preferred:LABEL."}),
-    (("--queue",), {"help": "Kueue LocalQueue name."}),
+    (("--queue",), {"help": "Kueue LocalQueue name. Default: the namespace's only LocalQueue ($XRUN_QUEUE first); 'none': no Kueue."}),
+    (("--image-pull-secret", "image_pull_secrets"), {"multiple": True, "metavar": "SECRET", "help": "Secret to pull the pod's images with (a private registry; repeatable)."}),
     (("--kueue-priority",), {"help": "Kueue WorkloadPriorityClass name."}),
     (("--privileged",), {"is_flag": True, "default": None, "help": "Run the container privileged."}),
     (("--branch",), {"help": "Branch the image was built from (for reports)."}),
@@ -118,6 +119,7 @@ def spec_from_options(opts: dict[str, Any]) -> RunSpec:
         opts[name] = parse_pairs(list(opts.get(name) or ()), name) or None
     opts["tolerations"] = [parse_toleration(x) for x in opts.get("tolerations") or ()] or None
     opts["mounts"] = [parse_mount(x) for x in opts.get("mounts") or ()] or None
+    opts["image_pull_secrets"] = list(opts.get("image_pull_secrets") or ()) or None
     opts.pop("max_workdir_mb", None)
     opts.pop("allow_files", None)
     run_file = opts.pop("run_file", None)
@@ -174,7 +176,7 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--follow", "follow_logs", is_flag=True, help="Stream every host's log while following.")
 @click.option("--dry-run", is_flag=True, help="Print the manifest that would be submitted; submit and write nothing.")
 @click.option("--replace", is_flag=True, help="Replace a finished run of the same name (its stored data is removed).")
-@click.option("--force", is_flag=True, help="With --replace: also when the old run is still live (it is stopped first).")
+@click.option("--force", is_flag=True, help="Submit a cluster run no node pool can hold (auto-provisioning); with --replace also replace a live run (it is stopped first).")
 @VERBOSE
 @PROGRESS_INTERVAL
 @storage_timeout_option
@@ -204,6 +206,10 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
         return EXIT_OK
     sub = runs.submit(spec, replace=replace, force=force, pack=pack)
     spec = sub.spec
+    for line in sub.notes:
+        info(line)
+    for line in sub.warnings:
+        warn(line)
     if sub.packed is not None:
         p = sub.packed
         git = (f", git {p.git.commit[:7]}{' on ' + p.git.branch if p.git.branch else ''}"

@@ -30,7 +30,7 @@ from typing import Any
 
 from manifests.catalogue import Shape
 from manifests.jobset import capacity_placement, pod_spec
-from manifests.spec import RunSpec
+from manifests.spec import QUEUE_NONE, RunSpec
 from orchestrator.backends.kube.backend import (
     INSTALL_HINT,
     JOBSET_CRD,
@@ -385,6 +385,28 @@ def check_queue(backend: KubeBackend, queue: str) -> Check:
                               + ("; Kueue reports it active" if active is not None else ""))
 
 
+def check_found_queue(backend: KubeBackend) -> Check:
+    """No queue named: what ``xrun submit`` would do (``services.cluster.resolve_queue``)."""
+    from orchestrator.services.cluster import find_queue
+
+    try:
+        queue, kind, detail = find_queue(backend)
+    except XrunError as e:
+        return Check("kueue", FAIL, str(e), e.exit_code)
+    ns = backend.namespace
+    if kind == "one":
+        return Check("kueue", OK, f"no queue named: submit uses LocalQueue {ns}/{queue}, the only one in namespace {ns}")
+    if kind == "several":
+        return Check("kueue", WARN, f"no queue named and namespace {ns} has several LocalQueues ({detail}): "
+                                    f"submit needs --queue NAME (or --queue {QUEUE_NONE})")
+    if kind == "none":
+        return Check("kueue", WARN, f"Kueue is installed but namespace {ns} has no LocalQueue: runs here are not "
+                                    "queued (no ClusterQueue's quota holds them)")
+    if kind == "forbidden":
+        return Check("kueue", WARN, f"cannot list LocalQueues: {detail}")
+    return Check("kueue", SKIP, "Kueue is not installed: runs are not queued")
+
+
 def check_priority(backend: KubeBackend, wanted: str) -> Check:
     """Which of xpk's ladder PriorityClasses (very-low..very-high) exist, and the run's."""
     from manifests.spec import PRIORITY_LADDER
@@ -447,6 +469,47 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int, capacity: str =
                                 f"{shape.gke_accelerator} {what} and {needed} nodes", 1)
 
 
+def check_networks(backend: KubeBackend, shape: Shape, named: list[str]) -> Check:
+    """The GKE Network objects the GPU stack's NICs would attach to, as submit picks them
+    (``services.cluster.pick_networks``)."""
+    from orchestrator.services.cluster import device_networks, pick_networks
+
+    stack = shape.networking
+    assert stack is not None
+    try:
+        have = device_networks(backend)
+        picked, _ = pick_networks(shape.name, stack, named, have)
+    except XrunError as e:
+        if e.exit_code == 1 and "forbidden" in str(e):
+            return Check("networks", WARN, f"cannot read the cluster's Network objects: {e}")
+        return Check("networks", FAIL, str(e), 1 if e.exit_code == 2 else e.exit_code)
+    used = picked or named or list(stack.networks)
+    return Check("networks", OK, f"eth1..eth{len(used)} attach to Networks {', '.join(used)}"
+                                 + (" (read from the cluster)" if picked else ""))
+
+
+def check_mounts(buckets: list[str], timeout_s: float = 20.0) -> Check:
+    """Each GCS FUSE bucket of the run exists and lists (one object asked for) with this
+    machine's credentials: cheap, and it catches a misspelt or missing bucket. The pods read
+    it as their own service account (hostNetworkPodKSA on TPU pods), which only they can prove."""
+    from google.api_core.exceptions import GoogleAPICallError, NotFound
+
+    from xrun_contract.storage import gcs_client
+
+    client = gcs_client()
+    for bucket in buckets:
+        try:
+            list(client.list_blobs(bucket, max_results=1, timeout=timeout_s))
+        except NotFound:
+            return Check("mounts", FAIL, f"mounts: bucket gs://{bucket} does not exist (the pods' GCS FUSE volume "
+                                         "would fail to mount, and the pods with it)", 1)
+        except (GoogleAPICallError, OSError) as e:
+            return Check("mounts", FAIL, f"mounts: cannot list gs://{bucket} from here: "
+                                         f"{' '.join(str(e).split())[:200]}", 1)
+    return Check("mounts", OK, f"bucket(s) {', '.join(f'gs://{b}' for b in buckets)} exist and list from here "
+                               "(the pods read them as their service account)")
+
+
 def check_storage(root: str, for_cluster: bool = True) -> Check:
     from xrun_contract.storage import open_storage
 
@@ -471,7 +534,7 @@ def check_storage(root: str, for_cluster: bool = True) -> Check:
 def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, queue: str,
                storage_root: str, probe: RunSpec | None = None,
                probe_timeout_s: float = PROBE_TIMEOUT_S, priority: str = "",
-               capacity: str = "on-demand") -> list[Check]:
+               capacity: str = "on-demand", networks: list[str] | None = None) -> list[Check]:
     api, answered = api_check(backend)
     checks = [api]
     if not answered:
@@ -480,12 +543,19 @@ def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, 
         checks.append(check_jobset(backend))
         checks.append(check_jobset_controller(backend))
         checks.append(check_rbac(backend))
-        if queue:
+        if queue and queue != QUEUE_NONE:
             checks.append(check_queue(backend, queue))
+        elif not queue:
+            checks.append(check_found_queue(backend))
         checks.append(check_priority(backend, priority))
         if shape is not None:
             checks.append(check_nodes(backend, shape, needed_nodes, capacity))
+            if shape.kind == "gpu" and shape.networking and shape.networking.networks:
+                checks.append(check_networks(backend, shape, networks or []))
     checks.append(check_storage(storage_root))
+    buckets = [m["bucket"] for m in (probe.mounts if probe else []) if "bucket" in m]
+    if buckets:
+        checks.append(check_mounts(buckets))
     if probe is None:
         checks.append(Check("pod-storage", SKIP, "give the run's image (-f run.yaml or --image) to prove a pod on "
                                                  "the target node pool can write the storage root"))
@@ -517,6 +587,7 @@ class DoctorInputs:
     probe_timeout_s: float = PROBE_TIMEOUT_S
     priority: str = ""  # the run's PriorityClass (priority or priority_class)
     capacity: str = "on-demand"  # adds spot / reservation / queued node labels to the node check
+    networks: list[str] | None = None  # the run file's GPU networks
 
 
 def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
@@ -530,7 +601,8 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
     if run_file:
         data = read_run_file(run_file)
         values = {k: data[k] for k in ("accelerator", "num_slices", "nodes", "cpu_devices_per_host",
-                                       "queue", "namespace", "context", "storage", "capacity", "priority")
+                                       "queue", "namespace", "context", "storage", "capacity", "priority",
+                                       "networks")
                   if data.get(k) is not None}
     values.update({k: v for k, v in flags.items() if v is not None and k not in ("image", "service_account")})
     for key in ("num_slices", "nodes"):
@@ -540,6 +612,8 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
     values["storage"] = settings.storage_root(values.get("storage"))
     out = DoctorInputs(**{k: v for k, v in values.items() if k in DoctorInputs.__dataclass_fields__})
     out.priority = str(values.get("priority") or data.get("priority_class") or "")
+    if not out.queue:
+        out.queue = settings.default_queue()
     if probe_timeout is not None:
         out.probe_timeout_s = float(probe_timeout)
     image = flags.get("image") or (data.get("image") if run_file else None)
@@ -570,5 +644,5 @@ def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
     backend = KubeBackend(v.context or None, v.namespace or None)
     results = run_checks(backend, shape=shape, needed_nodes=needed, queue=v.queue,
                          storage_root=v.storage, probe=v.probe, probe_timeout_s=v.probe_timeout_s,
-                         priority=v.priority, capacity=str(v.capacity))
+                         priority=v.priority, capacity=str(v.capacity), networks=v.networks)
     return results, exit_code(results)

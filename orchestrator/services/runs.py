@@ -17,7 +17,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import yaml
@@ -317,6 +317,8 @@ class Submitted:
     backend: Backend
     packed: Packed | None = None  # the shipped working tree, when the spec has a workdir
     uploaded: bool = False  # whether this submit uploaded its archive (False: already stored)
+    notes: list[str] = field(default_factory=list)  # what was read from the cluster (the queue found)
+    warnings: list[str] = field(default_factory=list)  # what could not be checked there
 
     @property
     def url(self) -> str:
@@ -328,19 +330,24 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
     """Write manifest.yaml and run.json under the run's folder, then hand the manifest to the
     backend. ``replace`` removes an earlier run of the same name first (its stored data and
     checkpoints with it), and only once that run is over as its backend and state.json say
-    and no process of it lives; ``force`` replaces a live one too, stopping it first.
+    and no process of it lives; ``force`` replaces a live one too, stopping it first, and
+    submits a cluster run no node pool can hold (``services.cluster.check_capacity``).
 
     Exclusive per name: run.json is created atomically (``Storage.create_exclusive``: O_EXCL
     locally, ifGenerationMatch=0 on GCS), so of racing submits exactly one starts.
 
     A ``workdir`` is packed first (bad input: exit 2, nothing written) and its archive
     uploaded before run.json, only when absent (``code.upload``)."""
-    if force and not replace:
-        raise XrunError("--force: only with --replace (it replaces a run that is still live)")
     spec, packed = code.prepare(spec, pack)
-    manifest = render_for_submit(spec)
-    storage = _open(spec.storage)
+    manifest = render_for_submit(spec)  # bad input: exit 2 before the cluster is asked anything
     backend = backend_for_spec(spec)
+    notes: list[str] = []
+    warnings: list[str] = []
+    if spec.backend_name == "kube":
+        found, notes, warnings = _from_cluster(spec, backend, force)
+        if found != spec:  # the queue or the networks read from the cluster
+            spec, manifest = found, render_for_submit(found)
+    storage = _open(spec.storage)
     _preflight(backend)
     with code.leased(storage, spec.code_sha256):  # gc and purge leave the archive alone
         record, uploaded = store_run(storage, spec, packed,
@@ -355,7 +362,7 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
     resolved = getattr(backend, "namespace", "") if spec.backend_name == "kube" else ""
     if resolved and resolved != spec.namespace:  # the context's namespace: status/logs/delete go there
         storage.write_json(Layout.run_json(spec.name), {**record, "namespace": resolved})
-    return Submitted(spec, manifest, storage, backend, packed, uploaded)
+    return Submitted(spec, manifest, storage, backend, packed, uploaded, notes, warnings)
 
 
 def store_run(storage: Storage, spec: RunSpec, packed: Packed | None,
@@ -390,6 +397,31 @@ def store_run(storage: Storage, spec: RunSpec, packed: Packed | None,
             "submitted_at": record["submitted_at"], "labels": run_labels(spec.to_dict(), spec.name)})
     code.settle(storage, spec.code_sha256, packed)  # a gc or purge deciding on it: its archive is back
     return record, uploaded
+
+
+def _from_cluster(spec: RunSpec, backend: Backend, force: bool) -> tuple[RunSpec, list[str], list[str]]:
+    """The queue found and the capacity checked (``services.cluster``), before anything is
+    written or created; ``force`` submits a shape no node pool holds (auto-provisioning)."""
+    from orchestrator.backends.kube.backend import KubeBackend
+    from orchestrator.services import cluster
+
+    if not isinstance(backend, KubeBackend):
+        return spec, [], []
+    try:
+        found = cluster.resolve_queue(spec, backend)
+        nets = cluster.resolve_networks(found.spec, backend)
+        found.spec = nets.spec
+        found.notes += nets.notes
+        found.warnings += nets.warnings
+        if not force:
+            problem = cluster.check_capacity(found.spec, backend)
+            if problem:
+                found.warnings.append(problem)
+    except XrunError as e:
+        if e.exit_code != EXIT_UNREACHABLE:
+            raise
+        return spec, [], []  # the steps below say the cluster is unreachable, where they always did
+    return found.spec, found.notes, found.warnings
 
 
 def _preflight(backend: Backend) -> None:

@@ -210,6 +210,8 @@ RESOURCES = {
     "ClusterQueue": ("clusterqueues", False),
     "LocalQueue": ("localqueues", True),
     "JobSet": ("jobsets", True),
+    "Service": ("services", True),
+    "APIService": ("apiservices", False),
 }
 
 
@@ -270,6 +272,32 @@ def kueue_objects(mod: Path, port: int, ca_b64: str) -> list[dict[str, Any]]:
         for w in h["webhooks"]:
             w["clientConfig"] = url_client(w["clientConfig"], port, ca_b64)
     return list(crds.values()) + hooks
+
+
+KUEUE_NAMESPACE = "kueue-system"  # config/default's namespace
+
+
+def kueue_visibility_objects(mod: Path, port: int) -> list[dict[str, Any]]:
+    """Kueue's visibility API (pending workloads and their positions) as its release installs
+    it (config/components/visibility: the APIServices, insecureSkipTLSVerify as shipped), served
+    by the kueue process on 127.0.0.1: the Service is an ExternalName ``localhost``, which the
+    API server's aggregator resolves to ``localhost:<APIService port>`` (k8s.io/apiserver
+    pkg/util/proxy ResolveCluster), so no kube-proxy or routable ClusterIP is needed."""
+    vis = mod / "config/components/visibility"
+    services = [d for f in sorted(vis.glob("apiservice_*.yaml")) for d in load_yaml_docs(f)]
+    for svc in services:
+        svc["spec"]["service"]["port"] = port
+    service = load_yaml_docs(vis / "service.yaml")[0]
+    service["metadata"]["namespace"] = KUEUE_NAMESPACE
+    service["spec"] = {"type": "ExternalName", "externalName": "localhost"}
+    return [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KUEUE_NAMESPACE}},
+            service, *services]
+
+
+def _visibility_served(api: Api) -> Any:
+    """True once the API server proxies Kueue's visibility API (v1beta1, the version xrun reads)."""
+    code, body = api.request("GET", "/apis/visibility.kueue.x-k8s.io/v1beta1")
+    return True if code == 200 else (code, body)
 
 
 def kwok_stages(mod: Path) -> list[dict[str, Any]]:
@@ -522,6 +550,12 @@ class Supervisor:
             "--service-cluster-ip-range=10.96.0.0/16", "--endpoint-reconciler-type=none",
             "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--proxy-client-cert-file={tls['cert']}", f"--proxy-client-key-file={tls['key']}",
+            # The aggregation layer (Kueue's visibility API): the identity the API server
+            # forwards is trusted from a client certificate of our CA (kube-apiserver
+            # --requestheader-*, read by the extension server from extension-apiserver-authentication).
+            f"--requestheader-client-ca-file={tls['ca']}", "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group", "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--requestheader-allowed-names=127.0.0.1",  # the proxy client certificate's CN (server.crt)
             "--allow-privileged=true", "--profiling=false",
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={self.logs / 'audit.log'}",
             "--audit-log-maxsize=200", "--audit-log-maxbackup=1"])
@@ -563,15 +597,28 @@ class Supervisor:
             metrics_certs.mkdir(parents=True, exist_ok=True)
             shutil.copy(pki / "server.crt", metrics_certs / "tls.crt")
             shutil.copy(pki / "server.key", metrics_certs / "tls.key")
+        # Its visibility server reads its serving pair from a fixed folder too when cert
+        # management is off (pkg/visibility/server.go certDir "/visibility"). The APIService
+        # skips verifying it (as Kueue ships it), so any pair serves; the newest cluster's is written.
+        visibility_certs = Path("/visibility")
+        visibility_certs.mkdir(parents=True, exist_ok=True)
+        for name in ("crt", "key"):
+            tmp = visibility_certs / f".tls.{name}.{os.getpid()}"
+            shutil.copy(pki / f"server.{name}", tmp)
+            tmp.replace(visibility_certs / f"tls.{name}")
         kueue_cfg = manager_config(self.root / "kueue-config.yaml", "config.kueue.x-k8s.io/v1beta2",
                                    p["kueue-webhook"], certdir,
                                    integrations={"frameworks": ["batch/job", "jobset.x-k8s.io/jobset"]})
         kueue = kueue_objects(kueue_mod, p["kueue-webhook"], ca_b64)
         api.apply_crds(self, kueue)
-        self.start("kueue", [f"--config={kueue_cfg}", "--feature-gates=VisibilityOnDemand=false",
+        # --kubeconfig too (not only $KUBECONFIG): the visibility server delegates
+        # authentication and authorization to the API server named by that flag's value.
+        self.start("kueue", [f"--config={kueue_cfg}", f"--kubeconfig={kubeconfig}",
                              f"--visibility-server-port={p['kueue-visibility']}"], kenv)
         self.wait_for("Kueue's webhook server", lambda: _tls_up(p["kueue-webhook"]), 90)
         api.apply_all([o for o in kueue if o["kind"] != "CustomResourceDefinition"])
+        api.apply_all(kueue_visibility_objects(kueue_mod, p["kueue-visibility"]))
+        self.wait_for("Kueue's visibility API", lambda: _visibility_served(api), 90)
 
         kwok_cfg = self.root / "kwok.yaml"
         kwok_cfg.write_text(yaml.safe_dump_all(kwok_stages(kwok_mod)))

@@ -61,6 +61,8 @@ from xrun_contract.k8s import (
 )
 
 GROUP, VERSION, PLURAL = JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL
+# Kueue's visibility API (aggregated; VisibilityOnDemand, on by default since Kueue 0.9).
+KUEUE_VISIBILITY_GROUP, KUEUE_VISIBILITY_VERSION = "visibility.kueue.x-k8s.io", "v1beta1"
 API_VERSION = JOBSET_API_VERSION
 JOBSET_CRD = f"{PLURAL}.{GROUP}"
 INSTALL_HINT = (
@@ -126,6 +128,7 @@ class KubeBackend:
         self._events_cache: tuple[float, Any, list[dict[str, Any]]] | None = None
         self._sidecars_checked = False
         self._watches: dict[str, Any] = {}  # run name -> RunWatch while followed
+        self._no_visibility = False  # Kueue's visibility API found not served
 
     @property
     def namespace(self) -> str:
@@ -411,7 +414,52 @@ class KubeBackend:
                               label_selector=f"{KueueWorkload.JOB_UID_LABEL}={meta['uid']}")
         except XrunError:  # a hint only: RBAC may hide Workloads
             return ""
-        return next((m for w in found.get("items") or [] if (m := kueue_message(w))), "")
+        workloads = found.get("items") or []
+        message = next((m for w in workloads if (m := kueue_message(w))), "")
+        names = {(w.get("metadata") or {}).get("name", "") for w in workloads} - {""}
+        position = self.queue_position(meta["labels"][Labels.QUEUE_NAME], names) if names else ""
+        return "; ".join(x for x in (message, position) if x)
+
+    def _get_path(self, path: str, _preload_content: bool = False, _request_timeout: Any = None) -> Any:
+        """GET an API path no generated client method covers (an aggregated API's
+        subresource): the urllib3 response, as the generated methods give it."""
+        from kubernetes.client.exceptions import ApiException
+
+        api = self.api_client
+        request = api.param_serialize("GET", path, header_params={"Accept": "application/json"},
+                                      auth_settings=["BearerToken"])
+        resp = api.call_api(*request, _request_timeout=_request_timeout)
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise ApiException(http_resp=resp)
+        return resp.response
+
+    def queue_position(self, queue: str, workloads: set[str]) -> str:
+        """Where a pending Workload stands, from Kueue's visibility API (the LocalQueue's
+        ``pendingworkloads``, kueue apis/visibility/v1beta1: positionInLocalQueue and
+        positionInClusterQueue, 0 = next, with the workloads ahead of it); "" when the API
+        is not served (Kueue's VisibilityOnDemand off, or before Kueue 0.9) or hides it."""
+        if self._no_visibility:
+            return ""
+        ns = self.namespace
+        path = (f"/apis/{KUEUE_VISIBILITY_GROUP}/{KUEUE_VISIBILITY_VERSION}/namespaces/{ns}/localqueues/"
+                f"{queue}/pendingworkloads")
+        try:
+            data = self.call("get", f"localqueues.{KUEUE_VISIBILITY_GROUP}/pendingworkloads", self._get_path,
+                             path, name=queue) or {}
+        except XrunError as e:
+            if e.exit_code != EXIT_UNREACHABLE and ("not found" in str(e) or "503" in str(e)):
+                self._no_visibility = True  # not served here: do not ask again
+            return ""
+        items = data.get("items") or []
+        for i, item in enumerate(items):
+            if (item.get("metadata") or {}).get("name") in workloads:
+                ahead = [_owner_name(w) for w in items[:i]]
+                shown = ", ".join(ahead[:5]) + (f" and {len(ahead) - 5} more" if len(ahead) > 5 else "")
+                return (f"Kueue queue: {item.get('positionInLocalQueue', i)} ahead in LocalQueue {ns}/{queue}"
+                        f"{f' ({shown})' if ahead else ''}, {item.get('positionInClusterQueue', '?')} ahead in "
+                        "its ClusterQueue")
+        return ""
 
     def delete(self, name: str, *, wait: bool = True) -> bool:
         """Foreground delete (pods go before the JobSet); with ``wait`` until no pod is left."""
@@ -525,6 +573,12 @@ class KubeBackend:
         return (self.call("list", f"localqueues.{KUEUE_GROUP}", custom.list_namespaced_custom_object,
                           KUEUE_GROUP, version, self.namespace, "localqueues") or {}).get("items") or []
 
+    def cluster_objects(self, group: str, version: str, plural: str) -> builtins.list[dict[str, Any]]:
+        """Every object of a cluster-scoped custom resource."""
+        custom, _ = self._apis()
+        return (self.call("list", f"{plural}.{group}", custom.list_cluster_custom_object, group, version, plural)
+                or {}).get("items") or []
+
     def nodes(self, label_selector: str) -> builtins.list[dict[str, Any]]:
         _, core = self._apis()
         return (self.call("list", "nodes", core.list_node, label_selector=label_selector) or {}).get("items") or []
@@ -600,6 +654,12 @@ class KubeBackend:
         _, core = self._apis()
         return self.call("get", "configmaps", core.read_namespaced_config_map, name, namespace,
                          name=name, missing_ok=True)
+
+
+def _owner_name(workload: dict[str, Any]) -> str:
+    """The JobSet (or other job) a pending Workload stands for, else the Workload's name."""
+    meta = workload.get("metadata") or {}
+    return next((o.get("name", "") for o in meta.get("ownerReferences") or []), "") or meta.get("name", "?")
 
 
 def kube_version(git_version: str) -> tuple[int, int] | None:
