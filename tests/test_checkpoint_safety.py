@@ -251,28 +251,33 @@ ARGS = ("--preset", "tiny", "steps=10", "checkpoint_every=4")
 
 def test_corrupt_latest_falls_back_and_trains_to_the_same_loss(tmp_path):
     """Uninterrupted run (saves 4, 8, 10; 8 moves to 9 when step 4's save is still being
-    written at step 8); then step 10 loses its data files and the middle save's are garbage:
-    the rerun logs both failures, restores 4, and reaches the same losses."""
+    written at step 8, and past 10 when it is written slower still, on a loaded machine);
+    then step 10 loses its data files and the middle save's (if any) are garbage: the rerun
+    logs each failure, restores 4, and reaches the same losses."""
     codes, hosts = run_hosts("fb", tmp_path, tmp_path / "logs", hosts=1, args=ARGS)
     assert codes == [0], hosts[0].output()[-3000:]
     ref = losses(metrics(tmp_path, "fb"))
-    first, middle, last = committed_steps(open_storage(str(tmp_path)), Layout.checkpoints("fb"))
-    assert (first, last) == (4, 10) and middle in (8, 9)
+    steps = committed_steps(open_storage(str(tmp_path)), Layout.checkpoints("fb"))
+    assert steps[0] == 4 and steps[-1] == 10 and len(steps) in (2, 3), steps
+    middle = steps[1] if len(steps) == 3 else None
+    assert middle in (None, 8, 9)
     ck = tmp_path / "runs/fb/checkpoints"
     for f in (ck / "10/state").rglob("d/*"):
         f.unlink()  # missing files
-    corrupted = list((ck / f"{middle}/state").rglob("d/*"))
-    assert corrupted
-    for f in corrupted:
-        f.write_bytes(b"\0garbage" * 64)  # corrupt data
+    if middle is not None:
+        corrupted = list((ck / f"{middle}/state").rglob("d/*"))
+        assert corrupted
+        for f in corrupted:
+            f.write_bytes(b"\0garbage" * 64)  # corrupt data
     codes, hosts = run_hosts("fb", tmp_path, tmp_path / "logs", hosts=1, args=ARGS, attempt=1)
     out = hosts[0].output()
     assert codes == [0], out[-3000:]
     records = metrics(tmp_path, "fb")
-    assert events(records, "restore_failed", attempt=1) == [10, middle]
+    failed = [10] if middle is None else [10, middle]
+    assert events(records, "restore_failed", attempt=1) == failed
     assert events(records, "restored", attempt=1) == [4]
-    assert "checkpoint restore failed: step 10, error: process 0:" in out
-    assert f"checkpoint restore failed: step {middle}, error: process 0:" in out
+    for step in failed:
+        assert f"checkpoint restore failed: step {step}, error: process 0:" in out
     again = losses(records, attempt=1)
     assert sorted(again) == list(range(5, 11))
     assert all(again[s] == ref[s] for s in again), (again, ref)
