@@ -129,7 +129,8 @@ def test_live_figures_are_the_window_median():
     assert fig["step_seconds"] == 0.2 and fig["window_steps"] == figures.WINDOW
     assert fig["tokens_per_s"] == 512 / 0.2
     assert fig["last_step_seconds"] == 0.1 and fig["last_tokens_per_s"] == 512 / 0.1
-    assert fig["eta_seconds"] == 70 * 0.2
+    window = [0.2 if step % 3 else 0.1 for step in range(11, 31)]
+    assert fig["eta_seconds"] == pytest.approx(70 * sum(window) / 20)  # the mean: stalls count
     # A restart: the window starts at the newest attempt.
     rec.steps.append(25, 5.0, 1.0, 512 / 4 / 5.0, 1.0, attempt=1)
     rec.steps.append(26, 0.3, 1.0, 512 / 4 / 0.3, 1.0, attempt=1)
@@ -489,3 +490,35 @@ def test_report_charts_learning_rate_grad_norm_and_captions_say_what_is_shown(tm
     assert re.search(r"The y axis shows 0–0\.4\d* s \(3x the slowest run's median step\): \d+ step\(s\) above", cap)
     assert log_ticks([0.13, 26.6]) == ([0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0],
                                        ["0.1", "0.2", "0.5", "1", "2", "5", "10", "20", "50"])
+
+
+def test_the_eta_counts_the_windows_stalls():
+    """#39: the ETA from the window's mean step time: a save's stall in the window comes again
+    (the median, kind to it, made the ETA too kind); tokens/s stays the median's."""
+    rec = RunRecord(devices=1, total_steps=100)
+    for step in range(1, 21):
+        sec = 2.2 if step == 10 else 0.2  # one step held 2 s by a save
+        rec.steps.append(step, sec, 1.0, 512 / sec, 1.0)
+    fig = figures.progress(rec, "Running")
+    assert fig["step_seconds"] == 0.2 and fig["tokens_per_s"] == 512 / 0.2
+    assert fig["eta_step_seconds"] == pytest.approx(0.3)
+    assert fig["eta_seconds"] == pytest.approx(80 * 0.3)
+
+
+def test_the_pinned_line_fits_80_columns():
+    """#39: at 80 columns the pinned line wrapped (a wrapped live line is redrawn as two)."""
+    from orchestrator.cli.progress import rich_progress
+
+    view = {"name": "local-tiny", "state": "Running", "phase": "training", "step": 37,
+            "total_steps": 40, "loss": 7.123456, "tokens_per_s": 3530.2, "window_steps": 20,
+            "eta_seconds": 12.0, "latest_checkpoint": {"step": 30},
+            "checkpoints_in_progress": [35], "restarts": 1}
+    wide = rich_progress(view).plain
+    assert len(wide) > 80  # what it used to print at any width
+    for columns in (200, 120, 80, 60, 40):
+        line = rich_progress(view, columns=columns).plain
+        assert len(line) <= columns, (columns, line)
+        assert "\n" not in line and line.startswith("local-tiny training")
+    assert rich_progress(view, columns=200).plain == wide
+    fit = rich_progress(view, columns=80).plain
+    assert "step 37/40" in fit and "ETA 12s" in fit, fit

@@ -120,22 +120,39 @@ def restart_reason(view: dict[str, Any]) -> str:
     return reasons[-1] if reasons else ""
 
 
-def rich_progress(view: dict[str, Any], width: int = 20) -> Text:
-    """The pinned line: the phase in colour, a bar for step N/M, the figures."""
+def rich_progress(view: dict[str, Any], width: int = 20, columns: int | None = None) -> Text:
+    """The pinned line: the phase in colour, a bar for step N/M, the figures. Within
+    ``columns`` (the terminal's width) it never wraps: the bar shrinks, then goes, then the
+    labels, then the line is cut with an ellipsis (a wrapped pinned line is redrawn as two,
+    and the terminal scrolls a copy of it on every refresh)."""
+    text = _pinned_text(view, width, True)
+    if columns is None:
+        return text
+    for bar, labels in ((width, True), (width // 2, True), (0, True), (0, False)):
+        text = _pinned_text(view, bar, labels)
+        if text.cell_len <= columns:
+            return text
+    text.truncate(max(1, columns), overflow="ellipsis")
+    return text
+
+
+def _pinned_text(view: dict[str, Any], width: int, labels: bool) -> Text:
     text = Text()
     phase = str(view.get("phase") or view["state"].lower())
     text.append(f"{view['name']} ", style="bold")
     text.append(phase, style="bold cyan")
     total, step = view.get("total_steps"), view.get("step")
-    if total and step is not None:
+    if total and step is not None and width:
         done = max(0, min(width, round(width * step / total)))
         text.append("  ")
         text.append("━" * done, style="green")
         text.append("━" * (width - done), style="grey37")
         text.append(f" {100 * step / total:.0f}%")
     for label, value in progress_parts(view)[1:]:
-        text.append("  ")
-        text.append(f"{label} ", style="dim")
+        text.append("  " if labels else " ")
+        if labels or label in ("step", "loss", "ETA"):
+            short = label.split(" (", 1)[0]  # 'tokens/s (total, 20-step median)' -> 'tokens/s'
+            text.append(f"{label if labels else short} ", style="dim")
         text.append(value)
     return text
 
@@ -150,7 +167,7 @@ def newest(view: dict[str, Any], step: int, loss: float, attempt: int) -> dict[s
     if attempt < (view.get("restarts") or 0) or view.get("state") not in ("Running", "Restarting", "Pending"):
         return view
     out = {**view, "step": step, "loss": loss, "attempt": attempt}
-    total, secs = view.get("total_steps"), view.get("step_seconds")
+    total, secs = view.get("total_steps"), view.get("eta_step_seconds") or view.get("step_seconds")
     if total and secs:
         out["eta_seconds"] = max(0, total - step) * secs
     saving = view.get("checkpoints_in_progress") or []
@@ -241,7 +258,9 @@ class _Pinned:
 
     def __rich__(self) -> Text:
         view = self.screen._view
-        return Text("") if view is None else rich_progress(self.screen._merged(view))
+        if view is None:
+            return Text("")
+        return rich_progress(self.screen._merged(view), columns=self.screen.console.width)
 
 
 def _stderr():
