@@ -175,11 +175,14 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--dry-run", is_flag=True, help="Print the manifest that would be submitted; submit and write nothing.")
 @click.option("--replace", is_flag=True, help="Replace a finished run of the same name (its stored data is removed).")
 @click.option("--force", is_flag=True, help="With --replace: also when the old run is still live (it is stopped first).")
+@click.option("--resume", "resume_name", metavar="NAME",
+              help="Continue the ended run NAME from its last committed checkpoint, keeping its history. "
+                   "Without other flags its stored spec is reused; with flags or -f they replace it.")
 @VERBOSE
 @PROGRESS_INTERVAL
 @storage_timeout_option
 def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force: bool, verbose: bool,
-           progress_interval: float, **opts: Any) -> int:
+           progress_interval: float, resume_name: str | None, **opts: Any) -> int:
     """Submit a run and follow it until it ends.
 
     Without --context the run executes on this machine: the rendered JobSet's pods become
@@ -198,6 +201,10 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
                   --command "python3 -m workload.train --preset tiny steps=20"
     """
     pack = pack_options(dict(opts))
+    if resume_name is not None:
+        return _resume(resume_name, opts, pack, detach=detach, follow_logs=follow_logs,
+                       dry_run=dry_run, replace=replace or force, verbose=verbose,
+                       interval=progress_interval)
     spec = spec_from_options(opts)
     if dry_run:
         click.echo(runs.dump_yaml(runs.render_for_submit(runs.code.prepare(spec, pack)[0])), nl=False)
@@ -216,6 +223,37 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
         info(f"follow with: xrun logs {spec.name} -f   |   xrun status {spec.name}")
         return EXIT_OK
     return follow_run(sub, follow_logs, verbose=verbose, interval=progress_interval)
+
+
+# Flags that choose where the stored run is, not what it runs: with only these, --resume
+# reuses the stored spec.
+RESUME_WHERE = {"storage", "max_workdir_mb", "allow_files"}
+
+
+def _resume(name: str, opts: dict[str, Any], pack: Any, *, detach: bool, follow_logs: bool,
+            dry_run: bool, replace: bool, verbose: bool, interval: float) -> int:
+    """``submit --resume NAME``: the stored spec, or the flags' and run file's when any is given."""
+    if replace:
+        raise XrunError("--resume: not with --replace/--force (--replace starts over, --resume goes on)")
+    if dry_run:
+        raise XrunError("--resume: not with --dry-run")
+    given = {k for k, v in opts.items() if v not in (None, (), []) and k not in RESUME_WHERE}
+    spec = None
+    if given:
+        opts = dict(opts)
+        if not opts.get("name"):  # the run resumed is NAME, whatever a run file calls it
+            opts["name"] = name
+        spec = spec_from_options(opts)
+    from orchestrator import settings
+
+    sub = runs.resume(settings.storage_root(opts.get("storage")), name, spec, pack)
+    how = "its stored spec" if spec is None else "the given spec"
+    info(f"resumed {name} ({sub.spec.backend_name} backend, {how}) from its last committed checkpoint; "
+         f"storage {sub.url}")
+    if detach:
+        info(f"follow with: xrun logs {name} -f   |   xrun status {name}")
+        return EXIT_OK
+    return follow_run(sub, follow_logs, verbose=verbose, interval=interval)
 
 
 def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
