@@ -6,6 +6,7 @@ Each command parses its flags, calls a service (``orchestrator.services``) and p
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -666,10 +667,29 @@ def delete(name: str | None, storage: str | None, purge: bool, yes: bool, no_wai
     return EXIT_OK
 
 
+class Seconds(click.ParamType):
+    """A finite number of seconds, 0 or more: FloatRange lets nan through (every comparison
+    with nan is false), and a nan grace made every unnamed archive removable."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            out = math.nan
+        if not math.isfinite(out) or out < 0:
+            self.fail(f"must be a finite number of seconds, 0 or more; got {str(value)[:40]!r}", param, ctx)
+        return out
+
+
+SECONDS = Seconds()
+
+
 @click.command()
 @storage_option
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
-@click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=GRACE_S, show_default=True,
+@click.option("--grace", "grace_s", type=SECONDS, default=GRACE_S, show_default=True,
               help="Spare unnamed archives younger than this many seconds (a submit uploads its archive before its run.json).")
 def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
     """Remove shipped working trees (<storage>/code/*.tar.gz) that no run names.
@@ -680,6 +700,9 @@ def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
       xrun gc --grace 0
     """
     st = open_storage(storage)
+    if not st.root.startswith("gs://") and not os.path.isdir(st.root):
+        # Nothing to collect in a root that does not exist: a mistyped --storage, said so.
+        raise XrunError(f"--storage: {st.root} does not exist (no runs or archives there); check the path")
     out = runs.code.gc(st, dry_run=dry_run, grace_s=grace_s)
     verb = "would remove" if dry_run else "removed"
     for sha in out.removed:
