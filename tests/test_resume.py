@@ -116,3 +116,50 @@ def test_resume_after_kill_9_of_the_supervisor_continues_with_the_same_losses(tm
     assert [r["attempt"] for r in run["resumed"]] == [1] and run["workload"]["attempt"] == 1
     # Checkpoints of the first attempt are kept (Orbax's own retention aside).
     assert committed in {c.step for c in list_checkpoints(st, "res")} | {STEPS}
+
+
+# ---------------------------------------------------------------------------------------
+# The kube backend, on the real control plane: the JobSet is re-created in the same prefix
+
+
+def test_resume_on_the_cluster_recreates_the_jobset_and_keeps_the_history(cluster, gcs_bucket, tmp_path):
+    from cluster_helpers import timing, unique
+    from test_cluster_lifecycle import PodFailer, cli, run_file
+
+    from xrun_contract import Env
+
+    storage = f"{gcs_bucket}/xrun"
+    name = unique("res")
+    failer = PodFailer(cluster, name, "0-0", 1)
+    failer.start()
+    r = cli(cluster, storage, "submit", "-f", run_file(tmp_path, name, pod_annotations=timing(run_s=30)))
+    failer.stop.set()
+    assert r.returncode == 1 and failer.failed, r.stderr
+    old_uid = cluster.jobset(name)["metadata"]["uid"]
+    st = open_storage(storage)
+    assert st.read_json(Layout.state(name))["state"] == "Failed"
+
+    # With a run file (shorter pods this time): the run file's spec replaces the stored one.
+    r = cli(cluster, storage, "submit", "--resume", name, "--detach", "-f",
+            run_file(tmp_path, name, pod_annotations=timing(run_s=6.0)))
+    assert r.returncode == 0, r.stderr
+    assert f"resumed {name} (kube backend, the given spec)" in r.stderr, r.stderr
+    js = cluster.jobset(name)
+    assert js["metadata"]["uid"] != old_uid  # re-created, not the failed one
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    for c in [pod["containers"][0], *[i for i in pod["initContainers"] if i.get("restartPolicy") == "Always"]]:
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env[Env.ATTEMPT_BASE] == "1" and env[Env.STORAGE] == storage, (c["name"], env)
+    # Live now: a second resume is refused in one line.
+    r = cli(cluster, storage, "submit", "--resume", name, "--detach")
+    assert r.returncode == 2 and "only an ended run resumes" in r.stderr, r.stderr
+    r = cli(cluster, storage, "wait", name, "--timeout", "120", timeout=180)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    state = st.read_json(Layout.state(name))
+    kinds = [t["state"] for t in state["transitions"]]
+    assert kinds[0] != "Failed" and "Failed" in kinds and kinds[-1] == "Succeeded", kinds
+    resumed = kinds.index("Pending", kinds.index("Failed"))
+    assert "resumed" in state["transitions"][resumed]["reason"]
+    run = st.read_json(Layout.run_json(name))
+    assert [x["attempt"] for x in run["resumed"]] == [1]
+    assert run["spec"]["pod_annotations"] == timing(run_s=6.0)
