@@ -190,6 +190,13 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("submit-workdir-dangling-symlink", S("--workdir", "wd-dangling"), 2,
      "workdir: data is a dangling symlink (to 'not-there', which does not exist)"),
     ("render-workdir-dangling-symlink", R("--workdir", "wd-dangling"), 2, "data is a dangling symlink"),
+    ("submit-resume-unknown", ["submit", "--resume", "nope"], 2, "no run named 'nope'"),
+    ("submit-resume-bad-name", ["submit", "--resume", "../done"], 2, "not a run name"),
+    ("submit-resume-with-replace", ["submit", "--resume", "done", "--replace"], 2,
+     "--resume: not with --replace/--force"),
+    ("submit-resume-no-spec", ["submit", "--resume", "done"], 2, "records no spec; it cannot be resumed"),
+    ("submit-resume-other-name", ["submit", "--resume", "done", "--name", "other", *GOOD], 2,
+     "--resume: the given spec (run file or --name) names 'other', not 'done'"),
     # gc
     ("gc-grace-nan", ["gc", "--grace", "nan"], 2, "--grace': must be a finite number of seconds, 0 or more; got 'nan'"),
     ("gc-grace-inf", ["gc", "--grace", "inf"], 2, "must be a finite number of seconds, 0 or more; got 'inf'"),

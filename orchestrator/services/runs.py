@@ -346,12 +346,12 @@ def resume(storage_root: str, name: str, spec: RunSpec | None = None,
     with nothing stored; the run's backend is the one it was submitted to."""
     check_run_name(name)
     if spec is not None and spec.name != name:
-        raise XrunError(f"--resume: the run file names {spec.name!r}, not {name!r}")
+        raise XrunError(f"--resume: the given spec (run file or --name) names {spec.name!r}, not {name!r}")
     storage = _open(spec.storage if spec is not None else storage_root)
     run = run_info(storage, name)  # nothing stored: exit 2
     if not run.get("spec"):
-        raise XrunError(f"--resume: run {name!r} has no readable run.json under {storage.root}; "
-                        "it cannot be resumed (use --replace)")
+        raise XrunError(f"--resume: the run.json of run {name!r} under {storage.root} records no spec; "
+                        "it cannot be resumed (--replace starts it over)")
     recorded = run.get("backend", "local")
     if spec is None:
         from manifests.spec import build_spec
