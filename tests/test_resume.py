@@ -150,6 +150,10 @@ def test_resume_on_the_cluster_recreates_the_jobset_and_keeps_the_history(cluste
     for c in [pod["containers"][0], *[i for i in pod["initContainers"] if i.get("restartPolicy") == "Always"]]:
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env[Env.ATTEMPT_BASE] == "1" and env[Env.STORAGE] == storage, (c["name"], env)
+    from orchestrator.backends.kube.state import run_attempt
+
+    pods = _wait(lambda: cluster.pods(name), 60, "no pod of the re-created JobSet")
+    assert {run_attempt(p) for p in pods} == {1}  # live lines go with attempt-001's stored chunks
     # Live now: a second resume is refused in one line.
     r = cli(cluster, storage, "submit", "--resume", name, "--detach")
     assert r.returncode == 2 and "only an ended run resumes" in r.stderr, r.stderr
