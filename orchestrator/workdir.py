@@ -35,6 +35,7 @@ from typing import Any
 from xrun_contract.errors import EXIT_USAGE, XrunError
 
 IGNORE_FILE = ".xrunignore"
+MAX_IGNORE_BYTES = 1 << 20  # patterns, not data
 ALLOW_SECTION = "[allow]"
 DEFAULT_MAX_MB = 200.0
 # What a credential looks like (matched against the file's name).
@@ -102,6 +103,22 @@ def is_git_checkout(folder: str) -> bool:
     return r.returncode == 0 and r.stdout.strip() == b"true"
 
 
+def _broken_git(root: str) -> None:
+    """A ``.git`` git cannot use (a worktree's file naming a gone repository, a damaged
+    folder): exit 2, not a tree shipped as plain files with no commit recorded."""
+    try:
+        r = subprocess.run(["git", "-C", root, "rev-parse", "--git-dir"], capture_output=True,
+                           timeout=GIT_TIMEOUT_S)
+    except FileNotFoundError:
+        return  # no git here: the folder is shipped as files (as before)
+    except subprocess.TimeoutExpired:
+        r = None
+    why = (r.stderr.decode(errors="replace").strip().splitlines() or [""])[-1] if r is not None else "no answer"
+    raise XrunError(f"workdir: {os.path.join(root, '.git')} is not a usable git checkout"
+                    + (f" ({why.removeprefix('fatal: ')})" if why else "")
+                    + "; repair or remove it to ship the folder", EXIT_USAGE)
+
+
 def git_info(folder: str) -> GitInfo:
     """HEAD's commit and branch, and whether (and how) the tree differs from it."""
     head = _git(folder, "rev-parse", "--verify", "--quiet", "HEAD", check=False)
@@ -133,15 +150,23 @@ class IgnoreRules:
         if not os.path.isfile(path):
             return rules
         section = rules.exclude
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for raw in f:
-                line = raw.strip()
-                if not line or line.startswith("#"):
-                    continue
-                if line.lower() == ALLOW_SECTION:
-                    section = rules.allow
-                    continue
-                section.append(line)
+        with open(path, "rb") as f:
+            data = f.read(MAX_IGNORE_BYTES + 1)
+        try:
+            if b"\0" in data or len(data) > MAX_IGNORE_BYTES:
+                raise ValueError
+            text = data.decode("utf-8")
+        except ValueError:
+            raise XrunError(f"workdir: {path} is not a text file of patterns (binary, not UTF-8 or over "
+                            f"{MAX_IGNORE_BYTES // 1024} KiB); its patterns would match nothing", EXIT_USAGE) from None
+        for raw in text.removeprefix("\ufeff").splitlines():
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.lower() == ALLOW_SECTION:
+                section = rules.allow
+                continue
+            section.append(line)
         return rules
 
 
@@ -186,12 +211,15 @@ def list_files(folder: str) -> list[str]:
 
 
 def _symlink_target(folder: str, rel: str) -> str:
-    """A symlink's target when it stays inside the tree (relative), else exit 2."""
+    """A symlink's target when it stays inside the tree (relative) and exists, else exit 2."""
     target = os.readlink(os.path.join(folder, rel))
     inside = os.path.normpath(os.path.join(os.path.dirname(rel), target))
     if os.path.isabs(target) or inside == ".." or inside.startswith("../"):
         raise XrunError(f"workdir: {rel} is a symlink to {target!r}, outside the tree: "
                         f"replace it with the file or list it in {IGNORE_FILE}", EXIT_USAGE)
+    if not os.path.exists(os.path.join(folder, rel)):  # it would arrive broken
+        raise XrunError(f"workdir: {rel} is a dangling symlink (to {target!r}, which does not exist): "
+                        f"remove it or list it in {IGNORE_FILE}", EXIT_USAGE)
     return target
 
 
@@ -200,7 +228,10 @@ def pack(folder: str, *, max_mb: float = DEFAULT_MAX_MB, allow_files: tuple[str,
     root = os.path.abspath(os.path.expanduser(folder))
     if not os.path.isdir(root):
         raise XrunError(f"workdir: {folder!r} is not a folder", EXIT_USAGE)
-    git = git_info(root) if is_git_checkout(root) else None
+    checkout = is_git_checkout(root)
+    if not checkout and os.path.lexists(os.path.join(root, ".git")):
+        _broken_git(root)
+    git = git_info(root) if checkout else None
     rules = IgnoreRules.read(root)
     files, left_out = [], []
     for rel in list_files(root):

@@ -173,6 +173,8 @@ class GCSProxy:
         self._rate: float | None = None
         self._next_free = 0.0
         self._outage: tuple[float, str] | None = None  # (until, mode)
+        self._armed: tuple[re.Pattern, float, str] | None = None  # outage_when's trigger
+        self._armed_at: float | None = None
         self._rules: list[Rule] = []
         self._server: _Server | None = None
         self._timer: threading.Timer | None = None
@@ -219,6 +221,20 @@ class GCSProxy:
         with self._lock:
             self._outage = (time.monotonic() + seconds, mode)
 
+    def outage_when(self, match: str, seconds: float, mode: str = "503") -> None:
+        """Arm an outage: the first request whose decoded path+query matches the regex
+        ``match`` starts ``outage(seconds, mode)`` and is its first victim (e.g. the first
+        write of a checkpoint step: an outage that begins with a save in flight)."""
+        if mode not in ("503", "drop"):
+            raise ValueError(f"outage mode: 503 or drop, got {mode!r}")
+        with self._lock:
+            self._armed = (re.compile(match), seconds, mode)
+
+    @property
+    def outage_started(self) -> float | None:
+        """monotonic() when an armed outage began (None: not yet)."""
+        return self._armed_at
+
     def fail(self, status: int, count: int, *, method: str | None = None,
              match: str | None = None) -> Rule:
         """The next ``count`` requests matching ``method`` and the regex ``match`` (searched in
@@ -232,12 +248,16 @@ class GCSProxy:
     def clear(self) -> None:
         with self._lock:
             self._rules.clear()
-            self._outage = None
+            self._outage = self._armed = None
             self._rate = None
 
     # --- used by the handler
     def _fault(self, method: str, url: str) -> int | str | None:
         with self._lock:
+            if self._armed is not None and self._armed[0].search(url):
+                _, seconds, mode = self._armed
+                self._armed, self._armed_at = None, time.monotonic()
+                self._outage = (self._armed_at + seconds, mode)
             if self._outage is not None:
                 until, mode = self._outage
                 if time.monotonic() < until:

@@ -75,6 +75,14 @@ def world(tmp_path, monkeypatch):
     for name, data in files.items():
         (inputs / name).write_bytes(data)
     (inputs / "a-dir").mkdir()
+    # --workdir trees that would ship wrong: a .git file naming a gone repository (a removed
+    # worktree's), a binary .xrunignore, a dangling symlink.
+    for wd in ("wd-gitfile", "wd-binignore", "wd-dangling"):
+        (inputs / wd).mkdir()
+        (inputs / wd / "train.py").write_text("print('hi')\n")
+    (inputs / "wd-gitfile" / ".git").write_text("gitdir: /nonexistent-xrun/repo.git/worktrees/wd\n")
+    (inputs / "wd-binignore" / ".xrunignore").write_bytes(b"\x00\x01\xff\xfe*.pyc\x00")
+    (inputs / "wd-dangling" / "data").symlink_to("not-there")
     os.mkfifo(inputs / "fifo.yaml")  # no writer: an open() without O_NONBLOCK blocks for ever
     for key in ("XRUN_STORAGE_TIMEOUT", "XRUN_STORAGE", "STORAGE_EMULATOR_HOST"):
         monkeypatch.delenv(key, raising=False)
@@ -87,7 +95,7 @@ def world(tmp_path, monkeypatch):
 
 
 def _snapshot(base: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(base)): (p.stat().st_size, p.stat().st_mtime_ns)
+    return {str(p.relative_to(base)): (p.lstat().st_size, p.lstat().st_mtime_ns)
             for p in sorted(base.rglob("*"))}
 
 
@@ -175,6 +183,26 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("submit-storage-timeout-0", S("--storage-timeout", "0"), 2, "storage timeout"),
     ("submit-storage-timeout-text", S("--storage-timeout", "soon"), 2, "storage timeout"),
     ("submit-storage-file-root", S("--storage", "a-file-root"), 2, "storage"),
+    ("submit-workdir-git-file-nowhere", S("--workdir", "wd-gitfile"), 2,
+     "wd-gitfile/.git is not a usable git checkout (not a git repository"),
+    ("submit-workdir-binary-xrunignore", S("--workdir", "wd-binignore"), 2,
+     "wd-binignore/.xrunignore is not a text file of patterns"),
+    ("submit-workdir-dangling-symlink", S("--workdir", "wd-dangling"), 2,
+     "workdir: data is a dangling symlink (to 'not-there', which does not exist)"),
+    ("render-workdir-dangling-symlink", R("--workdir", "wd-dangling"), 2, "data is a dangling symlink"),
+    ("submit-resume-unknown", ["submit", "--resume", "nope"], 2, "no run named 'nope'"),
+    ("submit-resume-bad-name", ["submit", "--resume", "../done"], 2, "not a run name"),
+    ("submit-resume-with-replace", ["submit", "--resume", "done", "--replace"], 2,
+     "--resume: not with --replace/--force"),
+    ("submit-resume-no-spec", ["submit", "--resume", "done"], 2, "records no spec; it cannot be resumed"),
+    ("submit-resume-other-name", ["submit", "--resume", "done", "--name", "other", *GOOD], 2,
+     "--resume: the given spec (run file or --name) names 'other', not 'done'"),
+    # gc
+    ("gc-grace-nan", ["gc", "--grace", "nan"], 2, "--grace': must be a finite number of seconds, 0 or more; got 'nan'"),
+    ("gc-grace-inf", ["gc", "--grace", "inf"], 2, "must be a finite number of seconds, 0 or more; got 'inf'"),
+    ("gc-grace-negative", ["gc", "--grace", "-5"], 2, "must be a finite number of seconds, 0 or more; got '-5'"),
+    ("gc-storage-missing", ["gc", "--storage", "/nonexistent-xrun/x"], 2,
+     "--storage: /nonexistent-xrun/x does not exist (no runs or archives there)"),
     # status
     ("status-traversal", ["status", "../../other/runs/x"], 2, "not a run name"),
     ("status-slash", ["status", "a/b"], 2, "not a run name"),

@@ -176,10 +176,24 @@ class DataRestore(ocp.args.JsonRestore):
 
 
 def _watched_temporary_path(base: type, on_error: Callable[[BaseException], None]) -> type:
-    """Orbax's TemporaryPath class for this storage whose ``finalize`` (commit file or
-    rename, on the primary) reports failures; ``CheckpointManagerOptions.temporary_path_class``."""
+    """Orbax's TemporaryPath class for this storage whose ``create`` (the step folder, made
+    by the primary in a background thread) and ``finalize`` (commit file or rename, on the
+    primary) report failures; ``CheckpointManagerOptions.temporary_path_class``.
+
+    ``create`` failing (storage answering 503 past the client's retries) was silent: Orbax's
+    signalling thread only logs it, and every process's writer then waits for the "folder
+    made" signal for ``multihost.coordination_timeout()``, 300 s, before failing the save.
+    Reported, every process stops at its next step boundary and the restart resumes from the
+    last committed step within seconds of storage answering."""
 
     class Watched(base):
+        async def create(self, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return await super().create(*args, **kwargs)
+            except BaseException as e:
+                on_error(e)
+                raise
+
         async def finalize(self, *args: Any, **kwargs: Any) -> None:
             try:
                 await super().finalize(*args, **kwargs)

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from xrun_contract import RESTARTABLE_EXIT_CODE, Env, global_process_id
+from xrun_contract import RESTARTABLE_EXIT_CODE, Env, global_process_id, restart_attempt
 
 
 def _int(name: str, default: int) -> int:
@@ -63,7 +63,7 @@ class Cluster:
             host_index=_int(Env.HOST_INDEX, 0),
             platform=os.environ.get(Env.PLATFORM, "").strip().lower(),
             devices_per_host=_int(Env.DEVICES_PER_HOST, 0),
-            attempt=_int(Env.RESTART_ATTEMPT, 0),
+            attempt=restart_attempt(),
             restartable_exit_code=_int(Env.RESTARTABLE_EXIT_CODE, RESTARTABLE_EXIT_CODE),
         )
 

@@ -31,7 +31,12 @@ dir=${XRUN_POD_DIR:?XRUN_POD_DIR is not set}
 out="$dir/output.log"
 slice=${XRUN_SLICE_INDEX:-0}
 host=${XRUN_HOST_INDEX:-0}
-attempt=${XRUN_RESTART_ATTEMPT:-0}
+# A resumed run (xrun submit --resume) counts on from its earlier attempts: the JobSet's
+# restart attempt starts at 0 again, XRUN_ATTEMPT_BASE says how many came before.
+attempt=$(( ${XRUN_RESTART_ATTEMPT:-0} + ${XRUN_ATTEMPT_BASE:-0} ))
+XRUN_RESTART_ATTEMPT=$attempt
+export XRUN_RESTART_ATTEMPT
+unset XRUN_ATTEMPT_BASE
 XRUN_PROCESS_ID=$((slice * ${XRUN_HOSTS_PER_SLICE:-1} + host))
 export XRUN_PROCESS_ID
 : "${PYTHONUNBUFFERED:=1}"

@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from xrun_contract import Env, Layout, PodFiles, host_id, stamp_line, writer_id
+from xrun_contract import Env, Layout, PodFiles, host_id, restart_attempt, stamp_line, writer_id
 from xrun_contract.storage import classify_storage_error
 
 MAX_CHUNK_BYTES = 8 << 20  # read at once at most (after an outage the backlog is split)
@@ -169,7 +169,7 @@ def storage_writer() -> Callable[[int, bytes], None] | None:
     drain_s = float(os.environ.get(Env.DRAIN_SECONDS) or 30)
     storage = open_storage(root, timeout=max(1.0, min(drain_s, 30.0)) if root.startswith("gs://") else None)
     host = host_id(int(os.environ.get(Env.SLICE_INDEX) or 0), int(os.environ.get(Env.HOST_INDEX) or 0))
-    attempt = int(os.environ.get(Env.RESTART_ATTEMPT) or 0)
+    attempt = restart_attempt()
 
     tag = writer_id()  # a second shipper of this host and attempt never overwrites our chunks
 

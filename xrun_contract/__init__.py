@@ -8,7 +8,9 @@ kubernetes (the storage helpers in ``xrun_contract.storage`` need only the GCS c
 
 from __future__ import annotations
 
+import os
 import re
+from typing import Any
 
 XRUN_VERSION = "0.1.0"
 
@@ -82,6 +84,10 @@ class Env:
     HOST_INDEX = "XRUN_HOST_INDEX"
     # From the Downward API: label jobset.sigs.k8s.io/restart-attempt.
     RESTART_ATTEMPT = "XRUN_RESTART_ATTEMPT"
+    # Set by ``xrun submit --resume`` (the attempts a resumed run had before): added to the
+    # JobSet's restart attempt, which starts at 0 again, so a resumed run's logs, metrics and
+    # run.json fence continue its attempt numbering. The launcher exports the sum.
+    ATTEMPT_BASE = "XRUN_ATTEMPT_BASE"
     POD_NAME = "XRUN_POD_NAME"  # metadata.name
     NUM_SLICES = "XRUN_NUM_SLICES"
     HOSTS_PER_SLICE = "XRUN_HOSTS_PER_SLICE"
@@ -151,6 +157,20 @@ class Env:
     @classmethod
     def all_names(cls) -> set[str]:
         return {v for k, v in vars(cls).items() if k.isupper() and isinstance(v, str)}
+
+
+def restart_attempt(environ: Any = None) -> int:
+    """This pod's restart attempt counted over the whole run: the JobSet's (the Downward
+    API's label) plus ``XRUN_ATTEMPT_BASE`` (a resumed run's earlier attempts)."""
+    env = os.environ if environ is None else environ
+
+    def num(key: str) -> int:
+        try:
+            return max(0, int(str(env.get(key) or 0).strip()))
+        except ValueError:
+            return 0
+
+    return num(Env.RESTART_ATTEMPT) + num(Env.ATTEMPT_BASE)
 
 
 def global_process_id(slice_index: int, host_index: int, hosts_per_slice: int) -> int:

@@ -6,6 +6,7 @@ Each command parses its flags, calls a service (``orchestrator.services``) and p
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import sys
@@ -177,11 +178,14 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--dry-run", is_flag=True, help="Print the manifest that would be submitted; submit and write nothing.")
 @click.option("--replace", is_flag=True, help="Replace a finished run of the same name (its stored data is removed).")
 @click.option("--force", is_flag=True, help="Submit a cluster run no node pool can hold (auto-provisioning); with --replace also replace a live run (it is stopped first).")
+@click.option("--resume", "resume_name", metavar="NAME",
+              help="Continue the ended run NAME from its last committed checkpoint, keeping its history. "
+                   "Without other flags its stored spec is reused; with flags or -f they replace it.")
 @VERBOSE
 @PROGRESS_INTERVAL
 @storage_timeout_option
 def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force: bool, verbose: bool,
-           progress_interval: float, **opts: Any) -> int:
+           progress_interval: float, resume_name: str | None, **opts: Any) -> int:
     """Submit a run and follow it until it ends.
 
     Without --context the run executes on this machine: the rendered JobSet's pods become
@@ -200,6 +204,10 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
                   --command "python3 -m workload.train --preset tiny steps=20"
     """
     pack = pack_options(dict(opts))
+    if resume_name is not None:
+        return _resume(resume_name, opts, pack, detach=detach, follow_logs=follow_logs,
+                       dry_run=dry_run, replace=replace or force, verbose=verbose,
+                       interval=progress_interval)
     spec = spec_from_options(opts)
     if dry_run:
         click.echo(runs.dump_yaml(runs.render_for_submit(runs.code.prepare(spec, pack)[0])), nl=False)
@@ -222,6 +230,37 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
         info(f"follow with: xrun logs {spec.name} -f   |   xrun status {spec.name}")
         return EXIT_OK
     return follow_run(sub, follow_logs, verbose=verbose, interval=progress_interval)
+
+
+# Flags that choose where the stored run is, not what it runs: with only these, --resume
+# reuses the stored spec.
+RESUME_WHERE = {"storage", "max_workdir_mb", "allow_files"}
+
+
+def _resume(name: str, opts: dict[str, Any], pack: Any, *, detach: bool, follow_logs: bool,
+            dry_run: bool, replace: bool, verbose: bool, interval: float) -> int:
+    """``submit --resume NAME``: the stored spec, or the flags' and run file's when any is given."""
+    if replace:
+        raise XrunError("--resume: not with --replace/--force (--replace starts over, --resume goes on)")
+    if dry_run:
+        raise XrunError("--resume: not with --dry-run")
+    given = {k for k, v in opts.items() if v not in (None, (), []) and k not in RESUME_WHERE}
+    spec = None
+    if given:
+        opts = dict(opts)
+        if not opts.get("name"):  # the run resumed is NAME, whatever a run file calls it
+            opts["name"] = name
+        spec = spec_from_options(opts)
+    from orchestrator import settings
+
+    sub = runs.resume(settings.storage_root(opts.get("storage")), name, spec, pack)
+    how = "its stored spec" if spec is None else "the given spec"
+    info(f"resumed {name} ({sub.spec.backend_name} backend, {how}) from its last committed checkpoint; "
+         f"storage {sub.url}")
+    if detach:
+        info(f"follow with: xrun logs {name} -f   |   xrun status {name}")
+        return EXIT_OK
+    return follow_run(sub, follow_logs, verbose=verbose, interval=interval)
 
 
 def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
@@ -661,10 +700,29 @@ def delete(name: str | None, storage: str | None, purge: bool, yes: bool, no_wai
     return EXIT_OK
 
 
+class Seconds(click.ParamType):
+    """A finite number of seconds, 0 or more: FloatRange lets nan through (every comparison
+    with nan is false), and a nan grace made every unnamed archive removable."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            out = math.nan
+        if not math.isfinite(out) or out < 0:
+            self.fail(f"must be a finite number of seconds, 0 or more; got {str(value)[:40]!r}", param, ctx)
+        return out
+
+
+SECONDS = Seconds()
+
+
 @click.command()
 @storage_option
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
-@click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=GRACE_S, show_default=True,
+@click.option("--grace", "grace_s", type=SECONDS, default=GRACE_S, show_default=True,
               help="Spare unnamed archives younger than this many seconds (a submit uploads its archive before its run.json).")
 def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
     """Remove shipped working trees (<storage>/code/*.tar.gz) that no run names.
@@ -675,6 +733,9 @@ def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
       xrun gc --grace 0
     """
     st = open_storage(storage)
+    if not st.root.startswith("gs://") and not os.path.isdir(st.root):
+        # Nothing to collect in a root that does not exist: a mistyped --storage, said so.
+        raise XrunError(f"--storage: {st.root} does not exist (no runs or archives there); check the path")
     out = runs.code.gc(st, dry_run=dry_run, grace_s=grace_s)
     verb = "would remove" if dry_run else "removed"
     for sha in out.removed:

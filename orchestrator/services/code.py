@@ -12,6 +12,7 @@ its archive before its run.json exists.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -184,6 +185,8 @@ class GcResult:
 def gc(storage: Storage, *, dry_run: bool = False, grace_s: float = GRACE_S,
        now: float | None = None) -> GcResult:
     """Remove every archive under ``code/`` that no run names (older than ``grace_s``)."""
+    if not math.isfinite(grace_s) or grace_s < 0:  # nan would make every archive "old"
+        raise XrunError(f"--grace: must be a finite number of seconds, 0 or more; got {grace_s!r}")
     objects, _ = storage.list(Layout.CODE)
     named = named_archives(storage)
     now = time.time() if now is None else now

@@ -38,9 +38,11 @@ from orchestrator.workdir import Packed
 from xrun_contract import (
     DELETED,
     FAILED,
+    PENDING,
     RUN_NAME_RE,
     SUCCEEDED,
     XRUN_VERSION,
+    Env,
     Layout,
     check_run_name,
     is_terminal,
@@ -422,6 +424,133 @@ def _from_cluster(spec: RunSpec, backend: Backend, force: bool) -> tuple[RunSpec
             raise
         return spec, [], []  # the steps below say the cluster is unreachable, where they always did
     return found.spec, found.notes, found.warnings
+
+
+def resume(storage_root: str, name: str, spec: RunSpec | None = None,
+           pack: PackOptions | None = None) -> Submitted:
+    """Continue the ended run ``name`` from its last committed checkpoint, keeping its
+    stored history (state.json's transitions, metrics, logs and checkpoints of every
+    earlier attempt).
+
+    ``spec`` (the user's flags or run file) replaces the stored one; None reuses the spec
+    run.json recorded (its shipped tree by sha256: nothing is packed again). Its pods count
+    their restart attempts on from the last one stored (``XRUN_ATTEMPT_BASE``), so nothing an
+    earlier attempt wrote is overwritten or fenced out, and the workload restores the newest
+    committed checkpoint as after any restart. A live run is refused (exit 2), as is a name
+    with nothing stored; the run's backend is the one it was submitted to."""
+    check_run_name(name)
+    if spec is not None and spec.name != name:
+        raise XrunError(f"--resume: the given spec (run file or --name) names {spec.name!r}, not {name!r}")
+    storage = _open(spec.storage if spec is not None else storage_root)
+    run = run_info(storage, name)  # nothing stored: exit 2
+    if not run.get("spec"):
+        raise XrunError(f"--resume: the run.json of run {name!r} under {storage.root} records no spec; "
+                        "it cannot be resumed (--replace starts it over)")
+    recorded = run.get("backend", "local")
+    if spec is None:
+        from manifests.spec import build_spec
+
+        stored = {k: v for k, v in run["spec"].items() if k != "workdir"}  # the archive is by sha
+        spec = build_spec(stored, {}, storage_default=storage.root)
+    if spec.backend_name != recorded:
+        raise XrunError(f"--resume: run {name!r} ran on the {recorded} backend, not {spec.backend_name}; "
+                        "resume it where it ran")
+    spec, packed = code.prepare(spec, pack)
+    backend = backend_of(storage, name, spec.context if recorded == "kube" else None,
+                         spec.namespace or None)
+    _check_over(storage, name, backend)
+    base = _next_attempt(storage, name, run)
+    manifest = with_attempt_base(render_for_submit(spec), base)
+    _preflight(backend)
+    if packed is not None:
+        code.upload(storage, packed)
+    elif spec.code_sha256:
+        code.check_uploaded(storage, spec.code_sha256)
+    now = time.time()
+    record = {**run, "spec": spec.to_dict(), "backend": spec.backend_name, "context": spec.context,
+              "namespace": spec.namespace or run.get("namespace", ""),
+              "resumed": [*(run.get("resumed") or []), {"time": now, "attempt": base}]}
+    if packed is not None:
+        record["code"] = {**packed.record(), "uploaded": True}
+    elif spec.code_sha256:
+        record["code"] = {**(run.get("code") or {}), "sha256": spec.code_sha256}
+    try:
+        storage.write_json(Layout.run_json(name), record)
+        storage.write_text(Layout.manifest(name), dump_yaml(manifest))
+        if spec.backend_name != "local":  # the local supervisor records its own resumption
+            _record_resumed(storage, name, base, backend.name)
+    except XrunError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
+    backend.submit(manifest, replace=True)  # a cluster's ended JobSet of this name goes first
+    return Submitted(spec, manifest, storage, backend, packed, False)
+
+
+def _check_over(storage: Storage, name: str, backend: Backend) -> None:
+    """A run resumes only once over: its backend says it ended (or has no such run) and, on
+    this machine, no process of it lives; a lost local supervisor's leftovers are cleared."""
+    live = backend.status(name)
+    if live is not None and not is_terminal(live.state):
+        raise XrunError(f"--resume: run {name!r} is {live.state}; only an ended run resumes: "
+                        f"wait for it to end or 'xrun delete {name}' first")
+    procs = getattr(backend, "live_processes", None)
+    pids = procs(name) if procs else []
+    if pids:
+        raise XrunError(f"--resume: run {name!r} still has {len(pids)} live process(es) "
+                        f"(pids {', '.join(map(str, pids[:8]))}); 'xrun delete {name}' first")
+    if procs:  # nothing live: removes the pod folders a lost supervisor left, records Failed
+        backend.delete(name, wait=True)
+        with contextlib.suppress(XrunError):
+            observe(storage, name, backend)
+
+
+def _next_attempt(storage: Storage, name: str, run: dict[str, Any]) -> int:
+    """One past every attempt the run's storage shows (state.json, run.json's workload,
+    metrics chunks, log folders, earlier resumptions): the resumed pods' first attempt."""
+    from xrun_contract import ATTEMPT_RE
+
+    seen = [0]
+    state = _read(storage, Layout.state(name)) or {}
+    for value in (state.get("attempt"), (run.get("workload") or {}).get("attempt")):
+        if isinstance(value, int) and not isinstance(value, bool):
+            seen.append(value)
+    last = [r.get("attempt") for r in run.get("resumed") or [] if isinstance(r, dict)]
+    base = max([a for a in last if isinstance(a, int)] or [0])
+    restarts = state.get("restarts")
+    if isinstance(restarts, int) and not isinstance(restarts, bool):
+        seen.append(base + restarts)
+    objects, _ = _reading(storage, Layout.metrics(name), storage.list)
+    seen += [int(m.group(1)) for o in objects if (m := ATTEMPT_RE.search(o.key.rsplit("/", 1)[-1]))]
+    _, hosts = _reading(storage, Layout.logs(name), storage.list)
+    for host in hosts:
+        _, attempts = _reading(storage, host, storage.list)
+        seen += [int(m.group(1)) for a in attempts if (m := ATTEMPT_RE.fullmatch(a.rstrip("/").rsplit("/", 1)[-1]))]
+    return max(seen) + 1
+
+
+def with_attempt_base(manifest: dict[str, Any], base: int) -> dict[str, Any]:
+    """The manifest with ``XRUN_ATTEMPT_BASE=base`` beside every container's restart attempt
+    (the workload's and the log shipper's), so a resumed run's attempts count on."""
+    for rj in manifest["spec"]["replicatedJobs"]:
+        pod = rj["template"]["spec"]["template"]["spec"]
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            env = c.get("env") or []
+            if any(e.get("name") == Env.RESTART_ATTEMPT for e in env):
+                c["env"] = [e for e in env if e.get("name") != Env.ATTEMPT_BASE] + [
+                    {"name": Env.ATTEMPT_BASE, "value": str(base)}]
+    return manifest
+
+
+def _record_resumed(storage: Storage, name: str, base: int, backend: str) -> None:
+    """state.json says the run is pending again, after every transition it had."""
+    current = _read(storage, Layout.state(name)) or {"backend": backend, "transitions": []}
+    now = time.time()
+    why = f"resumed (xrun submit --resume): attempt {base}"
+    current.update(state=PENDING, message=why, updated=now)
+    current.setdefault("transitions", []).append({"time": now, "state": PENDING, "reason": why})
+    current["resumed"] = [*(current.get("resumed") or []), {"time": now, "attempt": base}]
+    storage.write_json(Layout.state(name), current)
 
 
 def _preflight(backend: Backend) -> None:

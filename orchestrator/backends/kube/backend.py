@@ -42,8 +42,8 @@ from orchestrator.backends.kube.state import (
     kueue_message,
     latest_hosts,
     one_line,
-    pod_host,
     restarts_from_events,
+    run_attempt,
     summarize_events,
     true_conditions,
 )
@@ -507,7 +507,7 @@ class KubeBackend:
     def live_attempts(self, name: str) -> set[int]:
         """Restart attempts that have pods with a log now (empty when the pods are gone)."""
         pods, _ = self.list_pods(name)
-        return {pod_host(p)[1] for p in pods if container_started(p)}
+        return {run_attempt(p) for p in pods if container_started(p)}
 
     def stream_logs(
         self,

@@ -26,6 +26,7 @@ from orchestrator.backends.kube.state import (
     parse_time,
     pod_host,
     restart_count,
+    run_attempt,
     shut_down,
 )
 from xrun_contract import DELETED, FAILED, SUCCEEDED
@@ -278,7 +279,7 @@ class _LogSession:
         _, core = self.b._apis()
         meta = pod["metadata"]
         pod_name, uid = meta["name"], meta.get("uid") or meta["name"]
-        host, attempt = pod_host(pod)
+        host, attempt = pod_host(pod)[0], run_attempt(pod)  # as its stored chunks are filed
         last: tuple[int, int] | None = None  # timestamp of the last line passed on
         at_last = 0  # lines passed on with exactly that timestamp
         first, follow = True, self.follow

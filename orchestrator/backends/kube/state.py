@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from orchestrator.backends.base import HostStatus
-from xrun_contract import DELETED, FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, host_id
+from xrun_contract import DELETED, FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, Env, host_id
 from xrun_contract.errors import XrunError
 from xrun_contract.k8s import Annotations, Conditions, KueueWorkload, Labels, PodPhases
 
@@ -72,6 +72,19 @@ def pod_host(pod: dict[str, Any]) -> tuple[str, int]:
     except ValueError:
         attempt = 0
     return host_id(slice_index, host_index), attempt
+
+
+def run_attempt(pod: dict[str, Any]) -> int:
+    """The pod's attempt as the run counts them (its stored logs and metrics are filed so):
+    the JobSet's restart attempt plus the ``XRUN_ATTEMPT_BASE`` a resumed run's workload
+    container carries (``xrun submit --resume``; the JobSet counts from 0 again)."""
+    base = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        for e in c.get("env") or []:
+            if e.get("name") == Env.ATTEMPT_BASE:
+                with contextlib.suppress(ValueError):
+                    base = max(base, int(e.get("value") or 0))
+    return pod_host(pod)[1] + base
 
 
 def _container_status(pod: dict[str, Any]) -> dict[str, Any]:

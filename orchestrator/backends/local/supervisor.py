@@ -410,6 +410,16 @@ def failure_decision(manifest: dict[str, Any], failed: list[Pod]) -> FailureDeci
     return FailureDecision(rule["action"], job, rule.get("name", ""))
 
 
+def attempt_base(manifest: dict[str, Any]) -> int:
+    """The ``XRUN_ATTEMPT_BASE`` a resumed run's manifest gives its main container (0: none)."""
+    with contextlib.suppress(KeyError, IndexError, TypeError, ValueError):
+        pod = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        for item in pod["containers"][0].get("env") or []:
+            if item.get("name") == Env.ATTEMPT_BASE:
+                return max(0, int(item.get("value") or 0))
+    return 0
+
+
 def base_env() -> dict[str, str]:
     """The host environment a local pod inherits: PATH with this python first, no XRUN_*."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_") and not k.startswith("MEGASCALE_")}
@@ -444,11 +454,35 @@ class Supervisor:
         self.storage_failure: StorageFault | None = None  # a permanent error of our own write
         self._writer = threading.Thread(target=self._write_loop, name="xrun-state-writer", daemon=True)
         self._writer.start()
+        self.attempt_base = attempt_base(self.manifest)
         self.state = {
-            "backend": "local", "state": PENDING, "restarts": 0, "attempt": 0,
+            "backend": "local", "state": PENDING, "restarts": 0, "attempt": self.attempt_base,
             "supervisor_pid": os.getpid(), "hosts": {}, "transitions": [], "message": "",
             "grace_seconds": self.grace_seconds,  # how long `xrun delete` waits for the stop
         }
+        if self.attempt_base:
+            self._continue_history()
+
+    def _continue_history(self) -> None:
+        """A resumed run (``xrun submit --resume``) keeps what state.json recorded: its
+        transitions and restart count go on; maxRestarts counts afresh, as for the JobSet
+        a resume re-creates on a cluster."""
+        try:
+            old = self.storage.read_json(Layout.state(self.name)) or {}
+        except Exception:  # noqa: BLE001 - an unreadable record starts a fresh history
+            old = {}
+        transitions = old.get("transitions")
+        if isinstance(transitions, list):
+            self.state["transitions"] = list(transitions)
+        restarts = old.get("restarts")
+        if isinstance(restarts, int) and not isinstance(restarts, bool):
+            self.state["restarts"] = restarts
+        self.state["restarts_towards_max"] = 0
+        self.state["resumed"] = [*(old.get("resumed") or []), {"time": time.time(),
+                                                                 "attempt": self.attempt_base}]
+        self.state["message"] = f"resumed (xrun submit --resume): attempt {self.attempt_base}"
+        self.state["transitions"].append({"time": time.time(), "state": PENDING,
+                                          "reason": self.state["message"]})
 
     # -- state ------------------------------------------------------------------------
     def transition(self, state: str, reason: str = "") -> None:
@@ -545,7 +579,8 @@ class Supervisor:
         port = free_port()
         base = base_env()
         cache = _compilation_cache(self.storage)
-        self.pods = plan_pods(self.manifest, self.state["attempt"], port)
+        # The JobSet's restart attempt (from 0 again after a resume); the pods add the base.
+        self.pods = plan_pods(self.manifest, self.state["attempt"] - self.attempt_base, port)
         self._pod_threads = []
         for pod in self.pods:
             extra = {Env.COMPILATION_CACHE: cache} if cache else {}
