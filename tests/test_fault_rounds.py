@@ -88,7 +88,11 @@ def _ended(root: str | Path, name: str, timeout: float, what: str) -> None:
     try:
         _wait(lambda: _state(root, name).get("state") in ("Succeeded", "Failed"), timeout, what)
     except AssertionError:
-        raise AssertionError(f"{what}: state {_state(root, name)}\n{_tail(root, name)}") from None
+        try:
+            tail = _tail(root, name)
+        except Exception as e:  # noqa: BLE001 - storage itself may be what failed
+            tail = f"(logs unreadable: {e})"
+        raise AssertionError(f"{what}: state {_state(root, name)}\n{tail}") from None
 
 
 def _judge(fault: str, i: int, root: str | Path, name: str, reference: Reference,
@@ -112,25 +116,28 @@ def _judge(fault: str, i: int, root: str | Path, name: str, reference: Reference
     return why
 
 
-def test_storage_answering_503_for_60s_from_inside_a_save(gcs_proxy, gcs_bucket, monkeypatch, reference):
+def test_storage_answering_503_for_60s_from_inside_a_save(gcs_emulator, gcs_bucket, monkeypatch, reference):
     """The outage begins with the first write of a checkpoint step (a save in flight). The
     save either commits after the outage or fails and the run restarts from the last
     committed step: the final loss is the reference's either way, and the run does not sit
     out Orbax's 300 s waits (the poll below ends first)."""
-    for k, v in gcs_proxy.env().items():
-        monkeypatch.setenv(k, v)
+    from gcs_proxy import GCSProxy
+
     lost = []
     for i in range(ROUNDS):
         root, name = f"{gcs_bucket}/r{i}", f"o503-{i}"
         step = 8 * (1 + i % 2)  # the first save, or one with a committed step before it
-        gcs_proxy.clear()
+        # A proxy per round: one serves 10 minutes at most (it stops by itself), ten rounds more.
+        gcs_proxy = GCSProxy(gcs_emulator, lifetime_s=600).start()
+        for k, v in gcs_proxy.env().items():
+            monkeypatch.setenv(k, v)
         gcs_proxy.outage_when(rf"checkpoints/{step}[./]", OUTAGE_S)
         started = time.monotonic()
         _submit(root, name, COMMAND, max_restarts=3, termination_grace_seconds=15,
                 env={Env.TEST_STEP_DELAY: "0.3"})
         fault = "storage 503 for 60 s during a save"
         try:
-            _wait(lambda: gcs_proxy.outage_started is not None, 240, "no save began")
+            _wait(lambda p=gcs_proxy: p.outage_started is not None, 240, "no save began")
             _ended(root, name, OUTAGE_S + 200, "the run did not end within 200 s of the outage")
             why = _judge(fault, i, root, name, reference, started)
         except AssertionError as e:  # a round that never ended: lost, and the next one runs
@@ -138,6 +145,8 @@ def test_storage_answering_503_for_60s_from_inside_a_save(gcs_proxy, gcs_bucket,
             _record(fault, i, "lost", why, time.monotonic() - started)
             print(e)
             stop_processes(run_processes(str(root), name), 2.0)
+        finally:
+            gcs_proxy.stop()
         if why:
             lost.append(f"round {i}: {why}")
     assert not lost, "\n".join(lost)
