@@ -34,6 +34,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="xrun-bench-faults-") as tmp:
         results = Path(tmp, "rounds.jsonl")
         env = {**os.environ, "XRUN_FAULT_ROUNDS": str(args.rounds), "XRUN_FAULT_RESULTS": str(results),
+               "XRUN_FAULT_OUTAGE_S": os.environ.get("XRUN_FAULT_OUTAGE_S", "60"),
                "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
         cmd = [sys.executable, "-m", "pytest", str(REPO / "tests/test_fault_rounds.py"), "-q", "-p", "no:cacheprovider"]
         if args.select:

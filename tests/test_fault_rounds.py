@@ -1,4 +1,5 @@
-"""Faults in rounds (issue #41 items 3 and 4): storage answering 503 for 60 s from the moment
+"""Faults in rounds (issue #41 items 3 and 4): storage answering 503 for 60 s (20 s in CI, see
+OUTAGE_S) from the moment
 a checkpoint save is in flight, and the coordinator host (0-0) of a 2-host run killed with
 -9 during a save. Each round must end Succeeded on the very final loss of the same run with
 no fault, leaving no process of the run behind.
@@ -34,11 +35,14 @@ from xrun_contract import Env, Layout
 from xrun_contract.storage import open_storage
 
 ROUNDS = max(0, int(os.environ.get("XRUN_FAULT_ROUNDS") or 1))
-# XRUN_FAULT_ROUNDS=0 leaves these out (a 60 s outage cannot take less than 60 s).
+# XRUN_FAULT_ROUNDS=0 leaves these out (an outage cannot take less than itself).
 pytestmark = pytest.mark.skipif(ROUNDS == 0, reason="XRUN_FAULT_ROUNDS=0")
 STEPS = 24
 COMMAND = f"python3 -m workload.train --preset tiny steps={STEPS} checkpoint_every=8"
-OUTAGE_S = 60.0
+# The issue's 60 s in bench/bench_faults.py (XRUN_FAULT_OUTAGE_S=60); 20 s in CI, which still
+# outlasts a step folder's creation retries and ends far inside the 300 s that a save in
+# flight used to hang for (the regression this guards against).
+OUTAGE_S = float(os.environ.get("XRUN_FAULT_OUTAGE_S") or 20)
 
 
 def _record(fault: str, i: int, outcome: str, why: str, seconds: float) -> None:
@@ -116,7 +120,7 @@ def _judge(fault: str, i: int, root: str | Path, name: str, reference: Reference
     return why
 
 
-def test_storage_answering_503_for_60s_from_inside_a_save(gcs_emulator, gcs_bucket, monkeypatch, reference):
+def test_storage_answering_503_from_inside_a_save(gcs_emulator, gcs_bucket, monkeypatch, reference):
     """The outage begins with the first write of a checkpoint step (a save in flight). The
     save either commits after the outage or fails and the run restarts from the last
     committed step: the final loss is the reference's either way, and the run does not sit
@@ -135,7 +139,7 @@ def test_storage_answering_503_for_60s_from_inside_a_save(gcs_emulator, gcs_buck
         started = time.monotonic()
         _submit(root, name, COMMAND, max_restarts=3, termination_grace_seconds=15,
                 env={Env.TEST_STEP_DELAY: "0.3"})
-        fault = "storage 503 for 60 s during a save"
+        fault = f"storage 503 for {OUTAGE_S:g} s during a save"
         try:
             _wait(lambda p=gcs_proxy: p.outage_started is not None, 240, "no save began")
             _ended(root, name, OUTAGE_S + 200, "the run did not end within 200 s of the outage")
