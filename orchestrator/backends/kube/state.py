@@ -265,6 +265,13 @@ def jobset_state(jobset: dict[str, Any], hosts: list[HostStatus] | None) -> tupl
     started = [h for h in current if h.state in PodPhases.STARTED]
     if len(started) >= max(1, expected_pods(jobset)):
         return RUNNING, ""
+    # The attempt is ending: a host's workload exited (or its pod was failed under it, a
+    # node lost) and its Job is deleting the others, before JobSet restarts or fails the
+    # set. That attempt ran; it is not Pending again (`submit --follow` printed
+    # Running, Pending, Restarting for one exit 42 before). An init container's failure
+    # is not a start.
+    if any(h.state == PodPhases.FAILED and "init container" not in h.reason for h in current):
+        return RUNNING, ""
     if restarts:
         return RESTARTING, restart_msg
     return PENDING, ""
