@@ -33,9 +33,11 @@ from orchestrator.backends.kube.logs import _LogSession
 from orchestrator.backends.kube.state import (
     PENDING,
     RESTARTING,
+    RUNNING,
     ApiUnavailable,
     JobSetEvents,
     _epoch,
+    attempt_ending,
     container_started,
     expected_jobs,
     jobset_state,
@@ -125,6 +127,7 @@ class KubeBackend:
         self.context_name = context or ""
         self._jobset_uids: dict[str, str] = {}  # JobSets seen, to find their events once gone
         self._jobset_restarts: dict[str, int] = {}  # their status.restarts as last read
+        self._ran_attempt: dict[str, int] = {}  # the attempt last seen Running, per run
         self._events_cache: tuple[float, Any, list[dict[str, Any]]] | None = None
         self._sidecars_checked = False
         self._watches: dict[str, Any] = {}  # run name -> RunWatch while followed
@@ -384,7 +387,17 @@ class KubeBackend:
         if pods is None:
             pods, _ = self.list_pods(name)
         hosts = latest_hosts(pods)
-        state, message = jobset_state(jobset, hosts)
+        restarts = self._jobset_restarts[name]
+        # Once this attempt was seen Running, it is not Pending again until JobSet restarts
+        # it (suspension, deletion and the end are decided before): its pods can all be
+        # gone first (a node lost: the pod GC deletes the orphan, the Job the rest) with
+        # status.restarts not yet bumped. Measured: Running, Pending, Restarting.
+        ran = self._ran_attempt.get(name) == restarts
+        state, message = jobset_state(jobset, hosts, ending=ran or attempt_ending(pods, jobset))
+        if state == RUNNING:
+            self._ran_attempt[name] = restarts
+        elif (jobset.get("spec") or {}).get("suspend"):  # Kueue evicted it: starts over
+            self._ran_attempt.pop(name, None)
         if state == PENDING and (jobset.get("spec") or {}).get("suspend"):
             message = self.kueue_message(jobset) or message
         events: list[str] = []

@@ -245,8 +245,30 @@ def true_conditions(jobset: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c.get("type", ""): c for c in conds if c.get("status") == "True"}
 
 
-def jobset_state(jobset: dict[str, Any], hosts: list[HostStatus] | None) -> tuple[str, str]:
-    """(contract state, message). ``hosts=None`` judges from replicatedJobsStatus alone."""
+def attempt_ending(pods: list[dict[str, Any]], jobset: dict[str, Any]) -> bool:
+    """Whether the JobSet's current attempt ran and is ending: a pod of it whose workload
+    container started (running, or exited) has failed or is being deleted (an exit, a
+    node lost under it, its Job deleting the others) before JobSet restarts or fails the
+    set. An init container's failure is not a start."""
+    restarts = int(((jobset.get("status") or {}).get("restarts")) or 0)
+    for pod in pods:
+        if pod_host(pod)[1] != restarts:
+            continue
+        state = _container_status(pod).get("state") or {}
+        ran = bool(state.get("running") or state.get("terminated"))
+        going = (pod.get("status") or {}).get("phase") == PodPhases.FAILED or bool(
+            (pod.get("metadata") or {}).get("deletionTimestamp"))
+        if ran and going:
+            return True
+    return False
+
+
+def jobset_state(jobset: dict[str, Any], hosts: list[HostStatus] | None, *,
+                 ending: bool = False) -> tuple[str, str]:
+    """(contract state, message). ``hosts=None`` judges from replicatedJobsStatus alone.
+    ``ending`` (:func:`attempt_ending`): the current attempt ran and is being torn down;
+    it stays Running until JobSet says Restarting or Failed (`submit --follow` printed
+    Running, Pending, Restarting for one exit 42 before)."""
     meta, status, spec = jobset.get("metadata") or {}, jobset.get("status") or {}, jobset.get("spec") or {}
     conds = true_conditions(jobset)
     restarts = int(status.get("restarts") or 0)
@@ -278,6 +300,8 @@ def jobset_state(jobset: dict[str, Any], hosts: list[HostStatus] | None) -> tupl
     started = [h for h in current if h.state in PodPhases.STARTED]
     if len(started) >= max(1, expected_pods(jobset)):
         return RUNNING, ""
+    if ending:  # the attempt ran and is being torn down: not Pending again
+        return RUNNING, ""
     if restarts:
         return RESTARTING, restart_msg
     return PENDING, ""
@@ -290,7 +314,13 @@ def kueue_message(workload: dict[str, Any]) -> str:
     quota ..."). Empty once admitted."""
     conds = {c.get("type"): c for c in (workload.get("status") or {}).get("conditions") or []}
     evicted, reserved = conds.get(KueueWorkload.EVICTED), conds.get(KueueWorkload.QUOTA_RESERVED)
-    if evicted and evicted.get("status") == "True" and not (reserved and reserved.get("status") == "True"):
+    # Evicted, and its quota not reserved again since: while Kueue evicts, the quota is
+    # still reserved (the JobSet suspended first, the quota released after), and a
+    # follower that asked then said only "waiting for admission" (1 of 2 preemption drills).
+    readmitted = bool(reserved and reserved.get("status") == "True"
+                      and str(reserved.get("lastTransitionTime") or "") > str(evicted.get("lastTransitionTime") or "")
+                      ) if evicted else False
+    if evicted and evicted.get("status") == "True" and not readmitted:
         return one_line(f"Kueue evicted it ({evicted.get('reason', '')}): {evicted.get('message', '')}", 300)
     if reserved and reserved.get("status") == "False" and reserved.get("message"):
         return one_line(f"Kueue: {reserved['message']}", 300)
