@@ -737,8 +737,11 @@ def test_a_flex_start_run_waits_suspended_for_kueue(cluster, proxy, tmp_path):
         # xpk's queue has quota for TPUs only: Kueue says so, and status shows it.
         st = cluster.wait("Kueue's word", lambda: (s if (s := backend.status(name)).message.startswith(
             "Kueue: ") else None), 30, every=0.5)
-        assert st.state == "Pending" and st.message == (
-            "Kueue: couldn't assign flavors to pod set slice: resource nvidia.com/gpu unavailable in ClusterQueue")
+        assert st.state == "Pending" and st.message.startswith(
+            "Kueue: couldn't assign flavors to pod set slice: resource nvidia.com/gpu unavailable in ClusterQueue"
+        ), st.message
+        # Its place in the queue, from Kueue's visibility API (#38): nothing ahead of it.
+        assert "Kueue queue: 0 ahead in LocalQueue default/multislice-queue" in st.message, st.message
         time.sleep(1)
         assert cluster.pods(name) == [] and cluster.jobset(name)["spec"]["suspend"] is True
     finally:
