@@ -65,7 +65,7 @@ def night(tmp_path_factory):
 
 
 def test_the_readmes_nightly_leaves_every_runs_steps_and_checkpoints_in_its_root(night):
-    """Each run trained its 30 steps and committed its saves (checkpoint_every=15) under the
+    """Each run trained its 20 steps and committed its saves (checkpoint_every=10) under the
     example's relative storage root, as status reads them from there."""
     r, store = night["r"], night["store"]
     assert r.returncode in (0, 1), r.stderr[-3000:] + r.stdout[-2000:]
@@ -74,11 +74,11 @@ def test_the_readmes_nightly_leaves_every_runs_steps_and_checkpoints_in_its_root
     assert len(names) == 8
     for name in names:
         view = json.loads(xrun("status", name, "-o", "json", storage=store).stdout)
-        assert view["state"] == "Succeeded" and view["step"] == 30, view
-        assert view["latest_checkpoint"]["step"] == 30, view
+        assert view["state"] == "Succeeded" and view["step"] == 20, view
+        assert view["latest_checkpoint"]["step"] == 20, view
         steps = sorted(p.name for p in (store / "runs" / name / "checkpoints").iterdir()
                        if p.name.isdigit())
-        assert steps == ["15", "30"], (name, steps)
+        assert steps == ["10", "20"], (name, steps)
 
 
 def test_the_nightly_runs_each_branchs_head_and_flags_the_slow_one(night):
