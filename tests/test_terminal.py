@@ -77,6 +77,30 @@ def test_quiet_filter_drops_noise_and_repeated_headers():
     assert all(LineFilter(verbose=True).keep(x) for x in lines)
 
 
+def test_a_host_whose_every_line_was_noise_is_named_at_the_end():
+    """#39: in the README's run host 0-1 prints only noise, so quiet mode showed nothing of
+    it and it looked absent; the end of the follow says what was hidden, and whose."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrator.cli.progress import ProgressScreen
+
+    screen = ProgressScreen(Console(file=io.StringIO(), force_terminal=False), tty=False)
+    for host, text in [("0-0", 'xrun-wrapper: start host=0-0 attempt=0 argv=["sh"]'),
+                       ("0-0", "completed step: 1, seconds: 0.1"),
+                       ("0-1", 'xrun-wrapper: start host=0-1 attempt=0 argv=["sh"]'),
+                       ("0-1", "[Gloo] Rank 1 is connected to 1 peer ranks."),
+                       ("0-1", "EXIT_CODE=0")]:
+        screen.line(host, 0, text)
+    assert screen.quiet_summary() == (
+        "quiet: 4 lines of noise hidden; every line of host 0-1 (3) was noise "
+        "(-v shows them; xrun logs NAME has them all)")
+    loud = ProgressScreen(Console(file=io.StringIO(), force_terminal=False), tty=False, verbose=True)
+    loud.line("0-1", 0, "EXIT_CODE=0")
+    assert loud.quiet_summary() == ""
+
+
 def _rec(**kw) -> RunRecord:
     rec = RunRecord(name="r", total_steps=100)
     for k, v in kw.items():

@@ -190,6 +190,24 @@ class ProgressScreen:
         self._last_plain, self._last_phase = 0.0, ""
         self._view: dict[str, Any] | None = None
         self._step: tuple[int, float, int] | None = None  # newest step line: (step, loss, attempt)
+        self.hidden: dict[str, int] = {}  # host -> lines the quiet filter hid
+        self.shown: set[str] = set()  # hosts with a line on the screen
+
+    def quiet_summary(self) -> str:
+        """What quiet mode hid, for the end of a followed run: a host whose every line was
+        noise (a non-primary host prints only its wrapper's, Gloo's and a repeated header)
+        looks absent otherwise (#39). '' when nothing was hidden."""
+        if not self.hidden:
+            return ""
+        silent = sorted(h for h in self.hidden if h not in self.shown)
+        total = sum(self.hidden.values())
+        text = f"quiet: {total} line{'s' if total != 1 else ''} of noise hidden"
+        if silent:
+            named = ", ".join(f"{h} ({self.hidden[h]})" for h in silent[:4])
+            more = f" and {len(silent) - 4} more" if len(silent) > 4 else ""
+            text += (f"; every line of host{'s' if len(silent) > 1 else ''} {named}{more} "
+                     f"was noise")
+        return text + " (-v shows them; xrun logs NAME has them all)"
 
     def __enter__(self) -> ProgressScreen:
         if self.tty:
@@ -213,7 +231,9 @@ class ProgressScreen:
         if m and (self._step is None or (attempt, int(m["step"])) >= (self._step[2], self._step[0])):
             self._step = (int(m["step"]), float(m["loss"]), attempt)
         if not self.filter.keep(text):
+            self.hidden[host] = self.hidden.get(host, 0) + 1
             return
+        self.shown.add(host)
         out = Text()
         if stamp:
             out.append(stamp + " ", style="dim" if self.colour else "")

@@ -338,6 +338,9 @@ def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
             screen.stop()
     for line in summary_lines(view, started)[1 if said_end else 0:]:
         click.echo(line, err=True)
+    quiet = screen.quiet_summary() if screen is not None else ""
+    if quiet:
+        click.echo(f"  {quiet.replace('NAME', name)}", err=True)
     return EXIT_OK if view["state"] == SUCCEEDED else EXIT_FAILED
 
 
