@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
 from cli_helpers import xrun
+from test_faults_storage import _wait
 
 from orchestrator.backends.local.backend import run_processes, stop_processes
 from orchestrator.readers.checkpoints import list_checkpoints
@@ -26,16 +26,6 @@ STEPS = 16
 COMMAND = f"python3 -m workload.train --preset tiny steps={STEPS} checkpoint_every=4"
 SPEC = ["--accelerator", "cpu-2", "--image", "img", "--command", COMMAND, "--max-restarts", "0",
         "--termination-grace-seconds", "20"]
-
-
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, what
-        time.sleep(0.1)
 
 
 def _state(root: Path, name: str) -> dict:
