@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import REPO, xrun, xrun_env
+from test_faults_storage import _wait
 
 from orchestrator.backends.local.backend import run_processes
 from orchestrator.readers.checkpoints import list_checkpoints
@@ -32,16 +33,6 @@ from xrun_contract import Layout
 from xrun_contract.storage import open_storage
 
 NAME = "nb-rel"
-
-
-def _poll(condition, timeout: float, what: str, every: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def _workload_pgid(root: Path) -> int | None:
@@ -76,10 +67,10 @@ def frozen_run(tmp_path_factory):
     try:
         storage = open_storage(str(root))
         reader = StoredRun(storage, NAME)
-        _poll(lambda: any(c.state == "committed" for c in list_checkpoints(storage, NAME))
+        _wait(lambda: any(c.state == "committed" for c in list_checkpoints(storage, NAME))
               and (reader.poll().steps.last_step or 0) > 5, 240,
               "a committed checkpoint and the steps after it under ./relstore")
-        pgid = _poll(lambda: _workload_pgid(root), 30, "the workload's process group")
+        pgid = _wait(lambda: _workload_pgid(root), 30, "the workload's process group")
         os.killpg(pgid, signal.SIGSTOP)
         out = {"tmp": tmp, "repo": repo, "root": root, "submit": sub}
         follow = subprocess.Popen(
@@ -112,7 +103,7 @@ def frozen_run(tmp_path_factory):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, signal.SIGCONT)
                 os.killpg(pgid, signal.SIGKILL)
-        _poll(lambda: not run_processes(str(root), NAME), 120, "every process of the run to end")
+        _wait(lambda: not run_processes(str(root), NAME), 120, "every process of the run to end")
         assert deleted.returncode == 0, deleted.stderr
 
 
