@@ -115,11 +115,22 @@ class Variant:
         t = time.perf_counter()
         self.program.compile()
         self.compile_s = time.perf_counter() - t
-        t = time.perf_counter()
-        # Every variant has the same parameters: the first one's state serves the rest.
-        self.state = self.program.init() if state is None else state
-        jax.block_until_ready(self.state)
-        self.init_s = time.perf_counter() - t if state is None else None
+        # Every variant has the same parameters: the first one's state serves the rest. The
+        # first one's init is timed in its parts: trace and lower, compile, run.
+        self.init_parts: dict[str, float] = {}
+        if state is None:
+            t = time.perf_counter()
+            lowered = self.program._jitted_init.lower()
+            self.init_parts["init_lower_s"] = time.perf_counter() - t
+            exe = lowered.compile()
+            self.init_parts["init_compile_s"] = time.perf_counter() - t - self.init_parts["init_lower_s"]
+            self.program._init_exe = exe
+            t1 = time.perf_counter()
+            self.state = jax.block_until_ready(self.program.init())
+            self.init_parts["init_run_s"] = time.perf_counter() - t1
+            self.init_s: float | None = time.perf_counter() - t
+        else:
+            self.state, self.init_s = state, None
         source = data.make_source(self.cfg.data, self.cfg.data_dtype, self.cfg.seed,
                                   self.cfg.seq_len, self.cfg.vocab_size)
         self.batches = [data.make_batch(source, i * self.batch_size, self.batch_size,
@@ -183,7 +194,8 @@ def run_grid(out: Path, args: argparse.Namespace, spec: float, peak: float) -> N
                  compile_s=v.compile_s, init_s=v.init_s, step_s=step_s, min_step_s=min(times),
                  tflops=flops / step_s, mfu_spec=flops / step_s / spec,
                  mfu_measured=flops / step_s / peak, loss=v.loss,
-                 tokens_per_s=v.batch_size * v.cfg.seq_len / step_s, **v.memory())
+                 tokens_per_s=v.batch_size * v.cfg.seq_len / step_s, **v.init_parts,
+                 **v.memory())
             if name == args.profile:
                 profile(out, v, args)
             if name in args.ckpt:
@@ -255,12 +267,31 @@ def device_get_threads(state: Any, threads: int) -> float:
     return time.perf_counter() - t
 
 
-def steps_while(v: Variant, busy, limit: int = 60) -> list[float]:
-    """Step times while ``busy()`` (a save being written), at most ``limit`` steps."""
-    times = []
-    while busy() and len(times) < limit:
-        times.append(v.step())
-    return times
+def steps_while(v: Variant, busy, limit: int = 60) -> tuple[list[float], float]:
+    """Step times while ``busy()`` (a save being written), at most ``limit`` steps; and the
+    longest a Python thread that only sleeps 1 ms at a time went unscheduled meanwhile (a
+    step's wait that matches it is the GIL held by the writer, not the device)."""
+    times: list[float] = []
+    gaps: list[float] = [0.0]
+    done = threading.Event()
+
+    def probe() -> None:
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps[0] = max(gaps[0], now - last - 0.001)
+            last = now
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    try:
+        while busy() and len(times) < limit:
+            times.append(v.step())
+    finally:
+        done.set()
+        thread.join()
+    return times, gaps[0]
 
 
 def checkpoint_compare(out: Path, v: Variant, args: argparse.Namespace) -> None:
@@ -288,15 +319,15 @@ def checkpoint_compare(out: Path, v: Variant, args: argparse.Namespace) -> None:
         t, t_wall = time.perf_counter(), time.time()
         mgr.save(v.steps_run, args=ocp.args.StandardSave(v.state))
         results[f"orbax_blocked_s_{round_}"] = time.perf_counter() - t
-        during = steps_while(v, mgr.is_saving_in_progress)
+        during, gap = steps_while(v, mgr.is_saving_in_progress)
         mgr.wait_until_finished()
         results[f"orbax_commit_s_{round_}"] = time.time() - t_wall
         results[f"orbax_steps_during_{round_}"] = [round(s, 4) for s in during]
+        results[f"orbax_python_gap_s_{round_}"] = round(gap, 4)
         mgr.close()
         shutil.rmtree(root / f"orbax-{round_}", ignore_errors=True)
         # xrun as before (Orbax's own serial copy), the copy from threads, staging and threads.
-        for label, stage_gib, threads in (("xrun_orbax_copy", 0.0, 0), ("xrun_threads", 0.0, 4),
-                                          ("xrun_staged", -1.0, 4)):
+        for label, stage_gib, threads in (("xrun_threads", 0.0, 4), ("xrun_staged", -1.0, 4)):
             v.step()
             cfg = v.cfg.__class__(**{**v.cfg.to_dict(), "checkpoint_stage_gib": stage_gib,
                                      "checkpoint_copy_threads": threads})
@@ -309,10 +340,12 @@ def checkpoint_compare(out: Path, v: Variant, args: argparse.Namespace) -> None:
             if ck.staging is not None:
                 results[f"{label}_staged_gib_{round_}"] = ck.staging.staged_bytes / 2**30
                 results[f"{label}_budget_gib_{round_}"] = (ck.staging.budget or 0) / 2**30
-            during = steps_while(v, ck.manager.is_saving_in_progress)
+            results[f"{label}_copy_s_{round_}"] = ck.copy_s
+            during, gap = steps_while(v, ck.manager.is_saving_in_progress)
             ck.manager.wait_until_finished()
             results[f"{label}_commit_s_{round_}"] = time.time() - t_wall
             results[f"{label}_steps_during_{round_}"] = [round(s, 4) for s in during]
+            results[f"{label}_python_gap_s_{round_}"] = round(gap, 4)
             ck.pending = None
             if ck.staging is not None:
                 ck.staging.release()
@@ -395,23 +428,33 @@ def report(out: Path) -> str:
                          f"{100 * r['mfu_measured']:.1f}% | {r['compiled_gib']:.2f} | "
                          f"{r['compile_s']:.1f} | {r['loss']:.4f} |")
         lines.append("")
+        for r in [r for r in grid if r.get("init_s") is not None][:1]:
+            lines += [f"Init, {r['variant']}: {r['init_s']:.1f} s (trace and lower "
+                      f"{fmt(r.get('init_lower_s'))}, compile {fmt(r.get('init_compile_s'))}, "
+                      f"run {fmt(r.get('init_run_s'))} s); step compile {r['compile_s']:.1f} s",
+                      ""]
     for r in rows:
         if r["part"] == "ckpt":
             lines += [f"Checkpoint, {r['variant']} (state {r['state_gib']:.2f} GiB, steady step "
                       f"{r['steady_step_s']:.4f} s):", ""]
-            lines += ["| route | blocked s | commit s | steps while written (max s) |",
-                      "|---|---|---|---|"]
+            lines += ["| route | blocked s | of it, staging + host copy s | commit s | "
+                      "steps while written: n, mean, max s | longest Python thread gap s |",
+                      "|---|---|---|---|---|---|"]
             rounds = sorted({k.rsplit("_", 1)[1] for k in r if k.startswith("orbax_blocked")})
             for i in rounds:
                 lines.append(f"| host link, 4 threads (round {i}) | "
-                             f"{fmt(r.get(f'link_4threads_s_{i}'))} | | |")
-                for label in ("orbax", "xrun_orbax_copy", "xrun_threads", "xrun_staged"):
+                             f"{fmt(r.get(f'link_4threads_s_{i}'))} | | | | |")
+                labels = [k[:-len(f"_blocked_s_{i}")] for k in r if k.endswith(f"_blocked_s_{i}")]
+                for label in labels:
                     during = r.get(f"{label}_steps_during_{i}") or []
                     staged = r.get(f"{label}_staged_gib_{i}")
+                    mean = statistics.mean(during) if during else None
                     lines.append(f"| {label}{f' ({staged:.2f} GiB staged)' if staged else ''} "
                                  f"(round {i}) | {fmt(r.get(f'{label}_blocked_s_{i}'))} | "
+                                 f"{fmt(r.get(f'{label}_copy_s_{i}'))} | "
                                  f"{fmt(r.get(f'{label}_commit_s_{i}'))} | "
-                                 f"{len(during)} ({fmt(max(during) if during else None)}) |")
+                                 f"{len(during)}, {fmt(mean)}, {fmt(max(during) if during else None)} | "
+                                 f"{fmt(r.get(f'{label}_python_gap_s_{i}'))} |")
             lines.append("")
     for r in rows:
         if r["part"] == "startup":

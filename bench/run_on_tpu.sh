@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One whole experiment on the TPU machine (../shared/notes/tpu.md): install what its own
-# index lacks from .whl-tpu/, then the chip part of bench_tpu.py and the tpu-marked tests,
-# every result under OUT. Usage: OUT=DIR bash bench/run_on_tpu.sh [BENCH_SECONDS TEST_SECONDS]
+# index lacks from .whl-tpu/, then the chip part of bench_tpu.py, the startup part (cold and
+# warm processes) and the tpu-marked tests, every result under OUT.
+# Usage: OUT=DIR bash bench/run_on_tpu.sh [CHIP_SECONDS STARTUP_SECONDS TEST_SECONDS [TESTS]]
+# (a part given 0 seconds is not run; TESTS: pytest -k expression, default every tpu test).
 set -u
-OUT=${OUT:?set OUT}; BENCH_S=${1:-210}; TEST_S=${2:-150}
+OUT=${OUT:?set OUT}; CHIP_S=${1:-200}; STARTUP_S=${2:-130}; TEST_S=${3:-200}; TESTS=${4:-}
 export PYTHONUNBUFFERED=1 PIP_CONFIG_FILE=/dev/null
 t0=$(date +%s)
 python3 -m pip install --isolated -q --only-binary=:all: --index-url file:///opt/pypi/simple \
@@ -14,12 +16,22 @@ python3 -m pip install --isolated -q --no-index --no-deps --no-compile --target 
 export PYTHONPATH=${PYTHONPATH:-}:/tmp/site0:/tmp/site:$PWD
 echo "install: $(( $(date +%s) - t0 )) s" | tee "$OUT/timeline.txt"
 BEST="remat=dots_no_batch scan_unroll=0"
-timeout "$BENCH_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part chip --spec-tflops 197 \
-  --grid "$BEST" --grid "$BEST global_batch=6" --ckpt "$BEST" --profile "$BEST" \
-  --ckpt-rounds 2 --steps 8 --warmup 2 --ckpt-dir /tmp/xrun-ckpt > "$OUT/bench.txt" 2>&1
-echo "bench rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
-timeout "$TEST_S" python3 -m pytest -m tpu tests/test_tpu.py --noconftest -p no:cacheprovider \
-  -q -s -k "tiny or splash or resume" > "$OUT/tpu-tests.txt" 2>&1
-echo "tests rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
+if [ "$CHIP_S" != 0 ]; then
+  timeout "$CHIP_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part chip --spec-tflops 197 \
+    --grid "$BEST" --grid "$BEST embedding_update=dense" --ckpt "$BEST" --profile none \
+    --ckpt-rounds 1 --steps 8 --warmup 2 --ckpt-dir /tmp/xrun-ckpt > "$OUT/bench.txt" 2>&1
+  echo "chip rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
+fi
+if [ "$STARTUP_S" != 0 ]; then
+  timeout "$STARTUP_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part startup \
+    --startup "$BEST" --startup-timeout "$STARTUP_S" > "$OUT/startup.txt" 2>&1
+  echo "startup rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
+fi
+if [ "$TEST_S" != 0 ]; then
+  timeout "$TEST_S" python3 -m pytest -m tpu tests/test_tpu.py --noconftest -p no:cacheprovider \
+    -q -s -rA ${TESTS:+-k "$TESTS"} > "$OUT/tpu-tests.txt" 2>&1
+  echo "tests rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
+fi
 python3 bench/bench_tpu.py --out "$OUT/bench" --part report > /dev/null 2>&1
-tail -5 "$OUT/tpu-tests.txt"
+cat "$OUT/bench/table.md" 2>/dev/null | head -40
+tail -8 "$OUT/tpu-tests.txt" 2>/dev/null

@@ -279,7 +279,8 @@ def test_dlogits_target_entries_set_in_place_equal_the_one_hot_compare(compute_d
 
 
 @pytest.mark.parametrize("overrides", [["grad_clip=1.0"], ["grad_clip=0"],
-                                       ["grad_clip=0.01", "compute_dtype=bfloat16"]])
+                                       ["grad_clip=0.01", "compute_dtype=bfloat16"],
+                                       ["grad_clip=0.01", "embedding_update=dense"]])
 def test_train_step_with_the_sparse_embedding_gradient_is_the_dense_optax_update(overrides):
     """The train step takes the embedding table's gradient sparse and writes the table's
     AdamW out (``optimizer_step``); each of five steps on batches with repeated tokens gives

@@ -364,6 +364,7 @@ class Checkpoints:
         self.write_steps = 0  # steps the last save took to commit (0: within one step)
         self.saved_steps: list[int] = []
         self.sync_s = 0.0  # agreement rounds since the last commit
+        self.copy_s = 0.0  # the last save's staging and host copy, before Orbax's save()
         self.restored_step: int | None = None
         self.failure: str | None = None  # why the run stops (set before CheckpointWriteFailed)
         self._errors: list[str] = []  # this process's write failures, from any thread
@@ -608,6 +609,7 @@ class Checkpoints:
                 state = self.staging.stage(state)
             if self.cfg.checkpoint_copy_threads:
                 copy_to_host(state, self._priority.keys, self.cfg.checkpoint_copy_threads)
+            self.copy_s = time.perf_counter() - t  # the part of ``blocked`` before Orbax's
             self.manager.save(step, force=True, args=ocp.args.Composite(
                 state=StateSave(state, ocdbt_target_data_file_size=OCDBT_TARGET_DATA_FILE_SIZE),
                 data=DataSave(data)))

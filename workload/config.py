@@ -18,8 +18,12 @@ DTYPES = ("float32", "bfloat16")
 TOKEN_DTYPES = ("uint16", "uint32")
 # auto: splash on TPU, cudnn on GPU (bf16), einsum on CPU (workload.attention.resolve).
 ATTENTION_KERNELS = ("auto", "einsum", "xla", "cudnn", "splash")
+# How the embedding table's AdamW update gets its gradient (workload.train.embedding_route):
+# sparse (the looked-up rows only; auto on CPU), dense (a [vocab, d] scatter-add, then optax).
+EMBEDDING_UPDATES = ("auto", "sparse", "dense")
 CHOICES = {"param_dtype": DTYPES, "compute_dtype": DTYPES, "remat": REMAT_POLICIES,
-           "data_dtype": TOKEN_DTYPES, "attention": ATTENTION_KERNELS}
+           "data_dtype": TOKEN_DTYPES, "attention": ATTENTION_KERNELS,
+           "embedding_update": EMBEDDING_UPDATES}
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class Config:
     # Splash attention's query and key/value block (forward and backward): a multiple of 128;
     # a block longer than the sequence is cut to it.
     splash_block: int = 512
+    embedding_update: str = "auto"  # one of EMBEDDING_UPDATES
     # Batch: global_batch > 0 fixes it; 0 means batch_per_device x devices.
     global_batch: int = 8
     batch_per_device: int = 1

@@ -121,6 +121,12 @@ def embedding_gradient(ids, d_rows, vocab_size: int):
     return rows, grads
 
 
+def embedding_route(cfg: Config) -> str:
+    """``cfg.embedding_update`` resolved: ``auto`` is ``sparse`` (``optimizer_step``'s
+    row-wise update, written for XLA:CPU, where the dense gradient's passes cost most)."""
+    return "sparse" if cfg.embedding_update == "auto" else cfg.embedding_update
+
+
 def optimizer_step(cfg: Config, adamw, schedule, params: dict, opt_state, grads: dict,
                    rows, row_grads):
     """``make_optimizer``'s update (global-norm clipping, then ``adamw``) with the embedding
@@ -294,8 +300,9 @@ class Program:
         self._jitted_init = jax.jit(functools.partial(init, cfg.seed),
                                     out_shardings=self.state_shardings)
 
-        graphdef, schedule = self.graphdef, self.schedule
+        graphdef, schedule, tx = self.graphdef, self.schedule, self.tx
         adamw = make_adamw(cfg, schedule)
+        route = embedding_route(cfg)
 
         def train_step(state, tokens):
             inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -312,10 +319,16 @@ class Program:
             others = {k: v for k, v in state["params"].items() if k != "embed"}
             (loss, aux), (grads, d_embedded) = jax.value_and_grad(
                 loss_fn, argnums=(0, 1), has_aux=True)(others, jnp.take(table, inputs, axis=0))
-            rows, row_grads = embedding_gradient(inputs, d_embedded, cfg.vocab_size)
-            params, opt_state, grad_norm = optimizer_step(
-                cfg, adamw, schedule, state["params"], state["opt_state"], grads, rows,
-                row_grads)
+            if route == "dense":
+                grads = {**grads, "embed": jnp.zeros_like(table).at[inputs].add(d_embedded)}
+                updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+                params = optax.apply_updates(state["params"], updates)
+                grad_norm = optax.tree.norm(grads)
+            else:
+                rows, row_grads = embedding_gradient(inputs, d_embedded, cfg.vocab_size)
+                params, opt_state, grad_norm = optimizer_step(
+                    cfg, adamw, schedule, state["params"], state["opt_state"], grads, rows,
+                    row_grads)
             out = {"loss": loss, "grad_norm": grad_norm,
                    "learning_rate": schedule(state["step"]), **aux}
             return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, out
