@@ -28,6 +28,7 @@ JSON lines to DIR/results.jsonl, and ``report`` turns them into DIR/table.md:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -103,7 +104,7 @@ class Variant:
 
         from workload import data
         from workload.distributed import make_mesh
-        from workload.train import Program
+        from workload.train import INIT_COMPILER_OPTIONS, Program
 
         self.name = variant
         self.cfg = parse_config(base, variant)
@@ -122,7 +123,7 @@ class Variant:
             t = time.perf_counter()
             lowered = self.program._jitted_init.lower()
             self.init_parts["init_lower_s"] = time.perf_counter() - t
-            exe = lowered.compile()
+            exe = lowered.compile(compiler_options=INIT_COMPILER_OPTIONS)
             self.init_parts["init_compile_s"] = time.perf_counter() - t - self.init_parts["init_lower_s"]
             self.program._init_exe = exe
             t1 = time.perf_counter()
@@ -166,11 +167,14 @@ class Variant:
         """Free everything but the state, which is returned (for the next variant)."""
         import jax
 
-        state, keep = self.state, {id(a) for a in jax.tree.leaves(self.state)}
-        del self.state, self.batches
-        for a in jax.live_arrays():
-            if id(a) not in keep:
-                a.delete()
+        state = self.state
+        # Only this variant's own arrays: every live array but the state also takes the
+        # constants that jitted kernels keep between programs (splash attention's block
+        # masks), and the next variant's step then finds them deleted.
+        for a in jax.tree.leaves(self.batches):
+            a.delete()
+        del self.state, self.batches, self.program
+        gc.collect()
         return state
 
 
@@ -304,6 +308,7 @@ def checkpoint_compare(out: Path, v: Variant, args: argparse.Namespace) -> None:
     from workload.train import staging_budget
     from xrun_contract.storage import open_storage
 
+    gc.freeze()  # as workload.train does before its loop: the collector skips startup's objects
     steady = statistics.median([v.step() for _ in range(5)])
     state_gib = sum(a.nbytes for a in jax.tree.leaves(v.state)) / 2**30
     root = Path(args.ckpt_dir or tempfile.mkdtemp(prefix="xrun-ckpt-"))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import functools
+import gc
 import json
 import math
 import os
@@ -221,6 +222,14 @@ def cross_entropy(logits, targets, z_loss: float):
     return loss, {"nll": nll}
 
 
+# The init program runs once and takes milliseconds, but its random number generators
+# (threefry, erf_inv) took XLA 34 s to compile optimised on a v5e chip for the 618M config,
+# longer than the train step (23 s): the pole of a cold start. Unoptimised it compiles ~3x
+# faster on CPU (the tiny model's init: 13.4 -> 4.7 s); its values may differ in the last
+# bit from an optimised compile's, the same in every process.
+INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
 class Program:
     """The jitted functions and shardings of one (config, mesh): built once, used by train()."""
 
@@ -343,7 +352,8 @@ class Program:
     def init(self) -> dict[str, Any]:
         """The initial state (seed ``cfg.seed``), created already sharded."""
         if self._init_exe is None:
-            self._init_exe = self._compile("init", self._jitted_init.lower().compile)
+            self._init_exe = self._compile("init", lambda: self._jitted_init.lower().compile(
+                compiler_options=INIT_COMPILER_OPTIONS))
         return self._init_exe()
 
     def compile(self):
@@ -673,6 +683,12 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     batch = make_batch(position)
     train_step = program.train_step
     assert train_step is not None  # compiled above
+    # What startup made (modules, traced programs, JAX's caches: ~180k objects for the 618M
+    # config) lives as long as the process; frozen, Python's cyclic collector stops walking
+    # it. Unfrozen, each full collection held the GIL 0.2-0.8 s, and the Orbax writer's
+    # allocations set them off during every save: steps waited that long for the GIL
+    # (bench_tpu.py on a v5e chip: steps 1.36x steady while a save was written).
+    gc.freeze()
     for step in range(start + 1, cfg.steps + 1):
         t0 = time.perf_counter()
         state, out = train_step(state, batch)  # dispatched; runs while we go on
