@@ -16,6 +16,10 @@ python3 -m pip install --isolated -q --no-index --no-deps --no-compile --target 
 export PYTHONPATH=${PYTHONPATH:-}:/tmp/site0:/tmp/site:$PWD
 echo "install: $(( $(date +%s) - t0 )) s" | tee "$OUT/timeline.txt"
 BEST="remat=dots_no_batch scan_unroll=0"
+# The reference for startup: a bare process's import of JAX and its first look at the chip.
+python3 -c "import time; t=time.time(); import jax; i=time.time(); jax.devices(); d=time.time()
+print(f'bare: import jax {i-t:.2f} s, jax.devices() {d-i:.2f} s')" > "$OUT/bare.txt" 2>&1
+cat "$OUT/bare.txt"
 if [ "$CHIP_S" != 0 ]; then
   timeout "$CHIP_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part chip --spec-tflops 197 \
     --grid "$BEST" --grid "$BEST embedding_update=dense" --ckpt "$BEST" --profile none \
