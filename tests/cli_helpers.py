@@ -8,10 +8,14 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+SHARED_CACHE = "XRUN_LOCAL_COMPILATION_CACHE"
 
 
 def xrun_env(storage: str | Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
+    # The session's shared JAX compilation cache for local runs (conftest.py), kept.
+    if SHARED_CACHE in os.environ:
+        env[SHARED_CACHE] = os.environ[SHARED_CACHE]
     env["XRUN_STORAGE"] = str(storage)
     env["PYTHONPATH"] = str(REPO)
     env["XDG_STATE_HOME"] = str(Path(str(storage)).parent / "state") if not str(storage).startswith("gs://") else "/tmp/xrun-test-state"

@@ -385,3 +385,25 @@ def test_interrupt_at_a_terminal_asks_and_can_stop(tmp_path):
     os.close(master)
     assert state_of(store, "tty")["state"] == "Deleted"
     assert [x for x in pids if pid_alive(x)] == []
+
+
+@pytest.mark.parametrize(("value", "root", "expected"), [
+    (None, "/data/store", "/data/store/cache/jax-compilation"),  # the default: under the root
+    ("1", "/data/store", "/data/store/cache/jax-compilation"),
+    ("0", "/data/store", None),  # off
+    ("/shared/jax", "/data/store", "/shared/jax"),  # one folder for every root
+    ("/shared/jax", "gs://bucket/xrun", "/shared/jax"),
+    (None, "gs://bucket/xrun", None),  # no cache of a gs:// root's own for local pods
+])
+def test_the_pods_compilation_cache_is_under_the_root_off_or_a_shared_folder(monkeypatch, value, root, expected):
+    """XRUN_LOCAL_COMPILATION_CACHE: the tests' session shares one folder this way."""
+    from types import SimpleNamespace
+
+    from orchestrator.backends.local.supervisor import _compilation_cache
+
+    if value is None:
+        monkeypatch.delenv("XRUN_LOCAL_COMPILATION_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("XRUN_LOCAL_COMPILATION_CACHE", value)
+    storage = SimpleNamespace(root=root, url=lambda key: f"{root}/{key}")  # a root's url(): root/key
+    assert _compilation_cache(storage) == expected  # type: ignore[arg-type]

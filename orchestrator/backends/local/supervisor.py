@@ -852,9 +852,14 @@ def _end_group(proc: subprocess.Popen, deadline: float | None) -> None:
 
 
 def _compilation_cache(storage: Storage) -> str | None:
-    """JAX's persistent compilation cache under a local storage root (off with XRUN_LOCAL_COMPILATION_CACHE=0)."""
-    if os.environ.get("XRUN_LOCAL_COMPILATION_CACHE", "1") == "0":
+    """JAX's persistent compilation cache of the pods: under a local storage root by default;
+    XRUN_LOCAL_COMPILATION_CACHE=0 turns it off, =/ABS/DIR puts it in that folder whatever
+    the root (gs:// ones too), so runs under several roots compile each program once."""
+    value = os.environ.get("XRUN_LOCAL_COMPILATION_CACHE", "1").strip()
+    if value == "0":
         return None
+    if os.path.isabs(value):
+        return value
     if storage.root.startswith("gs://"):
         return None
     return storage.url(Layout.compilation_cache())
