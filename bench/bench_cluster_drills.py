@@ -40,6 +40,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=1, help="rounds of each drill (default 1)")
     ap.add_argument("-k", default="", help="only the drills whose test name matches (pytest -k)")
+    ap.add_argument("--raw", type=Path, default=None,
+                    help="also keep the raw output here: pytest's output, then its JUnit XML")
     args = ap.parse_args()
     if args.rounds < 1:
         print("bench_cluster_drills: --rounds must be 1 or more", file=sys.stderr)
@@ -53,6 +55,10 @@ def main() -> int:
         started = time.monotonic()
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
         took = time.monotonic() - started
+        if args.raw:
+            xml = junit.read_text() if junit.exists() else "(no JUnit XML)"
+            args.raw.write_text(f"--- pytest stdout\n{proc.stdout}\n--- pytest stderr\n{proc.stderr}\n"
+                                f"--- junit\n{xml}\n")
         if not junit.exists():
             print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n", file=sys.stderr)
             print(f"bench_cluster_drills: pytest wrote no results (exit {proc.returncode})",

@@ -28,6 +28,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=10, help="rounds of each fault (default 10)")
     ap.add_argument("-k", dest="select", default="", help="pytest -k expression: only these faults")
+    ap.add_argument("--raw", type=Path, default=None,
+                    help="also keep the raw output here: one JSON line per round, then pytest's output")
     args = ap.parse_args()
     if args.rounds < 1:
         ap.error("--rounds: at least 1")
@@ -40,7 +42,10 @@ def main() -> int:
         if args.select:
             cmd += ["-k", args.select]
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-        rounds = [json.loads(line) for line in results.read_text().splitlines()] if results.exists() else []
+        raw = results.read_text() if results.exists() else ""
+        rounds = [json.loads(line) for line in raw.splitlines()]
+        if args.raw:
+            args.raw.write_text(raw + "\n--- pytest stdout\n" + proc.stdout + "\n--- pytest stderr\n" + proc.stderr)
     counts: dict[str, dict[str, int]] = defaultdict(lambda: {"tried": 0, "survived": 0, "lost": 0})
     whys: list[str] = []
     for r in rounds:

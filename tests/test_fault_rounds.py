@@ -43,6 +43,8 @@ COMMAND = f"python3 -m workload.train --preset tiny steps={STEPS} checkpoint_eve
 # outlasts a step folder's creation retries and ends far inside the 300 s that a save in
 # flight used to hang for (the regression this guards against).
 OUTAGE_S = float(os.environ.get("XRUN_FAULT_OUTAGE_S") or 15)
+SAVE_WAIT_S, END_WAIT_S, GONE_WAIT_S = 240.0, 200.0, 30.0  # a 503 round's waits, in order
+ROUND_BOUND_S = SAVE_WAIT_S + OUTAGE_S + END_WAIT_S + GONE_WAIT_S  # the longest a round can wait
 
 
 def _record(fault: str, i: int, outcome: str, why: str, seconds: float) -> None:
@@ -113,7 +115,7 @@ def _judge(fault: str, i: int, root: str | Path, name: str, reference: Reference
         if final != reference.final:
             why = why or f"final (step, loss) {final}, reference {reference.final}"
     try:
-        _wait(lambda: not run_processes(str(root), name), 30, "")
+        _wait(lambda: not run_processes(str(root), name), GONE_WAIT_S, "")
     except AssertionError:
         why = why or f"processes left: {run_processes(str(root), name)}"
     _record(fault, i, "survived" if not why else "lost", why, time.monotonic() - started)
@@ -131,8 +133,9 @@ def test_storage_answering_503_from_inside_a_save(gcs_emulator, gcs_bucket, monk
     for i in range(ROUNDS):
         root, name = f"{gcs_bucket}/r{i}", f"o503-{i}"
         step = 8 * (1 + i % 2)  # the first save, or one with a committed step before it
-        # A proxy per round: one serves 10 minutes at most (it stops by itself), ten rounds more.
-        gcs_proxy = GCSProxy(gcs_emulator, lifetime_s=600).start()
+        # A proxy per round, living longer than every wait of the round below (it stops by
+        # itself when its lifetime ends: one proxy for ten rounds expired in the fifth).
+        gcs_proxy = GCSProxy(gcs_emulator, lifetime_s=ROUND_BOUND_S + 120).start()
         for k, v in gcs_proxy.env().items():
             monkeypatch.setenv(k, v)
         gcs_proxy.outage_when(rf"checkpoints/{step}[./]", OUTAGE_S)
@@ -141,8 +144,8 @@ def test_storage_answering_503_from_inside_a_save(gcs_emulator, gcs_bucket, monk
                 env={Env.TEST_STEP_DELAY: "0.3"})
         fault = f"storage 503 for {OUTAGE_S:g} s during a save"
         try:
-            _wait(lambda p=gcs_proxy: p.outage_started is not None, 240, "no save began")
-            _ended(root, name, OUTAGE_S + 200, "the run did not end within 200 s of the outage")
+            _wait(lambda p=gcs_proxy: p.outage_started is not None, SAVE_WAIT_S, "no save began")
+            _ended(root, name, OUTAGE_S + END_WAIT_S, "the run did not end within 200 s of the outage")
             why = _judge(fault, i, root, name, reference, started)
         except AssertionError as e:  # a round that never ended: lost, and the next one runs
             why = str(e).splitlines()[0]
