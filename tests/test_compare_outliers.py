@@ -1,9 +1,11 @@
 """Outlier steps in real MaxText logs: named with step, seconds and cause, kept out of the
 steady state and its CI, and the Avg s/step cell says which steps decide it.
 
-The logs are built from the real MaxText lines of ``tests/data/maxtext`` (nothing typed by
-hand), because no real log there has a step far from a long steady run with no save line
-near it. ``outlier_log`` below is the recipe:
+The last test reads two logs MaxText itself wrote with real faults injected (a throttled
+save that the next save waits for, a SIGSTOP pause: ``outliers-*.log.gz``, made by
+``make_outlier_logs.py``). The others build logs from the real MaxText lines of
+``tests/data/maxtext`` (nothing typed by hand) to place a pause or a late wait exactly.
+``outlier_log`` below is the recipe:
 
 - the header and steps 0-3 of ``xpk.log`` (lines 1-967) verbatim;
 - its steady step lines 4-8 (lines 968-972) repeated in turn as steps 4..39, each
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from orchestrator.analysis.compare import compare, figures
@@ -194,3 +196,100 @@ def test_a_restart_and_the_avg_cell_of_one_step():
 
     assert avg_share([0.15] * 20 + [23.0], [o for o in fig.outliers.outliers if o.step == 12]) \
         == "one step of 23 s is 88% of it"
+
+
+# ---------------------------------------------------------------------------------------
+# Logs made by MaxText itself with real faults (make_outlier_logs.py; README.md there):
+# outliers-base is a clean run, outliers-faults the same run with save 10's write throttled
+# to 2 MiB/s (save 20 waited 45.97 s for it) and the process stopped for 15 s after the line
+# "completed step: 33". Saves at 0, 10, 20, 30, 40 and 49 in both.
+
+# Steps the faults caused, and why: the wait at save 20 (absorbed by step 21: "Waited 8.16 s
+# for step 20" + "Waiting for previous save to complete took 45.968083 seconds" + 0.22 s
+# blocking), its async partner, and the pause (the SIGSTOP came in iteration 34, after step
+# 33's line: step 35's dispatch-to-dispatch time holds it).
+FAULTS = {21: "54.389 s, waiting for the previous checkpoint save (46.2 s of it)",
+          22: "0.005 s, the step after step 21's 54.389 s: its time was counted there (async dispatch)",
+          35: "19.847 s, unexplained: no log line names a cause (a host-side pause?)"}
+# Every unthrottled save k also makes step k+2 return at once (its time went to step k+1,
+# which waited for step k before saving); in both runs. Step k+1 itself stays in range.
+SAVE_PARTNERS = {12: (0.009, 0.007), 22: (None, 0.016), 32: (0.080, 0.002), 42: (0.017, 0.002)}
+
+
+def _stored(root: Path, name: str, log: Path, branch: str, commit: str) -> None:
+    """A run stored the way xrun keeps one whose workload printed these lines: run.json,
+    state.json and host 0-0's log chunk, every line stamped with its absl time (UTC)."""
+    import gzip
+
+    from xrun_contract import Layout, stamp_line
+
+    text = gzip.decompress(log.read_bytes()).decode()
+    stamped, now, first = [], 0.0, None
+    for line in text.splitlines(keepends=True):
+        m = TIME.match(line)
+        if m:
+            now = datetime(2026, int(line[1:3]), int(line[3:5]), int(m[2]), int(m[3]), int(m[4]),
+                           int(m[5]), tzinfo=UTC).timestamp()
+            first = first or now
+        stamped.append(stamp_line(now or 0.0, line))
+    chunk = root / Layout.log_chunk(name, "0-0", 0, 0, "abcd1234")
+    chunk.parent.mkdir(parents=True)
+    chunk.write_text("".join(stamped))
+    spec = {"name": name, "accelerator": "cpu-1", "branch": branch, "commit": commit, "env": {}}
+    (root / Layout.run_json(name)).write_text(json.dumps({"name": name, "spec": spec, "submitted_at": first - 10}))
+    (root / Layout.state(name)).write_text(json.dumps({
+        "state": "Succeeded", "restarts": 0, "hosts": {"0-0": {}},
+        "transitions": [{"time": first - 5, "state": "Running", "reason": "attempt 0"},
+                        {"time": now, "state": "Succeeded", "reason": ""}]}))
+
+
+def _named(note: str) -> dict[int, str]:
+    """step -> '<seconds> s, <why>' of an outlier note."""
+    body = note.split("): ", 1)[1].rstrip(".")
+    return {int(m[1]): m[2] for m in re.finditer(r"(?:^|; )step (\d+): (.+?)(?=; step \d+: |$)", body)}
+
+
+def test_compare_on_real_maxtext_logs_with_faults_names_every_outlier_step(tmp_path):
+    """The issue's proof: `xrun compare` of two stored runs whose logs MaxText wrote on CPU,
+    one with a save slow enough that the next one waits and a host-side pause, names every
+    step the faults caused with its seconds and cause, and no ordinary step."""
+    from cli_helpers import xrun
+
+    root = tmp_path / "root"
+    _stored(root, "mt-base", DATA / "outliers-base.log.gz", "main", "574ad3fb9")
+    _stored(root, "mt-faults", DATA / "outliers-faults.log.gz", "faults", "def4567aa")
+    r = xrun("compare", "mt-base", "mt-faults", storage=root)
+    # A regression: the 47 s of checkpoint stalls, and steps slower under the machine's load.
+    assert r.returncode == 1, r.stderr
+    notes = {ln[2:].split(": ", 1)[0]: ln[2:] for ln in r.stdout.splitlines()
+             if ln.startswith("- ") and "outlier step" in ln}
+    faults, base = _named(notes["faults def4567aa"]), _named(notes["main 574ad3fb9"])
+    for step, text in FAULTS.items():
+        assert faults.get(step) == text, (step, faults)
+    for step, (secs, _) in SAVE_PARTNERS.items():
+        if secs is not None:
+            assert faults[step] == (f"{secs:.3f} s, the step after step {step - 1}, which absorbed the save of "
+                                    f"step {step - 2}: its time was counted there (async dispatch)"), faults
+    warmup = {0: "0.129 s, the run's first steps: compilation", 2: "0.041 s, the run's first steps: compilation"}
+    assert faults == {**warmup, **FAULTS, **{s: faults[s] for s in (12, 32, 42)}}  # nothing else
+    assert set(base) == {1, 2, 12, 22, 32, 42} and "unexplained" not in notes["main 574ad3fb9"], base
+    for step, (_, secs) in SAVE_PARTNERS.items():
+        assert base[step].startswith(f"{secs:.3f} s, the step after step {step - 1}, which absorbed"), base
+    # Avg s/step says which steps decide it; the steady state and its CI leave them out.
+    avg = next(ln for ln in r.stdout.splitlines() if ln.startswith("| Avg s/step |"))
+    assert avg.split(" | ")[2] == "6.307 (2 steps of 20-54 s are 24% of it)", avg
+    assert "- faults def4567aa: steady-state median 4.872 s/step, 95% CI 3.341–5.751;" in r.stdout
+    rec = load_run("mt-faults", str(root))
+    fig = figures(rec)
+    steady = {st for st, ok in zip(rec.steps.step, rec.steady_mask(fig.warmup), strict=True)
+              if ok and (0, st) not in fig.outliers.keys}  # what figures() keeps
+    assert len(steady) == len(fig.steady_seconds) == 33 and not steady & {21, 22, 35, 12, 32, 42}
+    assert max(fig.steady_seconds) < 19.847
+    # With a peak (2 EPYC cores: under 1 TFLOP/s even in bf16) the partners are impossible.
+    j = json.loads(xrun("compare", "mt-base", "mt-faults", "--format", "json", "--peak-tflops", "1",
+                        storage=root).stdout)
+    by = {o["step"]: o for o in j["candidate"]["outliers"]}
+    assert by[22]["impossible"] and by[22]["why"].startswith(
+        "impossible: 3.97 TFLOP/s/device over the peak 1; the step after step 21's 54.389 s")
+    assert {s for s, o in by.items() if o["impossible"]} == {12, 22, 42}  # 2.05, 3.97, 1.12 TFLOP/s
+    assert set(by) == set(faults) and not by[21]["impossible"] and by[35]["cause"] == "unexplained"

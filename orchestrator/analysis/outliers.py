@@ -11,6 +11,17 @@ standard deviation for normal noise). A step is an outlier when it is more than
 ``K_SD`` of those from the median *and* at least ``MIN_REL`` of the median away (so the
 0.1% jitter of a TPU step is never "far"), or when its TFLOP/s/device exceeds the chip's
 peak (impossible: its time was counted in another step). Pure standard library.
+
+Fast steps are judged by ratio: a step is fast when it is under half the median *and* more
+than ``K_SD`` robust SDs of the log step times below the median's log, i.e. under
+``m * min(1 - MIN_REL, exp(-K_SD * sd_log))``. A pause or a save's wait *adds* seconds to a
+step, so the slow side measures seconds; a fast step is one whose time was counted in a
+neighbour (async dispatch), a *fraction* of a step, and load noise on a shared host is
+multiplicative. The additive bound ``m - margin`` named no fast step at all once 5 robust
+SD exceeded the median (a 2-core host under load: robust SD half the median), not even the
+0.005 s partner of a 54 s step against a 4.9 s median (tests/data/maxtext/
+outliers-faults.log.gz, step 22); the mirrored ratio ``m / (1 + margin / m)`` named an
+ordinary 1.36 s step of the same run. With a small spread the bound is ``m / 2`` as before.
 """
 
 from __future__ import annotations
@@ -28,7 +39,8 @@ MIN_REL = 0.5  # and at least half the median away (x >= 1.5 m or x <= 0.5 m)
 MIN_BASE = 4  # steady steps needed to estimate the centre and spread
 MAX_NAMED = 12  # steps named in one note (the rest counted)
 RULE_TEXT = (f"Outlier steps: beyond their run's steady median ± max({K_SD:g} robust SD, {MIN_REL:.0%} of "
-             "the median) (robust SD = 1.4826 x the median absolute deviation of the steady steps), or over "
+             "the median) (robust SD = 1.4826 x the median absolute deviation of the steady steps; a fast step: "
+             f"under half the median and {K_SD:g} robust SD of the log step times below it), or over "
              "the chip's peak TFLOP/s/device (impossible: the step's time was counted in another); they are "
              "named with their cause and kept out of the steady state and its CI")
 
@@ -139,8 +151,15 @@ def scan(rec: RunRecord, steady: list[bool], warmup: int, peak: float | None = N
         sd = 1.4826 * statistics.median(abs(x - m) for x in base)
         out.median, out.robust_sd = m, sd
         margin = max(K_SD * sd, MIN_REL * m)
+        logs = [math.log(x) for x in base if x > 0]
+        if len(logs) >= MIN_BASE:  # fast: by ratio, with the spread of log step times (module)
+            mid = statistics.median(logs)
+            sd_log = 1.4826 * statistics.median(abs(x - mid) for x in logs)
+            fast_below = m * min(1 - MIN_REL, math.exp(-K_SD * sd_log))
+        else:
+            fast_below = m - margin
     else:
-        m, margin = math.nan, math.inf
+        m, margin, fast_below = math.nan, math.inf, -math.inf
     rows = list(zip(steps.step, steps.seconds, steps.tflops, steps.attempt, strict=True))
     firsts: dict[int, int] = {}
     for st, _s, _t, a in rows:
@@ -164,7 +183,7 @@ def scan(rec: RunRecord, steady: list[bool], warmup: int, peak: float | None = N
             continue
         over_peak = peak is not None and math.isfinite(tf) and tf > peak
         slow = s > m + margin
-        fast = s < m - margin
+        fast = s < fast_below
         if not (slow or fast or over_peak):
             prev, prev_key = None, (a, st)
             continue
@@ -179,6 +198,12 @@ def scan(rec: RunRecord, steady: list[bool], warmup: int, peak: float | None = N
             if partner and prev is not None:
                 cause, why = "partner", (f"the step after step {prev.step}'s {_secs(prev.seconds)} s: "
                                          "its time was counted there (async dispatch)")
+            elif (a, st - 2) in saves and st - 1 >= firsts[a] + warmup:
+                # MaxText's save at step k blocks until step k is done (absorbed by step k+1's
+                # time), so step k+2's result is ready when its line asks: ~0 s. Seen after
+                # every save of tests/data/maxtext/outliers-*.log.gz.
+                cause, why = "partner", (f"the step after step {st - 1}, which absorbed the save of step "
+                                         f"{st - 2}: its time was counted there (async dispatch)")
             elif st < firsts[a] + warmup:
                 cause, why = ("compilation" if a == 0 else "restart"), _first_steps(a)
             else:
