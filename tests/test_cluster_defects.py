@@ -12,8 +12,10 @@ import http.server
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -271,9 +273,14 @@ class Runtime:
             if pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"].startswith("xrun-doctor-"):
                 env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
                 env.update({e["name"]: e["value"] for e in container.get("env") or [] if "value" in e})
-                env.update(self.pod_env, PYTHONPATH=str(REPO), **{Env.POD_NAME: name})
-                argv = [sys.executable if a == "python3" else a for a in container["command"]]
-                r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+                # The pod's emptyDir (the pod-code bootstrap unpacks xrun's code into it).
+                pod_dir = tempfile.mkdtemp(prefix="xrun-pod-")
+                env.update(self.pod_env, PYTHONPATH=str(REPO), **{Env.POD_NAME: name, Env.POD_DIR: pod_dir})
+                argv = [sys.executable if a == "python3" else a.replace("$$", "$") for a in container["command"]]
+                try:
+                    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+                finally:
+                    shutil.rmtree(pod_dir, ignore_errors=True)
                 lines, code = (r.stdout + r.stderr).splitlines(), r.returncode
             else:
                 lines, code = self.run_lines, 0
