@@ -221,3 +221,26 @@ def test_gcs_http_takes_its_token_from_the_metadata_server(gcs_emulator, tmp_pat
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_gcs_http_does_what_the_probe_and_shipper_ask_of_storage(gcs_bucket):
+    """The standard-library client against fake-gcs-server: what the pod side calls (the
+    probe's write, read back and delete; exclusive create; listing with and without a
+    delimiter), agreeing with google-cloud-storage's view of the same bucket."""
+    from xrun_contract.gcs_http import GCSHttpStorage
+
+    plain = GCSHttpStorage(f"{gcs_bucket}/pre fix")
+    full = open_storage(f"{gcs_bucket}/pre fix")
+    assert type(full).__name__ == "GCSStorage"  # this environment has the client
+    plain.write_bytes("a/one.log", b"1")
+    plain.write_bytes("a/b/two.log", b"22")
+    assert full.read_bytes("a/one.log") == b"1" and plain.read_bytes("a/b/two.log") == b"22"
+    assert plain.read_bytes("a/none") is None and not plain.exists_object("a/none") and plain.exists_object("a/one.log")
+    objects, prefixes = plain.list("a")
+    assert [(o.key, o.size) for o in objects] == [("a/one.log", 1)] and prefixes == ["a/b"]
+    assert [o.key for o in plain.list("a", delimiter=None)[0]] == ["a/b/two.log", "a/one.log"]
+    assert objects[0].updated > time.time() - 600
+    assert plain.create_exclusive("x", b"mine") and not plain.create_exclusive("x", b"theirs")
+    assert full.read_bytes("x") == b"mine"
+    assert plain.delete_prefix("a") == 2 and full.list("a", delimiter=None)[0] == []
+    assert plain.delete_object("x") and not plain.delete_object("x")
