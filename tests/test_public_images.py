@@ -244,3 +244,17 @@ def test_gcs_http_does_what_the_probe_and_shipper_ask_of_storage(gcs_bucket):
     assert full.read_bytes("x") == b"mine"
     assert plain.delete_prefix("a") == 2 and full.list("a", delimiter=None)[0] == []
     assert plain.delete_object("x") and not plain.delete_object("x")
+
+
+def test_the_pod_code_is_named_only_where_it_is_fetched():
+    """A cluster run without xrun_image names this xrun's pod code (a stale name from a
+    resumed run's record is replaced); with xrun_image, or a local run, none is named."""
+    sha = podcode.bundle()[0]
+    assert podcode.with_pod_code(first_run_spec(pod_code_sha256="0" * 64)).pod_code_sha256 == sha
+    built = podcode.with_pod_code(first_run_spec(xrun_image="registry.test/x:1", pod_code_sha256="0" * 64))
+    assert built.pod_code_sha256 == ""
+    local = build_spec({"name": "l", "accelerator": "cpu-2", "image": "x", "storage": "/tmp/s"}, {})
+    assert podcode.with_pod_code(local).pod_code_sha256 == ""
+    # Deterministic: the same bytes every time (one upload per xrun version).
+    podcode.bundle.cache_clear()
+    assert podcode.bundle()[0] == sha

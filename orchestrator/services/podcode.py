@@ -45,7 +45,9 @@ def bundle() -> tuple[str, bytes]:
 def with_pod_code(spec: RunSpec) -> RunSpec:
     """A cluster spec without ``xrun_image`` names this xrun's pod code (a resumed run's
     stored name is replaced: its pods run the xrun that submits them)."""
-    if spec.backend_name != "kube" or spec.xrun_image:
+    if spec.xrun_image:  # xrun's built image runs its own code: nothing to fetch or upload
+        return replace(spec, pod_code_sha256="") if spec.pod_code_sha256 else spec
+    if spec.backend_name != "kube":
         return spec
     return replace(spec, pod_code_sha256=bundle()[0])
 
