@@ -2,7 +2,8 @@
 #   docker build -t REGISTRY/xrun-workload:TAG .                        (TPU: jax[tpu] + libtpu)
 #   docker build --target gpu -t REGISTRY/xrun-workload:TAG-gpu .       (GPU: jax[cuda12] wheels)
 # No ENTRYPOINT: the JobSet's commands run as written. This image is also every pod's
-# `xrun_image` (init container: python3 -m workload.sidecar install; log shipper: ... ship),
+# `xrun_image` when set (init container: python3 -m workload.sidecar install; log shipper: ... ship;
+# unset, they run the public python image with xrun's pod code from storage, manifests/podcode.py),
 # whatever image the user's own container runs.
 FROM python:3.11-slim AS base
 

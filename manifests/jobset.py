@@ -14,7 +14,8 @@ from typing import Any
 
 from manifests import types as t
 from manifests.catalogue import Networking, Shape
-from manifests.spec import TOPOLOGY_AWARE_SCHEDULER, RunSpec, topology_gate
+from manifests.podcode import boot_argv
+from manifests.spec import DEFAULT_XRUN_IMAGE, TOPOLOGY_AWARE_SCHEDULER, RunSpec, topology_gate
 from xrun_contract import GKE_NVIDIA_LIB64, JAX_PLATFORMS_FOR, Env, Layout, PodFiles, drain_seconds
 from xrun_contract.errors import XrunError
 from xrun_contract.k8s import (
@@ -28,8 +29,8 @@ from xrun_contract.k8s import (
 
 REPLICATED_JOB = "slice"
 CONTAINER = "workload"  # the user's container (the podFailurePolicy reads its exit code)
-INIT_CONTAINER = "xrun-init"  # copies the launcher into the shared folder (xrun's image)
-LOGS_CONTAINER = "xrun-logs"  # native sidecar shipping the output to storage (xrun's image)
+INIT_CONTAINER = "xrun-init"  # copies the launcher into the shared folder (xrun_image_of)
+LOGS_CONTAINER = "xrun-logs"  # native sidecar shipping the output to storage (xrun_image_of)
 POD_VOLUME = "xrun"  # the emptyDir shared by the three, mounted at PodFiles.MOUNT_PATH
 # No container of xrun's requests cpu or memory (only the workload requests its accelerator),
 # queued or not. Kueue sums a native sidecar's requests into the pod's (kueue
@@ -293,20 +294,47 @@ def logs_env(spec: RunSpec) -> list[t.EnvVar]:
     ]
 
 
+def uses_pod_code(spec: RunSpec) -> bool:
+    """Whether xrun's containers run ``xrun_python_image`` with xrun's pod code from storage
+    (``manifests.podcode``): no ``xrun_image``, and the orchestrator named the code."""
+    return bool(spec.pod_code_sha256) and not spec.xrun_image
+
+
+def xrun_image_of(spec: RunSpec) -> str:
+    """The image xrun's own containers run: ``xrun_image``, the public python image
+    (``uses_pod_code``), or, for a local run (which runs this checkout), xrun's image name."""
+    if uses_pod_code(spec):
+        return spec.xrun_python_image
+    return spec.xrun_image or DEFAULT_XRUN_IMAGE
+
+
+def pod_code_env(spec: RunSpec) -> list[t.EnvVar]:
+    """What the bootstrap needs to fetch xrun's pod code (none with ``xrun_image``)."""
+    if not uses_pod_code(spec):
+        return []
+    return [t.EnvVar(name=Env.POD_CODE_SHA256, value=spec.pod_code_sha256)]
+
+
 def xrun_containers(spec: RunSpec) -> list[t.Container]:
-    """xrun's part of the pod, from xrun's image: the launcher installer (a plain init
+    """xrun's part of the pod (``xrun_image_of``): the launcher installer (a plain init
     container: done before anything else starts) and the log shipper (a native sidecar,
     restartPolicy Always, Kubernetes >= 1.29: started before the workload, restarted if it
     dies, stopped only after the workload container ended)."""
     mount = [t.VolumeMount(name=POD_VOLUME, mount_path=PodFiles.MOUNT_PATH)]
+    image = xrun_image_of(spec)
+    install, ship = install_argv(), ship_argv()
+    init_env, ship_env = install_env(spec), logs_env(spec)
+    if uses_pod_code(spec):
+        install, ship = boot_argv("install", f"$({Env.POD_DIR})"), boot_argv("ship")
+        if not any(e.name == Env.STORAGE for e in init_env):
+            init_env.append(t.EnvVar(name=Env.STORAGE, value=k8s_escape(spec.storage)))
+        init_env += pod_code_env(spec)
+        ship_env += pod_code_env(spec)
     return [
-        t.Container(name=INIT_CONTAINER, image=spec.xrun_image,
-                    image_pull_policy=default_pull_policy(spec.xrun_image),
-                    command=install_argv(), env=install_env(spec),
-                    volume_mounts=list(mount)),
-        t.Container(name=LOGS_CONTAINER, image=spec.xrun_image,
-                    image_pull_policy=default_pull_policy(spec.xrun_image),
-                    command=ship_argv(), env=logs_env(spec), volume_mounts=list(mount),
+        t.Container(name=INIT_CONTAINER, image=image, image_pull_policy=default_pull_policy(image),
+                    command=install, env=init_env, volume_mounts=list(mount)),
+        t.Container(name=LOGS_CONTAINER, image=image, image_pull_policy=default_pull_policy(image),
+                    command=ship, env=ship_env, volume_mounts=list(mount),
                     restart_policy="Always"),
     ]
 

@@ -6,7 +6,8 @@ pod lands where the run's pods would and talks to GCS as they would: the same no
 account and priority class, image and storage env. Cut: one slice of one pod, no
 accelerator request (the probe must not wait for chips a running job holds, nor trigger
 GKE's TPU env injection), no ports (hostNetwork ports could clash with a running job), no
-restarts, no exclusive-topology annotation, a short TTL. Its command is ``python3 -m workload.probe``. Pure: no I/O.
+restarts, no exclusive-topology annotation, a short TTL. Its command is ``python3 -m workload.probe``
+(xrun_image), or the pod-code bootstrap's ``probe`` (manifests.podcode). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -16,7 +17,16 @@ import hashlib
 from typing import Any
 
 from manifests import types as t
-from manifests.jobset import POD_VOLUME, build, check_no_empty, default_pull_policy
+from manifests.jobset import (
+    POD_VOLUME,
+    build,
+    check_no_empty,
+    default_pull_policy,
+    pod_code_env,
+    uses_pod_code,
+    xrun_image_of,
+)
+from manifests.podcode import boot_argv
 from manifests.spec import RunSpec
 from xrun_contract.k8s import Labels
 
@@ -49,14 +59,19 @@ def probe_jobset(spec: RunSpec, name: str) -> dict[str, Any]:
     pod = job.template.spec
     # The probe's own command prints its one line; no launcher or log shipper is needed.
     pod.init_containers = []
-    pod.volumes = [v for v in pod.volumes if v.name != POD_VOLUME]
     container = pod.containers[0]
-    container.volume_mounts = [m for m in container.volume_mounts if m.name != POD_VOLUME]
     container.command = list(PROBE_COMMAND)
-    # xrun's own image runs the probe (the run's image may be MaxText's, with no xrun code);
-    # what is probed is the node's identity and scopes, which every image on it shares.
-    container.image = spec.xrun_image
-    container.image_pull_policy = default_pull_policy(spec.xrun_image)
+    if uses_pod_code(spec):  # the public python image: the bootstrap unpacks into the emptyDir
+        container.command = boot_argv("probe")
+        container.env = [*(container.env or []), *pod_code_env(spec)]
+    else:
+        pod.volumes = [v for v in pod.volumes if v.name != POD_VOLUME]
+        container.volume_mounts = [m for m in container.volume_mounts if m.name != POD_VOLUME]
+    # xrun's own containers' image runs the probe (the run's image may be MaxText's, with no
+    # xrun code); what is probed is the node's identity and scopes, which every image on it
+    # shares.
+    container.image = xrun_image_of(spec)
+    container.image_pull_policy = default_pull_policy(container.image)
     container.resources = None
     container.ports = []
     # No GPU networking daemons (they need the GPUs the probe does not request) and no

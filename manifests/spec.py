@@ -37,10 +37,15 @@ POD_SUFFIX = 6  # "-xxxxx": the random suffix Kubernetes adds to a Job's pod nam
 MAX_LABEL = 63
 # Exit codes that mean "preempted / restart me" (xpk's convention): 42 and 127-255.
 DEFAULT_RESTARTABLE_EXIT_CODES = (RESTARTABLE_EXIT_CODE, *range(127, 256))
-# xrun's own image (the Dockerfile) at this version: every pod's init container and log
-# shipper run it, whatever ``image`` the user's container runs. Push it to your registry
-# and set ``xrun_image`` to that name.
+# xrun's own image (the Dockerfile) at this version: with ``xrun_image`` set to a registry's
+# copy of it, every pod's init container and log shipper run it. Unset (the default), a
+# cluster run's pods run ``xrun_python_image`` with xrun's pod code fetched from the run's
+# storage (manifests.podcode), and a local run this checkout (the manifest then names this).
 DEFAULT_XRUN_IMAGE = f"xrun-workload:{XRUN_VERSION}"
+# A public image with a python3 (>= 3.12: tarfile's data filter) and nothing of xrun's:
+# Docker Hub's official python image (docker.io/library/python), Debian slim variant. Pin it
+# by digest (python:3.12-slim@sha256:...) or point it at a mirror with xrun_python_image.
+DEFAULT_XRUN_PYTHON_IMAGE = "python:3.12-slim"
 # What a cluster run's xrun_image must look like: a registry host first, so a node can pull it
 # (the default above is for local runs; no registry has it).
 CLUSTER_XRUN_IMAGE_HINT = ("an image in a registry the nodes can pull from, its first path component a "
@@ -80,7 +85,13 @@ class RunSpec:
     name: str = ""
     image: str = ""  # the user's container: any image with /bin/sh
     command: str = "python3 -m workload.train"
-    xrun_image: str = DEFAULT_XRUN_IMAGE  # init container + log-shipping sidecar
+    # xrun's image for the init container + log-shipping sidecar; "" = none of xrun's: a
+    # cluster run's pods run xrun_python_image with xrun's pod code from storage.
+    xrun_image: str = ""
+    xrun_python_image: str = DEFAULT_XRUN_PYTHON_IMAGE
+    # sha256 of <storage>/xrun-pod/<sha>.zip, set by the orchestrator for a cluster run
+    # without xrun_image (manifests.podcode).
+    pod_code_sha256: str = ""
     accelerator: str = ""  # a catalogue shape (v6e-32, h200-141gb-8) or cpu-N
     num_slices: int = 1  # TPU multislice
     nodes: int = 1  # GPU nodes
@@ -299,10 +310,10 @@ def image_registry(image: str) -> str:
 
 
 def check_cluster_xrun_image(spec: RunSpec) -> None:
-    """A cluster run's pods pull ``xrun_image`` for their init container and log shipper:
-    one without a registry host (the default ``xrun-workload:<version>``) is Docker Hub's
+    """A cluster run's pods pull ``xrun_image``, when set, for their init container and log
+    shipper: one without a registry host (e.g. ``xrun-workload:<version>``) is Docker Hub's
     library, which has no such image, and every pod would stay Init:ErrImagePull."""
-    if spec.backend_name == "kube" and not image_registry(spec.xrun_image):
+    if spec.backend_name == "kube" and spec.xrun_image and not image_registry(spec.xrun_image):
         raise XrunError(f"xrun_image: {spec.xrun_image!r} names no registry, so the cluster's nodes cannot pull it; "
                         f"cluster runs need {CLUSTER_XRUN_IMAGE_HINT}")
 
@@ -357,9 +368,15 @@ def validate(spec: RunSpec) -> None:
         raise XrunError("image: required (the workload container image, e.g. us-docker.pkg.dev/p/r/xrun:tag)")
     if any(c.isspace() for c in spec.image):
         raise XrunError(f"image: must not contain whitespace, got {short_repr(spec.image)}")
-    if not spec.xrun_image.strip() or any(c.isspace() for c in spec.xrun_image):
-        raise XrunError(f"xrun_image: must be an image name without whitespace (default "
-                        f"{DEFAULT_XRUN_IMAGE}), got {short_repr(spec.xrun_image)}")
+    if any(c.isspace() for c in spec.xrun_image):
+        raise XrunError(f"xrun_image: must be an image name without whitespace (or unset: "
+                        f"{DEFAULT_XRUN_PYTHON_IMAGE} with xrun's code from storage), got {short_repr(spec.xrun_image)}")
+    if not spec.xrun_python_image.strip() or any(c.isspace() for c in spec.xrun_python_image):
+        raise XrunError(f"xrun_python_image: must be an image name without whitespace, with a python3 >= 3.12 "
+                        f"(default {DEFAULT_XRUN_PYTHON_IMAGE}), got {short_repr(spec.xrun_python_image)}")
+    if spec.pod_code_sha256 and not re.fullmatch(r"[0-9a-f]{64}", spec.pod_code_sha256):
+        raise XrunError(f"pod_code_sha256: must be 64 lowercase hex digits (set by xrun), "
+                        f"got {short_repr(spec.pod_code_sha256)}")
     if not spec.command.strip():
         raise XrunError("command: must not be empty (default: python3 -m workload.train)")
     try:

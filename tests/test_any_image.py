@@ -23,6 +23,7 @@ import yaml
 from cli_helpers import REPO, xrun
 from test_manifests import run_launcher
 
+from manifests.spec import DEFAULT_XRUN_PYTHON_IMAGE
 from orchestrator.runfile import spec_from_inputs
 from orchestrator.services.runs import render
 from workload.failures import NATIVE_FATAL_TEXT, classify_output
@@ -57,7 +58,7 @@ def writer_for(storage: LocalStorage, name: str = "r"):
 def test_maxtext_example_renders_admits_and_runs_no_xrun_module():
     """examples/maxtext-v6e.yaml: render runs admission (services.runs.render); the user's
     container is MaxText's image running MaxText through xrun's sh launcher only."""
-    spec = spec_from_inputs(str(REPO / "examples/maxtext-v6e.yaml"), {})
+    spec = spec_from_inputs(str(REPO / "examples/maxtext-v6e.yaml"), {"context": "gke_proj_zone_cluster"})
     assert spec.accelerator == "v6e-32" and spec.hosts_per_slice == 8
     manifest = render(spec)
     pod = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
@@ -68,9 +69,10 @@ def test_maxtext_example_renders_admits_and_runs_no_xrun_module():
     assert command.startswith("python3 -m MaxText.train ")
     assert not any(m in command for m in XRUN_MODULES)
     assert "base_output_directory=$$XRUN_STORAGE/runs/$$XRUN_RUN_NAME/maxtext" in command
-    # xrun's own containers run xrun's image; the sidecar is a native one.
+    # xrun's own containers run the public python image (no xrun_image: xrun's pod code comes
+    # from storage, tests/test_public_images.py); the sidecar is a native one.
     assert [(c["name"], c["image"], c.get("restartPolicy")) for c in pod["initContainers"]] == [
-        ("xrun-init", spec.xrun_image, None), ("xrun-logs", spec.xrun_image, "Always")]
+        ("xrun-init", DEFAULT_XRUN_PYTHON_IMAGE, None), ("xrun-logs", DEFAULT_XRUN_PYTHON_IMAGE, "Always")]
     env = {e["name"]: e.get("value") for e in user["env"]}
     assert env["JAX_COORDINATOR_ADDRESS"] == "mt-1b-v6e-slice-0-0.mt-1b-v6e:8476"
     assert env["XRUN_NUM_PROCESSES"] == "8" and env["XRUN_POD_DIR"] == "/xrun"

@@ -299,16 +299,18 @@ def test_submit_rejections_are_one_line_with_exit_codes(cluster, proxy, storage,
 
 
 def test_cluster_submit_refuses_an_xrun_image_without_a_registry(cluster, storage, tmp_path):
-    """The default xrun_image (xrun-workload:<version>) is for local runs: on a cluster the
-    nodes would look for it on Docker Hub and every pod would stay Init:ErrImagePull."""
+    """An xrun_image without a registry host (xrun-workload:<version>, the local runs' name):
+    on a cluster the nodes would look for it on Docker Hub and every pod would stay
+    Init:ErrImagePull. Unset, the pods run the public python image (README "Any image")."""
     flags = ["--tpu", "v6e-8", "--image", "us-docker.pkg.dev/p/r/xrun-workload:1", "--context", CONTEXT]
     allowed = ("cluster runs need an image in a registry the nodes can pull from, its first path component a "
                "registry host (with a '.' or ':', or localhost), e.g. us-docker.pkg.dev/PROJECT/REPO/"
                "xrun-workload:0.1.0: build the Dockerfile, push it, set xrun_image (README \"Any image\")")
     noreg = unique("noreg")
-    for extra in ([], ["--xrun-image", "xrun/xrun-workload:0.1.0"], ["--dry-run"]):
+    for extra in (["--xrun-image", "xrun-workload:0.1.0"], ["--xrun-image", "xrun/xrun-workload:0.1.0"],
+                  ["--xrun-image", "xrun-workload:0.1.0", "--dry-run"]):
         r = xrun("submit", "--name", noreg, *flags, *extra, "--detach", storage=storage, KUBECONFIG=cluster.kubeconfig)
-        image = extra[1] if extra[:1] == ["--xrun-image"] else "xrun-workload:0.1.0"
+        image = extra[1]
         assert r.returncode == 2, (extra, r.stderr)
         assert one_error_line(r) == (f"xrun_image: {image!r} names no registry, so the cluster's nodes cannot "
                                      f"pull it; {allowed}"), extra
@@ -331,6 +333,20 @@ def test_cluster_submit_refuses_an_xrun_image_without_a_registry(cluster, storag
     r = xrun("submit", "--name", "local", "--accelerator", "cpu-2", "--image", "local", "--dry-run",
              storage=tmp_path / "local")
     assert r.returncode == 0 and "image: xrun-workload:0.1.0" in r.stdout, r.stderr
+    # No xrun_image: the public python image, with xrun's pod code uploaded to the storage root.
+    from orchestrator.services.podcode import bundle
+
+    default = unique("pub")
+    try:
+        r = xrun("submit", "--name", default, *flags, "--detach", storage=storage, KUBECONFIG=cluster.kubeconfig)
+        assert r.returncode == 0, r.stderr
+        inits = cluster.jobset(default)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+            "initContainers"]
+        assert [c["image"] for c in inits] == ["python:3.12-slim", "python:3.12-slim"]
+        sha, data = bundle()
+        assert open_storage(storage).read_bytes(Layout.pod_code(sha)) == data
+    finally:
+        cluster.delete_jobset(default)
 
 
 def test_a_server_without_native_sidecars_is_refused(cluster, proxy, storage, tmp_path):

@@ -12,8 +12,10 @@ import http.server
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -271,9 +273,14 @@ class Runtime:
             if pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"].startswith("xrun-doctor-"):
                 env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
                 env.update({e["name"]: e["value"] for e in container.get("env") or [] if "value" in e})
-                env.update(self.pod_env, PYTHONPATH=str(REPO), **{Env.POD_NAME: name})
-                argv = [sys.executable if a == "python3" else a for a in container["command"]]
-                r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+                # The pod's emptyDir (the pod-code bootstrap unpacks xrun's code into it).
+                pod_dir = tempfile.mkdtemp(prefix="xrun-pod-")
+                env.update(self.pod_env, PYTHONPATH=str(REPO), **{Env.POD_NAME: name, Env.POD_DIR: pod_dir})
+                argv = [sys.executable if a == "python3" else a.replace("$$", "$") for a in container["command"]]
+                try:
+                    r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+                finally:
+                    shutil.rmtree(pod_dir, ignore_errors=True)
                 lines, code = (r.stdout + r.stderr).splitlines(), r.returncode
             else:
                 lines, code = self.run_lines, 0
@@ -466,7 +473,8 @@ def test_replace_waits_for_the_old_run_to_be_over(cluster, gcs_bucket, tmp_path)
 
 # --- the README's "First run on GKE", command by command --------------------------------
 
-def readme_first_run() -> tuple[list[str], dict[str, str], dict]:
+def readme_first_run() -> tuple[list[str], dict[str, str], dict, list[str]]:
+    """The section's xrun commands, exports, run file, and every bash line."""
     text = (REPO / "README.md").read_text()
     section = text.split("### First run on GKE", 1)[1].split("\n## ", 1)[0].split("\n### ", 1)[0]
     blocks = re.findall(r"```(\w*)\n(.*?)```", section, re.S)
@@ -474,13 +482,22 @@ def readme_first_run() -> tuple[list[str], dict[str, str], dict]:
     commands = [ln for ln in lines if ln.startswith("xrun ")]
     exports = dict(ln[len("export "):].split("=", 1) for ln in lines if ln.startswith("export "))
     run_file = next(yaml.safe_load(b) for lang, b in blocks if lang == "yaml")
-    return commands, exports, run_file
+    return commands, exports, run_file, lines
 
 
 def test_readme_first_run_on_gke_against_the_real_cluster(cluster, gcs_emulator, gcs_proxy, metadata, tmp_path):
-    commands, exports, run_file = readme_first_run()
+    from test_public_images import images, readme_public_images
+
+    from orchestrator.services.podcode import bundle
+
+    commands, exports, run_file, lines = readme_first_run()
     assert exports == {"XRUN_STORAGE": run_file["storage"]}
+    # From get-credentials to logs in the terminal, and no Docker (issue #38).
+    assert lines[0].startswith("gcloud container clusters get-credentials ")
+    assert not [ln for ln in lines if "docker" in ln.split()[:2]], lines
+    assert "xrun_image" not in run_file and run_file["image"] in readme_public_images()
     assert commands[0].startswith("xrun doctor") and any(c.startswith("xrun submit") for c in commands)
+    assert any(c.startswith(f"xrun logs {run_file['name']} -f") for c in commands)
     example = REPO / "examples" / "gke-first-run.yaml"
     assert yaml.safe_load(example.read_text()) == run_file  # the README shows the file as it is
     bucket = run_file["storage"][len("gs://"):].split("/")[0]
@@ -511,8 +528,14 @@ def test_readme_first_run_on_gke_against_the_real_cluster(cluster, gcs_emulator,
     assert yaml.safe_load(outputs["render"].stdout)["metadata"]["name"] == name
     assert "step 1 loss 2.5" in outputs["logs"].stdout
     assert "Succeeded" in outputs["status"].stdout
-    stored = open_storage(run_file["storage"]).read_json(Layout.run_json(name))
+    storage = open_storage(run_file["storage"])
+    stored = storage.read_json(Layout.run_json(name))
     assert stored["backend"] == "kube" and stored["context"] == run_file["context"]
+    # Only public images; the shipped tree and xrun's pod code are in the bucket for the pods.
+    manifest = yaml.safe_load(storage.read_text(Layout.manifest(name)) or "")
+    assert images(manifest) == set(readme_public_images())
+    assert storage.read_bytes(Layout.pod_code(bundle()[0])) == bundle()[1]
+    assert storage.exists_object(Layout.code(stored["spec"]["code_sha256"]))
 
 
 def test_the_probe_runs_xrun_image_whatever_the_run_image():

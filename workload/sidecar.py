@@ -1,4 +1,8 @@
-"""xrun's own containers in every pod, from xrun's image: the launcher installer and the log shipper.
+"""xrun's own containers in every pod: the launcher installer and the log shipper.
+
+They run ``xrun_image`` when one is set, else a public python image with this code fetched
+from the run's storage (``manifests.podcode``): so this module, and all it imports, uses the
+standard library only (gs:// through ``xrun_contract.gcs_http`` there).
 
 Every pod of a run has three containers (``manifests.jobset.pod_spec``):
 
@@ -212,8 +216,12 @@ def main(argv: list[str]) -> int:
             print(f"xrun-init: workdir: {e}", file=sys.stderr, flush=True)
             return 1
         return 0
+    if argv == ["probe"]:  # doctor's probe pod without xrun_image (manifests.podcode)
+        from workload.probe import main as probe
+
+        return probe()
     if argv != ["ship"]:
-        print("usage: python -m workload.sidecar install DIR | ship", file=sys.stderr)
+        print("usage: python -m workload.sidecar install DIR | ship | probe", file=sys.stderr)
         return 2
     stop = threading.Event()
     stop_on_signals(stop)

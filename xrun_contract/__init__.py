@@ -153,6 +153,10 @@ class Env:
     # container, the unpacked folder the launcher runs the command in (cwd, first on PYTHONPATH).
     CODE_SHA256 = "XRUN_CODE_SHA256"
     WORKDIR = "XRUN_WORKDIR"
+    # xrun's own pod code without xrun's image (``xrun_image`` unset on a cluster): the
+    # sha256 of ``Layout.pod_code(sha)``, which the init container's bootstrap fetches,
+    # checks and unpacks into ``$XRUN_POD_DIR/lib`` for itself and the log shipper.
+    POD_CODE_SHA256 = "XRUN_POD_CODE_SHA256"
 
     @classmethod
     def all_names(cls) -> set[str]:
@@ -212,6 +216,14 @@ class Layout:
         submit reusing or uploading it until its run.json names it (gc and purge leave a
         leased archive); ``gc-<id>``, a gc or purge deciding whether to delete it."""
         return f"code-leases/{sha256}/{holder}"
+
+    @staticmethod
+    def pod_code(sha256: str) -> str:
+        """xrun's pod-side code (init step, log shipper, doctor's probe; standard library
+        only) as a deterministic zip named by its sha256, for pods that run a public python
+        image instead of ``xrun_image``. Not under ``code/``: gc never removes it (a few
+        hundred KB per xrun version)."""
+        return f"xrun-pod/{sha256}.zip"
 
     @staticmethod
     def code(sha256: str) -> str:
@@ -525,6 +537,7 @@ class PodFiles:
     OUTPUT = "output.log"
     SHIPPED = "shipped.json"
     CODE = "code"  # the shipped working tree, unpacked by the init container
+    LIB = "lib"  # xrun's pod code (Layout.pod_code), unpacked by the init container's bootstrap
 
 
 # Lines of the pod launcher that runs the user's command (names kept from the former

@@ -743,6 +743,16 @@ class GCSStorage(Storage):
 
 def open_storage(root: str, timeout: float | None = None) -> Storage:
     if root.startswith("gs://"):
+        import importlib.util
+
+        try:
+            has_client = importlib.util.find_spec("google.cloud.storage") is not None
+        except ModuleNotFoundError:  # no google namespace package at all
+            has_client = False
+        if not has_client:  # a plain python image (xrun's pod code): the standard library's
+            from xrun_contract.gcs_http import GCSHttpStorage
+
+            return GCSHttpStorage(root, timeout)
         return GCSStorage(root, timeout)
     if "://" in root:
         raise ValueError(f"storage: unsupported scheme in {root!r}; use a folder or gs://bucket/prefix")

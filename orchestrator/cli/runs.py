@@ -55,7 +55,7 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
     (("-f", "--file", "run_file"), {"type": click.Path(dir_okay=False), "help": "YAML run file; flags override its keys."}),
     (("--name",), {"help": "Run (JobSet) name: a DNS-1035 label."}),
     (("--image",), {"help": "The user's container image: xrun's own, MaxText's, any image with /bin/sh."}),
-    (("--xrun-image",), {"help": "xrun's image for the pod's init container and log shipper (default xrun-workload:<version>, local runs only: cluster runs need a registry's, e.g. us-docker.pkg.dev/P/R/xrun-workload:TAG)."}),
+    (("--xrun-image",), {"help": "xrun's built image for the pod's init container and log shipper, in a registry (e.g. us-docker.pkg.dev/P/R/xrun-workload:TAG). Default: none; a cluster run's pods run xrun_python_image (python:3.12-slim) with xrun's code from the storage root."}),
     (("--command",), {"help": "Command run in every host (through /bin/sh -c). Default: python3 -m workload.train"}),
     (("--accelerator", "--tpu", "accelerator"), {"help": "Shape: v6e-1..v6e-256, v5litepod-N, v5p-N, v4-N, h100-80gb-8, h100-mega-80gb-8, h200-141gb-8, b200-8, cpu-N."}),
     (("--num-slices",), {"type": int, "help": "TPU slices (multislice). Default 1."}),

@@ -125,7 +125,11 @@ class PackOptions:
 
 def prepare(spec: RunSpec, options: PackOptions | None = None) -> tuple[RunSpec, Packed | None]:
     """Pack ``spec.workdir``: the spec naming the archive (git commit and branch filled in
-    when the spec has none), and the packed tree. A spec without workdir is returned as is."""
+    when the spec has none), and the packed tree; a cluster spec without ``xrun_image`` also
+    names xrun's pod code (``podcode.with_pod_code``). Without workdir, no tree is packed."""
+    from orchestrator.services.podcode import with_pod_code
+
+    spec = with_pod_code(spec)  # a cluster run without xrun_image: its pods fetch xrun's code
     if not spec.workdir:
         return spec, None
     opts = options or PackOptions()

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from manifests.catalogue import Shape
-from manifests.jobset import capacity_placement, pod_spec
+from manifests.jobset import capacity_placement, pod_spec, uses_pod_code, xrun_image_of
 from manifests.spec import QUEUE_NONE, RunSpec
 from orchestrator.backends.kube.backend import (
     INSTALL_HINT,
@@ -288,8 +288,15 @@ def check_rbac(backend: KubeBackend) -> Check:
 def check_pod_storage(backend: KubeBackend, spec: RunSpec, timeout_s: float = PROBE_TIMEOUT_S) -> Check:
     """Run the probe JobSet (``manifests.probe``) and report what its pod saw."""
     from manifests.probe import probe_jobset, probe_name
+    from orchestrator.services.podcode import upload, with_pod_code
     from orchestrator.services.runs import admit
+    from xrun_contract.storage import open_storage
 
+    spec = with_pod_code(spec)  # no xrun_image: the probe fetches xrun's pod code, as the run's pods
+    try:
+        upload(open_storage(spec.storage), spec)
+    except XrunError as e:
+        return Check("pod-storage", FAIL, f"cannot upload xrun's pod code for the probe: {e}", e.exit_code)
     name = probe_name(spec, uuid.uuid4().hex)
     manifest = probe_jobset(spec, name)
     admit(manifest)
@@ -315,7 +322,9 @@ def _await_probe(backend: KubeBackend, spec: RunSpec, name: str, timeout_s: floa
             state = ((status.get("containerStatuses") or [{}])[0].get("state")) or {}
             waiting = (state.get("waiting") or {})
             if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff", "InvalidImageName"):
-                return Check("pod-storage", FAIL, f"probe pod cannot pull xrun_image {spec.xrun_image}: {waiting.get('reason')} "
+                image = xrun_image_of(spec)
+                field = "xrun_python_image" if uses_pod_code(spec) else "xrun_image"
+                return Check("pod-storage", FAIL, f"probe pod cannot pull {field} {image}: {waiting.get('reason')} "
                                                   f"{waiting.get('message', '')}".strip(), 1)
             if status.get("phase") in ("Succeeded", "Failed"):
                 return _probe_verdict(backend, spec, pod, where)
@@ -336,7 +345,7 @@ def _probe_verdict(backend: KubeBackend, spec: RunSpec, pod: dict[str, Any], whe
     if result is None:
         tail = " | ".join(text.strip().splitlines()[-3:])[:300]
         return Check("pod-storage", FAIL, f"probe pod {pod_name} ended {pod['status'].get('phase')} without a "
-                                          f"result (is {spec.image} an image with xrun's workload package?): {tail}", 1)
+                                          f"result (is {xrun_image_of(spec)} an image with xrun's workload package, or a python3 >= 3.12?): {tail}", 1)
     account, scopes = result.get("account", "unknown"), result.get("scopes") or []
     who = f"as {account}" if account != "unknown" else "as the pod's identity"
     if result.get("ok"):

@@ -32,7 +32,7 @@ from orchestrator.readers.figures import stall
 from orchestrator.readers.loaders import StoredRun, apply_state, read_stored_run
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
-from orchestrator.services import code
+from orchestrator.services import code, podcode
 from orchestrator.services.code import PackOptions
 from orchestrator.workdir import Packed
 from xrun_contract import (
@@ -243,8 +243,8 @@ def _render(spec: RunSpec) -> dict[str, Any]:
 
 
 def render_for_submit(spec: RunSpec) -> dict[str, Any]:
-    """:func:`render`, and what only a submission needs: a cluster run's ``xrun_image`` must
-    be pullable by its nodes (``render`` alone prints the manifest for any image)."""
+    """:func:`render`, and what only a submission needs: a cluster run's ``xrun_image``, when
+    set, must be pullable by its nodes (``render`` alone prints the manifest for any image)."""
     check_cluster_xrun_image(spec)
     return _render(spec)
 
@@ -374,6 +374,7 @@ def store_run(storage: Storage, spec: RunSpec, packed: Packed | None,
     taken) and its summary, then ``code.settle``. Returns run.json's record and whether
     this call uploaded the archive."""
     uploaded = False
+    podcode.upload(storage, spec)  # xrun's pod code (no xrun_image), once per xrun version
     if packed is not None:
         uploaded = code.upload(storage, packed)
     elif spec.code_sha256:
@@ -462,6 +463,7 @@ def resume(storage_root: str, name: str, spec: RunSpec | None = None,
     base = _next_attempt(storage, name, run)
     manifest = with_attempt_base(render_for_submit(spec), base)
     _preflight(backend)
+    podcode.upload(storage, spec)
     if packed is not None:
         code.upload(storage, packed)
     elif spec.code_sha256:
