@@ -1,8 +1,11 @@
 """What following a multislice run costs the API server, storage and the laptop, at
-64, 256 and 1,024 hosts (1, 4 and 16 x v6e-256).
+64, 256, 1,024 and 4,096 hosts (1, 4, 16 and 64 x v6e-256).
 
-    python bench/bench_cluster_scale.py                    # 64, 256 and 1,024 pods
+    python bench/bench_cluster_scale.py                    # 64, 256, 1,024 and 4,096 pods
     python bench/bench_cluster_scale.py --pods 256         # one size
+
+The table so far is printed (and ``--json`` written) after each size, so a size the machine
+cannot hold still leaves the ones before it.
 
 One real control plane (tests/cluster/up.sh, with ``--tpu-pool v6e-256:16``: a KWOK node
 per TPU VM, labelled as GKE labels a v6e-256 slice's node pool) and one fake-gcs-server per
@@ -25,6 +28,8 @@ Measured, all from this one run per size:
   server, to xrun printing it (all pods Running, the JobSet restarting, Running again,
   Completed);
 - the peak RSS of ``xrun submit --follow`` (VmHWM);
+- the wall time of ``xrun status`` while every pod of the first attempt is Running, and
+  again after the follow ended with the pods still there (the JobSet's TTL not yet run);
 - wall time and storage requests (counted by tests/http_counter.py in front of the
   emulator) of ``xrun status``, ``xrun logs --tail 100``, ``xrun logs --host S-63`` and
   ``xrun list`` (1,001 runs). Wall times are measured straight against the emulator,
@@ -63,6 +68,9 @@ LIVE_CHUNK_SECONDS = 10.0  # a Running host's shipper writes a small chunk this 
 LIVE_LINES = 20
 BULK_MB = 2.5  # each host's log, both attempts together
 BULK_CHUNK_KB = 256
+# The emulator keeps objects in memory: past 1,024 hosts each host's bulk shrinks so the
+# whole stays at 1,024 hosts' 2.5 GiB (the same number of chunks per host, smaller ones).
+BULK_MAX_HOSTS = 1024
 METRICS_CHUNKS = 300  # process 0's metrics over the run (a chunk per 2 s: 10 minutes)
 STEPS_PER_CHUNK = 4
 LIST_RUNS = 1000
@@ -271,9 +279,11 @@ class Writer(threading.Thread):
                 self.written += len(running)
 
     def bulk(self, hosts: list[str]) -> int:
-        """Each host's log to BULK_MB over both attempts, and a run's worth of metrics."""
+        """Each host's log to BULK_MB over both attempts (less past BULK_MAX_HOSTS hosts),
+        and a run's worth of metrics."""
         per_attempt = max(1, int(BULK_MB * 1024 / BULK_CHUNK_KB / 2))
-        lines = BULK_CHUNK_KB * 1024 // (len(LINE) + 40)
+        chunk_kb = BULK_CHUNK_KB * min(1.0, BULK_MAX_HOSTS / len(hosts))
+        lines = int(chunk_kb * 1024) // (len(LINE) + 40)
         base = time.time() - 3600
         template = "".join(stamp_line(base + i * 0.05, LINE.format(host="HOST", step=i) + "\n")
                            for i in range(lines)).encode()
@@ -454,7 +464,9 @@ def bench_size(cl: ClusterProc, pods: int, exe: Path, work: Path, commands: bool
 
     slices = pods // HOSTS_PER_SLICE
     name = f"scale-{pods}"
-    run_s = {64: 40.0, 256: 70.0}.get(pods, 160.0)
+    # each pod runs this long once Running: longer than KWOK takes to start them all (76 s
+    # for 1,024 on the 2-core machine), so the first attempt is all Running at once
+    run_s = {64: 40.0, 256: 70.0, 1024: 160.0}.get(pods, 120.0 * pods / 1024)
     res: dict[str, Any] = {"pods": pods}
     with fake_gcs_server(exe) as url:
         client = gcs(url)
@@ -482,6 +494,10 @@ def bench_size(cl: ClusterProc, pods: int, exe: Path, work: Path, commands: bool
         deadline = time.time() + 1800
         while follow.p.poll() is None and time.time() < deadline:
             time.sleep(0.2)
+            if "running-0" in watcher.t and "status_running_s" not in res:
+                # status of the running run, every pod of it Running (before the failure)
+                res["status_running_s"], _ = timed(xrun_cmd("status", name), env, repeat=2)
+                print(f"[{pods}] status while Running: {res['status_running_s']:.2f}s", flush=True)
             if not failed and "running-0" in watcher.t and time.time() - watcher.t["running-0"] > 8:
                 host, pod = sorted(watcher.running(0))[1]
                 cl.c.core.patch_namespaced_pod(pod, "default", {"metadata": {
@@ -577,7 +593,9 @@ def report(results: list[dict[str, Any]]) -> str:
     row("follow: storage requests (list/get)", [
         f"{r['follow_storage'].get('list', 0)}/{r['follow_storage'].get('get', 0)}" for r in results])
     row("follow: wall time (s)", [f"{r['follow_s']:.0f}" for r in results])
-    row("status, pods present (s)", [f"{r['status_live_s']:.2f}" for r in results])
+    row("status, all pods Running (s)", [f"{r['status_running_s']:.2f}" if "status_running_s" in r else "-"
+                                          for r in results])
+    row("status, ended, pods present (s)", [f"{r['status_live_s']:.2f}" for r in results])
     labels = list(results[0].get("commands") or {}) if all("commands" in r for r in results) else []
     for i, label in enumerate(labels):
         name = label if not label.startswith("logs --host") else "logs --host <last slice>-63"
@@ -596,7 +614,7 @@ def report(results: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pods", type=int, nargs="+", default=[64, 256, 1024],
+    ap.add_argument("--pods", type=int, nargs="+", default=[64, 256, 1024, 4096],
                     help="run sizes (multiples of 64: one v6e-256 slice each)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--follow-only", action="store_true",
@@ -612,20 +630,20 @@ def main() -> int:
     t0 = time.time()
     cl = ClusterProc(work / "cluster", max(a.pods) // HOSTS_PER_SLICE)
     print(f"control plane with {max(a.pods)} TPU nodes up in {time.time() - t0:.0f}s ({work})", flush=True)
-    results = []
+    results: list[dict[str, Any]] = []
     try:
         for p in a.pods:
             results.append(bench_size(cl, p, exe, work, commands=not a.follow_only))
+            print()
+            print(report(results))  # so far: a size that cannot finish leaves the ones before it
+            print()
+            r = results[-1]
+            print(f"{r['pods']} pods: follow exit {r['follow_rc']}, lines printed {r['follow_lines']}, "
+                  f"failed {r.get('failed_pod')}; last stderr: {r['follow_stderr_tail'][-3:]}", flush=True)
+            if a.json:
+                a.json.write_text(json.dumps(results, indent=1, default=str))
     finally:
         cl.down()
-    print()
-    print(report(results))
-    print()
-    for r in results:
-        print(f"{r['pods']} pods: follow exit {r['follow_rc']}, lines printed {r['follow_lines']}, "
-              f"failed {r.get('failed_pod')}; last stderr: {r['follow_stderr_tail'][-3:]}")
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 
