@@ -225,14 +225,6 @@ class KubeBackend:
         api = self.api_client
         return client.CustomObjectsApi(api), client.CoreV1Api(api)
 
-    def _custom(self):
-        """CustomObjectsApi alone: CoreV1Api's module imports every core/v1 model (pydantic),
-        about a second of a one-shot command's start; what ``status`` reads of the core API
-        goes through ``_get_path`` instead."""
-        from kubernetes import client
-
-        return client.CustomObjectsApi(self.api_client)
-
     def _raw(self, fn: Callable, *args: Any, timeout: Any = None, **kwargs: Any):
         """Call a client method without model decoding: the urllib3 response."""
         return fn(*args, _preload_content=False, _request_timeout=timeout or self.request_timeout, **kwargs)
@@ -332,9 +324,9 @@ class KubeBackend:
         self.call("create", JOBSET_CRD, *create, name=name)
 
     def get_jobset(self, name: str) -> dict[str, Any] | None:
-        custom = self._custom()
-        return self.call("get", JOBSET_CRD, custom.get_namespaced_custom_object,
-                         GROUP, VERSION, self.namespace, PLURAL, name, name=name, missing_ok=True)
+        return self.call("get", JOBSET_CRD, self._get_path,
+                         f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/{name}",
+                         name=name, missing_ok=True)
 
     def list_pods(self, name: str) -> tuple[list[dict[str, Any]], str]:
         """The JobSet's pods and the list's resourceVersion (to watch from)."""
@@ -471,7 +463,10 @@ class KubeBackend:
     def _get_path(self, path: str, query: list[tuple[str, str]] | None = None, _preload_content: bool = False,
                   _request_timeout: Any = None) -> Any:
         """GET an API path: one no generated client method covers (an aggregated API's
-        subresource), or a core/v1 list without CoreV1Api (see ``_custom``). The urllib3
+        subresource), or what ``status`` reads (the JobSet, its pods, events) without the
+        generated API classes: CoreV1Api's module imports every core/v1 model (pydantic),
+        CustomObjectsApi wraps each of its methods in pydantic's validate_call, together
+        over a second of a one-shot command's start on the 2-core machine. The urllib3
         response, as the generated methods give it."""
         from kubernetes.client.exceptions import ApiException
 
