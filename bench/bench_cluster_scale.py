@@ -1,12 +1,15 @@
 """What following a multislice run costs the API server, storage and the laptop, at
-64, 256 and 1,024 hosts (1, 4 and 16 x v6e-256).
+64, 256, 1,024 and 4,096 hosts (1, 4, 16 and 64 x v6e-256).
 
-    python bench/bench_cluster_scale.py                    # 64, 256 and 1,024 pods
+    python bench/bench_cluster_scale.py                    # 64, 256, 1,024 and 4,096 pods
     python bench/bench_cluster_scale.py --pods 256         # one size
 
+The table so far is printed (and ``--json`` written) after each size, so a size the machine
+cannot hold still leaves the ones before it.
+
 One real control plane (tests/cluster/up.sh, with ``--tpu-pool v6e-256:16``: a KWOK node
-per TPU VM, labelled as GKE labels a v6e-256 slice's node pool) and one fake-gcs-server per
-size. For each size, xrun renders its JobSet for ``--tpu v6e-256 --num-slices N`` and
+per TPU VM, labelled as GKE labels a v6e-256 slice's node pool) and one fake-gcs-server for
+all sizes. For each size, xrun renders its JobSet for ``--tpu v6e-256 --num-slices N`` and
 ``xrun submit --follow`` follows it; KWOK's stages take the pods Pending -> Running ->
 Succeeded (timing by pod annotations), one pod is failed with exit 42 (KWOK's chaos stage)
 once all are Running, so JobSet restarts the whole set, and the second attempt runs to
@@ -15,7 +18,7 @@ writer (xrun's storage layout: ``logs/<slice>-<host>/attempt-NNN/<seq>-<writer>.
 ``metrics/attempt-NNN-<seq>-<writer>.jsonl``): a small chunk per Running host every
 LIVE_CHUNK_SECONDS during the run, then the bulk of each host's log (BULK_MB per host over
 its two attempts) and a run's worth of metrics chunks, before the storage commands run.
-1,000 other runs are stored beside it for ``xrun list``.
+1,000 other runs (seeded once) are stored beside it for ``xrun list``.
 
 Measured, all from this one run per size:
 - the API requests xrun made (user agent ``xrun/``) per verb and resource, counted in the
@@ -25,6 +28,8 @@ Measured, all from this one run per size:
   server, to xrun printing it (all pods Running, the JobSet restarting, Running again,
   Completed);
 - the peak RSS of ``xrun submit --follow`` (VmHWM);
+- the wall time of ``xrun status`` while every pod of the first attempt is Running, and
+  again after the follow ended with the pods still there (the JobSet's TTL not yet run);
 - wall time and storage requests (counted by tests/http_counter.py in front of the
   emulator) of ``xrun status``, ``xrun logs --tail 100``, ``xrun logs --host S-63`` and
   ``xrun list`` (1,001 runs). Wall times are measured straight against the emulator,
@@ -63,6 +68,9 @@ LIVE_CHUNK_SECONDS = 10.0  # a Running host's shipper writes a small chunk this 
 LIVE_LINES = 20
 BULK_MB = 2.5  # each host's log, both attempts together
 BULK_CHUNK_KB = 256
+# The emulator keeps objects in memory: past 1,024 hosts each host's bulk shrinks so the
+# whole stays at 1,024 hosts' 2.5 GiB (the same number of chunks per host, smaller ones).
+BULK_MAX_HOSTS = 1024
 METRICS_CHUNKS = 300  # process 0's metrics over the run (a chunk per 2 s: 10 minutes)
 STEPS_PER_CHUNK = 4
 LIST_RUNS = 1000
@@ -271,9 +279,11 @@ class Writer(threading.Thread):
                 self.written += len(running)
 
     def bulk(self, hosts: list[str]) -> int:
-        """Each host's log to BULK_MB over both attempts, and a run's worth of metrics."""
+        """Each host's log to BULK_MB over both attempts (less past BULK_MAX_HOSTS hosts),
+        and a run's worth of metrics."""
         per_attempt = max(1, int(BULK_MB * 1024 / BULK_CHUNK_KB / 2))
-        lines = BULK_CHUNK_KB * 1024 // (len(LINE) + 40)
+        chunk_kb = BULK_CHUNK_KB * min(1.0, BULK_MAX_HOSTS / len(hosts))
+        lines = int(chunk_kb * 1024) // (len(LINE) + 40)
         base = time.time() - 3600
         template = "".join(stamp_line(base + i * 0.05, LINE.format(host="HOST", step=i) + "\n")
                            for i in range(lines)).encode()
@@ -448,109 +458,111 @@ def storage_kinds(reqs: list[tuple[str, str]]) -> dict[str, int]:
 
 
 # --- one size ------------------------------------------------------------------------------------
-def bench_size(cl: ClusterProc, pods: int, exe: Path, work: Path, commands: bool = True) -> dict[str, Any]:
-    from fake_gcs import fake_gcs_server
+def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool = True) -> dict[str, Any]:
     from http_counter import CountingProxy
 
     slices = pods // HOSTS_PER_SLICE
     name = f"scale-{pods}"
-    run_s = {64: 40.0, 256: 70.0}.get(pods, 160.0)
+    # each pod runs this long once Running: longer than KWOK takes to start them all (76 s
+    # for 1,024 on the 2-core machine), so the first attempt is all Running at once
+    run_s = {64: 40.0, 256: 70.0, 1024: 160.0}.get(pods, 120.0 * pods / 1024)
     res: dict[str, Any] = {"pods": pods}
-    with fake_gcs_server(exe) as url:
-        client = gcs(url)
-        client.create_bucket(BUCKET)
-        t0 = time.time()
-        seed_runs(client, LIST_RUNS)
-        print(f"[{pods}] seeded {LIST_RUNS} runs in {time.time() - t0:.0f}s", flush=True)
-        proxy = CountingProxy(url)
-        env = xrun_env(cl.kubeconfig, url)
-        run_file = work / f"{name}.yaml"
-        run_file.write_text(yaml.safe_dump({
-            "name": name, "accelerator": "v6e-256", "num_slices": slices, "image": "example.com/train:1",
-            "xrun_image": "example.com/xrun-workload:1", "command": "python3 train.py",
-            "context": "xrun-test", "storage": ROOT, "termination_grace_seconds": 2,
-            "ttl_seconds_after_finished": 30, "max_restarts": 3,
-            "pod_annotations": timing(run_s=run_s, start_s=2.0)}))
-        watcher = Watcher(cl.c, name, pods)
-        watcher.start()
-        writer = Writer(client, name, watcher)
-        writer.start()
-        follow = Follow(xrun_cmd("submit", "-f", str(run_file), "--follow"),
-                        {**env, "STORAGE_EMULATOR_HOST": proxy.url})
-        proxy.reset()
-        failed = False
-        deadline = time.time() + 1800
-        while follow.p.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
-            if not failed and "running-0" in watcher.t and time.time() - watcher.t["running-0"] > 8:
-                host, pod = sorted(watcher.running(0))[1]
-                cl.c.core.patch_namespaced_pod(pod, "default", {"metadata": {
-                    "labels": {FAIL_LABEL: "true"},
-                    "annotations": {FAIL_EXIT: "42", FAIL_DELAY: "1ms", FAIL_JITTER: "1ms",
-                                    FAIL_CONTAINER: "workload"}}})
-                res["failed_pod"] = f"{host} ({pod})"
-                failed = True
-                print(f"[{pods}] failed host {host} with exit 42", flush=True)
-            if "running-0" in watcher.t and not res.get("_said_running"):
-                res["_said_running"] = True
-                print(f"[{pods}] all pods Running after {watcher.t['running-0'] - follow.started:.0f}s", flush=True)
-        end = time.time()
-        if follow.p.poll() is None:
-            follow.p.kill()
-            raise SystemExit(f"[{pods}] follow did not end in 30 min; stderr: {follow.err[-20:]}")
-        writer.stop.set()
-        writer.join()
-        time.sleep(0.5)
-        res["follow_rc"] = follow.p.returncode
-        res["follow_s"] = end - follow.started
-        res["follow_rss_mb"] = follow.hwm_kb / 1024
-        res["follow_storage"] = storage_kinds(proxy.requests)
-        res["follow_lines"] = follow.out_lines
-        res["live_chunks"] = writer.written
-        steady_from = watcher.t.get("running-0", follow.started + 10)
-        res["api"] = api_table(audit_requests(cl.root, follow.started, end), steady_from, end)
-        q = re.escape(name)
-        lags = {}
-        for label, key, pattern, after in (
-                ("all pods Running", "running-0", rf"xrun: {q} Running", 0.0),
-                ("JobSet restarting", "restarting", rf"xrun: {q} Restarting", 0.0),
-                ("Running again", "running-1", rf"xrun: {q} Running", watcher.t.get("restarting", 0.0)),
-                ("Completed", "completed", rf"run {q}: Succeeded", 0.0)):
-            seen, printed = watcher.t.get(key), follow.first(pattern, after)
-            lags[label] = (printed - seen) if seen and printed else None
-        res["lags"] = lags
-        res["follow_stderr_tail"] = [line for _t, line in follow.err[-6:]]
-        print(f"[{pods}] follow ended rc={follow.p.returncode} in {res['follow_s']:.0f}s", flush=True)
+    client = gcs(url)
+    proxy = CountingProxy(url)
+    env = xrun_env(cl.kubeconfig, url)
+    run_file = work / f"{name}.yaml"
+    run_file.write_text(yaml.safe_dump({
+        "name": name, "accelerator": "v6e-256", "num_slices": slices, "image": "example.com/train:1",
+        "xrun_image": "example.com/xrun-workload:1", "command": "python3 train.py",
+        "context": "xrun-test", "storage": ROOT, "termination_grace_seconds": 2,
+        "ttl_seconds_after_finished": 30, "max_restarts": 3,
+        "pod_annotations": timing(run_s=run_s, start_s=2.0)}))
+    watcher = Watcher(cl.c, name, pods)
+    watcher.start()
+    writer = Writer(client, name, watcher)
+    writer.start()
+    follow = Follow(xrun_cmd("submit", "-f", str(run_file), "--follow"),
+                    {**env, "STORAGE_EMULATOR_HOST": proxy.url})
+    proxy.reset()
+    failed = False
+    deadline = time.time() + 1800
+    while follow.p.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+        if "running-0" in watcher.t and "status_running_s" not in res:
+            # status of the running run, every pod of it Running (before the failure)
+            res["status_running_s"], _ = timed(xrun_cmd("status", name), env, repeat=2)
+            print(f"[{pods}] status while Running: {res['status_running_s']:.2f}s", flush=True)
+        if not failed and "running-0" in watcher.t and time.time() - watcher.t["running-0"] > 8:
+            host, pod = sorted(watcher.running(0))[1]
+            cl.c.core.patch_namespaced_pod(pod, "default", {"metadata": {
+                "labels": {FAIL_LABEL: "true"},
+                "annotations": {FAIL_EXIT: "42", FAIL_DELAY: "1ms", FAIL_JITTER: "1ms",
+                                FAIL_CONTAINER: "workload"}}})
+            res["failed_pod"] = f"{host} ({pod})"
+            failed = True
+            print(f"[{pods}] failed host {host} with exit 42", flush=True)
+        if "running-0" in watcher.t and not res.get("_said_running"):
+            res["_said_running"] = True
+            print(f"[{pods}] all pods Running after {watcher.t['running-0'] - follow.started:.0f}s", flush=True)
+    end = time.time()
+    if follow.p.poll() is None:
+        follow.p.kill()
+        raise SystemExit(f"[{pods}] follow did not end in 30 min; stderr: {follow.err[-20:]}")
+    writer.stop.set()
+    writer.join()
+    time.sleep(0.5)
+    res["follow_rc"] = follow.p.returncode
+    res["follow_s"] = end - follow.started
+    res["follow_rss_mb"] = follow.hwm_kb / 1024
+    res["follow_storage"] = storage_kinds(proxy.requests)
+    res["follow_lines"] = follow.out_lines
+    res["live_chunks"] = writer.written
+    steady_from = watcher.t.get("running-0", follow.started + 10)
+    res["api"] = api_table(audit_requests(cl.root, follow.started, end), steady_from, end)
+    q = re.escape(name)
+    lags = {}
+    for label, key, pattern, after in (
+            ("all pods Running", "running-0", rf"xrun: {q} Running", 0.0),
+            ("JobSet restarting", "restarting", rf"xrun: {q} Restarting", 0.0),
+            ("Running again", "running-1", rf"xrun: {q} Running", watcher.t.get("restarting", 0.0)),
+            ("Completed", "completed", rf"run {q}: Succeeded", 0.0)):
+        seen, printed = watcher.t.get(key), follow.first(pattern, after)
+        lags[label] = (printed - seen) if seen and printed else None
+    res["lags"] = lags
+    res["follow_stderr_tail"] = [line for _t, line in follow.err[-6:]]
+    print(f"[{pods}] follow ended rc={follow.p.returncode} in {res['follow_s']:.0f}s", flush=True)
 
-        # status with the pods still there (the JobSet's TTL has not run yet)
-        res["status_live_s"], _ = timed(xrun_cmd("status", name), env, repeat=1)
-        if not commands:
-            watcher.stop.set()
-            proxy.close()
-            res.pop("_said_running", None)
-            return res
-        # the TTL deletes the JobSet and its pods; then every command reads storage
-        t_gone = time.time() + 300
-        while time.time() < t_gone and not gone(cl.c, name):
-            time.sleep(2)
-        hosts = [f"{s}-{h}" for s in range(slices) for h in range(HOSTS_PER_SLICE)]
-        t0 = time.time()
-        res["bulk_bytes"] = writer.bulk(hosts)
-        print(f"[{pods}] wrote {res['bulk_bytes'] / 2**20:.0f} MiB of logs in {time.time() - t0:.0f}s", flush=True)
+    # status with the pods still there (the JobSet's TTL has not run yet)
+    res["status_live_s"], _ = timed(xrun_cmd("status", name), env, repeat=1)
+    if not commands:
         watcher.stop.set()
-        cmds = {
-            "status": xrun_cmd("status", name),
-            "logs --tail 100": xrun_cmd("logs", name, "--tail", "100"),
-            f"logs --host {slices - 1}-63": xrun_cmd("logs", name, "--host", f"{slices - 1}-63"),
-            f"list ({LIST_RUNS + 1} runs)": xrun_cmd("list"),
-        }
-        res["commands"] = {}
-        for label, cmd in cmds.items():
-            secs, out = timed(cmd, env)
-            res["commands"][label] = {"s": secs, "storage": counted(proxy, cmd, env),
-                                      "stdout_lines": len(out.stdout.splitlines())}
-            print(f"[{pods}] {label}: {secs:.2f}s {res['commands'][label]['storage']}", flush=True)
         proxy.close()
+        res.pop("_said_running", None)
+        return res
+    # the TTL deletes the JobSet and its pods; then every command reads storage
+    t_gone = time.time() + 300
+    while time.time() < t_gone and not gone(cl.c, name):
+        time.sleep(2)
+    hosts = [f"{s}-{h}" for s in range(slices) for h in range(HOSTS_PER_SLICE)]
+    t0 = time.time()
+    res["bulk_bytes"] = writer.bulk(hosts)
+    print(f"[{pods}] wrote {res['bulk_bytes'] / 2**20:.0f} MiB of logs in {time.time() - t0:.0f}s", flush=True)
+    watcher.stop.set()
+    cmds = {
+        "status": xrun_cmd("status", name),
+        "logs --tail 100": xrun_cmd("logs", name, "--tail", "100"),
+        f"logs --host {slices - 1}-63": xrun_cmd("logs", name, "--host", f"{slices - 1}-63"),
+        f"list ({LIST_RUNS}+ runs)": xrun_cmd("list"),
+    }
+    res["commands"] = {}
+    for label, cmd in cmds.items():
+        secs, out = timed(cmd, env)
+        res["commands"][label] = {"s": secs, "storage": counted(proxy, cmd, env),
+                                  "stdout_lines": len(out.stdout.splitlines())}
+        if label.startswith("list ("):
+            res["listed_runs"] = len(out.stdout.splitlines()) - 1  # less its header
+        print(f"[{pods}] {label}: {secs:.2f}s {res['commands'][label]['storage']}", flush=True)
+    proxy.close()
     res.pop("_said_running", None)
     return res
 
@@ -577,7 +589,9 @@ def report(results: list[dict[str, Any]]) -> str:
     row("follow: storage requests (list/get)", [
         f"{r['follow_storage'].get('list', 0)}/{r['follow_storage'].get('get', 0)}" for r in results])
     row("follow: wall time (s)", [f"{r['follow_s']:.0f}" for r in results])
-    row("status, pods present (s)", [f"{r['status_live_s']:.2f}" for r in results])
+    row("status, all pods Running (s)", [f"{r['status_running_s']:.2f}" if "status_running_s" in r else "-"
+                                          for r in results])
+    row("status, ended, pods present (s)", [f"{r['status_live_s']:.2f}" for r in results])
     labels = list(results[0].get("commands") or {}) if all("commands" in r for r in results) else []
     for i, label in enumerate(labels):
         name = label if not label.startswith("logs --host") else "logs --host <last slice>-63"
@@ -587,8 +601,8 @@ def report(results: list[dict[str, Any]]) -> str:
             f"{list(r['commands'].values())[i]['storage'].get('get', 0)}" for r in results])
         if name.startswith("list ("):
             row("list: storage requests per 1,000 runs", [
-                f"{list(r['commands'].values())[i]['storage'].get('total', 0) * 1000 / (LIST_RUNS + 1):.1f}"
-                for r in results])
+                f"{list(r['commands'].values())[i]['storage'].get('total', 0) * 1000 / r['listed_runs']:.1f}"
+                f" ({r['listed_runs']} runs)" for r in results])
     if labels:
         row("stored logs (MiB, all hosts)", [f"{r['bulk_bytes'] / 2**20:.0f}" for r in results])
     return "\n".join(out)
@@ -596,7 +610,7 @@ def report(results: list[dict[str, Any]]) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pods", type=int, nargs="+", default=[64, 256, 1024],
+    ap.add_argument("--pods", type=int, nargs="+", default=[64, 256, 1024, 4096],
                     help="run sizes (multiples of 64: one v6e-256 slice each)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--follow-only", action="store_true",
@@ -605,27 +619,36 @@ def main() -> int:
     if any(p % HOSTS_PER_SLICE for p in a.pods):
         print("--pods: multiples of 64", file=sys.stderr)
         return 2
-    from fake_gcs import binary
+    from fake_gcs import binary, fake_gcs_server
 
     exe = binary()
     work = Path(tempfile.mkdtemp(prefix="xrun-scale-"))
     t0 = time.time()
     cl = ClusterProc(work / "cluster", max(a.pods) // HOSTS_PER_SLICE)
     print(f"control plane with {max(a.pods)} TPU nodes up in {time.time() - t0:.0f}s ({work})", flush=True)
-    results = []
+    results: list[dict[str, Any]] = []
     try:
-        for p in a.pods:
-            results.append(bench_size(cl, p, exe, work, commands=not a.follow_only))
+        # one emulator for every size, the other runs seeded once: each size's run is listed
+        # beside them and the runs of the sizes before it
+        with fake_gcs_server(exe) as url:
+            client = gcs(url)
+            client.create_bucket(BUCKET)
+            if not a.follow_only:  # only `list` reads them
+                t0 = time.time()
+                seed_runs(client, LIST_RUNS)
+                print(f"seeded {LIST_RUNS} runs in {time.time() - t0:.0f}s", flush=True)
+            for p in a.pods:
+                results.append(bench_size(cl, p, url, work, commands=not a.follow_only))
+                print()
+                print(report(results))  # so far: a size that cannot finish leaves the ones before it
+                print()
+                r = results[-1]
+                print(f"{r['pods']} pods: follow exit {r['follow_rc']}, lines printed {r['follow_lines']}, "
+                      f"failed {r.get('failed_pod')}; last stderr: {r['follow_stderr_tail'][-3:]}", flush=True)
+                if a.json:
+                    a.json.write_text(json.dumps(results, indent=1, default=str))
     finally:
         cl.down()
-    print()
-    print(report(results))
-    print()
-    for r in results:
-        print(f"{r['pods']} pods: follow exit {r['follow_rc']}, lines printed {r['follow_lines']}, "
-              f"failed {r.get('failed_pod')}; last stderr: {r['follow_stderr_tail'][-3:]}")
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 

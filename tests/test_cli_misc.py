@@ -34,3 +34,23 @@ def test_unknown_run_is_bad_input(tmp_path):
         assert r.returncode == 2 and "no run named 'nope'" in r.stderr, cmd
     r = xrun("logs", "nope", "--since", "ten", storage=tmp_path)
     assert r.returncode == 2 and "--since" in r.stderr
+
+
+def test_lazily_loaded_commands_are_the_modules_commands():
+    """`xrun status` does not import the analysis and doctor commands' modules; the names it
+    loads them by are theirs, and `xrun --help` lists them all."""
+    import importlib
+
+    from click.testing import CliRunner
+
+    from orchestrator.cli import LAZY_COMMANDS, cli
+
+    for module in set(LAZY_COMMANDS.values()):
+        names = {c.name for c in importlib.import_module(module).COMMANDS}
+        assert names == {n for n, m in LAZY_COMMANDS.items() if m == module}, module
+    r = CliRunner().invoke(cli, ["--help"])
+    assert r.exit_code == 0, r.output
+    listed = {line.split()[0] for line in r.output.split("Commands:")[1].splitlines() if line.strip()}
+    assert listed == set(cli.commands) | set(LAZY_COMMANDS) and "compare" in listed, listed
+    r = CliRunner().invoke(cli, ["compare", "--help"])
+    assert r.exit_code == 0 and "Examples:" in r.output, r.output

@@ -137,3 +137,63 @@ def test_follow_of_256_pods_makes_a_constant_number_of_requests(cluster, v6e_256
     assert max(reqs.values()) < PODS / 8, dict(reqs)
     # the run really had its 256 pods, all Running at once, and xrun said so
     assert f"xrun: {name} Running" in proc.stderr
+
+
+def _pool_free(cluster, pool: str) -> None:
+    """No pod on ``pool``'s nodes: an earlier test's JobSet deleted in the background may
+    still hold its slice while its pods end."""
+    import re
+
+    node = re.compile(rf"{re.escape(pool)}-\d+-\d+$")
+
+    def free():
+        pods = json.loads(cluster.core.list_pod_for_all_namespaces(_preload_content=False).data)["items"]
+        return not any(node.match(p["spec"].get("nodeName") or "") for p in pods) or None
+    cluster.wait(f"the {pool} pool free of earlier tests' pods", free, 120, every=0.5)
+
+
+def test_status_of_a_running_run_asks_the_same_whatever_its_pods(cluster, gcs_bucket, tmp_path):
+    """`xrun status` of a running cluster run: one GET of the JobSet and one LIST of its pods,
+    with 2 pods (v6e-8) as with 8 (v6e-32), nothing per pod (#40: 2.13 s at 1,024 pods; the
+    time is bench/bench_cluster_scale.py's, this is what it asks the API server)."""
+    import subprocess
+    import sys
+
+    storage = f"{gcs_bucket}/xrun"
+    env = xrun_env(storage, KUBECONFIG=cluster.kubeconfig, COLUMNS="200")
+    runs = {2: ("v6e-8", "v6e-2x4"), 8: ("v6e-32", "v6e-4x8")}
+    names = {pods: unique(f"st{pods}") for pods in runs}
+    try:
+        for pods, (accelerator, pool) in runs.items():
+            _pool_free(cluster, pool)
+            run_file = tmp_path / f"{names[pods]}.yaml"
+            run_file.write_text(yaml.safe_dump({
+                "name": names[pods], "accelerator": accelerator, "image": "example.com/train:1",
+                "xrun_image": "example.com/xrun-workload:1", "command": "python3 train.py",
+                "context": "xrun-test", "termination_grace_seconds": 1,
+                "pod_annotations": timing(run_s=300.0, start_s=0.4)}))
+            proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", "--detach", "--force",
+                                   "-f", str(run_file)], env=env, capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+        for pods, name in names.items():
+            cluster.wait(f"{name}'s {pods} pods Running", lambda n=name, k=pods: (
+                len([p for p in cluster.pods(n) if p["status"].get("phase") == "Running"]) == k or None), 90)
+        counts = {}
+        for pods, name in names.items():
+            started = time.time() - 0.01
+            proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", name], env=env,
+                                  capture_output=True, text=True, timeout=120)
+            ended = time.time() + 0.01
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert "Running" in proc.stdout.split("\n")[1], proc.stdout  # the State line
+            hosts = [line.split()[0] for line in proc.stdout.splitlines() if line.strip().startswith(("0-", "1-"))]
+            assert len(hosts) == pods, proc.stdout  # every host listed, from the one LIST
+            # status's last request is its LIST of pods: once the audit log has it, it has all
+            cluster.wait("status's requests in the audit log", lambda s=started, e=ended: (
+                ("list", "pods") in by_verb(xrun_requests(cluster, s, e)) or None), 30)
+            counts[pods] = dict(by_verb(xrun_requests(cluster, started, ended)))
+        assert counts[2] == counts[8] == {("get", "jobsets"): 1, ("list", "pods"): 1}, counts
+    finally:
+        for name in names.values():
+            with contextlib.suppress(Exception):
+                cluster.delete_jobset(name)

@@ -53,3 +53,48 @@ def test_the_end_is_said_before_the_hosts_last_lines(tmp_path, monkeypatch):
     assert after and after[-1] == "last line, written before the pod exited"
     assert "last line, written before the pod exited" not in [
         e.text for e in events[:end] if isinstance(e, Line)]
+
+
+class Restarts:
+    """A backend whose run is Running, then Restarting, then Running again (attempt 1)."""
+
+    name, serves_logs = "fake", False
+
+    def __init__(self, polled: threading.Event):
+        self.asks, self.polled = 0, polled
+
+    def status(self, name: str) -> BackendStatus:
+        self.asks += 1
+        if self.asks in (3, 5):  # a change: the hosts' lines polled meanwhile wait in the queue
+            self.polled.clear()
+            assert self.polled.wait(30)
+        state, restarts = ("Running", 0) if self.asks <= 2 else ("Restarting", 1) if self.asks <= 4 else (
+            ("Running", 1) if self.asks <= 6 else ("Succeeded", 1))
+        return BackendStatus(state, restarts=restarts, hosts=[HostStatus("0-0", state)])
+
+
+def test_a_state_change_is_yielded_before_it_is_recorded_and_before_waiting_lines(tmp_path, monkeypatch):
+    """#40, Running again 2.15 s late at 1,024 hosts: the change reaches the screen before
+    recording it in storage and before the hosts' lines polled meanwhile."""
+    import orchestrator.services.follow as following
+
+    write_stored_run(tmp_path, "r", RunShape(steps=5), state="Running")
+    polled = threading.Event()
+    monkeypatch.setattr(LogFollower, "poll", lambda self: (polled.set(), [("0-0", 0, "a line")])[1])
+    events: list = []
+    recorded: list[tuple[str, int]] = []  # (state, events yielded when it was recorded)
+    real = following.record_state
+    monkeypatch.setattr(following, "record_state", lambda storage, name, live, backend: (
+        recorded.append((live.state, len(events))), real(storage, name, live, backend)))
+    for e in follow(open_storage(str(tmp_path)), "r", Restarts(polled), logs=True, tick_seconds=0.01,
+                    storage_seconds=0.01):
+        events.append(e)
+    states = [(type(e).__name__, e.view["state"], e.view["restarts"]) for e in events if not isinstance(e, Line)]
+    for state, restarts in (("Restarting", 1), ("Running", 1)):
+        first = next(i for i, e in enumerate(events) if not isinstance(e, Line)
+                     and (e.view["state"], e.view["restarts"]) == (state, restarts))
+        at = next(n for s, n in recorded if s == state and n > 2)  # when it was recorded
+        assert first < at, (state, first, at, states)
+        # the lines polled while the backend had not said it yet come after it
+        assert not isinstance(events[first], Line) and isinstance(events[first + 1], Line), states
+    assert [s for s, _ in recorded] == ["Running", "Restarting", "Running", "Succeeded"]

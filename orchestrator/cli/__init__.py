@@ -8,13 +8,31 @@ or storage unreachable; 130 interrupted.
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
-from orchestrator.cli import analysis, cluster, runs
+from orchestrator.cli import runs
 from xrun_contract.errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, XrunError
 
+# Commands whose module is imported only when one of them runs (or help lists them): the
+# analysis and doctor modules' imports are a tenth of a second of every ``xrun status``.
+LAZY_COMMANDS = {name: "orchestrator.cli.analysis" for name in ("compare", "report", "nightly", "history")}
+LAZY_COMMANDS["doctor"] = "orchestrator.cli.cluster"
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in LAZY_COMMANDS:
+            for command in importlib.import_module(LAZY_COMMANDS[cmd_name]).COMMANDS:
+                self.add_command(command)
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="xrun")
 def cli() -> None:
     """xrun: run multi-host JAX training on GKE TPU slices (JobSet), or locally.
@@ -29,7 +47,7 @@ def cli() -> None:
     """
 
 
-for _command in (*runs.COMMANDS, *analysis.COMMANDS, *cluster.COMMANDS):
+for _command in runs.COMMANDS:
     cli.add_command(_command)
 
 

@@ -86,18 +86,24 @@ def _follow(storage: Storage, name: str, backend: Backend, logs: bool,
     try:
         while True:
             live = _ask(backend, name, warn)
-            if live is not None and (live.state, live.restarts) != recorded:
+            changed = live is not None and (live.state, live.restarts) != recorded
+            ended = live is not None and is_terminal(live.state)
+            # A change goes on screen first, as soon as the backend says it: recording it
+            # (a read and two writes of storage), the hosts' lines polled meanwhile (at a
+            # thousand hosts, ten thousand lines every few seconds), the storage poll and the
+            # hosts' last lines (a whole poll of every host's chunks: seconds at a thousand
+            # hosts) come after it, as Ended says for the end.
+            if ended and lines is not None:
+                yield Ended(run_view(storage, reader.rec, live, checkpoints=checkpoints))
+            elif changed and not ended and recorded is not None:  # (the first view: after the poll below)
+                yield Tick(run_view(storage, reader.rec, live, checkpoints=checkpoints, stall_floor=floor))
+            if changed:
+                assert live is not None
                 record_state(storage, name, live, backend.name)
                 recorded = (live.state, live.restarts)
-            ended = live is not None and is_terminal(live.state)
             now = time.monotonic()
             if lines is not None:
                 yield from lines.take()
-                if ended:
-                    # The state first, as soon as the backend says it: the storage poll and
-                    # the hosts' last lines (a whole poll of every host's chunks: seconds at
-                    # a thousand hosts) come after it, as Ended says.
-                    yield Ended(run_view(storage, reader.rec, live, checkpoints=checkpoints))
             if ended or now - polled_at >= storage_seconds:
                 polled_at = now
                 reader.poll()

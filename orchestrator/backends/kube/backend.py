@@ -96,6 +96,35 @@ CLUSTER_SCOPED = frozenset({
 })
 
 
+def _light_kubernetes() -> None:
+    """Let ``from kubernetes import client, config`` load just those two subpackages.
+
+    The ``kubernetes`` package's ``__init__`` also imports ``dynamic`` (jsonschema through
+    kubernetes_validate), ``stream`` (websocket), ``watch``, ``utils``, ``leaderelection`` and
+    ``informer``: 0.3-0.4 s before the first request of a one-shot ``xrun status``, for code
+    xrun never calls (what it uses of ``watch`` it imports by name, which still works). So,
+    unless something imported the package already, it is registered as a bare package of the
+    same directory: every submodule imports as before, on first use."""
+    import importlib.util
+    import sys
+    import types
+
+    if "kubernetes" in sys.modules:
+        return
+    spec = importlib.util.find_spec("kubernetes")
+    if spec is None or not spec.submodule_search_locations:
+        return  # not installed: the import below says so
+    pkg = types.ModuleType("kubernetes")
+    pkg.__file__ = spec.origin
+    pkg.__path__ = list(spec.submodule_search_locations)
+    pkg.__spec__ = spec
+    pkg.__package__ = "kubernetes"
+    sys.modules["kubernetes"] = pkg
+
+
+_light_kubernetes()
+
+
 class KubeBackend:
     """Backend protocol over the Kubernetes API of one kubeconfig context and namespace."""
 
@@ -295,23 +324,21 @@ class KubeBackend:
         self.call("create", JOBSET_CRD, *create, name=name)
 
     def get_jobset(self, name: str) -> dict[str, Any] | None:
-        custom, _ = self._apis()
-        return self.call("get", JOBSET_CRD, custom.get_namespaced_custom_object,
-                         GROUP, VERSION, self.namespace, PLURAL, name, name=name, missing_ok=True)
+        return self.call("get", JOBSET_CRD, self._get_path,
+                         f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}/{name}",
+                         name=name, missing_ok=True)
 
     def list_pods(self, name: str) -> tuple[list[dict[str, Any]], str]:
         """The JobSet's pods and the list's resourceVersion (to watch from)."""
-        _, core = self._apis()
-        data = self.call("list", "pods", core.list_namespaced_pod, self.namespace,
-                         label_selector=f"{Labels.JOBSET_NAME}={name}")
+        data = self.call("list", "pods", self._get_path, f"/api/v1/namespaces/{self.namespace}/pods",
+                         query=[("labelSelector", f"{Labels.JOBSET_NAME}={name}")]) or {}
         return data.get("items") or [], (data.get("metadata") or {}).get("resourceVersion", "")
 
     def list_events(self, field_selector: str) -> list[dict[str, Any]]:
         """Events about one kind of object or one object (a field selector on involvedObject:
         the server filters, so a busy namespace costs nothing)."""
-        _, core = self._apis()
-        return (self.call("list", "events", core.list_namespaced_event, self.namespace,
-                          field_selector=field_selector) or {}).get("items") or []
+        return (self.call("list", "events", self._get_path, f"/api/v1/namespaces/{self.namespace}/events",
+                          query=[("fieldSelector", field_selector)]) or {}).get("items") or []
 
     def run_events(self, jobset: dict[str, Any], pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The events that explain a wait: the JobSet's, its Jobs' (FailedCreate: quota, a
@@ -433,14 +460,19 @@ class KubeBackend:
         position = self.queue_position(meta["labels"][Labels.QUEUE_NAME], names) if names else ""
         return "; ".join(x for x in (message, position) if x)
 
-    def _get_path(self, path: str, _preload_content: bool = False, _request_timeout: Any = None) -> Any:
-        """GET an API path no generated client method covers (an aggregated API's
-        subresource): the urllib3 response, as the generated methods give it."""
+    def _get_path(self, path: str, query: list[tuple[str, str]] | None = None, _preload_content: bool = False,
+                  _request_timeout: Any = None) -> Any:
+        """GET an API path: one no generated client method covers (an aggregated API's
+        subresource), or what ``status`` reads (the JobSet, its pods, events) without the
+        generated API classes: CoreV1Api's module imports every core/v1 model (pydantic),
+        CustomObjectsApi wraps each of its methods in pydantic's validate_call, together
+        over a second of a one-shot command's start on the 2-core machine. The urllib3
+        response, as the generated methods give it."""
         from kubernetes.client.exceptions import ApiException
 
         api = self.api_client
-        request = api.param_serialize("GET", path, header_params={"Accept": "application/json"},
-                                      auth_settings=["BearerToken"])
+        request = api.param_serialize("GET", path, query_params=query or None,
+                                      header_params={"Accept": "application/json"}, auth_settings=["BearerToken"])
         resp = api.call_api(*request, _request_timeout=_request_timeout)
         if not 200 <= resp.status <= 299:
             resp.read()
