@@ -22,7 +22,7 @@ print(f'bare: import jax {i-t:.2f} s, jax.devices() {d-i:.2f} s')" > "$OUT/bare.
 cat "$OUT/bare.txt"
 if [ "$CHIP_S" != 0 ]; then
   timeout "$CHIP_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part chip --spec-tflops 197 \
-    --grid "$BEST" --grid "$BEST embedding_update=dense" --ckpt "$BEST" --profile none \
+    --grid "$BEST" --grid "$BEST embedding_update=sparse" --ckpt "$BEST" --profile none \
     --ckpt-rounds 1 --steps 8 --warmup 2 --ckpt-dir /tmp/xrun-ckpt > "$OUT/bench.txt" 2>&1
   echo "chip rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
 fi

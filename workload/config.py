@@ -19,7 +19,8 @@ TOKEN_DTYPES = ("uint16", "uint32")
 # auto: splash on TPU, cudnn on GPU (bf16), einsum on CPU (workload.attention.resolve).
 ATTENTION_KERNELS = ("auto", "einsum", "xla", "cudnn", "splash")
 # How the embedding table's AdamW update gets its gradient (workload.train.embedding_route):
-# sparse (the looked-up rows only; auto on CPU), dense (a [vocab, d] scatter-add, then optax).
+# sparse (the looked-up rows only; auto off TPU), dense (a [vocab, d] scatter-add, then
+# optax; auto on TPU).
 EMBEDDING_UPDATES = ("auto", "sparse", "dense")
 CHOICES = {"param_dtype": DTYPES, "compute_dtype": DTYPES, "remat": REMAT_POLICIES,
            "data_dtype": TOKEN_DTYPES, "attention": ATTENTION_KERNELS,
