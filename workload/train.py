@@ -233,8 +233,9 @@ def cross_entropy(logits, targets, z_loss: float):
 # The init program runs once and takes milliseconds, but its random number generators
 # (threefry, erf_inv) took XLA 34 s to compile optimised on a v5e chip for the 618M config,
 # longer than the train step (23 s): the pole of a cold start. Unoptimised it compiles ~3x
-# faster on CPU (the tiny model's init: 13.4 -> 4.7 s); its values may differ in the last
-# bit from an optimised compile's, the same in every process.
+# faster on CPU (the tiny model's init: 13.4 -> 4.7 s); the TPU compiler ignores the option
+# (33.8 -> 33.2 s on the chip), so there a cold start still waits for it. Its values may
+# differ in the last bit from an optimised compile's, the same in every process.
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
