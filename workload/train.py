@@ -236,7 +236,7 @@ def cross_entropy(logits, targets, z_loss: float):
 # faster on CPU (the tiny model's init: 13.4 -> 4.7 s); the TPU compiler ignores the option
 # (33.8 -> 33.2 s on the chip), so there a cold start still waits for it. Its values may
 # differ in the last bit from an optimised compile's, the same in every process.
-INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+INIT_COMPILER_OPTIONS: dict[str, str | bool] = {"xla_backend_optimization_level": "0"}  # XLA parses the value
 
 
 class Program:
