@@ -140,16 +140,24 @@ def test_follow_of_256_pods_makes_a_constant_number_of_requests(cluster, v6e_256
 
 
 def _pool_free(cluster, pool: str) -> None:
-    """No pod on ``pool``'s nodes: an earlier test's JobSet deleted in the background may
-    still hold its slice while its pods end."""
+    """No live pod on ``pool``'s nodes: an earlier test's JobSet deleted in the background may
+    still hold its slice while its pods end. Pods that ended (Succeeded, Failed) hold nothing
+    (the scheduler does not count them) and stay until their JobSet goes: they do not count."""
     import re
 
     node = re.compile(rf"{re.escape(pool)}-\d+-\d+$")
+    holding: list[str] = []
 
     def free():
         pods = json.loads(cluster.core.list_pod_for_all_namespaces(_preload_content=False).data)["items"]
-        return not any(node.match(p["spec"].get("nodeName") or "") for p in pods) or None
-    cluster.wait(f"the {pool} pool free of earlier tests' pods", free, 120, every=0.5)
+        holding[:] = [f"{p['metadata']['namespace']}/{p['metadata']['name']} ({p['status'].get('phase')})"
+                      for p in pods if node.match(p["spec"].get("nodeName") or "")
+                      and p["status"].get("phase") not in ("Succeeded", "Failed")]
+        return not holding or None
+    try:
+        cluster.wait(f"the {pool} pool free of earlier tests' pods", free, 120, every=0.5)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; still there: {holding[:8]}") from None
 
 
 def test_status_of_a_running_run_asks_the_same_whatever_its_pods(cluster, gcs_bucket, tmp_path):
