@@ -591,7 +591,8 @@ def test_status_of_a_run_whose_jobset_the_ttl_deleted(cluster, storage, tmp_path
         victim = next(p for p in running(cluster, name, 2) if pod_host(p)[0] == "0-1")
         cluster.fail_pod(victim["metadata"]["name"], 42)
         cluster.custom.patch_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets", name,
-                                                      {"spec": {"ttlSecondsAfterFinished": 1}})
+                                                      {"spec": {"ttlSecondsAfterFinished": 5}})
+        # (5 s, not 1: with 1 the TTL once deleted it between two polls of a loaded machine)
         cluster.wait_condition(name, "Completed", 90)
         r = xrun("status", name, "-o", "json", storage=storage, KUBECONFIG=cluster.kubeconfig)
         before = json.loads(r.stdout)
