@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_helpers import xrun_env
+from cli_helpers import xrun, xrun_env
 from cluster_helpers import timing, unique
 
 REPO = Path(__file__).resolve().parent.parent
@@ -164,11 +164,8 @@ def test_status_of_a_running_run_asks_the_same_whatever_its_pods(cluster, gcs_bu
     """`xrun status` of a running cluster run: one GET of the JobSet and one LIST of its pods,
     with 2 pods (v6e-8) as with 8 (v6e-32), nothing per pod (#40: 2.13 s at 1,024 pods; the
     time is bench/bench_cluster_scale.py's, this is what it asks the API server)."""
-    import subprocess
-    import sys
-
     storage = f"{gcs_bucket}/xrun"
-    env = xrun_env(storage, KUBECONFIG=cluster.kubeconfig, COLUMNS="200")
+    env = {"KUBECONFIG": cluster.kubeconfig, "COLUMNS": "200"}
     runs = {2: ("v6e-8", "v6e-2x4"), 8: ("v6e-32", "v6e-4x8")}
     names = {pods: unique(f"st{pods}") for pods in runs}
     try:
@@ -180,8 +177,7 @@ def test_status_of_a_running_run_asks_the_same_whatever_its_pods(cluster, gcs_bu
                 "xrun_image": "example.com/xrun-workload:1", "command": "python3 train.py",
                 "context": "xrun-test", "termination_grace_seconds": 1,
                 "pod_annotations": timing(run_s=300.0, start_s=0.4)}))
-            proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "submit", "--detach", "--force",
-                                   "-f", str(run_file)], env=env, capture_output=True, text=True, timeout=120)
+            proc = xrun("submit", "--detach", "--force", "-f", str(run_file), storage=storage, timeout=120, **env)
             assert proc.returncode == 0, proc.stderr[-3000:]
         for pods, name in names.items():
             cluster.wait(f"{name}'s {pods} pods Running", lambda n=name, k=pods: (
@@ -189,8 +185,7 @@ def test_status_of_a_running_run_asks_the_same_whatever_its_pods(cluster, gcs_bu
         counts = {}
         for pods, name in names.items():
             started = time.time() - 0.01
-            proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "status", name], env=env,
-                                  capture_output=True, text=True, timeout=120)
+            proc = xrun("status", name, storage=storage, timeout=120, **env)
             ended = time.time() + 0.01
             assert proc.returncode == 0, proc.stderr[-3000:]
             assert "Running" in proc.stdout.split("\n")[1], proc.stdout  # the State line
