@@ -542,9 +542,11 @@ class Checkpoints:
         return ""
 
     def after_step(self, step: int, state: Any, data: Callable[[], dict[str, Any]],
-                   force: bool = False) -> float:
+                   force: bool = False, ready: Callable[[], Any] | None = None) -> float:
         """At a step boundary: notice commits, save when due (``force``: the last step) and
-        every process has finished the previous save, else defer. Returns the seconds the
+        every process has finished the previous save, else defer. ``ready``: waits for the
+        step that made ``state`` (the loop runs a step ahead of its results), called before a
+        save starts, so that the blocked time is the save's alone. Returns the seconds the
         save held training (the device-to-host copy; 0 without a save): the step record's
         ``checkpoint_blocked_s``, which readers use to tell stalled steps from steady ones.
         The agreement rounds (about a millisecond, only while a save is in flight or due)
@@ -561,6 +563,8 @@ class Checkpoints:
             self._committed(step)
         out = [v[len(STORAGE_OUT):] for v in values if v.startswith(STORAGE_OUT)]
         if due and self.pending is None and not out:
+            if ready is not None:
+                ready()
             return self._save(step, state, data())
         if due and self.deferred_at is None:
             self.deferred_at = step

@@ -239,6 +239,15 @@ def cross_entropy(logits, targets, z_loss: float):
 INIT_COMPILER_OPTIONS: dict[str, str | bool] = {"xla_backend_optimization_level": "0"}  # XLA parses the value
 
 
+def init_key(seed: int) -> Any:
+    """The raw data of ``jax.random.key(seed)`` (uint32[2] for threefry) as a host array:
+    init's argument, the same on every process (replicated)."""
+    import jax
+    import numpy as np
+
+    return np.asarray(jax.random.key_data(jax.random.key(seed)))
+
+
 class Program:
     """The jitted functions and shardings of one (config, mesh): built once, used by train()."""
 
@@ -296,8 +305,9 @@ class Program:
         self.num_params = model.count_params(abstract_model)
         param_sh = nnx.to_pure_dict(model.param_shardings(abstract_model, mesh))
 
-        def init(seed: int) -> dict[str, Any]:
-            m = model.Transformer(cfg, nnx.Rngs(seed), act_sharding)
+        def init(key_data: jax.Array) -> dict[str, Any]:
+            m = model.Transformer(cfg, nnx.Rngs(jax.random.wrap_key_data(key_data)),
+                                  act_sharding)
             params = nnx.to_pure_dict(nnx.state(m, nnx.Param))
             return {"params": params, "opt_state": self.tx.init(params),
                     "step": jnp.zeros((), jnp.int32)}
@@ -315,8 +325,11 @@ class Program:
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             abstract, self.state_shardings)
         # Created already sharded: each device computes only its own shards.
-        self._jitted_init = jax.jit(functools.partial(init, cfg.seed),
-                                    out_shardings=self.state_shardings)
+        # The key is an argument, not a constant: with the seed baked in, every value of
+        # the state is a constant expression that XLA's constant folding tries to evaluate
+        # at compile time (see INIT_COMPILER_OPTIONS).
+        self._init_fn = init
+        self._jitted_init = jax.jit(init, out_shardings=self.state_shardings)
 
         graphdef, schedule, tx = self.graphdef, self.schedule, self.tx
         adamw = make_adamw(cfg, schedule)
@@ -360,10 +373,11 @@ class Program:
 
     def init(self) -> dict[str, Any]:
         """The initial state (seed ``cfg.seed``), created already sharded."""
+        key = init_key(self.cfg.seed)
         if self._init_exe is None:
-            self._init_exe = self._compile("init", lambda: self._jitted_init.lower().compile(
+            self._init_exe = self._compile("init", lambda: self._jitted_init.lower(key).compile(
                 compiler_options=INIT_COMPILER_OPTIONS))
-        return self._init_exe()
+        return self._init_exe(key)
 
     def compile(self):
         """Compile the train step ahead of time, so that step 1's time is a step, not a
@@ -506,6 +520,22 @@ def timed(fn: Any) -> tuple[float, float]:
     began = time.time()
     fn()
     return began, time.time()
+
+
+class InFlight:
+    """A dispatched train step: its outputs, read once (``results``), when the device could
+    begin it and when its results were back."""
+
+    def __init__(self, began: float):
+        self.out: Any = None
+        self.began, self.done = began, 0.0
+        self._results: Any = None
+
+    def results(self) -> Any:
+        if self._results is None:
+            self._results = step_results(self.out)
+            self.done = time.perf_counter()
+        return self._results
 
 
 def step_results(out: Any) -> Any:
@@ -698,27 +728,42 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     # allocations set them off during every save: steps waited that long for the GIL
     # (bench_tpu.py on a v5e chip: steps 1.36x steady while a save was written).
     gc.freeze()
+    # The host runs one step ahead: step s+1 is dispatched before step s's results are read,
+    # so what the host does between steps (results, metrics, the checkpoint agreement, the
+    # GIL held by a save's writer threads) overlaps step s+1 on the device instead of adding
+    # to it. Step s+1 donates the state after step s: a save of step s takes it (copies it
+    # out, or stages it) before step s+1 is dispatched, after waiting for step s's results,
+    # so that its blocked time is the save's own. A step's seconds run from when the device
+    # could start it (the previous step done, or its dispatch if later) to its results.
+    flight = InFlight(time.perf_counter())
+    state, flight.out = train_step(state, batch)
     for step in range(start + 1, cfg.steps + 1):
-        t0 = time.perf_counter()
-        state, out = train_step(state, batch)  # dispatched; runs while we go on
         position += global_batch
-        if step < cfg.steps:
-            batch = make_batch(position)
-        out = step_results(out)  # waits for the step: "seconds" is the true step time
-        if delay:  # after the step finished, so it cannot hide behind async dispatch
-            time.sleep(delay)
-        seconds = time.perf_counter() - t0
+        last = step == cfg.steps
         if step == start + 1:  # its result is back: the first step is done
+            flight.results()
             metrics.phase("first_step", step=step)
-        if deferred is not None:  # Orbax is opened now, at the first step boundary
-            ckpt, deferred = deferred.open(), None
-            write_failed = (checkpoint_write_failed(),)
+            if deferred is not None:  # Orbax is opened now, at the first step boundary
+                ckpt, deferred = deferred.open(), None
+                write_failed = (checkpoint_write_failed(),)
         # Saves when due and the previous save committed, else defers; never waits for it.
         try:
-            blocked = ckpt.after_step(step, state, position_data(step),
-                                      force=step == cfg.steps) if ckpt else 0.0
+            blocked = ckpt.after_step(step, state, position_data(step), force=last,
+                                      ready=flight.results) if ckpt else 0.0
         except write_failed as e:
             return cluster.restartable_exit_code, str(e), False
+        stop = not last and preemption.reached(step)
+        following = None
+        if not last and not stop:
+            batch = make_batch(position)
+            following = InFlight(0.0)
+            state, following.out = train_step(state, batch)  # dispatched; runs while we go on
+            following.began = time.perf_counter()
+        out = flight.results()
+        if delay:  # after the step finished, so it counts in the step's seconds
+            time.sleep(delay)
+            flight.done = time.perf_counter()
+        seconds = flight.done - flight.began
         metrics.step(step, seconds, flops["tflops_per_device"] / seconds,
                      tokens_per_step / seconds / devices, tokens_per_step, float(out["loss"]),
                      blocked, grad_norm=float(out["grad_norm"]),
@@ -728,7 +773,7 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
             report_memory(metrics)
         if fail and fail[0] == step:
             return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})", False
-        if step < cfg.steps and preemption.reached(step):
+        if stop:
             if ckpt:  # this step's save commits before we exit (an "exit_wait")
                 try:
                     ckpt.finish(step, state, position_data(step))
@@ -736,6 +781,9 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                     return cluster.restartable_exit_code, str(e), False
                 ckpt.close()
             return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}", True
+        if following is not None:
+            following.began = max(following.began, flight.done)
+            flight = following
     if ckpt:  # the last step's save commits before we exit
         try:
             ckpt.finish(cfg.steps, state, position_data(cfg.steps))
