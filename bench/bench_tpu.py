@@ -104,7 +104,7 @@ class Variant:
 
         from workload import data
         from workload.distributed import make_mesh
-        from workload.train import INIT_COMPILER_OPTIONS, Program
+        from workload.train import INIT_COMPILER_OPTIONS, Program, init_key
 
         self.name = variant
         self.cfg = parse_config(base, variant)
@@ -121,7 +121,8 @@ class Variant:
         self.init_parts: dict[str, float] = {}
         if state is None:
             t = time.perf_counter()
-            lowered = self.program._jitted_init.lower()
+            key = init_key(self.cfg.seed)
+            lowered = self.program._jitted_init.lower(key)
             self.init_parts["init_lower_s"] = time.perf_counter() - t
             exe = lowered.compile(compiler_options=INIT_COMPILER_OPTIONS)
             self.init_parts["init_compile_s"] = time.perf_counter() - t - self.init_parts["init_lower_s"]
@@ -287,11 +288,27 @@ def steps_while(v: Variant, busy, limit: int = 60) -> tuple[list[float], float]:
             gaps[0] = max(gaps[0], now - last - 0.001)
             last = now
 
+    import jax
+
     thread = threading.Thread(target=probe, daemon=True)
     thread.start()
     try:
-        while busy() and len(times) < limit:
-            times.append(v.step())
+        # As workload.train runs: the next step dispatched before this one's results are read;
+        # a step's time runs from the previous one's results to its own.
+        last = time.perf_counter()
+        v.state, out = v.program.train_step(v.state, v.batches[v.steps_run % 2])
+        while True:
+            v.steps_run += 1
+            more = busy() and len(times) < limit
+            if more:
+                v.state, following = v.program.train_step(v.state, v.batches[v.steps_run % 2])
+            v.loss = float(jax.device_get(out)["loss"])
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+            if not more:
+                break
+            out = following
     finally:
         done.set()
         thread.join()
@@ -359,6 +376,50 @@ def checkpoint_compare(out: Path, v: Variant, args: argparse.Namespace) -> None:
         emit(out, "ckpt", **results)
 
 
+def compile_times(out: Path, args: argparse.Namespace) -> None:
+    """In one fresh process: what XLA takes to compile each program of the base config, and
+    whether two compilations in threads overlap. ``init_constant_key`` is init as it was
+    before the key became an argument (the seed baked into the program)."""
+    import jax
+    import numpy as np
+
+    from workload.distributed import make_mesh
+    from workload.train import INIT_COMPILER_OPTIONS, Program, init_key
+
+    cfg = parse_config(args.base, args.startup)
+    mesh = make_mesh(1)
+    batch = cfg.batch_size(jax.device_count())
+    times: dict[str, float] = {}
+
+    def timed(name: str, fn: Any) -> Any:
+        t = time.perf_counter()
+        result = fn()
+        times[name] = round(time.perf_counter() - t, 3)
+        emit(out, "compile", step=name, seconds=times[name])
+        return result
+
+    timed("trivial", lambda: jax.jit(lambda x: x + 1).lower(np.float32(1)).compile())
+    program = timed("build", lambda: Program(cfg, mesh, batch, compile_now=False))
+    key = init_key(cfg.seed)
+    timed("init", lambda: program._jitted_init.lower(key).compile(
+        compiler_options=INIT_COMPILER_OPTIONS))
+    timed("train_step", program.compile)
+    again = Program(cfg, mesh, batch, compile_now=False)  # new functions: a new compilation
+    timed("train_step_again", again.compile)
+    constant = jax.jit(lambda: program._init_fn(key), out_shardings=program.state_shardings)
+    timed("init_constant_key", lambda: constant.lower().compile(
+        compiler_options=INIT_COMPILER_OPTIONS))
+    both = Program(cfg, mesh, batch, compile_now=False)
+    with ThreadPoolExecutor(2) as pool:
+        t = time.perf_counter()
+        jobs = [pool.submit(both.compile), pool.submit(lambda: both._jitted_init.lower(
+            key).compile(compiler_options=INIT_COMPILER_OPTIONS))]
+        for j in jobs:
+            j.result()
+        emit(out, "compile", step="init_and_train_step_in_threads",
+             seconds=round(time.perf_counter() - t, 3))
+
+
 def in_process(out: Path, args: argparse.Namespace) -> None:
     import jax
 
@@ -380,10 +441,17 @@ def startup(out: Path, args: argparse.Namespace) -> None:
     cmd = [sys.executable, "-m", "workload.train", *args.base.split(), *args.startup.split(),
            "steps=3", "checkpoint_every=0", "--storage", str(storage)]
     env = {**os.environ, "XRUN_COMPILATION_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    for kind in ("cold", "warm"):
+    saves = ([f"steps={args.saves_steps}", f"checkpoint_every={args.saves_every}"]
+             if args.saves_steps else [])
+    for kind in ("cold", "warm", "saves")[:3 if saves else 2]:
         t = time.time()
-        proc = subprocess.run([*cmd, "--run-name", kind], cwd=REPO, env=env, capture_output=True,
-                              text=True, timeout=args.startup_timeout)
+        argv = [*cmd[:-2], *saves, *cmd[-2:]] if kind == "saves" else cmd  # before --storage
+        try:
+            proc = subprocess.run([*argv, "--run-name", kind], cwd=REPO, env=env,
+                                  capture_output=True, text=True, timeout=args.startup_timeout)
+        except subprocess.TimeoutExpired:
+            emit(out, "startup", kind=kind, error=f"timed out after {args.startup_timeout} s")
+            continue
         wall = time.time() - t
         phases = {}
         for f in sorted((storage / "runs" / kind / "metrics").glob("*.jsonl")):
@@ -397,7 +465,36 @@ def startup(out: Path, args: argparse.Namespace) -> None:
                         phases[rec["phase"] + "_source"] = rec["source"]
         emit(out, "startup", kind=kind, rc=proc.returncode, wall_s=wall,
              first_step_s=phases.get("first_step"), phases=phases,
-             tail=(proc.stdout + proc.stderr)[-1500:] if proc.returncode else "")
+             tail=(proc.stdout + proc.stderr)[-1500:] if proc.returncode else "",
+             **(saves_while_training(storage / "runs" / kind / "metrics") if kind == "saves"
+                else {}))
+
+
+def saves_while_training(metrics: Path) -> dict[str, Any]:
+    """From a run's metrics: the median step with no save being written (steps 3 on) and the
+    steps that ended while one was (from its "started" to its "committed": the commit is
+    noticed at a step boundary, so that step counts), with each save's blocked time."""
+    records = [json.loads(line) for f in sorted(metrics.glob("*.jsonl"))
+               for line in f.read_text().splitlines() if line.strip()]
+    steps = [r for r in records if r.get("kind") == "step"]
+    started = {r["step"]: r["time"] for r in records
+               if r.get("kind") == "checkpoint" and r.get("event") == "started"}
+    spans = [(started[r["step"]], started[r["step"]] + r["seconds"], r["step"]) for r in records
+             if r.get("kind") == "checkpoint" and r.get("event") == "committed"
+             and r["step"] in started]
+    blocked = {r["step"]: round(r["seconds"], 3) for r in records
+               if r.get("kind") == "checkpoint" and r.get("event") == "blocked"}
+    during: list[float] = []
+    steady: list[float] = []
+    for r in steps[2:]:
+        if r.get("checkpoint_blocked_s"):
+            continue  # the saving step: its time is the step's; the save's is "blocked"
+        inside = any(a < r["time"] <= b for a, b, _ in spans)
+        (during if inside else steady).append(r["seconds"])
+    return {"steady_step_s": statistics.median(steady) if steady else None,
+            "steps_during": [round(x, 4) for x in during], "blocked_s": blocked,
+            "commit_s": {s: round(b - a, 2) for a, b, s in spans},
+            "losses": [round(r["loss"], 4) for r in steps[-3:]]}
 
 
 # ---------------------------------------------------------------------------------------
@@ -461,10 +558,23 @@ def report(out: Path) -> str:
                                  f"{len(during)}, {fmt(mean)}, {fmt(max(during) if during else None)} | "
                                  f"{fmt(r.get(f'{label}_python_gap_s_{i}'))} |")
             lines.append("")
+    compiles = [r for r in rows if r["part"] == "compile" and "step" in r]
+    if compiles:
+        lines += ["Compile times in one fresh process: " + ", ".join(
+            f"{r['step']} {r['seconds']:.1f} s" for r in compiles), ""]
     for r in rows:
-        if r["part"] == "startup":
+        if r["part"] == "startup" and "error" not in r:
             lines.append(f"Startup {r['kind']}: first step at {fmt(r['first_step_s'])} s "
                          f"(rc {r['rc']}); phases {r['phases']}")
+            if r.get("steps_during") is not None:
+                during, steady = r["steps_during"], r.get("steady_step_s")
+                mean = statistics.mean(during) if during else None
+                lines.append(
+                    f"  saves in a training run: steady step {fmt(steady)} s; "
+                    f"{len(during)} steps while written, mean {fmt(mean)} s "
+                    f"({fmt(mean / steady if mean and steady else None)}x steady), max "
+                    f"{fmt(max(during) if during else None)} s; blocked {r['blocked_s']}; "
+                    f"commit {r['commit_s']}; last losses {r['losses']}")
     for r in rows:
         if r["part"] == "profile" and "top" in r:
             lines += ["", f"Profile of {r['variant']}: {r['device_ms_per_step']:.1f} ms of device "
@@ -479,7 +589,8 @@ def report(out: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--part", choices=["all", "chip", "startup", "report"], default="all")
+    p.add_argument("--part", choices=["all", "chip", "compile", "startup", "report"],
+                   default="all")
     p.add_argument("--smoke", action="store_true", help="CPU: tiny config, same code paths")
     p.add_argument("--base", default=None)
     p.add_argument("--grid", action="append", default=None)
@@ -496,6 +607,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-tflops", type=float, default=0.0)
     p.add_argument("--startup", default="remat=full", help="overrides of the startup runs")
     p.add_argument("--startup-timeout", type=float, default=240)
+    p.add_argument("--saves-steps", type=int, default=0,
+                   help="startup: then a run of this many steps with saves (0: none)")
+    p.add_argument("--saves-every", type=int, default=50)
     p.add_argument("--chip-timeout", type=float, default=540)
     args = p.parse_args(argv)
     args.base = args.base or (SMOKE_BASE if args.smoke else BASE)
@@ -510,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.part == "startup":
         startup(args.out, args)
+        return 0
+    if args.part == "compile":
+        compile_times(args.out, args)
         return 0
     if args.part == "all":
         given = list(argv if argv is not None else sys.argv[1:])

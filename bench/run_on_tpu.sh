@@ -4,8 +4,11 @@
 # warm processes) and the tpu-marked tests, every result under OUT.
 # Usage: OUT=DIR bash bench/run_on_tpu.sh [CHIP_SECONDS STARTUP_SECONDS TEST_SECONDS [TESTS]]
 # (a part given 0 seconds is not run; TESTS: pytest -k expression, default every tpu test).
+# COMPILE_S=N: first the compile part (each program's compile time in a fresh process);
+# SAVES_STEPS=N: the startup part then trains N steps with a save every SAVES_EVERY (50).
 set -u
 OUT=${OUT:?set OUT}; CHIP_S=${1:-200}; STARTUP_S=${2:-130}; TEST_S=${3:-200}; TESTS=${4:-}
+COMPILE_S=${COMPILE_S:-0}; SAVES_STEPS=${SAVES_STEPS:-0}; SAVES_EVERY=${SAVES_EVERY:-50}
 export PYTHONUNBUFFERED=1 PIP_CONFIG_FILE=/dev/null
 t0=$(date +%s)
 python3 -m pip install --isolated -q --only-binary=:all: --index-url file:///opt/pypi/simple \
@@ -20,15 +23,21 @@ BEST="remat=dots_no_batch scan_unroll=0"
 python3 -c "import time; t=time.time(); import jax; i=time.time(); jax.devices(); d=time.time()
 print(f'bare: import jax {i-t:.2f} s, jax.devices() {d-i:.2f} s')" > "$OUT/bare.txt" 2>&1
 cat "$OUT/bare.txt"
+if [ "$COMPILE_S" != 0 ]; then
+  timeout "$COMPILE_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part compile \
+    --startup "$BEST" > "$OUT/compile.txt" 2>&1
+  echo "compile rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
+fi
 if [ "$CHIP_S" != 0 ]; then
   timeout "$CHIP_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part chip --spec-tflops 197 \
-    --grid "$BEST" --grid "$BEST embedding_update=sparse" --ckpt "$BEST" --profile none \
+    --grid "$BEST" --ckpt "$BEST" --profile none \
     --ckpt-rounds 1 --steps 8 --warmup 2 --ckpt-dir /tmp/xrun-ckpt > "$OUT/bench.txt" 2>&1
   echo "chip rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
 fi
 if [ "$STARTUP_S" != 0 ]; then
   timeout "$STARTUP_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part startup \
-    --startup "$BEST" --startup-timeout "$STARTUP_S" > "$OUT/startup.txt" 2>&1
+    --startup "$BEST" --startup-timeout "$STARTUP_S" --saves-steps "$SAVES_STEPS" \
+    --saves-every "$SAVES_EVERY" > "$OUT/startup.txt" 2>&1
   echo "startup rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
 fi
 if [ "$TEST_S" != 0 ]; then
