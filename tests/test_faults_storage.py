@@ -486,8 +486,9 @@ def test_a_35s_gcs_outage_is_survived_with_the_identical_final_loss(proxied_root
     # The reference, on a local root with no faults, at the same time (it ends in the outage).
     ref = tmp_path / "ref"
     _submit(ref, name, command, max_restarts=0, termination_grace_seconds=15)
-    # From before the first save (step 10) comes due: it meets the outage.
-    _wait(lambda: any(r["kind"] == "step" and r["step"] >= 3 for r in _records(proxied_root, name)),
+    # From before the first save (step 10) comes due: it meets the outage. Step 1's record is
+    # written when step 3 has been dispatched (workload.train.STEPS_AHEAD).
+    _wait(lambda: any(r["kind"] == "step" and r["step"] >= 1 for r in _records(proxied_root, name)),
           240, "the run never reached step 3")
     gcs_proxy.outage(35, "503")
     outage_end = time.time() + 35

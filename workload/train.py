@@ -40,6 +40,7 @@ import signal
 import sys
 import time
 import traceback
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -522,13 +523,21 @@ def timed(fn: Any) -> tuple[float, float]:
     return began, time.time()
 
 
+# Steps dispatched ahead of the one whose results the loop reads: host stalls shorter than
+# this many steps cost no device time. 2: on a v5e chip a save's writer held the loop
+# 0.4-0.9 s at a time (0.24 s steps), and one step ahead left the steps while a save was
+# written 1.12x steady (bench_tpu.py --part startup, SAVES_STEPS=120).
+STEPS_AHEAD = 2
+
+
 class InFlight:
     """A dispatched train step: its outputs, read once (``results``), when the device could
-    begin it and when its results were back."""
+    begin it, when its results were back, and the seconds a save of it blocked training."""
 
-    def __init__(self, began: float):
+    def __init__(self, step: int, began: float):
+        self.step = step
         self.out: Any = None
-        self.began, self.done = began, 0.0
+        self.began, self.done, self.blocked = began, 0.0, 0.0
         self._results: Any = None
 
     def results(self) -> Any:
@@ -728,50 +737,62 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     # allocations set them off during every save: steps waited that long for the GIL
     # (bench_tpu.py on a v5e chip: steps 1.36x steady while a save was written).
     gc.freeze()
-    # The host runs one step ahead: step s+1 is dispatched before step s's results are read,
-    # so what the host does between steps (results, metrics, the checkpoint agreement, the
-    # GIL held by a save's writer threads) overlaps step s+1 on the device instead of adding
-    # to it. Step s+1 donates the state after step s: a save of step s takes it (copies it
-    # out, or stages it) before step s+1 is dispatched, after waiting for step s's results,
-    # so that its blocked time is the save's own. A step's seconds run from when the device
-    # could start it (the previous step done, or its dispatch if later) to its results.
-    flight = InFlight(time.perf_counter())
-    state, flight.out = train_step(state, batch)
+    # The host runs ahead of the device: step s+1 is dispatched before the results of step s
+    # and of the STEPS_AHEAD - 1 steps before it are read, so what the host does between steps
+    # (results, metrics, the checkpoint agreement, a save's writer threads holding the GIL)
+    # overlaps the steps queued on the device instead of adding to them. Step s+1 donates
+    # the state after step s: a save of step s takes it (copies it out, or stages it) before
+    # step s+1 is dispatched, after waiting for every step in flight (``ready``), so that its
+    # blocked time is the save's own. A step's seconds run from when the device could start
+    # it (the previous step done, or its dispatch if later) to its results.
+    flights: deque[InFlight] = deque([InFlight(start + 1, time.perf_counter())])
+    state, flights[0].out = train_step(state, batch)
+    last_done = 0.0
+
+    def read_all() -> None:
+        for f in flights:
+            f.results()
+
     for step in range(start + 1, cfg.steps + 1):
         position += global_batch
         last = step == cfg.steps
         if step == start + 1:  # its result is back: the first step is done
-            flight.results()
+            flights[-1].results()
             metrics.phase("first_step", step=step)
             if deferred is not None:  # Orbax is opened now, at the first step boundary
                 ckpt, deferred = deferred.open(), None
                 write_failed = (checkpoint_write_failed(),)
         # Saves when due and the previous save committed, else defers; never waits for it.
         try:
-            blocked = ckpt.after_step(step, state, position_data(step), force=last,
-                                      ready=flight.results) if ckpt else 0.0
+            flights[-1].blocked = ckpt.after_step(step, state, position_data(step), force=last,
+                                                  ready=read_all) if ckpt else 0.0
         except write_failed as e:
             return cluster.restartable_exit_code, str(e), False
         stop = not last and preemption.reached(step)
-        following = None
-        if not last and not stop:
+        failing = fail is not None and fail[0] == step
+        if not (last or stop or failing):
             batch = make_batch(position)
-            following = InFlight(0.0)
+            following = InFlight(step + 1, 0.0)
             state, following.out = train_step(state, batch)  # dispatched; runs while we go on
             following.began = time.perf_counter()
-        out = flight.results()
-        if delay:  # after the step finished, so it counts in the step's seconds
-            time.sleep(delay)
-            flight.done = time.perf_counter()
-        seconds = flight.done - flight.began
-        metrics.step(step, seconds, flops["tflops_per_device"] / seconds,
-                     tokens_per_step / seconds / devices, tokens_per_step, float(out["loss"]),
-                     blocked, grad_norm=float(out["grad_norm"]),
-                     learning_rate=float(out["learning_rate"]),
-                     tokens_per_s=tokens_per_step / seconds)
-        if step == start + 1:
-            report_memory(metrics)
-        if fail and fail[0] == step:
+            flights.append(following)
+        keep = STEPS_AHEAD if flights[-1].step > step else 0  # at the end: read them all
+        while len(flights) > keep:
+            f = flights.popleft()
+            out = f.results()
+            if delay:  # after the step finished, so it counts in the step's seconds
+                time.sleep(delay)
+                f.done = time.perf_counter()
+            seconds = f.done - max(f.began, last_done)
+            last_done = f.done
+            metrics.step(f.step, seconds, flops["tflops_per_device"] / seconds,
+                         tokens_per_step / seconds / devices, tokens_per_step,
+                         float(out["loss"]), f.blocked, grad_norm=float(out["grad_norm"]),
+                         learning_rate=float(out["learning_rate"]),
+                         tokens_per_s=tokens_per_step / seconds)
+            if f.step == start + 1:
+                report_memory(metrics)
+        if fail is not None and failing:
             return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})", False
         if stop:
             if ckpt:  # this step's save commits before we exit (an "exit_wait")
@@ -781,9 +802,6 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                     return cluster.restartable_exit_code, str(e), False
                 ckpt.close()
             return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}", True
-        if following is not None:
-            following.began = max(following.began, flight.done)
-            flight = following
     if ckpt:  # the last step's save commits before we exit
         try:
             ckpt.finish(cfg.steps, state, position_data(cfg.steps))
@@ -824,8 +842,10 @@ def main(argv: list[str] | None = None) -> int:
         code = cluster.restartable_exit_code if verdict.restartable else USER_ERROR_EXIT_CODE
         say(FAILURE_LINE.format(kind=verdict.kind, why=verdict.why, code=code))
         os._exit(code)  # no peers to wait for; nothing written yet
-    early.append(("distributed", time.time()))
     import jax
+
+    jax.devices()  # the devices open here (seconds on a TPU chip): part of this phase
+    early.append(("distributed", time.time()))
 
     primary = jax.process_index() == 0
     metrics = Metrics(storage, run, cluster.attempt, primary, process_start=PROCESS_START)
