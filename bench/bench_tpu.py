@@ -377,9 +377,8 @@ def checkpoint_compare(out: Path, v: Variant, args: argparse.Namespace) -> None:
 
 
 def compile_times(out: Path, args: argparse.Namespace) -> None:
-    """In one fresh process: what XLA takes to compile each program of the base config, and
-    whether two compilations in threads overlap. ``init_constant_key`` is init as it was
-    before the key became an argument (the seed baked into the program)."""
+    """In one fresh process: what XLA takes to compile each program of the base config, what
+    loading them from the executable cache takes, and what init's compile is made of."""
     import jax
     import numpy as np
 
@@ -401,23 +400,32 @@ def compile_times(out: Path, args: argparse.Namespace) -> None:
     timed("trivial", lambda: jax.jit(lambda x: x + 1).lower(np.float32(1)).compile())
     program = timed("build", lambda: Program(cfg, mesh, batch, compile_now=False))
     key = init_key(cfg.seed)
-    timed("init", lambda: program._jitted_init.lower(key).compile(
+    init = timed("init", lambda: program._jitted_init.lower(key).compile(
         compiler_options=INIT_COMPILER_OPTIONS))
-    timed("train_step", program.compile)
-    again = Program(cfg, mesh, batch, compile_now=False)  # new functions: a new compilation
-    timed("train_step_again", again.compile)
-    constant = jax.jit(lambda: program._init_fn(key), out_shardings=program.state_shardings)
-    timed("init_constant_key", lambda: constant.lower().compile(
-        compiler_options=INIT_COMPILER_OPTIONS))
-    both = Program(cfg, mesh, batch, compile_now=False)
+    step = timed("train_step", program.compile)
+    # A warm start loads both from the executable cache (workload.executables): their size
+    # and the time to load them, one after the other and in two threads.
+    from jax.experimental import serialize_executable as se
+
+    stored = {}
+    for name, exe in (("init", init), ("train_step", step)):
+        stored[name] = timed(f"{name}_serialize", lambda exe=exe: se.serialize(exe))
+        emit(out, "compile", step=f"{name}_serialized_mib", seconds=0.0,
+             mib=round(len(stored[name][0]) / 2**20, 1))
+        timed(f"{name}_load", lambda name=name: se.deserialize_and_load(*stored[name]))
     with ThreadPoolExecutor(2) as pool:
-        t = time.perf_counter()
-        jobs = [pool.submit(both.compile), pool.submit(lambda: both._jitted_init.lower(
-            key).compile(compiler_options=INIT_COMPILER_OPTIONS))]
-        for j in jobs:
-            j.result()
-        emit(out, "compile", step="init_and_train_step_in_threads",
-             seconds=round(time.perf_counter() - t, 3))
+        timed("both_load_in_threads", lambda: [j.result() for j in [
+            pool.submit(se.deserialize_and_load, *stored[n]) for n in stored]])
+    # What init's compile is made of: one of its random arrays alone, and the whole of it
+    # with the hardware generator (jax's "rbg" keys: other values than threefry's).
+    shape = (cfg.n_layers, cfg.d_model, cfg.mlp_dim)
+    timed("one_truncated_normal", lambda: jax.jit(
+        lambda k: jax.random.truncated_normal(jax.random.wrap_key_data(k), -2.0, 2.0, shape)
+    ).lower(key).compile())
+    jax.config.update("jax_default_prng_impl", "rbg")
+    rbg = Program(cfg, mesh, batch, compile_now=False)
+    timed("init_rbg", lambda: rbg._jitted_init.lower(init_key(cfg.seed)).compile(
+        compiler_options=INIT_COMPILER_OPTIONS))
 
 
 def in_process(out: Path, args: argparse.Namespace) -> None:
@@ -435,24 +443,39 @@ def in_process(out: Path, args: argparse.Namespace) -> None:
 # Startup: separate processes
 
 
+BARE = ("import time; t = time.time(); import jax; i = time.time(); jax.devices(); "
+        "print(i - t, time.time() - i)")
+
+
 def startup(out: Path, args: argparse.Namespace) -> None:
+    """A cold run (empty caches), then a bare process (``import jax`` and ``jax.devices()``,
+    the floor) and a warm run back to back. With ``--saves-steps`` the cold run trains that
+    many steps with saves (its figures: ``saves_while_training``) and the warm one the same
+    program without saves (one program key: the checkpoint cadence is not part of it)."""
     cache = Path(tempfile.mkdtemp(prefix="xrun-cc-"))
     storage = Path(tempfile.mkdtemp(prefix="xrun-st-"))
+    steps = args.saves_steps or 3
     cmd = [sys.executable, "-m", "workload.train", *args.base.split(), *args.startup.split(),
-           "steps=3", "checkpoint_every=0", "--storage", str(storage)]
+           f"steps={steps}"]
     env = {**os.environ, "XRUN_COMPILATION_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    saves = ([f"steps={args.saves_steps}", f"checkpoint_every={args.saves_every}"]
-             if args.saves_steps else [])
-    for kind in ("cold", "warm", "saves")[:3 if saves else 2]:
+    for kind in ("cold", "bare", "warm"):
+        every = args.saves_every if kind == "cold" and args.saves_steps else 0
+        argv = ([sys.executable, "-c", BARE] if kind == "bare" else
+                [*cmd, f"checkpoint_every={every}", "--storage", str(storage), "--run-name", kind])
         t = time.time()
-        argv = [*cmd[:-2], *saves, *cmd[-2:]] if kind == "saves" else cmd  # before --storage
         try:
-            proc = subprocess.run([*argv, "--run-name", kind], cwd=REPO, env=env,
-                                  capture_output=True, text=True, timeout=args.startup_timeout)
+            proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                                  timeout=args.startup_timeout)
         except subprocess.TimeoutExpired:
             emit(out, "startup", kind=kind, error=f"timed out after {args.startup_timeout} s")
             continue
         wall = time.time() - t
+        if kind == "bare":
+            parts = proc.stdout.split()
+            emit(out, "startup", kind=kind, rc=proc.returncode, wall_s=wall, first_step_s=None,
+                 phases={"import_jax": float(parts[0]), "devices": float(parts[1])}
+                 if len(parts) == 2 else {}, tail=proc.stderr[-500:] if proc.returncode else "")
+            continue
         phases = {}
         for f in sorted((storage / "runs" / kind / "metrics").glob("*.jsonl")):
             for line in f.read_text().splitlines():
@@ -466,8 +489,7 @@ def startup(out: Path, args: argparse.Namespace) -> None:
         emit(out, "startup", kind=kind, rc=proc.returncode, wall_s=wall,
              first_step_s=phases.get("first_step"), phases=phases,
              tail=(proc.stdout + proc.stderr)[-1500:] if proc.returncode else "",
-             **(saves_while_training(storage / "runs" / kind / "metrics") if kind == "saves"
-                else {}))
+             **(saves_while_training(storage / "runs" / kind / "metrics") if every else {}))
 
 
 def saves_while_training(metrics: Path) -> dict[str, Any]:
@@ -561,7 +583,8 @@ def report(out: Path) -> str:
     compiles = [r for r in rows if r["part"] == "compile" and "step" in r]
     if compiles:
         lines += ["Compile times in one fresh process: " + ", ".join(
-            f"{r['step']} {r['seconds']:.1f} s" for r in compiles), ""]
+            f"{r['step']} {r['mib']} MiB" if "mib" in r else f"{r['step']} {r['seconds']:.1f} s"
+            for r in compiles), ""]
     for r in rows:
         if r["part"] == "startup" and "error" not in r:
             lines.append(f"Startup {r['kind']}: first step at {fmt(r['first_step_s'])} s "
@@ -608,7 +631,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--startup", default="remat=full", help="overrides of the startup runs")
     p.add_argument("--startup-timeout", type=float, default=240)
     p.add_argument("--saves-steps", type=int, default=0,
-                   help="startup: then a run of this many steps with saves (0: none)")
+                   help="startup: runs of this many steps, the cold one with saves (0: 3 steps, "
+                   "no saves)")
     p.add_argument("--saves-every", type=int, default=50)
     p.add_argument("--chip-timeout", type=float, default=540)
     args = p.parse_args(argv)

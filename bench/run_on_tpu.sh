@@ -5,7 +5,7 @@
 # Usage: OUT=DIR bash bench/run_on_tpu.sh [CHIP_SECONDS STARTUP_SECONDS TEST_SECONDS [TESTS]]
 # (a part given 0 seconds is not run; TESTS: pytest -k expression, default every tpu test).
 # COMPILE_S=N: first the compile part (each program's compile time in a fresh process);
-# SAVES_STEPS=N: the startup part then trains N steps with a save every SAVES_EVERY (50).
+# SAVES_STEPS=N: the startup runs train N steps, the cold one with a save every SAVES_EVERY (50).
 set -u
 OUT=${OUT:?set OUT}; CHIP_S=${1:-200}; STARTUP_S=${2:-130}; TEST_S=${3:-200}; TESTS=${4:-}
 COMPILE_S=${COMPILE_S:-0}; SAVES_STEPS=${SAVES_STEPS:-0}; SAVES_EVERY=${SAVES_EVERY:-50}
