@@ -232,11 +232,13 @@ def cross_entropy(logits, targets, z_loss: float):
 
 
 # The init program runs once and takes milliseconds, but its random number generators
-# (threefry, erf_inv) took XLA 34 s to compile optimised on a v5e chip for the 618M config,
-# longer than the train step (23 s): the pole of a cold start. Unoptimised it compiles ~3x
-# faster on CPU (the tiny model's init: 13.4 -> 4.7 s); the TPU compiler ignores the option
-# (33.8 -> 33.2 s on the chip), so there a cold start still waits for it. Its values may
-# differ in the last bit from an optimised compile's, the same in every process.
+# (threefry, erf_inv) take XLA 26 s to compile on a v5e chip for the 618M config (one
+# truncated-normal [8, 2048, 7168] array alone: 10 s; the train step: 21-23 s), beside the
+# step's compile in a thread: the pole of a cold start with it. jax's "rbg" keys compile in
+# 8.7 s but give other values than CPU's threefry (bench_tpu.py --part compile). Unoptimised
+# it compiles ~3x faster on CPU (the tiny model's init: 13.4 -> 4.7 s); the TPU compiler
+# ignores the option (33.8 -> 33.2 s). Its values may differ in the last bit from an
+# optimised compile's, the same in every process.
 INIT_COMPILER_OPTIONS: dict[str, str | bool] = {"xla_backend_optimization_level": "0"}  # XLA parses the value
 
 
@@ -326,9 +328,8 @@ class Program:
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             abstract, self.state_shardings)
         # Created already sharded: each device computes only its own shards.
-        # The key is an argument, not a constant: with the seed baked in, every value of
-        # the state is a constant expression that XLA's constant folding tries to evaluate
-        # at compile time (see INIT_COMPILER_OPTIONS).
+        # The key is an argument, not a constant: with the seed baked in, every value of the
+        # state is a constant expression, and its compile on the chip took 31.9 s, not 25.8 s.
         self._init_fn = init
         self._jitted_init = jax.jit(init, out_shardings=self.state_shardings)
 
