@@ -119,8 +119,10 @@ def kueue_refuses(cluster, breaks, ours: list) -> None:
     cluster.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets", obj)
     try:
         backend = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig)
-        message = cluster.wait("Kueue's reason", lambda: backend.status(name).message
-                               if "ClusterQueue" in backend.status(name).message else None, 60)
+        # Kueue's reason is its Workload's QuotaReserved=False message ("Kueue: …"), a moment
+        # after the queue position line ("… 0 ahead in its ClusterQueue") can show alone.
+        message = cluster.wait("Kueue's reason", lambda: (
+            m if "Kueue: " in (m := backend.status(name).message) else None), 60)
         resources = {re.search(r"\[([^\]]+)\]$", v.path)[1] for v in ours}
         assert any(f"resource {r} unavailable in ClusterQueue" in message for r in resources), message
     finally:

@@ -135,9 +135,11 @@ def test_the_namespaces_only_local_queue_is_used_and_a_queued_run_shows_its_posi
     cluster.wait("both queued runs pending in Kueue", lambda: all(workload_of(cluster, ns, n) for n in (second, third)), 30)
 
     def position() -> dict | None:  # what `xrun status -o json` prints
-        # Until Kueue's queue manager holds both pending Workloads the third may be alone there.
+        # Until Kueue's queue manager holds both pending Workloads the third may be alone
+        # there; and the position can show before Kueue's scheduler wrote why ("Kueue: …").
         view = runs.status(open_storage(storage), third)
-        return view if "Kueue queue: 1 ahead" in view.get("message", "") else None
+        message = view.get("message", "")
+        return view if "Kueue queue: 1 ahead" in message and "Kueue: " in message else None
 
     try:
         view = cluster.wait("the third run's position in status", position, 60, every=0.5)

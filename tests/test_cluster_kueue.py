@@ -64,8 +64,12 @@ def test_a_sidecar_cpu_request_is_never_admitted_by_xpks_queue(cluster, storage)
                                                    "jobsets", body)
     backend = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig)
     def verdict():
+        # Kueue's verdict is its Workload's QuotaReserved=False message ("Kueue: …"). Not
+        # "ClusterQueue" alone: the queue position line ("Kueue queue: 0 ahead in LocalQueue
+        # …, 0 ahead in its ClusterQueue", the visibility API) lists the Workload as soon as
+        # it is queued, a moment before Kueue's scheduler has tried it and written why not.
         st = backend.status(name)
-        return st if "ClusterQueue" in st.message else None
+        return st if "Kueue: " in st.message else None
 
     st = cluster.wait("Kueue's verdict", verdict, 60)
     assert st.state == "Pending", st

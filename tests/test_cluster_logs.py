@@ -161,13 +161,21 @@ def test_logs_follow_survives_an_apiserver_restart(cluster, storage, tmp_path):
 
 def test_logs_follow_ends_when_the_run_ends(cluster, storage, tmp_path):
     """KWOK, like a kubelet whose runtime does not answer, never ends a followed log: the
-    follower must end it itself once the container is done (it waited 300 s before)."""
+    follower must end it itself once the container is done (it waited 300 s before), and
+    soon after the JobSet is: its Completed condition comes with no pod event, and the pod
+    watch's 10 s server timeout used to be what ended the follow."""
     name = unique("lge")
     feeder = Feeder(cluster, name, lines=20, every=0.1)
     started = time.monotonic()
     out, err = follow_logs(cluster, storage, tmp_path, name, feeder, run_s=8, timeout=90)
+    ended = dt.datetime.now(dt.UTC)
     assert_exact(feeder, out, err)
     assert time.monotonic() - started < 60
+    completed = next(c for c in cluster.jobset(name)["status"]["conditions"]
+                     if c["type"] == "Completed" and c["status"] == "True")
+    at = dt.datetime.fromisoformat(completed["lastTransitionTime"].replace("Z", "+00:00"))
+    # The condition's time is whole seconds (floored): up to 1 s of this is its rounding.
+    assert (ended - at).total_seconds() < 5, (completed, ended.isoformat())
 
 
 def watches_after(cluster: Cluster, name: str, since: str) -> list[int]:

@@ -50,6 +50,10 @@ KUBELET_RETRY_SECONDS = 300.0
 # API is down for minutes) is waited out this long from the first failure of a run of them;
 # the pod watch and every log stream then resume where they were.
 API_RETRY_SECONDS = 300.0
+# Once every pod's container is done, the pod watch is reopened with this server timeout
+# until the JobSet is finished: its Completed/Failed condition comes with no pod event, and
+# the watch's usual timeout (watch_timeout_seconds, 10 s) kept `logs -f` that long past the end.
+SETTLE_WATCH_SECONDS = 1
 
 
 _DONE = object()
@@ -214,15 +218,21 @@ class _LogSession:
         _, core = self.b._apis()
         outage = _Outage(self.stop)
         relist = False
+        # pod uid -> its container is done. Once every pod's is, the JobSet's verdict comes
+        # later, with no pod event of its own: the watch is then closed by the server after
+        # SETTLE_WATCH_SECONDS, not watch_timeout_seconds, so the follow ends soon after the run.
+        done: dict[str, bool] = {}
         while not self.stop.is_set():
             try:
                 if relist:
                     rv, relist = self._relist(), False
+                settling = bool(done) and all(done.values())
+                timeout_s = SETTLE_WATCH_SECONDS if settling else self.b.watch_timeout_seconds
                 resp = self._open(
                     core.list_namespaced_pod, self.b.namespace,
                     label_selector=f"{Labels.JOBSET_NAME}={self.name}", watch=True, resource_version=rv,
-                    allow_watch_bookmarks=True, timeout_seconds=self.b.watch_timeout_seconds,
-                    timeout=(self.b.request_timeout[0], self.b.watch_timeout_seconds + 30),
+                    allow_watch_bookmarks=True, timeout_seconds=timeout_s,
+                    timeout=(self.b.request_timeout[0], timeout_s + 30),
                 )
                 outage.ok()
                 try:
@@ -239,9 +249,17 @@ class _LogSession:
                         rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                         if etype in ("ADDED", "MODIFIED"):
                             self.consider(obj)
+                        meta = obj.get("metadata") or {}
+                        uid = meta.get("uid") or meta.get("name", "")
                         ended = etype == "DELETED" or (etype == "MODIFIED" and container_done(obj))
+                        if etype == "DELETED":
+                            done.pop(uid, None)
+                        elif etype in ("ADDED", "MODIFIED"):
+                            done[uid] = container_done(obj)
                         if ended and self._terminal():
                             return
+                        if ended and done and all(done.values()):
+                            break  # watch again, briefly, until the JobSet says it is over
                 finally:
                     self._release(resp)
                 if self.stop.is_set() or self._terminal():
