@@ -330,7 +330,6 @@ class Program:
         # Created already sharded: each device computes only its own shards.
         # The key is an argument, not a constant: with the seed baked in, every value of the
         # state is a constant expression, and its compile on the chip took 31.9 s, not 25.8 s.
-        self._init_fn = init
         self._jitted_init = jax.jit(init, out_shardings=self.state_shardings)
 
         graphdef, schedule, tx = self.graphdef, self.schedule, self.tx
