@@ -425,6 +425,54 @@ def compile_times(out: Path, args: argparse.Namespace) -> None:
         compiler_options=INIT_COMPILER_OPTIONS))
 
 
+def compile_probe(out: Path, args: argparse.Namespace) -> None:
+    """What the compiler's settings and the attention kernel change: the train step compiled
+    at XLA's default and at its lowest execution-time effort (``jax_exec_time_optimization_
+    effort=-1``), with splash and with XLA attention, each then run for its step time; and
+    init at the lowest effort. The state is zeros (only times are compared)."""
+    import jax
+    import jax.numpy as jnp
+
+    from workload import data
+    from workload.distributed import make_mesh
+    from workload.train import INIT_COMPILER_OPTIONS, Program, init_key
+
+    mesh = make_mesh(1)
+    state = None
+    for label, variant, effort in (("splash", "", 0.0), ("splash", "", -1.0),
+                                   ("xla", "attention=xla", -1.0), ("xla", "attention=xla", 0.0)):
+        cfg = parse_config(args.base, args.startup + " " + variant)
+        batch_size = cfg.batch_size(jax.device_count())
+        program = Program(cfg, mesh, batch_size, compile_now=False)
+        jax.config.update("jax_exec_time_optimization_effort", effort)
+        try:
+            t = time.perf_counter()
+            step = program.compile()
+            compile_s = time.perf_counter() - t
+            if state is None:
+                state = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype, device=a.sharding),
+                                     program.abstract_state)
+            source = data.make_source(cfg.data, cfg.data_dtype, cfg.seed, cfg.seq_len,
+                                      cfg.vocab_size)
+            batch = data.make_batch(source, 0, batch_size, cfg.seq_len, program.batch_sharding)
+            times = []
+            for _ in range(6):
+                t = time.perf_counter()
+                state, o = step(state, batch)
+                jax.block_until_ready(o)
+                times.append(time.perf_counter() - t)
+            emit(out, "compile_probe", program="train_step", attention=label, effort=effort,
+                 compile_s=round(compile_s, 3), step_s=round(statistics.median(times[2:]), 4))
+            if label == "splash" and effort == -1.0:
+                t = time.perf_counter()
+                program._jitted_init.lower(init_key(cfg.seed)).compile(
+                    compiler_options=INIT_COMPILER_OPTIONS)
+                emit(out, "compile_probe", program="init", effort=effort,
+                     compile_s=round(time.perf_counter() - t, 3))
+        finally:
+            jax.config.update("jax_exec_time_optimization_effort", 0.0)
+
+
 def in_process(out: Path, args: argparse.Namespace) -> None:
     import jax
 
@@ -444,33 +492,71 @@ BARE = ("import time; t = time.time(); import jax; i = time.time(); jax.devices(
         "print(i - t, time.time() - i)")
 
 
+def meminfo() -> dict[str, int]:
+    """The host's memory, MiB: free, page cache, dirty and under writeback, anonymous (and of
+    it in transparent huge pages)."""
+    want = {"MemFree", "Cached", "Dirty", "Writeback", "AnonPages", "AnonHugePages"}
+    out = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in want:
+            out[name] = int(rest.split()[0]) // 1024
+    return out
+
+
+def sampled(argv: list[str], env: dict[str, str], timeout: float) -> tuple[Any, list[Any]]:
+    """Run ``argv`` to its end, sampling ``meminfo()`` every half second meanwhile."""
+    samples: list[Any] = []
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.5):
+            samples.append([round(time.time(), 2), meminfo()])
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    try:
+        return subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout), samples
+    finally:
+        done.set()
+        thread.join()
+
+
 def startup(out: Path, args: argparse.Namespace) -> None:
     """A cold run (empty caches), then a bare process (``import jax`` and ``jax.devices()``,
     the floor) and a warm run back to back. With ``--saves-steps`` the cold run trains that
-    many steps with saves (its figures: ``saves_while_training``) and the warm one the same
-    program without saves (one program key: the checkpoint cadence is not part of it)."""
-    cache = Path(tempfile.mkdtemp(prefix="xrun-cc-"))
+    many steps with saves (its figures: ``saves_while_training``; the host's memory sampled
+    meanwhile) and the warm one the same program without saves (one program key: the
+    checkpoint cadence is not part of it). With ``--env``, a bare process and the run with
+    saves again (warm) with those variables set: what the environment changes."""
+    cache = Path(args.cache or tempfile.mkdtemp(prefix="xrun-cc-"))
     storage = Path(tempfile.mkdtemp(prefix="xrun-st-"))
     steps = args.saves_steps or 3
     cmd = [sys.executable, "-m", "workload.train", *args.base.split(), *args.startup.split(),
            f"steps={steps}"]
     env = {**os.environ, "XRUN_COMPILATION_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    for kind in ("cold", "bare", "warm"):
-        every = args.saves_every if kind == "cold" and args.saves_steps else 0
-        argv = ([sys.executable, "-c", BARE] if kind == "bare" else
+    extra = dict(kv.split("=", 1) for kv in args.env)
+    kinds = [("cold", {}), ("bare", {}), ("warm", {})]
+    if extra:
+        kinds += [("bare_env", extra), ("saves_env", extra)]
+    for kind, more in kinds:
+        saves = kind in ("cold", "saves_env") and args.saves_steps
+        every = args.saves_every if saves else 0
+        argv = ([sys.executable, "-c", BARE] if kind.startswith("bare") else
                 [*cmd, f"checkpoint_every={every}", "--storage", str(storage), "--run-name", kind])
         t = time.time()
         try:
-            proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
-                                  timeout=args.startup_timeout)
+            proc, memory = sampled(argv, {**env, **more}, args.startup_timeout)
         except subprocess.TimeoutExpired:
             emit(out, "startup", kind=kind, error=f"timed out after {args.startup_timeout} s")
             continue
         wall = time.time() - t
-        if kind == "bare":
+        if kind.startswith("bare"):
             parts = proc.stdout.split()
-            emit(out, "startup", kind=kind, rc=proc.returncode, wall_s=wall, first_step_s=None,
-                 phases={"import_jax": float(parts[0]), "devices": float(parts[1])}
+            emit(out, "startup", kind=kind, env=more, rc=proc.returncode, wall_s=wall,
+                 first_step_s=None, phases={"import_jax": float(parts[0]),
+                                            "devices": float(parts[1])}
                  if len(parts) == 2 else {}, tail=proc.stderr[-500:] if proc.returncode else "")
             continue
         phases = {}
@@ -483,10 +569,11 @@ def startup(out: Path, args: argparse.Namespace) -> None:
                         phases[rec["phase"] + "_began"] = round(rec["began"], 3)
                     if rec.get("source"):
                         phases[rec["phase"] + "_source"] = rec["source"]
-        emit(out, "startup", kind=kind, rc=proc.returncode, wall_s=wall,
+        emit(out, "startup", kind=kind, env=more, rc=proc.returncode, wall_s=wall,
              first_step_s=phases.get("first_step"), phases=phases,
              tail=(proc.stdout + proc.stderr)[-1500:] if proc.returncode else "",
-             **(saves_while_training(storage / "runs" / kind / "metrics") if every else {}))
+             **(saves_while_training(storage / "runs" / kind / "metrics") if every else {}),
+             **({"meminfo": memory} if every else {}))
 
 
 def saves_while_training(metrics: Path) -> dict[str, Any]:
@@ -503,6 +590,8 @@ def saves_while_training(metrics: Path) -> dict[str, Any]:
              and r["step"] in started]
     blocked = {r["step"]: round(r["seconds"], 3) for r in records
                if r.get("kind") == "checkpoint" and r.get("event") == "blocked"}
+    copy = {r["step"]: r.get("copy_s") for r in records
+            if r.get("kind") == "checkpoint" and r.get("event") == "blocked"}
     during: list[float] = []
     steady: list[float] = []
     for r in steps[2:]:
@@ -512,6 +601,9 @@ def saves_while_training(metrics: Path) -> dict[str, Any]:
         (during if inside else steady).append(r["seconds"])
     return {"steady_step_s": statistics.median(steady) if steady else None,
             "steps_during": [round(x, 4) for x in during], "blocked_s": blocked,
+            "copy_s": copy, "save_times": {r["step"]: r["time"] for r in records
+                                           if r.get("kind") == "checkpoint"
+                                           and r.get("event") == "started"},
             "commit_s": {s: round(b - a, 2) for a, b, s in spans},
             "losses": [round(r["loss"], 4) for r in steps[-3:]]}
 
@@ -609,7 +701,8 @@ def report(out: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--part", choices=["all", "chip", "compile", "startup", "report"],
+    p.add_argument("--part", choices=["all", "chip", "compile", "compile-probe", "startup",
+                                      "report"],
                    default="all")
     p.add_argument("--smoke", action="store_true", help="CPU: tiny config, same code paths")
     p.add_argument("--base", default=None)
@@ -631,6 +724,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="startup: runs of this many steps, the cold one with saves (0: 3 steps, "
                    "no saves)")
     p.add_argument("--saves-every", type=int, default=50)
+    p.add_argument("--cache", default=None, help="startup: the compilation cache (default: a "
+                   "new temporary folder)")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="startup: a bare process and the run with saves again with these set")
     p.add_argument("--chip-timeout", type=float, default=540)
     args = p.parse_args(argv)
     args.base = args.base or (SMOKE_BASE if args.smoke else BASE)
@@ -648,6 +745,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.part == "compile":
         compile_times(args.out, args)
+        return 0
+    if args.part == "compile-probe":
+        compile_probe(args.out, args)
         return 0
     if args.part == "all":
         given = list(argv if argv is not None else sys.argv[1:])

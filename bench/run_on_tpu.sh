@@ -6,9 +6,14 @@
 # (a part given 0 seconds is not run; TESTS: pytest -k expression, default every tpu test).
 # COMPILE_S=N: first the compile part (each program's compile time in a fresh process);
 # SAVES_STEPS=N: the startup runs train N steps, the cold one with a save every SAVES_EVERY (50).
+# PROBE_S=N: first the compile probe (compiler effort, attention kernel). STARTUP_ENV="A=1 B=2":
+# the startup part also runs a bare process and the run with saves with those set.
+# PROFILE_WARM=1: after the startup part, a warm run under cProfile (warm-prof.txt).
 set -u
 OUT=${OUT:?set OUT}; CHIP_S=${1:-200}; STARTUP_S=${2:-130}; TEST_S=${3:-200}; TESTS=${4:-}
 COMPILE_S=${COMPILE_S:-0}; SAVES_STEPS=${SAVES_STEPS:-0}; SAVES_EVERY=${SAVES_EVERY:-50}
+PROBE_S=${PROBE_S:-0}; STARTUP_ENV=${STARTUP_ENV:-}; PROFILE_WARM=${PROFILE_WARM:-0}
+CACHE=/tmp/xrun-cc-$$
 export PYTHONUNBUFFERED=1 PIP_CONFIG_FILE=/dev/null
 t0=$(date +%s)
 python3 -m pip install --isolated -q --only-binary=:all: --index-url file:///opt/pypi/simple \
@@ -23,6 +28,14 @@ BEST="remat=dots_no_batch scan_unroll=0"
 python3 -c "import time; t=time.time(); import jax; i=time.time(); jax.devices(); d=time.time()
 print(f'bare: import jax {i-t:.2f} s, jax.devices() {d-i:.2f} s')" > "$OUT/bare.txt" 2>&1
 cat "$OUT/bare.txt"
+{ uname -r; nproc; ldd --version | head -1; echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled)"
+  echo "THP defrag: $(cat /sys/kernel/mm/transparent_hugepage/defrag)"; grep -E 'MemTotal|MemFree|Cached|Huge' /proc/meminfo
+  df -h /tmp | tail -1; } > "$OUT/facts.txt" 2>&1
+if [ "$PROBE_S" != 0 ]; then
+  timeout "$PROBE_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part compile-probe \
+    --startup "$BEST" > "$OUT/probe.txt" 2>&1
+  echo "probe rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
+fi
 if [ "$COMPILE_S" != 0 ]; then
   timeout "$COMPILE_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part compile \
     --startup "$BEST" > "$OUT/compile.txt" 2>&1
@@ -37,8 +50,17 @@ fi
 if [ "$STARTUP_S" != 0 ]; then
   timeout "$STARTUP_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part startup \
     --startup "$BEST" --startup-timeout "$STARTUP_S" --saves-steps "$SAVES_STEPS" \
-    --saves-every "$SAVES_EVERY" > "$OUT/startup.txt" 2>&1
+    --saves-every "$SAVES_EVERY" --cache "$CACHE" ${STARTUP_ENV:+$(printf -- '--env %s ' $STARTUP_ENV)} \
+    > "$OUT/startup.txt" 2>&1
   echo "startup rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
+  if [ "$PROFILE_WARM" != 0 ]; then
+    XRUN_COMPILATION_CACHE=$CACHE timeout 90 python3 -m cProfile -o "$OUT/warm.prof" -m workload.train \
+      --preset 1b n_layers=8 global_batch=4 $BEST steps=$([ "$SAVES_STEPS" != 0 ] && echo "$SAVES_STEPS" || echo 3) checkpoint_every=0 \
+      --storage /tmp/xrun-prof-$$ --run-name prof > "$OUT/warm-run.txt" 2>&1
+    echo "warm profile rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
+    python3 -c "import pstats, sys; s = pstats.Stats(sys.argv[1]); s.sort_stats('cumulative').print_stats(70)
+s.sort_stats('tottime').print_stats(40)" "$OUT/warm.prof" > "$OUT/warm-prof.txt" 2>&1
+  fi
 fi
 if [ "$TEST_S" != 0 ]; then
   timeout "$TEST_S" python3 -m pytest -m tpu tests/test_tpu.py --noconftest -p no:cacheprovider \

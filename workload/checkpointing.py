@@ -623,7 +623,7 @@ class Checkpoints:
             self._local_error(e)
             return time.perf_counter() - t
         blocked = time.perf_counter() - t
-        self.metrics.checkpoint("blocked", step, blocked)
+        self.metrics.checkpoint("blocked", step, blocked, copy_s=round(self.copy_s, 4))
         self.pending, self.deferred_at = (step, start_wall), None
         self.saved_steps.append(step)
         self.next_due = step + max(self.every, self.write_steps)

@@ -86,6 +86,8 @@ class Checkpoint(Record):
     error: str | None = None  # restore_failed, write_failed
     process: int | None = None  # write_failed: which process
     sync_s: float | None = None  # committed: seconds of cross-process agreement
+    copy_s: float | None = None  # blocked: of those seconds, copying the state out (staging,
+    # the host copy) before Orbax's save(); the rest is Orbax's own
 
 
 @dataclass
