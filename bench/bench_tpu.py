@@ -572,8 +572,19 @@ def startup(out: Path, args: argparse.Namespace) -> None:
         emit(out, "startup", kind=kind, env=more, rc=proc.returncode, wall_s=wall,
              first_step_s=phases.get("first_step"), phases=phases,
              tail=(proc.stdout + proc.stderr)[-1500:] if proc.returncode else "",
+             **run_steps(storage / "runs" / kind / "metrics"),
              **(saves_while_training(storage / "runs" / kind / "metrics") if every else {}),
              **({"meminfo": memory} if every else {}))
+
+
+def run_steps(metrics: Path) -> dict[str, Any]:
+    """A run's last three losses, and the steps its quick executable ran (quick_compile) with
+    their median time."""
+    steps = [r for f in sorted(metrics.glob("*.jsonl")) for line in f.read_text().splitlines()
+             if line.strip() and (r := json.loads(line)).get("kind") == "step"]
+    quick = [r["seconds"] for r in steps if r.get("quick")]
+    return {"last_losses": [round(r["loss"], 4) for r in steps[-3:]], "quick_steps": len(quick),
+            "quick_step_s": round(statistics.median(quick), 4) if quick else None}
 
 
 def saves_while_training(metrics: Path) -> dict[str, Any]:
@@ -595,7 +606,7 @@ def saves_while_training(metrics: Path) -> dict[str, Any]:
     during: list[float] = []
     steady: list[float] = []
     for r in steps[2:]:
-        if r.get("checkpoint_blocked_s"):
+        if r.get("checkpoint_blocked_s") or r.get("quick"):
             continue  # the saving step: its time is the step's; the save's is "blocked"
         inside = any(a < r["time"] <= b for a, b, _ in spans)
         (during if inside else steady).append(r["seconds"])
@@ -678,6 +689,11 @@ def report(out: Path) -> str:
         if r["part"] == "startup" and "error" not in r:
             lines.append(f"Startup {r['kind']}: first step at {fmt(r['first_step_s'])} s "
                          f"(rc {r['rc']}); phases {r['phases']}")
+            if r.get("last_losses"):
+                lines.append(f"  last losses {r['last_losses']}; {r.get('quick_steps', 0)} steps "
+                             f"on the quick executable (median {fmt(r.get('quick_step_s'))} s)")
+            if r.get("copy_s"):
+                lines.append(f"  of the blocked seconds, copying the state out: {r['copy_s']}")
             if r.get("steps_during") is not None:
                 during, steady = r["steps_during"], r.get("steady_step_s")
                 mean = statistics.mean(during) if during else None

@@ -63,16 +63,18 @@ def test_staged_save_restores_the_identical_next_loss_on_cpu():
 
 
 @pytest.mark.tpu
-@pytest.mark.parametrize("preset,overrides", [
-    ("tiny", []),
+@pytest.mark.parametrize("preset,overrides,quick", [
+    ("tiny", [], False),
     # The 618M config of bench/bench_tpu.py, shorter sequences and one sequence a step so
     # that its CPU reference takes seconds, not minutes.
-    ("1b", ["n_layers=8", "global_batch=1", "seq_len=1024"]),
-], ids=["tiny", "618m"])
-def test_losses_on_tpu_match_cpu(preset, overrides):
+    ("1b", ["n_layers=8", "global_batch=1", "seq_len=1024"], False),
+    # The same, run by the quick executable that runs a cold start's first steps on TPU.
+    ("1b", ["n_layers=8", "global_batch=1", "seq_len=1024"], True),
+], ids=["tiny", "618m", "618m-quick"])
+def test_losses_on_tpu_match_cpu(preset, overrides, quick):
     args = ["losses", "--preset", preset, "--steps", "3", *overrides]
     cpu = start(args + ["attention=xla"], "cpu")
-    tpu = result(start(args))
+    tpu = result(start(args + (["--quick"] if quick else [])))
     ref = result(cpu)
     assert tpu["platform"] == "tpu", tpu
     print(f"\n{preset}: tpu {tpu['losses']} cpu {ref['losses']}")

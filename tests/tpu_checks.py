@@ -28,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def build(preset: str, overrides: list[str]) -> tuple[Any, Any, Any]:
+def build(preset: str, overrides: list[str], compile_now: bool = True) -> tuple[Any, Any, Any]:
     """(config, Program, batch function) on every local device, one mesh."""
     import jax
 
@@ -40,7 +40,7 @@ def build(preset: str, overrides: list[str]) -> tuple[Any, Any, Any]:
     cfg = load_config(preset, overrides)
     mesh = make_mesh(1)
     batch_size = cfg.batch_size(jax.device_count())
-    program = Program(cfg, mesh, batch_size)
+    program = Program(cfg, mesh, batch_size, compile_now=compile_now)
     source = data.make_source(cfg.data, cfg.data_dtype, cfg.seed, cfg.seq_len, cfg.vocab_size)
 
     def batch(i: int) -> Any:
@@ -50,13 +50,15 @@ def build(preset: str, overrides: list[str]) -> tuple[Any, Any, Any]:
     return cfg, program, batch
 
 
-def losses(preset: str, overrides: list[str], steps: int) -> dict[str, Any]:
+def losses(preset: str, overrides: list[str], steps: int, quick: bool = False) -> dict[str, Any]:
+    """The first steps' losses; ``quick``: run by the quick executable (quick_compile)."""
     import jax
 
-    cfg, program, batch = build(preset, overrides)
+    cfg, program, batch = build(preset, overrides, compile_now=not quick)
+    step = program.compile_quick() if quick else program.train_step
     state, out = program.init(), []
     for i in range(steps):
-        state, o = program.train_step(state, batch(i))
+        state, o = step(state, batch(i))
         out.append(float(o["loss"]))
     return {"platform": jax.devices()[0].platform, "device": jax.devices()[0].device_kind,
             "losses": out}
@@ -127,12 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="tiny")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warm", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="losses: the quick executable's")
     p.add_argument("--variant", action="append", default=None, metavar="GIB:THREADS",
                    help="checkpoint_stage_gib and checkpoint_copy_threads (default -1:4)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_intermixed_args(argv)  # KEY=VALUE overrides after options too
     if a.check == "losses":
-        result = losses(a.preset, a.overrides, a.steps)
+        result = losses(a.preset, a.overrides, a.steps, a.quick)
     else:
         variants = [(float(g), int(t)) for g, t in
                     (v.split(":") for v in a.variant or ["-1:4"])]

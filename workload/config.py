@@ -22,9 +22,13 @@ ATTENTION_KERNELS = ("auto", "einsum", "xla", "cudnn", "splash")
 # sparse (the looked-up rows only; auto off TPU), dense (a [vocab, d] scatter-add, then
 # optax; auto on TPU).
 EMBEDDING_UPDATES = ("auto", "sparse", "dense")
+# Whether the first steps run a quickly compiled train step (XLA's lowest execution-time
+# effort) while the optimized one compiles beside them (workload.train): auto on TPU when the
+# step is compiled from scratch; off keeps every step on the optimized executable.
+QUICK_COMPILE = ("auto", "on", "off")
 CHOICES = {"param_dtype": DTYPES, "compute_dtype": DTYPES, "remat": REMAT_POLICIES,
            "data_dtype": TOKEN_DTYPES, "attention": ATTENTION_KERNELS,
-           "embedding_update": EMBEDDING_UPDATES}
+           "embedding_update": EMBEDDING_UPDATES, "quick_compile": QUICK_COMPILE}
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class Config:
     # Threads that copy the rest to the host before save returns (Orbax copies one array after
     # another: 1.7 GB/s on a v5e chip's link, 2.85 GB/s from 4 threads); 0: Orbax's own copy.
     checkpoint_copy_threads: int = 4
+    quick_compile: str = "auto"  # one of QUICK_COMPILE
 
     @property
     def params_count(self) -> int:

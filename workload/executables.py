@@ -49,10 +49,11 @@ KEEP_SECONDS = 14 * 24 * 3600.0
 _SETTINGS_NOT_KEYED = ("compilation_cache", "persistent_cache", "log", "explain_cache_misses",
                        "timeout", "raise_persistent_cache_errors")
 # Config keys that never reach the compiled program (checkpoint cadence and retention, the
-# token file's path: a batch is int32 [batch, seq_len + 1] whatever its source). Every other
+# token file's path: a batch is int32 [batch, seq_len + 1] whatever its source; the quick
+# first executable, which is never written here). Every other
 # key is part of the key.
 _CONFIG_NOT_KEYED = ("checkpoint_every", "max_to_keep", "async_checkpoint", "data",
-                     "checkpoint_stage_gib", "checkpoint_copy_threads")
+                     "checkpoint_stage_gib", "checkpoint_copy_threads", "quick_compile")
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes")
 _ENV_KEYED = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS")
 

@@ -183,9 +183,9 @@ class Metrics:
     def step(self, step: int, seconds: float, tflops_per_device: float, tokens_per_s_per_device: float,
              total_weights: int, loss: float, checkpoint_blocked_s: float,
              grad_norm: float | None = None, learning_rate: float | None = None,
-             tokens_per_s: float | None = None) -> None:
+             tokens_per_s: float | None = None, quick: bool = False) -> None:
         """``tflops_per_device`` is the rate, TFLOP/s per device, as in the step line;
-        ``tokens_per_s`` is over all devices."""
+        ``tokens_per_s`` is over all devices; ``quick``: run by the quick executable."""
         if self.primary:
             say(format_step_line(step, seconds, tflops_per_device, tokens_per_s_per_device,
                                  total_weights, loss))
@@ -193,7 +193,7 @@ class Metrics:
                 step=step, seconds=seconds, tflops_per_device=tflops_per_device,
                 tokens_per_s_per_device=tokens_per_s_per_device, total_weights=total_weights,
                 loss=loss, checkpoint_blocked_s=checkpoint_blocked_s, grad_norm=grad_norm,
-                learning_rate=learning_rate, tokens_per_s=tokens_per_s)
+                learning_rate=learning_rate, tokens_per_s=tokens_per_s, quick=quick or None)
             self.record(rec)
             if self.events is not None:
                 from workload.tensorboard import step_scalars

@@ -38,6 +38,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -239,7 +240,15 @@ def cross_entropy(logits, targets, z_loss: float):
 # it compiles ~3x faster on CPU (the tiny model's init: 13.4 -> 4.7 s); the TPU compiler
 # ignores the option (33.8 -> 33.2 s). Its values may differ in the last bit from an
 # optimised compile's, the same in every process.
-INIT_COMPILER_OPTIONS: dict[str, str | bool] = {"xla_backend_optimization_level": "0"}  # XLA parses the value
+# Init runs once, so its compile is what counts: at XLA's lowest execution-time effort it
+# compiled in 8.1 s on a v5e chip where the default took 25 s (bench_tpu.py --part
+# compile-probe; the same values on CPU, checked bit for bit).
+INIT_COMPILER_OPTIONS: dict[str, Any] = {  # Any: jax types it str | bool, the effort is a float
+    "xla_backend_optimization_level": "0",  # XLA parses the value
+    "exec_time_optimization_effort": -1.0}
+# The quick train step (config quick_compile): on a v5e chip the 618M config's step compiled
+# in 8.1 s instead of 24.2 s and ran 0.61 s instead of 0.24 s.
+QUICK_COMPILER_OPTIONS: dict[str, Any] = {"exec_time_optimization_effort": -1.0}
 
 
 def init_key(seed: int) -> Any:
@@ -260,6 +269,9 @@ class Program:
         self.executables = executables
         self._init_exe: Any = None
         self.train_step: Any = None
+        self.quick_step: Any = None  # compile_quick()'s
+        self._lowered: Any = None  # the train step lowered once for both compiles
+        self._lower_lock = threading.Lock()
         # "loaded": both executables came from the executable cache (no tracing, no model);
         # "compiled, written": compiled from scratch and written there; else "compiled".
         self.source = "compiled"
@@ -384,9 +396,20 @@ class Program:
         """Compile the train step ahead of time, so that step 1's time is a step, not a
         compilation. Thread-safe: train() runs it while the checkpoint restores."""
         if self.train_step is None:
-            self.train_step = self._compile("train_step", lambda: self._jitted_step.lower(
-                self.abstract_state, self._abstract_batch).compile())
+            self.train_step = self._compile("train_step", lambda: self._lower_step().compile())
         return self.train_step
+
+    def compile_quick(self):
+        """The train step at XLA's lowest execution-time effort: the same program, compiled
+        in a third of the time, run slower (QUICK_COMPILER_OPTIONS); never cached by xrun."""
+        self.quick_step = self._lower_step().compile(compiler_options=QUICK_COMPILER_OPTIONS)
+        return self.quick_step
+
+    def _lower_step(self):
+        with self._lower_lock:  # one tracing for both compiles (threads)
+            if self._lowered is None:
+                self._lowered = self._jitted_step.lower(self.abstract_state, self._abstract_batch)
+            return self._lowered
 
     def _compile(self, function: str, compile_fn: Any) -> Any:
         if self.executables is None:
@@ -516,6 +539,13 @@ def preload(storage: Storage | None, run: str | None, cfg: Config) -> None:
     threading.Thread(target=load, name="xrun-preload", daemon=True).start()
 
 
+def optimized_delay(process_id: int) -> float:
+    """Env.TEST_OPTIMIZED_DELAY, "<seconds>[:<process id>]": how long this process's
+    optimized compile waits (tests of the quick executable's switch)."""
+    seconds, _, who = os.environ.get(Env.TEST_OPTIMIZED_DELAY, "").partition(":")
+    return float(seconds) if seconds and (not who or int(who) == process_id) else 0.0
+
+
 def timed(fn: Any) -> tuple[float, float]:
     """Run ``fn()``; the unix times it began and returned (the compile thread's phase)."""
     began = time.time()
@@ -530,12 +560,79 @@ def timed(fn: Any) -> tuple[float, float]:
 STEPS_AHEAD = 2
 
 
+def wants_quick_compile(cfg: Config) -> bool:
+    """Whether the first steps may run a quick executable (config quick_compile): "auto" on
+    TPU, where the step's compile (21-24 s for the 618M config on a v5e chip) is most of a
+    cold start. The same answer on every process (the config, the platform)."""
+    if cfg.quick_compile != "auto":
+        return cfg.quick_compile == "on"
+    import jax
+
+    return jax.default_backend() == "tpu"
+
+
+class StepSwitch:
+    """The train step the loop dispatches. With quick_compile: the quick executable until
+    the optimized one is compiled on every process, then the optimized one from the same
+    step on every process: each step is one SPMD program, and processes running different
+    executables of it would not meet in its collectives. So every decision is a round of
+    agreement (one at the start, one per step while the quick one runs; none on a single
+    process, which agrees with itself). The two executables compute the same function;
+    their floating-point results may differ in the last bits (other fusions)."""
+
+    def __init__(self, program: Program, optimized: Any, quick: Any, on: bool,
+                 metrics: Metrics):
+        self.program, self.optimized, self.quick_future = program, optimized, quick
+        self.on, self.metrics = on, metrics
+        self.quick = False  # the quick executable is the one dispatched now
+        self.peers: Any = None
+
+    def first_ready(self) -> tuple[float, float]:
+        """Wait for the first executable to use; the unix times its compile began and ended.
+        The optimized one if every process has it by the time the first of its two compiles
+        ended (a process that loaded it from the cache compiles the quick one then if
+        another process did not)."""
+        if not self.on:
+            return self.optimized.result()
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        from workload.peers import Peers
+
+        self.peers = Peers(prefix="xrun/compile/round")
+        wait([f for f in (self.optimized, self.quick_future) if f is not None],
+             return_when=FIRST_COMPLETED)
+        mine = "1" if self.optimized.done() else "0"
+        if all(v == "1" for v in self.peers.gather(mine)):
+            self.on = False
+            return self.optimized.result()
+        self.quick = True
+        if self.quick_future is None:
+            return timed(self.program.compile_quick)
+        return self.quick_future.result()
+
+    def poll(self, step: int) -> None:
+        """Before dispatching ``step``: from it on the optimized executable if every process
+        has it."""
+        if not self.quick:
+            return
+        ready = "1" if self.optimized.done() else "0"
+        if all(v == "1" for v in self.peers.gather(ready)):
+            began, ended = self.optimized.result()
+            self.quick = False
+            say(f"xrun: optimized train step from step {step} (compiled in {ended - began:.1f} s "
+                "beside the quick one)")
+
+    def step(self, state: Any, batch: Any) -> Any:
+        exe = self.program.quick_step if self.quick else self.program.train_step
+        return exe(state, batch)
+
+
 class InFlight:
     """A dispatched train step: its outputs, read once (``results``), when the device could
     begin it, when its results were back, and the seconds a save of it blocked training."""
 
-    def __init__(self, step: int, began: float):
-        self.step = step
+    def __init__(self, step: int, began: float, quick: bool = False):
+        self.step, self.quick = step, quick
         self.out: Any = None
         self.began, self.done, self.blocked = began, 0.0, 0.0
         self._results: Any = None
@@ -681,8 +778,20 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     # compilation releases the GIL, and both take seconds to minutes at scale.
     from concurrent.futures import ThreadPoolExecutor
 
-    compiler = ThreadPoolExecutor(1, thread_name_prefix="xrun-compile")
-    compiled = compiler.submit(timed, program.compile)
+    # With quick_compile, a quick executable of the step compiles beside the optimized one and
+    # runs the first steps until the optimized one is ready on every process (StepSwitch).
+    quick = wants_quick_compile(cfg)
+    loaded = program.train_step is not None
+    compiler = ThreadPoolExecutor(2 if quick else 1, thread_name_prefix="xrun-compile")
+    hold = optimized_delay(cluster.process_id) if quick else 0.0
+
+    def optimize() -> Any:
+        time.sleep(hold)
+        return program.compile()
+
+    compiled = compiler.submit(timed, optimize)
+    quick_compiled = (compiler.submit(timed, program.compile_quick) if quick and not loaded
+                      else None)
     compiler.shutdown(wait=False)
     flops = step_flops(cfg, global_batch, devices)
     metrics.params(program.num_params)
@@ -710,9 +819,11 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         state, start, position = program.init(), 0, 0
     metrics.phase("restored" if restored is not None else "initialized",
                   step=start if restored is not None else None)
-    began, ended = compiled.result()  # raises what the compilation raised
+    switch = StepSwitch(program, compiled, quick_compiled, quick, metrics)
+    began, ended = switch.first_ready()  # raises what the compilation raised
     # The thread's own span (it overlaps), and where the executables came from.
-    metrics.phase("compiled", at=ended, began=began, source=program.source)
+    metrics.phase("compiled", at=ended, began=began,
+                  source="quick" if switch.quick else program.source)
 
     fail = fail_at_step(cluster)
     delay = float(os.environ.get(Env.TEST_STEP_DELAY, "0") or 0)
@@ -729,8 +840,6 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                         "source": cfg.data, "seed": cfg.seed}
 
     batch = make_batch(position)
-    train_step = program.train_step
-    assert train_step is not None  # compiled above
     # What startup made (modules, traced programs, JAX's caches: ~180k objects for the 618M
     # config) lives as long as the process; frozen, Python's cyclic collector stops walking
     # it. Unfrozen, each full collection held the GIL 0.2-0.8 s, and the Orbax writer's
@@ -745,8 +854,8 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     # step s+1 is dispatched, after waiting for every step in flight (``ready``), so that its
     # blocked time is the save's own. A step's seconds run from when the device could start
     # it (the previous step done, or its dispatch if later) to its results.
-    flights: deque[InFlight] = deque([InFlight(start + 1, time.perf_counter())])
-    state, flights[0].out = train_step(state, batch)
+    flights: deque[InFlight] = deque([InFlight(start + 1, time.perf_counter(), switch.quick)])
+    state, flights[0].out = switch.step(state, batch)
     last_done = 0.0
 
     def read_all() -> None:
@@ -772,8 +881,9 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         failing = fail is not None and fail[0] == step
         if not (last or stop or failing):
             batch = make_batch(position)
-            following = InFlight(step + 1, 0.0)
-            state, following.out = train_step(state, batch)  # dispatched; runs while we go on
+            switch.poll(step + 1)
+            following = InFlight(step + 1, 0.0, switch.quick)
+            state, following.out = switch.step(state, batch)  # dispatched; runs while we go on
             following.began = time.perf_counter()
             flights.append(following)
         keep = STEPS_AHEAD if flights[-1].step > step else 0  # at the end: read them all
@@ -789,7 +899,7 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                          tokens_per_step / seconds / devices, tokens_per_step,
                          float(out["loss"]), f.blocked, grad_norm=float(out["grad_norm"]),
                          learning_rate=float(out["learning_rate"]),
-                         tokens_per_s=tokens_per_step / seconds)
+                         tokens_per_s=tokens_per_step / seconds, quick=f.quick)
             if f.step == start + 1:
                 report_memory(metrics)
         if fail is not None and failing:

@@ -115,6 +115,8 @@ class Env:
     # Test-only switches, read by the workload; never set by a real manifest unless asked.
     TEST_FAIL_AT_STEP = "XRUN_TEST_FAIL_AT_STEP"  # "<step>:<exit code>[:<process id>]"
     TEST_STEP_DELAY = "XRUN_TEST_STEP_DELAY"  # seconds added to every step (tests of kills, screens)
+    # seconds the optimized train step's compile waits (tests of quick_compile's switch)
+    TEST_OPTIMIZED_DELAY = "XRUN_TEST_OPTIMIZED_DELAY"
 
     # The pod's shared folder (an emptyDir mounted in every container of the pod): the
     # launcher lives there and the user's output goes there for the log shipper (PodFiles).

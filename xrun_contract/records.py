@@ -72,6 +72,9 @@ class Step(Record):
     grad_norm: float | None = None
     learning_rate: float | None = None
     tokens_per_s: float | None = None  # over all devices
+    # Run by the quickly compiled train step while the optimized one compiled (the workload's
+    # quick_compile): slower than steady state, never counted in it.
+    quick: bool | None = None
 
 
 @dataclass

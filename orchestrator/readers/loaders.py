@@ -51,6 +51,8 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
             blocked=r.checkpoint_blocked_s, time=t if t is not None else math.nan,
             attempt=attempt, total_weights=r.total_weights,
         )
+        if r.quick:
+            rec.quick_steps.add((attempt, r.step))
         for name in ("grad_norm", "learning_rate"):
             value = getattr(r, name)
             if value is not None and math.isfinite(value):

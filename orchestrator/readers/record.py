@@ -160,6 +160,9 @@ class RunRecord:
     # (attempt, step) -> stall seconds that step's "seconds" absorbed, where the log says
     # which step that is (MaxText: the step after the save's, see readers/logparse.py).
     absorbed_stalls: dict[tuple[int, int], float] = field(default_factory=dict)
+    # (attempt, step) run by the workload's quick executable (quick_compile): slower by
+    # design while the optimized step compiled; not steady state.
+    quick_steps: set[tuple[int, int]] = field(default_factory=set)
     events_dropped: int = 0  # checkpoint events past EVENT_CAP: counted in totals, not kept
     # Per-step figures beyond the step line's (metrics records: grad_norm, learning_rate):
     # name -> (steps, values), thinned like the steps past STEP_CAP (add_extra).
@@ -246,7 +249,8 @@ class RunRecord:
     def steady_mask(self, warmup: int) -> list[bool]:
         """Which kept step samples are steady state.
 
-        Not steady: the first ``warmup`` steps of every attempt (compilation, restore), steps
+        Not steady: the first ``warmup`` steps of every attempt (compilation, restore), the
+        steps run by the quick executable (``quick_steps``), steps
         whose ``seconds`` absorbed a checkpoint stall (known exactly for MaxText logs and
         metrics records; from xrun's log lines, both the save's step and the next, since
         which of the two absorbed it depends on where the workload takes its timestamp),
@@ -256,12 +260,14 @@ class RunRecord:
         out: list[bool] = []
         stalled = self.stalled_steps
         absorbed = self.absorbed_stalls
+        quick = self.quick_steps
         for step, seconds, _tf, _tok, _loss, blocked, _t, attempt in self.steps.rows():
             first = first_of_attempt.setdefault(attempt, step)
             # The two steps after one that absorbed a stall are out too: with async dispatch
             # the device ran the first during the stall (MaxText: 0.008 s) and the second
             # waits for both (4.7 s, two steps' work).
             ok = (step >= first + warmup and math.isfinite(seconds) and not blocked
+                  and (attempt, step) not in quick
                   and (attempt, step) not in stalled and (attempt, step - 1) not in stalled
                   and (attempt, step) not in absorbed and (attempt, step - 1) not in absorbed
                   and (attempt, step - 2) not in absorbed)
