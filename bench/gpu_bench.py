@@ -96,7 +96,12 @@ def main() -> None:
     header = next(r for r in records if r["kind"] == "header")["versions"]
     cfg = load_config(args.preset, ran)
     steady = steady_steps(records, args.warmup)
-    tflops = statistics.median(r["tflops_per_device"] for r in steady)
+    # Rates at the median step, not medians of per-step rates: the loop dispatches ahead of
+    # the step it reads, so one step's seconds can hold part of the next one's and per-step
+    # rates scatter both ways (under load, their median was 5x the rate at the median step).
+    step_s = statistics.median(r["seconds"] for r in steady)
+    tflops = steady[0]["tflops_per_device"] * steady[0]["seconds"] / step_s
+    tokens_per_s = steady[0]["tokens_per_s_per_device"] * steady[0]["seconds"] / step_s
     peak = peak_for(header.get("device_kind", ""), args.peak_tflops)
     blocked = sum(s["blocked_s"] for s in saves)
     save_s = sum(s["save_s"] for s in saves)
@@ -111,8 +116,8 @@ def main() -> None:
         "seq_len": cfg.seq_len,
         "reduced": reduced,
         "steady_steps": len(steady),
-        "step_seconds": statistics.median(r["seconds"] for r in steady),
-        "tokens_per_s": statistics.median(r["tokens_per_s_per_device"] for r in steady),
+        "step_seconds": step_s,
+        "tokens_per_s": tokens_per_s,
         "tflops_per_s_per_device": tflops,
         "peak_tflops_per_device": peak,
         "mfu": tflops / peak if peak else None,

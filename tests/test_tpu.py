@@ -82,6 +82,21 @@ def test_losses_on_tpu_match_cpu(preset, overrides, quick):
 
 
 @pytest.mark.tpu
+def test_quick_and_optimized_executables_agree_on_tpu():
+    """The bench's 618M config (batch 4, seq 2048, splash), 20 steps from the same state by
+    each: the first three as close as TPU and CPU are; the rest drift apart only as far as
+    two compiles' rounding carries over a run's first steps."""
+    r = check(["quick", "--preset", "1b", "--steps", "20", "n_layers=8", "global_batch=4",
+               "remat=dots_no_batch", "scan_unroll=0"])
+    assert r["platform"] == "tpu", r
+    quick, optimized = r["quick"], r["optimized"]
+    drift = max(abs(q - o) / abs(o) for q, o in zip(quick, optimized, strict=True))
+    print(f"\nquick {quick}\noptimized {optimized}\nlargest relative difference {drift:.2e}")
+    assert quick[:3] == pytest.approx(optimized[:3], rel=LOSS_RTOL)
+    assert drift < 5e-2
+
+
+@pytest.mark.tpu
 def test_splash_and_xla_attention_agree_on_tpu():
     base = ["losses", "--preset", "tiny", "--steps", "3", "seq_len=512"]
     splash = check(base + ["attention=splash"])

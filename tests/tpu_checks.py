@@ -64,6 +64,24 @@ def losses(preset: str, overrides: list[str], steps: int, quick: bool = False) -
             "losses": out}
 
 
+def quick_vs_optimized(preset: str, overrides: list[str], steps: int) -> dict[str, Any]:
+    """The same steps from the same state by the quick executable and by the optimized one,
+    one after the other in one process."""
+    import jax
+
+    _, program, batch = build(preset, overrides, compile_now=False)
+    out: dict[str, Any] = {"platform": jax.devices()[0].platform}
+    for name, compile_fn in (("quick", program.compile_quick), ("optimized", program.compile)):
+        exe, state, losses_ = compile_fn(), None, []
+        state = program.init()  # the other's state is gone: two do not fit a v5e chip
+        for i in range(steps):
+            state, o = exe(state, batch(i))
+            losses_.append(float(o["loss"]))
+        out[name] = losses_
+        del state
+    return out
+
+
 def resume(preset: str, overrides: list[str], warm: int,
            variants: list[tuple[float, int]]) -> dict[str, Any]:
     """One result per (staging GiB, copy threads) variant, all on the same program."""
@@ -125,7 +143,7 @@ def _resume_one(cfg: Any, program: Any, batch: Any, warm: int) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("check", choices=["losses", "resume"])
+    p.add_argument("check", choices=["losses", "quick", "resume"])
     p.add_argument("--preset", default="tiny")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warm", type=int, default=2)
@@ -136,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_intermixed_args(argv)  # KEY=VALUE overrides after options too
     if a.check == "losses":
         result = losses(a.preset, a.overrides, a.steps, a.quick)
+    elif a.check == "quick":
+        result = quick_vs_optimized(a.preset, a.overrides, a.steps)
     else:
         variants = [(float(g), int(t)) for g, t in
                     (v.split(":") for v in a.variant or ["-1:4"])]
