@@ -54,3 +54,42 @@ def test_lazily_loaded_commands_are_the_modules_commands():
     assert listed == set(cli.commands) | set(LAZY_COMMANDS) and "compare" in listed, listed
     r = CliRunner().invoke(cli, ["compare", "--help"])
     assert r.exit_code == 0 and "Examples:" in r.output, r.output
+
+
+def test_collector_paused_nests_and_spans_threads():
+    """The collector is off while any paused block runs (the status command's, the kube
+    thread's decode inside it), on again after the last, and left off if it was off."""
+    import gc
+    import threading
+
+    from orchestrator.collector import collector_paused
+
+    assert gc.isenabled()
+    inner_done, outer_may_end = threading.Event(), threading.Event()
+    seen: list[bool] = []
+
+    def other_thread() -> None:
+        with collector_paused():
+            seen.append(gc.isenabled())
+            inner_done.set()
+            outer_may_end.wait(5)
+        seen.append(gc.isenabled())  # the main thread's block still runs
+
+    with collector_paused():
+        t = threading.Thread(target=other_thread)
+        t.start()
+        assert inner_done.wait(5)
+        with collector_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the other thread's block still runs
+        outer_may_end.set()
+        t.join(5)
+    assert seen == [False, False]
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # not turned on by a block that found it off
+    finally:
+        gc.enable()

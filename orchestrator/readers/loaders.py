@@ -242,6 +242,11 @@ def _looks_like_jsonl(path: Path) -> bool:
         return False
 
 
+# A stored JSON record as ``Storage.read_record`` reads it: (object, why it is corrupt).
+Record = tuple[dict[str, Any] | None, str | None]
+Records = tuple[Record, Record]  # run.json's, state.json's
+
+
 class StoredRun:
     """A run under a storage root, read incrementally: each metrics chunk is read once.
 
@@ -257,9 +262,13 @@ class StoredRun:
         self.bad_lines = 0
         self.found = False  # run.json or state.json exists
 
-    def poll(self, metrics: bool = True) -> RunRecord:
-        run = self._record(Layout.run_json(self.name))
-        state = self._record(Layout.state(self.name))
+    def poll(self, metrics: bool = True, records: Records | None = None) -> RunRecord:
+        """``records``: run.json and state.json as ``Storage.read_record`` gave them, read
+        already by the caller (``status`` reads them first to know whom to ask), so that
+        they are not read twice."""
+        run_read, state_read = records or (None, None)
+        run = self._record(Layout.run_json(self.name), run_read)
+        state = self._record(Layout.state(self.name), state_read)
         if run:
             apply_run_json(self.rec, run)
         if metrics:
@@ -314,10 +323,10 @@ class StoredRun:
         out.sort(key=lambda x: x[0])
         return [k for _, k in out]
 
-    def _record(self, key: str) -> dict[str, Any] | None:
+    def _record(self, key: str, read: Record | None = None) -> dict[str, Any] | None:
         """run.json or state.json, checked: a corrupt one is a problem of the record (its
         state becomes UNKNOWN) until a later poll reads it whole."""
-        obj, why = self.storage.read_record(key)
+        obj, why = read if read is not None else self.storage.read_record(key)
         problem = f"{self.storage.url(key)} is corrupt ({why})" if why else None
         self.rec.problems = [p for p in self.rec.problems if not p.startswith(f"{self.storage.url(key)} ")]
         if problem:
@@ -356,11 +365,13 @@ def mark_unknown(rec: RunRecord) -> None:
     rec.state_info = {**rec.state_info, "message": "; ".join(rec.problems)}
 
 
-def read_stored_run(storage: Storage, name: str, metrics: bool = True) -> RunRecord:
+def read_stored_run(storage: Storage, name: str, metrics: bool = True,
+                    records: Records | None = None) -> RunRecord:
     """A run under a storage root: run.json, state.json, metrics; logs when metrics lack
-    steps. ``metrics=False`` reads only the two small JSON files (``xrun list``)."""
+    steps. ``metrics=False`` reads only the two small JSON files (``xrun list``);
+    ``records``: those two as the caller read them (:meth:`StoredRun.poll`)."""
     reader = StoredRun(storage, name)
-    rec = reader.poll(metrics=metrics)
+    rec = reader.poll(metrics=metrics, records=records)
     if reader.bad_lines:
         rec.notes.append(f"{reader.bad_lines} metrics lines were not valid JSON records; skipped")
     found_logs = False

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -206,12 +207,13 @@ def record_state(storage: Storage, name: str, status: BackendStatus, backend: st
         raise
 
 
-def observe(storage: Storage, name: str, backend: Backend,
-            warn: Any = None) -> BackendStatus | None:
+def observe(storage: Storage, name: str, backend: Backend, warn: Any = None,
+            asked: Callable[[], BackendStatus | None] | None = None) -> BackendStatus | None:
     """The backend's live view of a run, recorded into state.json; None when the backend
-    has no such run or cannot be asked (``warn`` hears why; storage then speaks)."""
+    has no such run or cannot be asked (``warn`` hears why; storage then speaks).
+    ``asked``: the backend's answer, asked for already (``status`` asks in a thread)."""
     try:
-        status = backend.status(name)
+        status = asked() if asked is not None else backend.status(name)
     except XrunError as e:
         if warn:
             warn(f"{backend.name} backend: {e}; showing what storage says")
@@ -649,27 +651,61 @@ def status(storage: Storage, name: str, context: str | None = None,
     """Everything known about a run (the dict ``xrun status -o json`` prints). A cluster
     run whose state.json says it succeeded or failed is over: its backend is not asked (no
     JobSet or pod listing); ``record_state`` recorded its hosts when it ended. (A local
-    run's backend is asked: it is cheap, and only it knows what a lost supervisor left.)"""
+    run's backend is asked: it is cheap, and only it knows what a lost supervisor left.)
+
+    A cluster is asked in a thread while storage is read (metrics, checkpoints): the API
+    server's answer (a LIST of every pod: 18 MB at 1,024 pods) and storage's come in
+    together rather than one after the other."""
     check_run_name(name)
-    try:
-        rec = read_stored_run(storage, name)  # run.json read once: the backend is named there
-    except XrunError:
+    records = (_read_record(storage, Layout.run_json(name)), _read_record(storage, Layout.state(name)))
+    (run, run_problem), (recorded, state_problem) = records
+    if run is None and not run_problem and recorded is None and not state_problem:
         run_info(storage, name)  # no such run: the message every command gives
-        raise
-    if not (rec.run_info or rec.state_info or rec.problems):
-        run_info(storage, name)
-    backend = _backend_for_run(rec.run_info, storage, context, namespace)
-    recorded = rec.state_info
+    backend = _backend_for_run(run or {}, storage, context, namespace)
+    recorded = recorded or {}
     hosts = recorded.get("hosts") or {}
-    ended = (backend.name != "local" and not rec.problems
+    ended = (backend.name != "local" and not (run_problem or state_problem)
              and recorded.get("state") in (SUCCEEDED, FAILED)
              and all((h or {}).get("state") not in ("Running", "Pending") for h in hosts.values()))
-    live = None if ended else observe(storage, name, backend, warn)
+    asking = None if ended or backend.name == "local" else _Background(backend.status, name)
+    rec = read_stored_run(storage, name, records=records)
+    checkpoints = list_checkpoints(storage, name)
+    if ended:
+        live = None
+    elif asking is None:
+        live = observe(storage, name, backend, warn)
+    else:
+        live = observe(storage, name, backend, warn, asked=asking.result)
     if live is not None and (live.state, live.restarts) != (rec.state, rec.restarts):
         state = _read(storage, Layout.state(name))  # observe recorded the change: its transition
         if state is not None:
             apply_state(rec, state)
-    return run_view(storage, rec, live, stall_floor=settings.stall_floor())
+    return run_view(storage, rec, live, checkpoints=checkpoints, stall_floor=settings.stall_floor())
+
+
+class _Background:
+    """A call run in a daemon thread: ``result`` waits for it and returns or raises what it
+    did. Daemon, so that an interrupted command exits at once rather than waiting out the
+    call's request timeout (concurrent.futures joins its threads at exit)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any):
+        self._out: list[Any] = []
+        self._thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True,
+                                        name=f"xrun-{getattr(fn, '__name__', 'call')}")
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            self._out.append((True, fn(*args)))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller of result()
+            self._out.append((False, e))
+
+    def result(self) -> Any:
+        self._thread.join()
+        ok, value = self._out[0]
+        if not ok:
+            raise value
+        return value
 
 
 STALLED = "Stalled"  # wait's and the nightly's outcome for a run that stopped making progress

@@ -43,6 +43,7 @@ from orchestrator.backends.kube.state import (
     jobset_state,
     kueue_message,
     latest_hosts,
+    loads,
     one_line,
     restarts_from_events,
     run_attempt,
@@ -235,7 +236,7 @@ class KubeBackend:
             data = resp.data
         finally:
             resp.release_conn()
-        return json.loads(data) if data else None
+        return loads(data) if data else None
 
     def call(self, verb: str, resource: str, fn: Callable, *args: Any, name: str = "",
              missing_ok: bool = False, **kwargs: Any) -> Any:

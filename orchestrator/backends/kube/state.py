@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import re
 from typing import Any
 
 from orchestrator.backends.base import HostStatus
+from orchestrator.collector import collector_paused
 from xrun_contract import DELETED, FAILED, PENDING, RESTARTING, RUNNING, SUCCEEDED, Env, host_id
 from xrun_contract.errors import XrunError
 from xrun_contract.k8s import Annotations, Conditions, KueueWorkload, Labels, PodPhases
@@ -59,6 +61,15 @@ def shut_down(responses: list[Any]) -> None:
         with contextlib.suppress(Exception):
             resp.release_conn()
 
+
+
+def loads(data: bytes | str) -> Any:
+    """``json.loads`` of an API answer, with the collector paused: decoding a LIST of
+    1,024 pods (18 MB of JSON, 17 KB a pod of which 8 KB managedFields) makes millions of
+    dicts, lists and strings, and the collections they set off cost more than the parse
+    (0.42 s with the collector, 0.16 s without, on the 2-core machine)."""
+    with collector_paused():
+        return json.loads(data)
 
 
 def pod_host(pod: dict[str, Any]) -> tuple[str, int]:

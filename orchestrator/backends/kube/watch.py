@@ -21,7 +21,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.backends.kube.state import ApiUnavailable, one_line, shut_down
+from orchestrator.backends.kube.state import ApiUnavailable, loads, one_line, shut_down
 from xrun_contract.errors import EXIT_FAILED, XrunError
 from xrun_contract.k8s import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Labels
 
@@ -125,7 +125,7 @@ class RunWatch:
     def _list(self, kind: str) -> str:
         resp = self._request(kind)
         try:
-            data = json.loads(resp.data)
+            data = loads(resp.data)
         finally:
             resp.release_conn()
         items = data.get("items") or []
