@@ -43,6 +43,7 @@ Rules, each decided identically on every process (:class:`workload.peers.Peers` 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -634,6 +635,14 @@ class Checkpoints:
         self.pending = None
         if self.staging is not None:
             self.staging.release()
+        # The save's host copy of the state (6.9 GB for the 618M config) is garbage now, held
+        # in reference cycles of the write (asyncio tasks, frames): the cyclic collector frees
+        # it when an allocation next sets off a full collection, which was the next save's
+        # copy. On a v5e host that free took 0.5-0.8 s inside the next save's blocked time
+        # (host memory sampled: 18.3 -> 11.5 GB as it began; the save blocked 2.52 s where
+        # one that began with it freed blocked 1.69 s). Collected here instead, at the step
+        # boundary that noticed the commit, while the steps in flight run.
+        gc.collect()
         self.write_steps = step - saved
         self.metrics.checkpoint("committed", saved, time.time() - start, sync_s=self.sync_s)
         self.sync_s = 0.0
