@@ -580,10 +580,8 @@ class StepSwitch:
     process, which agrees with itself). The two executables compute the same function;
     their floating-point results may differ in the last bits (other fusions)."""
 
-    def __init__(self, program: Program, optimized: Any, quick: Any, on: bool,
-                 metrics: Metrics):
-        self.program, self.optimized, self.quick_future = program, optimized, quick
-        self.on, self.metrics = on, metrics
+    def __init__(self, program: Program, optimized: Any, quick: Any, on: bool):
+        self.program, self.optimized, self.quick_future, self.on = program, optimized, quick, on
         self.quick = False  # the quick executable is the one dispatched now
         self.peers: Any = None
 
@@ -825,7 +823,7 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         state, start, position = program.init(), 0, 0
     metrics.phase("restored" if restored is not None else "initialized",
                   step=start if restored is not None else None)
-    switch = StepSwitch(program, compiled, quick_compiled, quick, metrics)
+    switch = StepSwitch(program, compiled, quick_compiled, quick)
     began, ended = switch.first_ready()  # raises what the compilation raised
     # The thread's own span (it overlaps), and where the executables came from.
     metrics.phase("compiled", at=ended, began=began,
