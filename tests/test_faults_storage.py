@@ -480,14 +480,16 @@ def test_a_35s_gcs_outage_is_survived_with_the_identical_final_loss(proxied_root
     run with no outage; the saves that came due while storage was out were deferred, not
     waited on. (90 s until CI's 30 minutes asked for the time back: past 30 s is the point.)"""
     name = "out35"
-    command = "python3 -m workload.train --preset tiny steps=40 checkpoint_every=10"
+    command = "python3 -m workload.train --preset tiny steps=40 checkpoint_every=15"
     _submit(proxied_root, name, command, max_restarts=2, termination_grace_seconds=15,
             env={Env.TEST_STEP_DELAY: "0.4"})  # ~16 s of steps: the outage meets training
     # The reference, on a local root with no faults, at the same time (it ends in the outage).
     ref = tmp_path / "ref"
     _submit(ref, name, command, max_restarts=0, termination_grace_seconds=15)
-    # From before the first save (step 10) comes due: it meets the outage. Step 1's record is
-    # written when step 3 has been dispatched (workload.train.STEPS_AHEAD).
+    # From before the first save (step 15) comes due: it meets the outage. Step 1's record is
+    # written when step 3 has been dispatched (workload.train.STEPS_AHEAD) and reaches storage
+    # up to the metrics writer's 2 s later: the outage began at step 6-9, so a save at step 10
+    # could start before it (one fresh-clone run: no save deferred, the write failed instead).
     _wait(lambda: any(r["kind"] == "step" and r["step"] >= 1 for r in _records(proxied_root, name)),
           240, "the run never reached step 3")
     gcs_proxy.outage(35, "503")
