@@ -8,11 +8,12 @@
 # SAVES_STEPS=N: the startup runs train N steps, the cold one with a save every SAVES_EVERY (50).
 # PROBE_S=N: first the compile probe (compiler effort, attention kernel). STARTUP_ENV="A=1 B=2":
 # the startup part also runs a bare process and the run with saves with those set.
+# STARTUP_PROBE_S=N: first bench/probe_tpu_startup.py, each experiment given N seconds.
 # PROFILE_WARM=1: after the startup part, a warm run under cProfile (warm-prof.txt).
 set -u
 OUT=${OUT:?set OUT}; CHIP_S=${1:-200}; STARTUP_S=${2:-130}; TEST_S=${3:-200}; TESTS=${4:-}
 COMPILE_S=${COMPILE_S:-0}; SAVES_STEPS=${SAVES_STEPS:-0}; SAVES_EVERY=${SAVES_EVERY:-50}
-PROBE_S=${PROBE_S:-0}; STARTUP_ENV=${STARTUP_ENV:-}; PROFILE_WARM=${PROFILE_WARM:-0}
+PROBE_S=${PROBE_S:-0}; STARTUP_PROBE_S=${STARTUP_PROBE_S:-0}; STARTUP_ENV=${STARTUP_ENV:-}; PROFILE_WARM=${PROFILE_WARM:-0}
 CACHE=/tmp/xrun-cc-$$
 export PYTHONUNBUFFERED=1 PIP_CONFIG_FILE=/dev/null
 t0=$(date +%s)
@@ -31,6 +32,11 @@ cat "$OUT/bare.txt"
 { uname -r; nproc; ldd --version | head -1; echo "THP: $(cat /sys/kernel/mm/transparent_hugepage/enabled)"
   echo "THP defrag: $(cat /sys/kernel/mm/transparent_hugepage/defrag)"; grep -E 'MemTotal|MemFree|Cached|Huge' /proc/meminfo
   df -h /tmp | tail -1; } > "$OUT/facts.txt" 2>&1
+if [ "$STARTUP_PROBE_S" != 0 ]; then
+  python3 bench/probe_tpu_startup.py --out "$OUT/bench" --timeout "$STARTUP_PROBE_S" \
+    > "$OUT/startup-probe.txt" 2>&1
+  echo "startup probe rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
+fi
 if [ "$PROBE_S" != 0 ]; then
   timeout "$PROBE_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part compile-probe \
     --startup "$BEST" > "$OUT/probe.txt" 2>&1
