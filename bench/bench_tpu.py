@@ -559,40 +559,41 @@ def startup(out: Path, args: argparse.Namespace) -> None:
                                             "devices": float(parts[1])}
                  if len(parts) == 2 else {}, tail=proc.stderr[-500:] if proc.returncode else "")
             continue
+        records = metric_records(storage / "runs" / kind / "metrics")
         phases = {}
-        for f in sorted((storage / "runs" / kind / "metrics").glob("*.jsonl")):
-            for line in f.read_text().splitlines():
-                rec = json.loads(line)
-                if "phase" in rec and "seconds" in rec:
-                    phases[rec["phase"]] = round(rec["seconds"], 3)
-                    if rec.get("began") is not None:
-                        phases[rec["phase"] + "_began"] = round(rec["began"], 3)
-                    if rec.get("source"):
-                        phases[rec["phase"] + "_source"] = rec["source"]
+        for rec in records:
+            if "phase" in rec and "seconds" in rec:
+                phases[rec["phase"]] = round(rec["seconds"], 3)
+                if rec.get("began") is not None:
+                    phases[rec["phase"] + "_began"] = round(rec["began"], 3)
+                if rec.get("source"):
+                    phases[rec["phase"] + "_source"] = rec["source"]
         emit(out, "startup", kind=kind, env=more, rc=proc.returncode, wall_s=wall,
              first_step_s=phases.get("first_step"), phases=phases,
              tail=(proc.stdout + proc.stderr)[-1500:] if proc.returncode else "",
-             **run_steps(storage / "runs" / kind / "metrics"),
-             **(saves_while_training(storage / "runs" / kind / "metrics") if every else {}),
+             **run_steps(records), **(saves_while_training(records) if every else {}),
              **({"meminfo": memory} if every else {}))
 
 
-def run_steps(metrics: Path) -> dict[str, Any]:
+def metric_records(metrics: Path) -> list[dict[str, Any]]:
+    """A run's metrics records, in the order its writer wrote them."""
+    return [json.loads(line) for f in sorted(metrics.glob("*.jsonl"))
+            for line in f.read_text().splitlines() if line.strip()]
+
+
+def run_steps(records: list[dict[str, Any]]) -> dict[str, Any]:
     """A run's last three losses, and the steps its quick executable ran (quick_compile) with
     their median time."""
-    steps = [r for f in sorted(metrics.glob("*.jsonl")) for line in f.read_text().splitlines()
-             if line.strip() and (r := json.loads(line)).get("kind") == "step"]
+    steps = [r for r in records if r.get("kind") == "step"]
     quick = [r["seconds"] for r in steps if r.get("quick")]
     return {"last_losses": [round(r["loss"], 4) for r in steps[-3:]], "quick_steps": len(quick),
             "quick_step_s": round(statistics.median(quick), 4) if quick else None}
 
 
-def saves_while_training(metrics: Path) -> dict[str, Any]:
+def saves_while_training(records: list[dict[str, Any]]) -> dict[str, Any]:
     """From a run's metrics: the median step with no save being written (steps 3 on) and the
     steps that ended while one was (from its "started" to its "committed": the commit is
     noticed at a step boundary, so that step counts), with each save's blocked time."""
-    records = [json.loads(line) for f in sorted(metrics.glob("*.jsonl"))
-               for line in f.read_text().splitlines() if line.strip()]
     steps = [r for r in records if r.get("kind") == "step"]
     started = {r["step"]: r["time"] for r in records
                if r.get("kind") == "checkpoint" and r.get("event") == "started"}

@@ -233,16 +233,13 @@ def cross_entropy(logits, targets, z_loss: float):
 
 
 # The init program runs once and takes milliseconds, but its random number generators
-# (threefry, erf_inv) take XLA 26 s to compile on a v5e chip for the 618M config (one
-# truncated-normal [8, 2048, 7168] array alone: 10 s; the train step: 21-23 s), beside the
-# step's compile in a thread: the pole of a cold start with it. jax's "rbg" keys compile in
-# 8.7 s but give other values than CPU's threefry (bench_tpu.py --part compile). Unoptimised
-# it compiles ~3x faster on CPU (the tiny model's init: 13.4 -> 4.7 s); the TPU compiler
-# ignores the option (33.8 -> 33.2 s). Its values may differ in the last bit from an
-# optimised compile's, the same in every process.
-# Init runs once, so its compile is what counts: at XLA's lowest execution-time effort it
-# compiled in 8.1 s on a v5e chip where the default took 25 s (bench_tpu.py --part
-# compile-probe; the same values on CPU, checked bit for bit).
+# (threefry, erf_inv) are slow to compile: on a v5e chip the 618M config's init took XLA
+# 25 s at its default effort (one truncated-normal [8, 2048, 7168] array alone: 10 s) and
+# 8.1 s at its lowest execution-time effort (bench_tpu.py --part compile-probe), with the
+# same values as CPU's, checked bit for bit. Unoptimised it compiles ~3x faster on CPU (the
+# tiny model's init: 13.4 -> 4.7 s); its values may differ in the last bit from an optimised
+# compile's, the same in every process. (jax's "rbg" keys compile fast too but give other
+# values than CPU's threefry.)
 INIT_COMPILER_OPTIONS: dict[str, Any] = {  # Any: jax types it str | bool, the effort is a float
     "xla_backend_optimization_level": "0",  # XLA parses the value
     "exec_time_optimization_effort": -1.0}
