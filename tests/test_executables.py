@@ -212,3 +212,36 @@ def test_whatever_decides_the_program_is_in_the_key():
                        "one_device"}
     # Every module of the workload package is hashed, the program's own among them.
     assert {"model.py", "train.py", "loss.py", "attention.py", "config.py"} <= set(result["files"])
+
+
+QUICK_SCRIPT = r"""
+import os, sys
+sys.path.insert(0, sys.argv[1])
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_compilation_cache_dir", sys.argv[2])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from workload.config import load_config
+from workload.distributed import make_mesh
+from workload.train import Program
+
+cfg = load_config("tiny", [])
+mesh = make_mesh(None)
+program = Program(cfg, mesh, cfg.batch_size(jax.device_count()), compile_now=False)
+program.compile_quick()
+program.compile()
+"""
+
+
+def test_the_quick_step_is_not_written_to_jaxs_cache_the_optimized_one_is(tmp_path):
+    """The quick train step serves one cold start: JAX's cache write (serialise, compress) would
+    sit on the first step's path for an entry nothing reads. The optimized step's entry is
+    written as before."""
+    cache = tmp_path / "cache"
+    out = subprocess.run([sys.executable, "-c", QUICK_SCRIPT, str(REPO), str(cache)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = sorted(p.name for p in cache.iterdir() if p.name.startswith("jit_train_step-"))
+    assert len(steps) == 1, steps

@@ -248,6 +248,20 @@ INIT_COMPILER_OPTIONS: dict[str, Any] = {  # Any: jax types it str | bool, the e
 QUICK_COMPILER_OPTIONS: dict[str, Any] = {"exec_time_optimization_effort": -1.0}
 
 
+def unwritten_to_jax_cache() -> Any:
+    """A context in which this thread's compilations are not written to JAX's persistent
+    cache: JAX writes an entry before compile() returns (serialised and compressed: zlib
+    where zstandard is absent, as on the TPU machine), so on the first step's path. The
+    quick step serves one cold start and is never looked up again. Uses JAX's per-thread
+    setting of the minimum compile time it caches; where this JAX has none, a no-op."""
+    import contextlib
+
+    from jax._src import config as jax_config
+
+    setting = getattr(jax_config, "persistent_cache_min_compile_time_secs", None)
+    return setting(math.inf) if callable(setting) else contextlib.nullcontext()
+
+
 def init_key(seed: int) -> Any:
     """The raw data of ``jax.random.key(seed)`` (uint32[2] for threefry) as a host array:
     init's argument, the same on every process (replicated)."""
@@ -273,8 +287,13 @@ class Program:
         # "compiled, written": compiled from scratch and written there; else "compiled".
         self.source = "compiled"
         if executables is not None:
-            init_exe = executables.load("init")
-            step_exe = executables.load("train_step") if init_exe is not None else None
+            # Side by side: loading onto a TPU chip is the runtime's work. The 618M config's
+            # two loaded side by side within 1.6 s on a v5e chip (bench/probe_tpu_startup.py),
+            # where a warm start's profile had them at 3.3 s one after the other.
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(2, thread_name_prefix="xrun-load") as pool:
+                init_exe, step_exe = pool.map(executables.load, ("init", "train_step"))
             if init_exe is not None and step_exe is not None:
                 self._use_loaded(init_exe, step_exe)
                 return
@@ -399,7 +418,9 @@ class Program:
     def compile_quick(self):
         """The train step at XLA's lowest execution-time effort: the same program, compiled
         in a third of the time, run slower (QUICK_COMPILER_OPTIONS); never cached by xrun."""
-        self.quick_step = self._lower_step().compile(compiler_options=QUICK_COMPILER_OPTIONS)
+        lowered = self._lower_step()
+        with unwritten_to_jax_cache():
+            self.quick_step = lowered.compile(compiler_options=QUICK_COMPILER_OPTIONS)
         return self.quick_step
 
     def _lower_step(self):
