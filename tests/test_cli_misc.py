@@ -93,3 +93,27 @@ def test_collector_paused_nests_and_spans_threads():
         assert not gc.isenabled()  # not turned on by a block that found it off
     finally:
         gc.enable()
+
+
+def test_status_imports_only_what_it_needs(tmp_path):
+    """`xrun status` of a run in a folder imports neither storage nor cluster clients nor the
+    manifest code (render and submit's): a tenth of a second and more of its start; a
+    cluster run's status imports the kube backend, and google-cloud-storage only for gs://."""
+    import json
+    import subprocess
+    import sys
+
+    from cli_helpers import xrun_env
+    from synthetic_runs import RunShape, write_stored_run
+
+    root = tmp_path / "root"
+    write_stored_run(root, "r1", RunShape())
+    probe = ("import json, sys\nfrom orchestrator.cli import main\nrc = main(['status', 'r1'])\n"
+             "print(json.dumps([rc, sorted(sys.modules)]), file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", probe], env=xrun_env(root), capture_output=True, text=True, timeout=120)
+    rc, modules = json.loads(r.stderr.strip().splitlines()[-1])
+    assert rc == 0 and "r1" in r.stdout, r.stderr
+    loaded = {m for m in modules if m.split(".")[0] in ("google", "kubernetes", "manifests", "msgspec")}
+    assert loaded == set(), sorted(loaded)
+    assert "orchestrator.runfile" not in modules and "orchestrator.services.podcode" not in modules
+
