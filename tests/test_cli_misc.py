@@ -93,3 +93,59 @@ def test_collector_paused_nests_and_spans_threads():
         assert not gc.isenabled()  # not turned on by a block that found it off
     finally:
         gc.enable()
+
+
+def test_status_imports_only_what_it_needs(tmp_path):
+    """`xrun status` of a run in a folder imports neither storage nor cluster clients nor the
+    manifest code (render and submit's): a tenth of a second and more of its start; a
+    cluster run's status imports the kube backend, and google-cloud-storage only for gs://."""
+    import json
+    import subprocess
+    import sys
+
+    from cli_helpers import xrun_env
+    from synthetic_runs import RunShape, write_stored_run
+
+    root = tmp_path / "root"
+    write_stored_run(root, "r1", RunShape())
+    probe = ("import json, sys\nfrom orchestrator.cli import main\nrc = main(['status', 'r1'])\n"
+             "print(json.dumps([rc, sorted(sys.modules)]), file=sys.stderr)\n")
+    r = subprocess.run([sys.executable, "-c", probe], env=xrun_env(root), capture_output=True, text=True, timeout=120)
+    rc, modules = json.loads(r.stderr.strip().splitlines()[-1])
+    assert rc == 0 and "r1" in r.stdout, r.stderr
+    loaded = {m for m in modules if m.split(".")[0] in ("google", "kubernetes", "manifests", "msgspec")}
+    assert loaded == set(), sorted(loaded)
+    assert "orchestrator.runfile" not in modules and "orchestrator.services.podcode" not in modules
+
+
+def test_the_status_hosts_render_as_rich_renders_their_text():
+    """The hosts of the status screen, rendered without rich's split-and-join of a Text
+    that is not wrapped, are the very bytes the Text itself renders to, in colour or not,
+    wrapped or not (the live follow screen wraps)."""
+    import io
+
+    from rich.console import Console, Group
+
+    from orchestrator.cli import screen
+
+    reasons = ["", "Unschedulable: 0/1024 nodes are available: " + "x " * 60, "ErrImagePull: 拉取失败", "OOMKilled"]
+    states = ["Running", "Pending", "Failed", "Succeeded", "Terminating", "Weird"]
+    hosts = [{"host": f"{i // 8}-{i % 8}", "state": states[i % len(states)], "attempt": i % 3 or None,
+              "exit_code": (None, 0, 42)[i % 3], "pod": f"r-slice-{i // 8}-{i % 8}-abcde",
+              "reason": reasons[i % len(reasons)]} for i in range(64)]
+    view = {"name": "r", "backend": "kube", "accelerator": "v6e-256", "state": "Running", "restarts": 0,
+            "message": "", "phase": None, "step": 10, "total_steps": 100, "loss": 1.0, "tokens_per_s": 100.0,
+            "step_seconds": 0.5, "eta_seconds": 10, "window_steps": 20, "latest_checkpoint": None,
+            "checkpoints_in_progress": [], "goodput": None, "storage": "gs://b/x", "hosts": hosts}
+    new = screen.render_table(view)
+    old = Group(*new.renderables[:2], screen.hosts_table(hosts))
+    for colour in ({}, {"force_terminal": True, "color_system": "truecolor"},
+                   {"force_terminal": True, "color_system": "standard"}):
+        for width in (60, 200):
+            for soft_wrap in (True, False):
+                outs = []
+                for table in (old, new):
+                    buf = io.StringIO()
+                    Console(file=buf, width=width, soft_wrap=soft_wrap, **colour).print(table)
+                    outs.append(buf.getvalue())
+                assert outs[0] == outs[1], (colour, width, soft_wrap)

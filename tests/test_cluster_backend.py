@@ -28,7 +28,7 @@ from manifests import admission
 from manifests.jobset import jobset
 from manifests.spec import build_spec
 from orchestrator.backends.kube.backend import KubeBackend
-from orchestrator.backends.kube.state import host_status, one_line, pod_host
+from orchestrator.backends.kube.state import host_status, latest_hosts, one_line, pod_host
 from xrun_contract import Layout
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import open_storage
@@ -165,6 +165,9 @@ def test_submit_sends_the_rendered_body_and_pending_says_why(cluster, proxy, sto
             assert shown[host] == ("Pending", one_line(reason, 160)), shown
         r = xrun("status", name, storage=storage, timeout=60, KUBECONFIG=cluster.kubeconfig, COLUMNS="400")
         assert r.returncode == 0 and one_line(cases["2-0"][1], 160) in r.stdout, r.stdout
+        # status's LIST keeps only the fields it reads: the same hosts as the whole pods say
+        (full, _), (lean, _) = backend.list_pods(name), backend.list_pods(name, lean=True)
+        assert latest_hosts(lean) == latest_hosts(full) and "managedFields" not in lean[0]["metadata"]
     finally:
         cluster.delete_jobset(name)
 

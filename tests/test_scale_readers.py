@@ -99,3 +99,70 @@ def test_a_long_runs_metrics_are_read_through_its_rollups(tmp_path):
     st.reads.clear()
     assert reader.poll().steps.step[-1] == 5000
     assert [k for k in st.reads if "/metrics" in k] == [Layout.metrics_chunk("r", 1, chunks, "beef")]
+
+
+def _pod(host: int, attempt: int, phase: str, workload_state: dict, **extra) -> dict:
+    """A JobSet pod as the API server serves it (managedFields, volumes and all)."""
+    meta = {"name": f"r-slice-0-{host}-x{attempt}", "namespace": "default", "uid": f"u{host}-{attempt}",
+            "creationTimestamp": f"2026-12-06T10:0{attempt}:00Z", "resourceVersion": "77",
+            "labels": {"jobset.sigs.k8s.io/job-global-index": "0", "jobset.sigs.k8s.io/restart-attempt": str(attempt),
+                       "batch.kubernetes.io/job-completion-index": str(host)},
+            "annotations": {"batch.kubernetes.io/job-completion-index": str(host)},
+            "managedFields": [{"manager": "kubelet", "operation": "Update", "fieldsType": "FieldsV1",
+                               "fieldsV1": {"f:status": {"f:conditions": {".": {}}}}}] * 20,
+            **extra.pop("metadata", {})}
+    spec = {"volumes": [{"name": "xrun", "emptyDir": {}}], "nodeName": "n1",
+            "containers": [{"name": "workload", "image": "img", "env": [
+                {"name": "XRUN_ATTEMPT_BASE", "value": "2"}, {"name": "P", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]}],
+            **extra.pop("spec", {})}
+    status = {"phase": phase, "hostIP": "10.0.0.1", "qosClass": "BestEffort",
+              "conditions": [{"type": "PodScheduled", "status": "False" if phase == "Pending" else "True",
+                              "reason": "Unschedulable", "message": "0/4 nodes are available", "lastProbeTime": None}],
+              "initContainerStatuses": [{"name": "xrun-init", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+                                         "state": {"waiting": {"reason": "ErrImagePull", "message": "pull denied"}},
+                                         "lastState": {}}] if host == 3 else [],
+              "containerStatuses": [{"name": "workload", "image": "img", "imageID": "", "ready": True, "restartCount": 1,
+                                     "state": workload_state, "lastState": {"terminated": {"exitCode": 1}}}],
+              **extra.pop("status", {})}
+    return {"kind": "Pod", "apiVersion": "v1", "metadata": meta, "spec": spec, "status": status}
+
+
+def test_status_reads_the_same_of_a_lean_pod_list():
+    """`xrun status` decodes a LIST of pods keeping only the fields it reads (state.loads_pods):
+    what it makes of each pod (host, state, attempt, exit code, reason, whether the attempt is
+    ending) is what the whole objects say, and the rest (managedFields) is not kept."""
+    from orchestrator.backends.kube.state import (
+        attempt_ending,
+        container_started,
+        latest_hosts,
+        loads,
+        loads_pods,
+        restart_count,
+        run_attempt,
+    )
+
+    pods = [
+        _pod(0, 0, "Running", {"running": {"startedAt": "2026-12-06T10:00:05Z"}}),
+        _pod(0, 1, "Failed", {"terminated": {"exitCode": 42, "reason": "Error", "message": "m"}}),
+        _pod(1, 1, "Running", {"running": {}}, metadata={"deletionTimestamp": "2026-12-06T10:05:00Z"}),
+        _pod(2, 1, "Pending", {}, spec={"schedulingGates": [{"name": "g"}]}, status={"conditions": []}),
+        _pod(3, 1, "Pending", {"waiting": {"reason": "PodInitializing"}}),
+        _pod(4, 1, "Pending", {}, status={"containerStatuses": []}),
+        _pod(5, 1, "Failed", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}, status={"reason": "Evicted"}),
+    ]
+    data = json.dumps({"kind": "PodList", "metadata": {"resourceVersion": "99"}, "items": pods}).encode()
+    full, lean = loads(data), loads_pods(data)
+    assert lean["metadata"]["resourceVersion"] == "99"
+    assert all("managedFields" not in p["metadata"] and "volumes" not in p["spec"] for p in lean["items"])
+    assert latest_hosts(lean["items"]) == latest_hosts(full["items"])
+    assert [h.reason for h in latest_hosts(lean["items"])][2:] == [
+        "SchedulingGated", "ErrImagePull: init container xrun-init: pull denied", "Unschedulable: 0/4 nodes are available",
+        "OOMKilled"]
+    for fn in (run_attempt, container_started, restart_count):
+        assert [fn(p) for p in lean["items"]] == [fn(p) for p in full["items"]]
+    for restarts in (0, 1):
+        jobset = {"status": {"restarts": restarts}}
+        assert attempt_ending(lean["items"], jobset) == attempt_ending(full["items"], jobset)
+    # an answer that does not fit the types is read whole, as before
+    odd = json.dumps({"items": [{"metadata": {"name": 7}}]}).encode()
+    assert loads_pods(odd) == {"items": [{"metadata": {"name": 7}}]}

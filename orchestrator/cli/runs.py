@@ -11,13 +11,12 @@ import os
 import re
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.text import Text
 
-from manifests.spec import RunSpec
 from orchestrator.cli.common import (
     OUTPUT,
     dump,
@@ -33,7 +32,6 @@ from orchestrator.cli.screen import _duration, render_table, summary_lines
 from orchestrator.collector import collector_paused
 from orchestrator.readers.loaders import StoredRun
 from orchestrator.readers.logs import parse_duration
-from orchestrator.runfile import parse_mount, parse_pairs, parse_toleration, spec_from_inputs
 from orchestrator.services import follow as following
 from orchestrator.services import logs as logs_service
 from orchestrator.services import runs
@@ -42,6 +40,9 @@ from orchestrator.workdir import DEFAULT_MAX_MB
 from orchestrator.workdir import resolve as resolve_workdir
 from xrun_contract import RUN_STATES, SUCCEEDED, UNKNOWN
 from xrun_contract.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, XrunError
+
+if TYPE_CHECKING:  # imported by the commands that read a run spec, not by every command
+    from manifests.spec import RunSpec
 
 VERBOSE = click.option("-v", "--verbose", is_flag=True,
                        help="Show every line: Gloo/absl chatter, wrapper lines, every header.")
@@ -116,6 +117,8 @@ def pack_options(opts: dict[str, Any]) -> PackOptions:
 
 def spec_from_options(opts: dict[str, Any]) -> RunSpec:
     """The validated RunSpec of a command's options (file first, flags over it)."""
+    from orchestrator.runfile import parse_mount, parse_pairs, parse_toleration, spec_from_inputs
+
     opts = dict(opts)
     for name in ("node_selector", "pod_annotations", "pod_labels"):
         opts[name] = parse_pairs(list(opts.get(name) or ()), name) or None

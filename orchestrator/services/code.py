@@ -16,11 +16,13 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from manifests.spec import RunSpec
 from orchestrator.workdir import DEFAULT_MAX_MB, Packed, pack
 from xrun_contract import RUN_NAME_RE, Layout, writer_id
+
+if TYPE_CHECKING:
+    from manifests.spec import RunSpec
 from xrun_contract.errors import EXIT_UNREACHABLE, XrunError
 from xrun_contract.storage import ObjectInfo, Storage
 

@@ -19,12 +19,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from manifests.jobset import jobset
-from manifests.spec import RunSpec, check_cluster_xrun_image
 from orchestrator import settings
 from orchestrator.backends.base import Backend, BackendStatus
 from orchestrator.readers import figures
@@ -33,7 +31,7 @@ from orchestrator.readers.figures import stall
 from orchestrator.readers.loaders import StoredRun, apply_state, read_stored_run
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
-from orchestrator.services import code, podcode
+from orchestrator.services import code
 from orchestrator.services.code import PackOptions
 from orchestrator.workdir import Packed
 from xrun_contract import (
@@ -53,6 +51,10 @@ from xrun_contract import (
 from xrun_contract.errors import EXIT_UNREACHABLE, EXIT_USAGE, XrunError
 from xrun_contract.k8s import Labels
 from xrun_contract.storage import Storage, StorageError, open_storage
+
+if TYPE_CHECKING:  # the manifests are imported where a run is rendered or submitted, not
+    # by every command (``xrun status`` needs none of them)
+    from manifests.spec import RunSpec
 
 
 class _ManifestDumper(yaml.SafeDumper):
@@ -235,6 +237,8 @@ def render(spec: RunSpec, pack: PackOptions | None = None) -> dict[str, Any]:
 
 
 def _render(spec: RunSpec) -> dict[str, Any]:
+    from manifests.jobset import jobset
+
     check_workload_args(spec)
     manifest = jobset(spec)
     admit(manifest)
@@ -247,6 +251,8 @@ def _render(spec: RunSpec) -> dict[str, Any]:
 def render_for_submit(spec: RunSpec) -> dict[str, Any]:
     """:func:`render`, and what only a submission needs: a cluster run's ``xrun_image``, when
     set, must be pullable by its nodes (``render`` alone prints the manifest for any image)."""
+    from manifests.spec import check_cluster_xrun_image
+
     check_cluster_xrun_image(spec)
     return _render(spec)
 
@@ -375,6 +381,8 @@ def store_run(storage: Storage, spec: RunSpec, packed: Packed | None,
     archive (uploaded unless there), run.json (exclusive; ``make_room`` when the name is
     taken) and its summary, then ``code.settle``. Returns run.json's record and whether
     this call uploaded the archive."""
+    from orchestrator.services import podcode
+
     uploaded = False
     podcode.upload(storage, spec)  # xrun's pod code (no xrun_image), once per xrun version
     if packed is not None:
@@ -465,6 +473,8 @@ def resume(storage_root: str, name: str, spec: RunSpec | None = None,
     base = _next_attempt(storage, name, run)
     manifest = with_attempt_base(render_for_submit(spec), base)
     _preflight(backend)
+    from orchestrator.services import podcode
+
     podcode.upload(storage, spec)
     if packed is not None:
         code.upload(storage, packed)

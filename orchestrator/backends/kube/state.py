@@ -11,7 +11,7 @@ import contextlib
 import datetime as dt
 import json
 import re
-from typing import Any
+from typing import Any, TypedDict
 
 from orchestrator.backends.base import HostStatus
 from orchestrator.collector import collector_paused
@@ -70,6 +70,84 @@ def loads(data: bytes | str) -> Any:
     (0.42 s with the collector, 0.16 s without, on the 2-core machine)."""
     with collector_paused():
         return json.loads(data)
+
+
+# What xrun reads of a pod (this module's functions and the kube backend's status): a LIST
+# decoded into these (TypedDicts: plain dicts holding only these keys) skips the rest of
+# each pod, managedFields (8 of 17 KB a pod), the spec's volumes and most of the status.
+# A field read from a pod that ``list_pods(..., lean=True)`` answered must be named here.
+class _Meta(TypedDict, total=False):
+    name: str | None
+    namespace: str | None
+    uid: str | None
+    labels: dict[str, str] | None
+    annotations: dict[str, str] | None
+    creationTimestamp: str | None
+    deletionTimestamp: str | None
+
+
+class _EnvVar(TypedDict, total=False):
+    name: str | None
+    value: str | None
+
+
+class _Container(TypedDict, total=False):
+    name: str | None
+    env: list[_EnvVar] | None
+
+
+class _Spec(TypedDict, total=False):
+    containers: list[_Container] | None
+    schedulingGates: list[dict[str, Any]] | None
+    nodeName: str | None
+
+
+class _ContainerStatus(TypedDict, total=False):
+    name: str | None
+    state: dict[str, Any] | None
+    restartCount: int | None
+
+
+class _PodStatus(TypedDict, total=False):
+    phase: str | None
+    reason: str | None
+    message: str | None
+    conditions: list[dict[str, Any]] | None
+    containerStatuses: list[_ContainerStatus] | None
+    initContainerStatuses: list[_ContainerStatus] | None
+
+
+class _Pod(TypedDict, total=False):
+    metadata: _Meta | None
+    spec: _Spec | None
+    status: _PodStatus | None
+
+
+class _PodList(TypedDict, total=False):
+    metadata: dict[str, Any] | None
+    items: list[_Pod] | None
+
+
+_pod_list_decoder: Any = None
+
+
+def loads_pods(data: bytes | str) -> Any:
+    """A pod LIST's JSON with only the fields of ``_Pod`` in each pod, through msgspec's
+    typed decoder (unknown fields are skipped, not built): 1,024 pods (18 MB) in 0.04 s,
+    where ``json.loads`` took 0.17 s even with the collector paused. Without msgspec, or
+    for an answer that does not fit the types, the whole list as :func:`loads` reads it."""
+    global _pod_list_decoder
+    try:
+        import msgspec
+    except ImportError:  # pragma: no cover - a dependency; the full decode still works
+        return loads(data)
+    if _pod_list_decoder is None:
+        _pod_list_decoder = msgspec.json.Decoder(_PodList)
+    try:
+        with collector_paused():
+            return _pod_list_decoder.decode(data)
+    except msgspec.ValidationError:
+        return loads(data)
 
 
 def pod_host(pod: dict[str, Any]) -> tuple[str, int]:
