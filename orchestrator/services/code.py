@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.workdir import DEFAULT_MAX_MB, Packed, pack
 from xrun_contract import RUN_NAME_RE, Layout, writer_id
-
-if TYPE_CHECKING:
-    from manifests.spec import RunSpec
 from xrun_contract.errors import EXIT_UNREACHABLE, XrunError
 from xrun_contract.storage import ObjectInfo, Storage
+
+if TYPE_CHECKING:  # imported where a run is rendered, not by every command
+    from manifests.spec import RunSpec
 
 GRACE_S = 3600.0  # an archive this young may belong to a submit whose run.json is not written yet
 LEASE_STALE_S = 3600.0  # a lease or gc intent this old was left by a process that died
