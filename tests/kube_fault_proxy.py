@@ -28,7 +28,6 @@ import re
 import socketserver
 import ssl
 import threading
-import time
 from pathlib import Path
 
 import yaml
@@ -60,6 +59,7 @@ class KubeFaultProxy:
         self.lifetime_s = lifetime_s
         self.server: socketserver.ThreadingTCPServer | None = None
         self.timer = threading.Timer(0, lambda: None)
+        self.stopped = threading.Event()
 
     # --- what a test asks for ---------------------------------------------------------
     def fail(self, status: int, count: int, method: str | None = None, match: str | None = None) -> None:
@@ -176,8 +176,11 @@ class KubeFaultProxy:
                     self.end_headers()
                     self.wfile.write(data)
                     return
-                if wait := proxy._delay(self.path):
-                    time.sleep(wait)
+                # A held request the proxy stops under is dropped, not forwarded: its client
+                # gave up long ago, and the API server would see it in a later test's window.
+                if (wait := proxy._delay(self.path)) and proxy.stopped.wait(wait):
+                    self.close_connection = True
+                    return
                 headers = {k: v for k, v in self.headers.items()
                            if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
                 conn = http.client.HTTPSConnection("127.0.0.1", proxy.upstream, context=proxy.client_ctx,
@@ -228,6 +231,7 @@ class KubeFaultProxy:
         return self
 
     def stop(self) -> None:
+        self.stopped.set()
         self.timer.cancel()
         if self.server is not None:
             self.server.shutdown()
