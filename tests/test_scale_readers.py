@@ -166,3 +166,31 @@ def test_status_reads_the_same_of_a_lean_pod_list():
     # an answer that does not fit the types is read whole, as before
     odd = json.dumps({"items": [{"metadata": {"name": 7}}]}).encode()
     assert loads_pods(odd) == {"items": [{"metadata": {"name": 7}}]}
+
+
+def test_a_followed_run_reads_the_same_of_lean_watch_events():
+    """`submit --follow` decodes its pod WATCH lines keeping only the fields xrun reads
+    (state.loads_pod_event): the slim pods it keeps make the same hosts as the whole
+    objects, a bookmark keeps its resourceVersion, and an ERROR's Status is read whole."""
+    from orchestrator.backends.kube.state import latest_hosts, loads_pod_event
+    from orchestrator.backends.kube.watch import slim_pod
+
+    pods = [
+        _pod(0, 0, "Running", {"running": {"startedAt": "2026-12-06T10:00:05Z"}}),
+        _pod(1, 1, "Running", {"running": {}}, metadata={"deletionTimestamp": "2026-12-06T10:05:00Z"}),
+        _pod(3, 1, "Pending", {"waiting": {"reason": "PodInitializing"}}),
+        _pod(5, 1, "Failed", {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}, status={"reason": "Evicted"}),
+    ]
+    lines = [json.dumps({"type": "MODIFIED", "object": p}) for p in pods]
+    lean = [loads_pod_event(line) for line in lines]
+    assert all(e["type"] == "MODIFIED" and "managedFields" not in e["object"]["metadata"] for e in lean)
+    assert [e["object"]["metadata"]["resourceVersion"] for e in lean] == ["77"] * 4
+    assert (latest_hosts([slim_pod(e["object"]) for e in lean])
+            == latest_hosts([slim_pod(json.loads(line)["object"]) for line in lines]))
+    bookmark = loads_pod_event('{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1",'
+                               '"metadata":{"resourceVersion":"12345","annotations":'
+                               '{"k8s.io/initial-events-end":"true"}}}}')
+    assert bookmark["object"]["metadata"]["resourceVersion"] == "12345"
+    error = ('{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},'
+             '"status":"Failure","message":"too old resource version: 1 (99)","reason":"Expired","code":410}}')
+    assert loads_pod_event(error)["object"]["code"] == 410

@@ -84,6 +84,7 @@ class _Meta(TypedDict, total=False):
     annotations: dict[str, str] | None
     creationTimestamp: str | None
     deletionTimestamp: str | None
+    resourceVersion: str | None  # a watch resumes from it (bookmarks carry only it)
 
 
 class _EnvVar(TypedDict, total=False):
@@ -128,26 +129,45 @@ class _PodList(TypedDict, total=False):
     items: list[_Pod] | None
 
 
-_pod_list_decoder: Any = None
+class _PodEvent(TypedDict, total=False):
+    type: str | None
+    object: _Pod | None
 
 
-def loads_pods(data: bytes | str) -> Any:
-    """A pod LIST's JSON with only the fields of ``_Pod`` in each pod, through msgspec's
-    typed decoder (unknown fields are skipped, not built): 1,024 pods (18 MB) in 0.04 s,
-    where ``json.loads`` took 0.17 s even with the collector paused. Without msgspec, or
-    for an answer that does not fit the types, the whole list as :func:`loads` reads it."""
-    global _pod_list_decoder
+_decoders: dict[type, Any] = {}
+
+
+def _lean(data: bytes | str, shape: type, whole: Any) -> Any:
+    """``data`` decoded by msgspec into ``shape`` (TypedDicts: unknown fields are skipped,
+    not built); ``whole(data)`` without msgspec or for an answer that does not fit."""
     try:
         import msgspec
     except ImportError:  # pragma: no cover - a dependency; the full decode still works
-        return loads(data)
-    if _pod_list_decoder is None:
-        _pod_list_decoder = msgspec.json.Decoder(_PodList)
+        return whole(data)
+    decoder = _decoders.get(shape)
+    if decoder is None:
+        decoder = _decoders[shape] = msgspec.json.Decoder(shape)
     try:
-        with collector_paused():
-            return _pod_list_decoder.decode(data)
+        return decoder.decode(data)
     except msgspec.ValidationError:
-        return loads(data)
+        return whole(data)
+
+
+def loads_pods(data: bytes | str) -> Any:
+    """A pod LIST's JSON with only the fields of ``_Pod`` in each pod: 1,024 pods (18 MB)
+    in 0.04 s, where ``json.loads`` took 0.17 s even with the collector paused. An answer
+    that does not fit the types: the whole list as :func:`loads` reads it."""
+    with collector_paused():
+        return _lean(data, _PodList, loads)
+
+
+def loads_pod_event(line: bytes | str) -> Any:
+    """One line of a pod WATCH (``{"type", "object"}``) with only ``_Pod``'s fields of the
+    pod: a JobSet's restart at 1,024 pods is thousands of events of 17 KB in a few seconds,
+    decoded in the watch thread while the follow waits to print the change. An ERROR's
+    Status (it does not fit a pod) is read whole."""
+    event = _lean(line, _PodEvent, json.loads)
+    return json.loads(line) if event.get("type") == "ERROR" else event
 
 
 def pod_host(pod: dict[str, Any]) -> tuple[str, int]:

@@ -21,7 +21,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.backends.kube.state import ApiUnavailable, loads, one_line, shut_down
+from orchestrator.backends.kube.state import (
+    ApiUnavailable,
+    loads,
+    loads_pod_event,
+    loads_pods,
+    one_line,
+    shut_down,
+)
 from xrun_contract.errors import EXIT_FAILED, XrunError
 from xrun_contract.k8s import JOBSET_GROUP, JOBSET_PLURAL, JOBSET_VERSION, Labels
 
@@ -125,7 +132,7 @@ class RunWatch:
     def _list(self, kind: str) -> str:
         resp = self._request(kind)
         try:
-            data = loads(resp.data)
+            data = (loads_pods if kind == "pods" else loads)(resp.data)
         finally:
             resp.release_conn()
         items = data.get("items") or []
@@ -168,6 +175,7 @@ class RunWatch:
         from urllib3.exceptions import HTTPError
 
         resource = "pods" if kind == "pods" else f"{JOBSET_PLURAL}.{JOBSET_GROUP}"
+        decode = loads_pod_event if kind == "pods" else json.loads
         rv, failures = "", 0
         while not self.stop.is_set():
             try:
@@ -184,7 +192,7 @@ class RunWatch:
                     for line in iter_resp_lines(resp):
                         if not line.strip():
                             continue
-                        event = json.loads(line)
+                        event = decode(line)
                         obj, etype = event.get("object") or {}, event.get("type")
                         if etype == "ERROR":
                             if obj.get("code") == 410:
