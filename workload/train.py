@@ -235,11 +235,12 @@ def cross_entropy(logits, targets, z_loss: float):
 # The init program runs once and takes milliseconds, but its random number generators
 # (threefry, erf_inv) are slow to compile: on a v5e chip the 618M config's init took XLA
 # 25 s at its default effort (one truncated-normal [8, 2048, 7168] array alone: 10 s) and
-# 8.1 s at its lowest execution-time effort (bench_tpu.py --part compile-probe), with the
-# same values as CPU's, checked bit for bit. Unoptimised it compiles ~3x faster on CPU (the
-# tiny model's init: 13.4 -> 4.7 s); its values may differ in the last bit from an optimised
-# compile's, the same in every process. (jax's "rbg" keys compile fast too but give other
-# values than CPU's threefry.)
+# 8.1 s at its lowest execution-time effort (bench_tpu.py --part compile-probe); on CPU the
+# lowest effort gives the default's values, bit for bit. Unoptimised it compiles ~3x faster
+# on CPU (the tiny model's init: 13.4 -> 4.7 s); its values may differ in the last bit from
+# an optimised compile's, the same in every process. (A chip's values differ from CPU's in
+# the last bits anyway: 3 of the 618M config's 12 parameter arrays bit-equal, and jax's
+# "rbg" keys, fast to compile, give other values altogether.)
 INIT_COMPILER_OPTIONS: dict[str, Any] = {  # Any: jax types it str | bool, the effort is a float
     "xla_backend_optimization_level": "0",  # XLA parses the value
     "exec_time_optimization_effort": -1.0}
