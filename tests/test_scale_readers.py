@@ -194,3 +194,43 @@ def test_a_followed_run_reads_the_same_of_lean_watch_events():
     error = ('{"type":"ERROR","object":{"kind":"Status","apiVersion":"v1","metadata":{},'
              '"status":"Failure","message":"too old resource version: 1 (99)","reason":"Expired","code":410}}')
     assert loads_pod_event(error)["object"]["code"] == 410
+
+
+def test_a_followed_runs_state_change_does_not_wait_for_its_events(monkeypatch):
+    """A followed run's Restarting is answered from the watch at once; its events (LISTs
+    that take seconds at a 1,024-pod restart) are asked in a thread and shown a view later."""
+    import threading
+    import time
+
+    from orchestrator.backends.kube.backend import KubeBackend
+
+    asked = threading.Event()
+
+    def slow_events(self, jobset, pods):
+        asked.set()
+        time.sleep(2.0)
+        return [{"involvedObject": {"kind": "JobSet", "name": "r"}, "reason": "Restarting",
+                 "message": "jobset r is restarting", "type": "Normal", "count": 1}]
+
+    monkeypatch.setattr(KubeBackend, "run_events", slow_events)
+    jobset = {"metadata": {"name": "r", "uid": "u"},
+              "spec": {"replicatedJobs": [{"name": "slice", "replicas": 1,
+                                           "template": {"spec": {"parallelism": 2, "completions": 2}}}],
+                       "failurePolicy": {"maxRestarts": 3}},
+              "status": {"restarts": 1}}
+
+    class Watch:
+        def snapshot(self):
+            return jobset, []
+
+    backend = KubeBackend("ctx", "default")
+    backend._watches["r"] = Watch()
+    t = time.monotonic()
+    first = backend.status("r")
+    assert time.monotonic() - t < 1.0
+    assert first.state == "Restarting" and first.events == []
+    assert asked.wait(2.0)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not backend.status("r").events:
+        time.sleep(0.1)
+    assert any("restarting" in e for e in backend.status("r").events)
