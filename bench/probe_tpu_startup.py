@@ -144,12 +144,36 @@ def run_first_step(program, record: dict, init_exe, step_exe, label: str) -> Non
     record[f"{label}first_step_at"] = at()
 
 
+def start_compiles(program, lowered, key) -> tuple[dict, list[threading.Thread]]:
+    """The quick train step and init compiled side by side, as the workload does, each in a
+    thread (started here, joined by the caller): results["step"], ["init"] and their times."""
+    from workload.train import INIT_COMPILER_OPTIONS, QUICK_COMPILER_OPTIONS
+
+    results: dict = {}
+
+    def compile_quick() -> None:
+        t = time.time()
+        results["step"] = lowered.compile(compiler_options=QUICK_COMPILER_OPTIONS)
+        results["step_s"] = round(time.time() - t, 3)
+        results["step_at"] = at()
+
+    def compile_init() -> None:
+        t = time.time()
+        results["init"] = program._jitted_init.lower(key).compile(
+            compiler_options=INIT_COMPILER_OPTIONS)
+        results["init_s"] = round(time.time() - t, 3)
+        results["init_at"] = at()
+
+    threads = [threading.Thread(target=compile_quick), threading.Thread(target=compile_init)]
+    for th in threads:
+        th.start()
+    return results, threads
+
+
 def exp_overlap(record: dict) -> None:
     import jax
     import numpy as np
     from jax.experimental import serialize_executable as se
-
-    from workload.train import INIT_COMPILER_OPTIONS, QUICK_COMPILER_OPTIONS
 
     record["import_jax"] = at()
     import flax  # noqa: F401 - imports while nothing else runs, for the timeline
@@ -173,26 +197,8 @@ def exp_overlap(record: dict) -> None:
     record["built"] = at()
     lowered = program._lower_step()
     record["lowered"] = at()
-    results: dict = {}
-
-    def compile_quick() -> None:
-        t = time.time()
-        results["step"] = lowered.compile(compiler_options=QUICK_COMPILER_OPTIONS)
-        results["step_s"] = round(time.time() - t, 3)
-        results["step_at"] = at()
-
-    def compile_init() -> None:
-        t = time.time()
-        # The key's shape, not its value: jax.random.key() would wait for the chip.
-        key = jax.ShapeDtypeStruct((2,), np.uint32)
-        results["init"] = program._jitted_init.lower(key).compile(
-            compiler_options=INIT_COMPILER_OPTIONS)
-        results["init_s"] = round(time.time() - t, 3)
-        results["init_at"] = at()
-
-    threads = [threading.Thread(target=compile_quick), threading.Thread(target=compile_init)]
-    for th in threads:
-        th.start()
+    # The key's shape, not its value: jax.random.key() would wait for the chip.
+    results, threads = start_compiles(program, lowered, jax.ShapeDtypeStruct((2,), np.uint32))
     thread.join()
     record["chip_open_s"], record["chip_open_at"] = opened["s"], opened["at"]
     for th in threads:
@@ -222,7 +228,7 @@ def exp_overlap(record: dict) -> None:
 def exp_baseline(record: dict) -> None:
     import jax
 
-    from workload.train import INIT_COMPILER_OPTIONS, QUICK_COMPILER_OPTIONS, init_key
+    from workload.train import init_key
 
     record["import_jax"] = at()
     import flax  # noqa: F401
@@ -235,24 +241,7 @@ def exp_baseline(record: dict) -> None:
     record["built"] = at()
     lowered = program._lower_step()
     record["lowered"] = at()
-    results: dict = {}
-
-    def compile_quick() -> None:
-        t = time.time()
-        results["step"] = lowered.compile(compiler_options=QUICK_COMPILER_OPTIONS)
-        results["step_s"] = round(time.time() - t, 3)
-        results["step_at"] = at()
-
-    def compile_init() -> None:
-        t = time.time()
-        results["init"] = program._jitted_init.lower(init_key(cfg.seed)).compile(
-            compiler_options=INIT_COMPILER_OPTIONS)
-        results["init_s"] = round(time.time() - t, 3)
-        results["init_at"] = at()
-
-    threads = [threading.Thread(target=compile_quick), threading.Thread(target=compile_init)]
-    for th in threads:
-        th.start()
+    results, threads = start_compiles(program, lowered, init_key(cfg.seed))
     for th in threads:
         th.join()
     record.update({k: v for k, v in results.items() if k.endswith(("_s", "_at"))})

@@ -18,7 +18,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-SCRIPT = r"""
+# Both scripts' start: the checkout first, 2 CPU devices, JAX's cache in argv[2] for all.
+PRELUDE = r"""
 import hashlib, json, os, sys
 sys.path.insert(0, sys.argv[1])
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
@@ -27,6 +28,9 @@ jax.config.update("jax_platforms", "cpu")
 jax.config.update("jax_compilation_cache_dir", sys.argv[2])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+"""
+
+SCRIPT = PRELUDE + r"""
 import numpy as np
 from workload import data
 from workload.config import load_config
@@ -214,15 +218,7 @@ def test_whatever_decides_the_program_is_in_the_key():
     assert {"model.py", "train.py", "loss.py", "attention.py", "config.py"} <= set(result["files"])
 
 
-QUICK_SCRIPT = r"""
-import os, sys
-sys.path.insert(0, sys.argv[1])
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-import jax
-jax.config.update("jax_platforms", "cpu")
-jax.config.update("jax_compilation_cache_dir", sys.argv[2])
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+QUICK_SCRIPT = PRELUDE + r"""
 from workload.config import load_config
 from workload.distributed import make_mesh
 from workload.train import Program
