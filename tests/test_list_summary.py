@@ -203,3 +203,56 @@ def test_status_of_a_finished_run_asks_no_backend(tmp_path, monkeypatch, state):
     view = runs.status(st, "k")
     assert view["state"] == state and view["step"] == 4
     assert asked == ([] if state != "Running" else ["k"])
+
+
+class _CountingStorage(LocalStorage):
+    """Folder storage that counts the reads of each key."""
+
+    def __init__(self, root: str):
+        super().__init__(root)
+        self.reads: dict[str, int] = {}
+
+    def read_bytes(self, key: str) -> bytes | None:
+        self.reads[key] = self.reads.get(key, 0) + 1
+        return super().read_bytes(key)
+
+
+@pytest.mark.parametrize("live", ["Running", "Failed"])
+def test_status_reads_each_record_once_and_records_only_a_change(tmp_path, monkeypatch, live):
+    """``status`` of a running cluster run reads run.json and state.json once each: the state
+    it read first decides whether the backend's answer is news (Running: nothing read or
+    written again; Failed: state.json is read fresh and the transition appended)."""
+    from orchestrator.backends.kube.backend import KubeBackend
+
+    st = _CountingStorage(str(tmp_path))
+    write_run(st, "k", steps=4, state="Running")
+    monkeypatch.setattr(KubeBackend, "status", lambda self, name: BackendStatus(state=live, restarts=0))
+    before = (st.read_json(Layout.state("k")) or {})["transitions"]
+    st.reads.clear()
+    warned: list[str] = []
+    view = runs.status(st, "k", warn=warned.append)
+    assert view["state"] == live and view["step"] == 4 and warned == []
+    assert st.reads[Layout.run_json("k")] == 1
+    assert st.reads[Layout.state("k")] == (1 if live == "Running" else 3)  # + record_state's, + the view's
+    stored = st.read_json(Layout.state("k")) or {}
+    assert stored["state"] == live
+    assert [t["state"] for t in stored["transitions"]] == [t["state"] for t in before] + (
+        [] if live == "Running" else ["Failed"])
+
+
+def test_status_warns_of_a_corrupt_record_it_read(tmp_path, monkeypatch):
+    """The corrupt state.json ``status`` read is said through ``warn`` (the CLI's one line),
+    without reading the records again."""
+    from orchestrator.backends.kube.backend import KubeBackend
+
+    monkeypatch.setattr(KubeBackend, "status", lambda self, name: None)  # the JobSet is gone
+    st = _CountingStorage(str(tmp_path))
+    write_run(st, "k", steps=4, state="Succeeded")
+    st.write_text(Layout.state("k"), '{"state": "Succ')
+    st.reads.clear()
+    warned: list[str] = []
+    view = runs.status(st, "k", warn=warned.append)
+    assert view["state"] == "Unknown"
+    assert len(warned) == 1 and warned[0].startswith(f"run k: {st.url(Layout.state('k'))} is corrupt (not valid JSON")
+    assert warned[0].endswith("): state Unknown")
+    assert st.reads[Layout.state("k")] == 1 and st.reads[Layout.run_json("k")] == 1

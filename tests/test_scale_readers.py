@@ -234,3 +234,44 @@ def test_a_followed_runs_state_change_does_not_wait_for_its_events(monkeypatch):
     while time.monotonic() < deadline and not backend.status("r").events:
         time.sleep(0.1)
     assert any("restarting" in e for e in backend.status("r").events)
+
+
+def test_status_lists_the_pods_beside_the_jobsets_get(monkeypatch):
+    """`xrun status` asks for the JobSet and its pods' LIST together (the LIST, 37 MB at 1,024
+    pods, is most of its wait): here the GET is answered only once the LIST has been asked,
+    which a status asking one after the other never does. A gone JobSet's LIST is dropped."""
+    import threading
+
+    from orchestrator.backends.kube.backend import JOBSET_CRD, KubeBackend
+
+    listed = threading.Event()
+    jobset = {"metadata": {"name": "r", "uid": "u"},
+              "spec": {"replicatedJobs": [{"name": "slice", "replicas": 1,
+                                           "template": {"spec": {"parallelism": 2, "completions": 2}}}],
+                       "failurePolicy": {"maxRestarts": 3}},
+              "status": {"restarts": 0}}
+    pods = [_pod(h, 0, "Running", {"running": {"startedAt": "2026-12-06T10:00:05Z"}}) for h in (0, 1)]
+    for p in pods:
+        p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] = "0"
+    asked: list[str] = []
+    gone = False
+
+    def call(self, verb, resource, fn, *args, decode=None, missing_ok=False, **kwargs):
+        asked.append(f"{verb} {resource}")
+        if resource == "pods":
+            listed.set()
+            data = json.dumps({"metadata": {"resourceVersion": "9"}, "items": pods}).encode()
+            return decode(data)
+        assert listed.wait(5.0), "the JobSet's GET came first and alone"
+        return None if gone else jobset
+
+    monkeypatch.setattr(KubeBackend, "call", call)
+    monkeypatch.setattr(KubeBackend, "ended_from_events", lambda self, name: None)
+    backend = KubeBackend("ctx", "default")
+    backend._client = object()  # no kubeconfig read: `call` answers
+    status = backend.status("r")
+    assert status.state == "Running" and [h.state for h in status.hosts] == ["Running", "Running"]
+    assert sorted(asked) == [f"get {JOBSET_CRD}", "list pods"]
+    gone, asked[:] = True, []
+    listed.clear()
+    assert backend.status("r") is None

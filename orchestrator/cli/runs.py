@@ -368,8 +368,7 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
     # it (0.15 s of a 1,024-pod run's status on the 2-core machine).
     with collector_paused():
         st = open_storage(storage)
-        view = runs.status(st, name, context, namespace, warn=warn)
-        _warn_corrupt(st, name)
+        view = runs.status(st, name, context, namespace, warn=warn)  # warns of corrupt records too
         if fmt == "table":
             Console(soft_wrap=True).print(render_table(view))
         else:

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import shlex
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import yaml
 
 from orchestrator import settings
 from orchestrator.backends.base import Backend, BackendStatus
+from orchestrator.background import Background
 from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.figures import stall
@@ -40,6 +40,7 @@ from xrun_contract import (
     PENDING,
     RUN_NAME_RE,
     SUCCEEDED,
+    UNKNOWN,
     XRUN_VERSION,
     Env,
     Layout,
@@ -179,21 +180,30 @@ def _read(storage: Storage, key: str) -> dict[str, Any] | None:
 # State, recorded the same way for every backend
 
 
-def record_state(storage: Storage, name: str, status: BackendStatus, backend: str) -> None:
+def _says(state: dict[str, Any], status: BackendStatus) -> bool:
+    """Whether state.json ``state`` records ``status`` already. Restarts only grow: a view
+    rebuilt after the JobSet is gone (from its events) may know fewer."""
+    restarts = max(status.restarts, int(state.get("restarts") or 0))
+    return state.get("state") == status.state and state.get("restarts", 0) == restarts
+
+
+def record_state(storage: Storage, name: str, status: BackendStatus, backend: str,
+                 recorded: dict[str, Any] | None = None) -> None:
     """Append a transition to state.json when the run's state or restart count changed.
+    ``recorded``: state.json as read moments ago; when it says this state already, nothing
+    is read again (one GET less for every ``status``).
 
     The local supervisor writes state.json itself, so for it this only ever records what
     the supervisor cannot: that it is gone. For a cluster run it is how storage learns how
     the run ended, before the JobSet's TTL deletes it.
     """
+    if recorded is not None and _says(recorded, status):
+        return
     current = storage.read_json(Layout.state(name)) or {"backend": backend, "transitions": []}
-    if current.get("state") == status.state and current.get("restarts", 0) == status.restarts:
+    if _says(current, status):
         return
     now = time.time()
-    # Restarts only grow: a view rebuilt after the JobSet is gone (from its events) may know fewer.
     restarts = max(status.restarts, int(current.get("restarts") or 0))
-    if current.get("state") == status.state and current.get("restarts", 0) == restarts:
-        return
     current.update(state=status.state, restarts=restarts, message=status.message, updated=now)
     if status.hosts and backend != "local":
         current["hosts"] = {h.host: {k: v for k, v in h.as_dict().items() if k != "host"}
@@ -210,10 +220,12 @@ def record_state(storage: Storage, name: str, status: BackendStatus, backend: st
 
 
 def observe(storage: Storage, name: str, backend: Backend, warn: Any = None,
-            asked: Callable[[], BackendStatus | None] | None = None) -> BackendStatus | None:
+            asked: Callable[[], BackendStatus | None] | None = None,
+            recorded: dict[str, Any] | None = None) -> BackendStatus | None:
     """The backend's live view of a run, recorded into state.json; None when the backend
     has no such run or cannot be asked (``warn`` hears why; storage then speaks).
-    ``asked``: the backend's answer, asked for already (``status`` asks in a thread)."""
+    ``asked``: the backend's answer, asked for already (``status`` asks in a thread);
+    ``recorded``: state.json as the caller read it moments ago (``record_state``)."""
     try:
         status = asked() if asked is not None else backend.status(name)
     except XrunError as e:
@@ -221,7 +233,7 @@ def observe(storage: Storage, name: str, backend: Backend, warn: Any = None,
             warn(f"{backend.name} backend: {e}; showing what storage says")
         return None
     if status is not None:
-        record_state(storage, name, status, backend.name)
+        record_state(storage, name, status, backend.name, recorded)
     return status
 
 
@@ -664,10 +676,13 @@ def status(storage: Storage, name: str, context: str | None = None,
     run's backend is asked: it is cheap, and only it knows what a lost supervisor left.)
 
     A cluster is asked in a thread while storage is read (metrics, checkpoints): the API
-    server's answer (a LIST of every pod: 18 MB at 1,024 pods) and storage's come in
-    together rather than one after the other."""
+    server's answer (a LIST of every pod: 37 MB at 1,024 pods) and storage's come in
+    together rather than one after the other; so do run.json and state.json, and the
+    metrics and the checkpoints. ``warn`` hears each corrupt record of the run."""
     check_run_name(name)
-    records = (_read_record(storage, Layout.run_json(name)), _read_record(storage, Layout.state(name)))
+    state_read = Background(_read_record, storage, Layout.state(name))  # beside run.json's
+    run_read = _read_record(storage, Layout.run_json(name))
+    records = (run_read, state_read.result())
     (run, run_problem), (recorded, state_problem) = records
     if run is None and not run_problem and recorded is None and not state_problem:
         run_info(storage, name)  # no such run: the message every command gives
@@ -677,45 +692,24 @@ def status(storage: Storage, name: str, context: str | None = None,
     ended = (backend.name != "local" and not (run_problem or state_problem)
              and recorded.get("state") in (SUCCEEDED, FAILED)
              and all((h or {}).get("state") not in ("Running", "Pending") for h in hosts.values()))
-    asking = None if ended or backend.name == "local" else _Background(backend.status, name)
+    asking = None if ended or backend.name == "local" else Background(backend.status, name)
+    listing = Background(list_checkpoints, storage, name)
     rec = read_stored_run(storage, name, records=records)
-    checkpoints = list_checkpoints(storage, name)
+    checkpoints = listing.result()
+    if warn is not None:
+        for problem in rec.problems:
+            warn(f"run {name}: {problem}: state {UNKNOWN}")
     if ended:
         live = None
     elif asking is None:
-        live = observe(storage, name, backend, warn)
+        live = observe(storage, name, backend, warn, recorded=recorded or None)
     else:
-        live = observe(storage, name, backend, warn, asked=asking.result)
-    if live is not None and (live.state, live.restarts) != (rec.state, rec.restarts):
+        live = observe(storage, name, backend, warn, asked=asking.result, recorded=recorded or None)
+    if live is not None and not _says(recorded, live):
         state = _read(storage, Layout.state(name))  # observe recorded the change: its transition
         if state is not None:
             apply_state(rec, state)
     return run_view(storage, rec, live, checkpoints=checkpoints, stall_floor=settings.stall_floor())
-
-
-class _Background:
-    """A call run in a daemon thread: ``result`` waits for it and returns or raises what it
-    did. Daemon, so that an interrupted command exits at once rather than waiting out the
-    call's request timeout (concurrent.futures joins its threads at exit)."""
-
-    def __init__(self, fn: Callable[..., Any], *args: Any):
-        self._out: list[Any] = []
-        self._thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True,
-                                        name=f"xrun-{getattr(fn, '__name__', 'call')}")
-        self._thread.start()
-
-    def _run(self, fn: Callable[..., Any], *args: Any) -> None:
-        try:
-            self._out.append((True, fn(*args)))
-        except BaseException as e:  # noqa: BLE001 - handed to the caller of result()
-            self._out.append((False, e))
-
-    def result(self) -> Any:
-        self._thread.join()
-        ok, value = self._out[0]
-        if not ok:
-            raise value
-        return value
 
 
 STALLED = "Stalled"  # wait's and the nightly's outcome for a run that stopped making progress
