@@ -7,9 +7,11 @@
 The table so far is printed (and ``--json`` written) after each size, so a size the machine
 cannot hold still leaves the ones before it.
 
-One real control plane (tests/cluster/up.sh, with ``--tpu-pool v6e-256:16``: a KWOK node
-per TPU VM, labelled as GKE labels a v6e-256 slice's node pool) and one fake-gcs-server for
-all sizes. For each size, xrun renders its JobSet for ``--tpu v6e-256 --num-slices N`` and
+A real control plane per size (tests/cluster/up.sh, with ``--tpu-pool v6e-256:N``: a KWOK
+node per TPU VM, labelled as GKE labels a v6e-256 slice's node pool), and one
+fake-gcs-server for all sizes. A size whose pods are not all Running at once within
+``--start-limit`` seconds is where this machine breaks: the bench records how many ran, the
+phases, each control-plane process's peak RSS and CPU, and goes on to the next size. For each size, xrun renders its JobSet for ``--tpu v6e-256 --num-slices N`` and
 ``xrun submit --follow`` follows it; KWOK's stages take the pods Pending -> Running ->
 Succeeded (timing by pod annotations), one pod is failed with exit 42 (KWOK's chaos stage)
 once all are Running, so JobSet restarts the whole set, and the second attempt runs to
@@ -29,7 +31,8 @@ Measured, all from this one run per size:
 - the lag from each state change, as a watch of our own sees it arrive from the API
   server, to xrun printing it (all pods Running, the JobSet restarting, Running again,
   Completed);
-- the peak RSS of ``xrun submit --follow`` (VmHWM);
+- the peak RSS of ``xrun submit --follow`` (VmHWM), and each control-plane process's peak
+  RSS and mean CPU over the follow;
 - the wall time of ``xrun status`` while every pod of the first attempt is Running (the best
   of three, with that run's CPU: the control plane and the simulated hosts share the cores),
   and again after the follow ended with the pods still there (the JobSet's TTL not yet run);
@@ -77,6 +80,7 @@ BULK_MAX_HOSTS = 1024
 METRICS_CHUNKS = 300  # process 0's metrics over the run (a chunk per 2 s: 10 minutes)
 STEPS_PER_CHUNK = 4
 LIST_RUNS = 1000
+SAMPLE_SECONDS = 5.0
 BUCKET = "xrun-scale"
 ROOT = f"gs://{BUCKET}/xrun"
 LINE = ("I1204 12:00:00.000000 140000000000000 train.py:412] host {host} step {step} "
@@ -216,6 +220,50 @@ class Watcher(threading.Thread):
                     self.t.setdefault("first-running-0", at)
 
 
+class Sampler(threading.Thread):
+    """Every SAMPLE_SECONDS while a size runs: each control-plane process's RSS and CPU time
+    (/proc, by the PIDs tests/cluster records in state.json), the load average, and how
+    many of the run's first-attempt pods are in each phase: where a size breaks."""
+
+    def __init__(self, root: Path, watcher: Watcher):
+        super().__init__(daemon=True)
+        self.w = watcher
+        self.pids: dict[str, int] = json.loads((root / "state.json").read_text()).get("pids", {})
+        self.stop = threading.Event()
+        self.peak_rss_mb: dict[str, float] = collections.defaultdict(float)
+        self.cpu0 = {k: self._cpu(pid) for k, pid in self.pids.items()}
+        self.t0 = time.time()
+        self.max_running = (0, 0.0)  # first-attempt pods Running at once, and when
+        self.phases: dict[str, int] = {}
+        self.load: list[float] = []
+
+    @staticmethod
+    def _cpu(pid: int) -> float:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return 0.0
+
+    def run(self) -> None:
+        while not self.stop.wait(SAMPLE_SECONDS):
+            for k, pid in self.pids.items():
+                with contextlib.suppress(OSError, ValueError):
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                        if line.startswith("VmRSS:"):
+                            self.peak_rss_mb[k] = max(self.peak_rss_mb[k], int(line.split()[1]) / 1024)
+            self.load.append(os.getloadavg()[0])
+            with self.w.lock:
+                phases = collections.Counter(ph for a, ph, _h, _p in self.w.pods.values() if a == 0)
+            self.phases = dict(phases)
+            if phases["Running"] > self.max_running[0]:
+                self.max_running = (phases["Running"], time.time() - self.t0)
+
+    def cores(self) -> dict[str, float]:
+        """Each process's mean CPU use since the sampler started (cores)."""
+        window = max(1e-9, time.time() - self.t0)
+        return {k: (self._cpu(pid) - self.cpu0[k]) / window for k, pid in self.pids.items()}
+
+
 def gone(c: Any, name: str) -> bool:
     """The JobSet and every pod of it deleted (asked directly, after the follow)."""
     from kubernetes.client.exceptions import ApiException
@@ -244,6 +292,9 @@ class Writer(threading.Thread):
         self.step = 0
         self.metrics_seq: collections.Counter = collections.Counter()
         self.metrics_all: dict[int, list[str]] = collections.defaultdict(list)
+        # the summary part process 0's metrics writer keeps beside its chunks (what `list` reads)
+        self.storage = open_storage(ROOT)
+        self.summaries: dict[int, summary.MetricsSummary] = {}
         self.written = 0
         self.pool = ThreadPoolExecutor(8)
 
@@ -259,8 +310,9 @@ class Writer(threading.Thread):
         self.put(Layout.log_chunk(self.name, host, attempt, seq, self.tag), text.encode())
 
     def metrics_chunk(self, attempt: int, steps: int, at: float | None = None) -> None:
-        """A chunk as process 0's ChunkWriter writes it, and its rollup every
-        METRICS_ROLLUP_EVERY chunks (xrun_contract.storage.ChunkWriter)."""
+        """A chunk as process 0's ChunkWriter writes it, the summary part its metrics writer
+        keeps after each chunk (workload.metrics), and the rollup every METRICS_ROLLUP_EVERY
+        chunks (xrun_contract.storage.ChunkWriter)."""
         t = at or time.time()
         out = []
         if self.step == 0:
@@ -273,7 +325,11 @@ class Writer(threading.Thread):
                                                     time=t, attempt=attempt)))
         seq = self.metrics_seq[attempt]
         data = "\n".join(out) + "\n"
-        self.put(Layout.metrics_chunk(self.name, attempt, seq, self.tag), data.encode())
+        key = Layout.metrics_chunk(self.name, attempt, seq, self.tag)
+        self.put(key, data.encode())
+        if attempt not in self.summaries:
+            self.summaries[attempt] = summary.MetricsSummary(self.storage, self.name, attempt, self.tag)
+        self.summaries[attempt].after_write(key, data)
         self.metrics_all[attempt].append(data)
         self.metrics_seq[attempt] += 1
         if self.metrics_seq[attempt] % METRICS_ROLLUP_EVERY == 0:
@@ -494,14 +550,18 @@ def storage_kinds(reqs: list[tuple[str, str]]) -> dict[str, int]:
 
 
 # --- one size ------------------------------------------------------------------------------------
-def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool = True) -> dict[str, Any]:
+def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool = True,
+               start_limit: float = 600.0) -> dict[str, Any]:
+    """One size's figures; with "broke" instead where its pods were not all Running at once
+    within ``start_limit`` seconds of the submit (what then held the machine)."""
     from http_counter import CountingProxy
 
     slices = pods // HOSTS_PER_SLICE
     name = f"scale-{pods}"
     # each pod runs this long once Running: longer than KWOK takes to start them all (76 s
-    # for 1,024 on the 2-core machine), so the first attempt is all Running at once
-    run_s = {64: 40.0, 256: 70.0, 1024: 160.0}.get(pods, 120.0 * pods / 1024)
+    # for 1,024 on the 2-core machine), so the first attempt is all Running at once; past
+    # 1,024 longer than the start limit, so a slow start is seen as one, not as pods ending
+    run_s = {64: 40.0, 256: 70.0, 1024: 160.0}.get(pods, max(120.0 * pods / 1024, start_limit + 120.0))
     res: dict[str, Any] = {"pods": pods}
     client = gcs(url)
     proxy = CountingProxy(url)
@@ -515,6 +575,8 @@ def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool 
         "pod_annotations": timing(run_s=run_s, start_s=2.0)}))
     watcher = Watcher(cl.c, name, pods)
     watcher.start()
+    sampler = Sampler(cl.root, watcher)
+    sampler.start()
     writer = Writer(client, name, watcher)
     writer.start()
     follow = Follow(xrun_cmd("submit", "-f", str(run_file), "--follow"),
@@ -541,7 +603,23 @@ def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool 
         if "running-0" in watcher.t and not res.get("_said_running"):
             res["_said_running"] = True
             print(f"[{pods}] all pods Running after {watcher.t['running-0'] - follow.started:.0f}s", flush=True)
+        if "running-0" not in watcher.t and time.time() - follow.started > start_limit:
+            follow.p.kill()
+            writer.stop.set()
+            watcher.stop.set()
+            sampler.stop.set()
+            proxy.close()
+            res["broke"] = {
+                "start_limit_s": start_limit, "max_running": sampler.max_running[0],
+                "max_running_at_s": sampler.max_running[1], "phases_at_limit": sampler.phases,
+                "peak_rss_mb": dict(sampler.peak_rss_mb), "cores": sampler.cores(),
+                "load_avg_max": max(sampler.load, default=0.0)}
+            print(f"[{pods}] not all Running within {start_limit:.0f}s: {broke_line(res)}", flush=True)
+            return res
     end = time.time()
+    sampler.stop.set()
+    res["control_plane"] = {"peak_rss_mb": dict(sampler.peak_rss_mb), "cores": sampler.cores(),
+                            "load_avg_max": max(sampler.load, default=0.0)}
     if follow.p.poll() is None:
         follow.p.kill()
         raise SystemExit(f"[{pods}] follow did not end in 30 min; stderr: {follow.err[-20:]}")
@@ -604,9 +682,24 @@ def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool 
     return res
 
 
+def broke_line(r: dict[str, Any]) -> str:
+    b = r["broke"]
+    rss = ", ".join(f"{k} {v:.0f}" for k, v in sorted(b["peak_rss_mb"].items(), key=lambda kv: -kv[1]))
+    cores = ", ".join(f"{k} {v:.2f}" for k, v in sorted(b["cores"].items(), key=lambda kv: -kv[1]) if v >= 0.01)
+    return (f"at most {b['max_running']} of {r['pods']} Running at once ({b['max_running_at_s']:.0f} s in); "
+            f"first attempt's pods at the limit {b['phases_at_limit']}; peak RSS (MB): {rss}; "
+            f"CPU (cores, mean): {cores}; load average up to {b['load_avg_max']:.1f}")
+
+
 def report(results: list[dict[str, Any]]) -> str:
+    broke = [r for r in results if "broke" in r]
+    results = [r for r in results if "broke" not in r]
+    out = [f"{r['pods']} pods: not all Running within {r['broke']['start_limit_s']:.0f} s of the submit: "
+           f"{broke_line(r)}" for r in broke]
+    if not results:
+        return "\n".join(out)
+    out += [""] if out else []
     cols = [r["pods"] for r in results]
-    out = []
 
     def row(label: str, values: list[str]) -> None:
         out.append(f"| {label} | " + " | ".join(values) + " |")
@@ -644,6 +737,11 @@ def report(results: list[dict[str, Any]]) -> str:
                 f" ({r['listed_runs']} runs)" for r in results])
     if labels:
         row("stored logs (MiB, all hosts)", [f"{r['bulk_bytes'] / 2**20:.0f}" for r in results])
+    parts = sorted({k for r in results for k in r.get("control_plane", {}).get("peak_rss_mb", {})})
+    for k in parts:
+        row(f"control plane: {k} peak RSS (MB) / CPU (cores)", [
+            f"{r['control_plane']['peak_rss_mb'].get(k, 0):.0f} / {r['control_plane']['cores'].get(k, 0):.2f}"
+            if "control_plane" in r else "-" for r in results])
     return "\n".join(out)
 
 
@@ -657,6 +755,10 @@ def main() -> int:
     ap.add_argument("--from-source", action="store_true",
                     help="do not byte-compile xrun's modules first (with PYTHONDONTWRITEBYTECODE=1 every "
                          "command compiles them again: how the figures were measured before this flag)")
+    ap.add_argument("--start-limit", type=float, default=600.0, metavar="S",
+                    help="a size whose pods are not all Running this long after the submit is where "
+                         "the machine breaks: recorded (pods Running, each component's memory and CPU), "
+                         "and the next size runs (default 600)")
     a = ap.parse_args()
     if not a.from_source:
         compile_xrun()
@@ -667,32 +769,38 @@ def main() -> int:
 
     exe = binary()
     work = Path(tempfile.mkdtemp(prefix="xrun-scale-"))
-    t0 = time.time()
-    cl = ClusterProc(work / "cluster", max(a.pods) // HOSTS_PER_SLICE)
-    print(f"control plane with {max(a.pods)} TPU nodes up in {time.time() - t0:.0f}s ({work})", flush=True)
     results: list[dict[str, Any]] = []
-    try:
-        # one emulator for every size, the other runs seeded once: each size's run is listed
-        # beside them and the runs of the sizes before it
-        with fake_gcs_server(exe) as url:
-            client = gcs(url)
-            client.create_bucket(BUCKET)
-            if not a.follow_only:  # only `list` reads them
-                t0 = time.time()
-                seed_runs(client, LIST_RUNS)
-                print(f"seeded {LIST_RUNS} runs in {time.time() - t0:.0f}s", flush=True)
-            for p in a.pods:
-                results.append(bench_size(cl, p, url, work, commands=not a.follow_only))
-                print()
-                print(report(results))  # so far: a size that cannot finish leaves the ones before it
-                print()
-                r = results[-1]
+    # one emulator for every size, the other runs seeded once: each size's run is listed
+    # beside them and the runs of the sizes before it
+    with fake_gcs_server(exe) as url:
+        client = gcs(url)
+        client.create_bucket(BUCKET)
+        if not a.follow_only:  # only `list` reads them
+            t0 = time.time()
+            seed_runs(client, LIST_RUNS)
+            print(f"seeded {LIST_RUNS} runs in {time.time() - t0:.0f}s", flush=True)
+        for p in a.pods:
+            # a control plane per size, with a node per host: a smaller run is not measured
+            # beside a larger one's idle nodes (4,096 nodes' heartbeats alone take 0.65 cores)
+            t0 = time.time()
+            cl = ClusterProc(work / f"cluster-{p}", p // HOSTS_PER_SLICE)
+            up_s = time.time() - t0
+            print(f"control plane with {p} TPU nodes up in {up_s:.0f}s ({work})", flush=True)
+            try:
+                results.append(bench_size(cl, p, url, work, commands=not a.follow_only,
+                                          start_limit=a.start_limit))
+            finally:
+                cl.down()
+            results[-1]["control_plane_up_s"] = up_s
+            print()
+            print(report(results))  # so far: a size that cannot finish leaves the ones before it
+            print()
+            r = results[-1]
+            if "broke" not in r:
                 print(f"{r['pods']} pods: follow exit {r['follow_rc']}, lines printed {r['follow_lines']}, "
                       f"failed {r.get('failed_pod')}; last stderr: {r['follow_stderr_tail'][-3:]}", flush=True)
-                if a.json:
-                    a.json.write_text(json.dumps(results, indent=1, default=str))
-    finally:
-        cl.down()
+            if a.json:
+                a.json.write_text(json.dumps(results, indent=1, default=str))
     return 0
 
 
