@@ -151,6 +151,7 @@ class Watcher(threading.Thread):
         super().__init__(daemon=True)
         self.c, self.name, self.n = c, name, pods
         self.pods: dict[str, tuple[int, str, str, str]] = {}  # uid -> (attempt, phase, host, pod)
+        self.bound: set[str] = set()  # uids of pods the scheduler gave a node
         self.lock = threading.Lock()
         self.t: dict[str, float] = {}
         self.stop = threading.Event()
@@ -210,8 +211,11 @@ class Watcher(threading.Thread):
         with self.lock:
             if etype == "DELETED":
                 self.pods.pop(meta["uid"], None)
+                self.bound.discard(meta["uid"])
             else:
                 self.pods[meta["uid"]] = (attempt, (obj.get("status") or {}).get("phase", ""), host, meta["name"])
+                if (obj.get("spec") or {}).get("nodeName"):
+                    self.bound.add(meta["uid"])
             for a in (0, 1):
                 started = sum(1 for x in self.pods.values() if x[0] == a and x[1] in ("Running", "Succeeded"))
                 if started >= self.n:
@@ -246,17 +250,24 @@ class Sampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(SAMPLE_SECONDS):
-            for k, pid in self.pids.items():
-                with contextlib.suppress(OSError, ValueError):
-                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                        if line.startswith("VmRSS:"):
-                            self.peak_rss_mb[k] = max(self.peak_rss_mb[k], int(line.split()[1]) / 1024)
-            self.load.append(os.getloadavg()[0])
-            with self.w.lock:
-                phases = collections.Counter(ph for a, ph, _h, _p in self.w.pods.values() if a == 0)
-            self.phases = dict(phases)
-            if phases["Running"] > self.max_running[0]:
-                self.max_running = (phases["Running"], time.time() - self.t0)
+            self.sample()
+
+    def sample(self) -> None:
+        for k, pid in self.pids.items():
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        self.peak_rss_mb[k] = max(self.peak_rss_mb[k], int(line.split()[1]) / 1024)
+        self.load.append(os.getloadavg()[0])
+        with self.w.lock:
+            phases = collections.Counter(
+                ph if ph != "Pending" else "Pending, bound to a node" if uid in self.w.bound else
+                "Pending, not scheduled" for uid, (a, ph, _h, _p) in self.w.pods.items() if a == 0)
+        # pods the Job controller has not created yet
+        phases["not created"] = max(0, self.w.n - sum(phases.values()))
+        self.phases = dict(phases)
+        if phases["Running"] > self.max_running[0]:
+            self.max_running = (phases["Running"], time.time() - self.t0)
 
     def cores(self) -> dict[str, float]:
         """Each process's mean CPU use since the sampler started (cores)."""
@@ -347,8 +358,9 @@ class Writer(threading.Thread):
                 self.metrics_chunk(attempt, STEPS_PER_CHUNK)
             if time.monotonic() - last_logs >= LIVE_CHUNK_SECONDS:
                 last_logs = time.monotonic()
-                list(self.pool.map(lambda hp, a=attempt: self.log_chunk(hp[0], a, LIVE_LINES), running))
-                self.written += len(running)
+                with contextlib.suppress(Exception):  # a shipper retries its chunk later
+                    list(self.pool.map(lambda hp, a=attempt: self.log_chunk(hp[0], a, LIVE_LINES), running))
+                    self.written += len(running)
 
     def bulk(self, hosts: list[str]) -> int:
         """Each host's log to BULK_MB over both attempts (less past BULK_MAX_HOSTS hosts),
@@ -606,8 +618,10 @@ def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool 
         if "running-0" not in watcher.t and time.time() - follow.started > start_limit:
             follow.p.kill()
             writer.stop.set()
+            writer.join()
             watcher.stop.set()
             sampler.stop.set()
+            sampler.sample()  # as things stand at the limit
             proxy.close()
             res["broke"] = {
                 "start_limit_s": start_limit, "max_running": sampler.max_running[0],
