@@ -595,7 +595,7 @@ def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool 
                     {**env, "STORAGE_EMULATOR_HOST": proxy.url})
     proxy.reset()
     failed = False
-    deadline = time.time() + 1800
+    deadline = time.time() + max(1800.0, 2 * start_limit + run_s + 300)  # two starts and a run
     while follow.p.poll() is None and time.time() < deadline:
         time.sleep(0.2)
         if "running-0" in watcher.t and "status_running_s" not in res:
@@ -636,7 +636,7 @@ def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool 
                             "load_avg_max": max(sampler.load, default=0.0)}
     if follow.p.poll() is None:
         follow.p.kill()
-        raise SystemExit(f"[{pods}] follow did not end in 30 min; stderr: {follow.err[-20:]}")
+        raise SystemExit(f"[{pods}] follow did not end in {deadline - follow.started:.0f} s; stderr: {follow.err[-20:]}")
     writer.stop.set()
     writer.join()
     time.sleep(0.5)
