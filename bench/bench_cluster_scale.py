@@ -11,7 +11,8 @@ A real control plane per size (tests/cluster/up.sh, with ``--tpu-pool v6e-256:N`
 node per TPU VM, labelled as GKE labels a v6e-256 slice's node pool), and one
 fake-gcs-server for all sizes. A size whose pods are not all Running at once within
 ``--start-limit`` seconds is where this machine breaks: the bench records how many ran, the
-phases, each control-plane process's peak RSS and CPU, and goes on to the next size. For each size, xrun renders its JobSet for ``--tpu v6e-256 --num-slices N`` and
+phases, each control-plane process's peak RSS and CPU, and goes on to the next size.
+For each size, xrun renders its JobSet for ``--tpu v6e-256 --num-slices N`` and
 ``xrun submit --follow`` follows it; KWOK's stages take the pods Pending -> Running ->
 Succeeded (timing by pod annotations), one pod is failed with exit 42 (KWOK's chaos stage)
 once all are Running, so JobSet restarts the whole set, and the second attempt runs to
@@ -254,25 +255,25 @@ class Sampler(threading.Thread):
 
     def sample(self) -> None:
         for k, pid in self.pids.items():
-            with contextlib.suppress(OSError, ValueError):
-                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                    if line.startswith("VmRSS:"):
-                        self.peak_rss_mb[k] = max(self.peak_rss_mb[k], int(line.split()[1]) / 1024)
+            self.peak_rss_mb[k] = max(self.peak_rss_mb[k], status_kb(pid, "VmRSS") / 1024)
         self.load.append(os.getloadavg()[0])
         with self.w.lock:
             phases = collections.Counter(
                 ph if ph != "Pending" else "Pending, bound to a node" if uid in self.w.bound else
                 "Pending, not scheduled" for uid, (a, ph, _h, _p) in self.w.pods.items() if a == 0)
-        # pods the Job controller has not created yet
+        # pods the watch has not seen: not created yet by the Job controller, or the watch behind
         phases["not created"] = max(0, self.w.n - sum(phases.values()))
         self.phases = dict(phases)
         if phases["Running"] > self.max_running[0]:
             self.max_running = (phases["Running"], time.time() - self.t0)
 
-    def cores(self) -> dict[str, float]:
-        """Each process's mean CPU use since the sampler started (cores)."""
+    def figures(self) -> dict[str, Any]:
+        """Each process's peak RSS and mean CPU use since the sampler started (cores), and
+        the highest load average seen."""
         window = max(1e-9, time.time() - self.t0)
-        return {k: (self._cpu(pid) - self.cpu0[k]) / window for k, pid in self.pids.items()}
+        return {"peak_rss_mb": dict(self.peak_rss_mb),
+                "cores": {k: (self._cpu(pid) - self.cpu0[k]) / window for k, pid in self.pids.items()},
+                "load_avg_max": max(self.load, default=0.0)}
 
 
 def gone(c: Any, name: str) -> bool:
@@ -491,16 +492,23 @@ class Follow:
         return next((t for t, line in self.err if t >= after and rx.search(line)), None)
 
 
+def status_kb(pid: int, key: str) -> int:
+    """One kB figure of /proc/PID/status (VmRSS, VmHWM); 0 for a process gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+    return 0
+
+
 def tree_hwm_kb(pid: int) -> int:
     """VmHWM of a process and its children (kB)."""
     total = 0
     todo = [pid]
     while todo:
         p = todo.pop()
+        total += status_kb(p, "VmHWM")
         with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    total += int(line.split()[1])
             for t in Path(f"/proc/{p}/task").iterdir():
                 with contextlib.suppress(OSError):
                     todo += [int(c) for c in (t / "children").read_text().split()]
@@ -626,14 +634,12 @@ def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool 
             res["broke"] = {
                 "start_limit_s": start_limit, "max_running": sampler.max_running[0],
                 "max_running_at_s": sampler.max_running[1], "phases_at_limit": sampler.phases,
-                "peak_rss_mb": dict(sampler.peak_rss_mb), "cores": sampler.cores(),
-                "load_avg_max": max(sampler.load, default=0.0)}
+                **sampler.figures()}
             print(f"[{pods}] not all Running within {start_limit:.0f}s: {broke_line(res)}", flush=True)
             return res
     end = time.time()
     sampler.stop.set()
-    res["control_plane"] = {"peak_rss_mb": dict(sampler.peak_rss_mb), "cores": sampler.cores(),
-                            "load_avg_max": max(sampler.load, default=0.0)}
+    res["control_plane"] = sampler.figures()
     if follow.p.poll() is None:
         follow.p.kill()
         raise SystemExit(f"[{pods}] follow did not end in {deadline - follow.started:.0f} s; stderr: {follow.err[-20:]}")

@@ -142,10 +142,10 @@ def spec_from_options(opts: dict[str, Any]) -> RunSpec:
 def _warn_corrupt(storage: Any, name: str) -> None:
     """One warning line per corrupt stored record of the run (status, logs, checkpoints and
     list all say it, and all show the state as Unknown)."""
-    from orchestrator.readers.loaders import record_problems
+    from orchestrator.readers.loaders import corrupt_line, record_problems
 
     for problem in record_problems(storage, name):
-        warn(f"run {name}: {problem}: state {UNKNOWN}")
+        warn(corrupt_line(name, problem))
 
 
 @click.command()
@@ -585,6 +585,7 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
     """
     from orchestrator.cli.common import rfc3339
     from orchestrator.cli.screen import STATE_STYLE, age
+    from orchestrator.readers.loaders import corrupt_line
     from xrun_contract import significant
 
     where = _run_filter(selector, states, older_than, newer_than)
@@ -593,7 +594,7 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
     items = runs.list_runs(st, cluster, where)
     for r in items:
         if r.get("state") == UNKNOWN and r.get("message"):
-            warn(f"run {r['name']}: {r['message']}: state {UNKNOWN}")
+            warn(corrupt_line(r["name"], r["message"]))
     if fmt in ("json", "yaml"):
         click.echo(dump(items, fmt), nl=False)
         return EXIT_OK

@@ -358,6 +358,11 @@ def record_problems(storage: Storage, name: str) -> list[str]:
     return out
 
 
+def corrupt_line(name: str, problem: str) -> str:
+    """The one warning line status, logs and checkpoints give for a corrupt record."""
+    return f"run {name}: {problem}: state {UNKNOWN}"
+
+
 def mark_unknown(rec: RunRecord) -> None:
     """A run with a corrupt stored record: state UNKNOWN, the reason and the file as its
     message (a state.json read earlier, or the metrics' end record, is not trusted)."""

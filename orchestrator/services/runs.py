@@ -28,7 +28,7 @@ from orchestrator.background import Background
 from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.figures import stall
-from orchestrator.readers.loaders import StoredRun, apply_state, read_stored_run
+from orchestrator.readers.loaders import StoredRun, apply_state, corrupt_line, read_stored_run
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
 from orchestrator.services import code
@@ -40,7 +40,6 @@ from xrun_contract import (
     PENDING,
     RUN_NAME_RE,
     SUCCEEDED,
-    UNKNOWN,
     XRUN_VERSION,
     Env,
     Layout,
@@ -698,13 +697,13 @@ def status(storage: Storage, name: str, context: str | None = None,
     checkpoints = listing.result()
     if warn is not None:
         for problem in rec.problems:
-            warn(f"run {name}: {problem}: state {UNKNOWN}")
+            warn(corrupt_line(name, problem))
     if ended:
         live = None
     elif asking is None:
-        live = observe(storage, name, backend, warn, recorded=recorded or None)
+        live = observe(storage, name, backend, warn, recorded=recorded)
     else:
-        live = observe(storage, name, backend, warn, asked=asking.result, recorded=recorded or None)
+        live = observe(storage, name, backend, warn, asked=asking.result, recorded=recorded)
     if live is not None and not _says(recorded, live):
         state = _read(storage, Layout.state(name))  # observe recorded the change: its transition
         if state is not None:
