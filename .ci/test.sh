@@ -13,4 +13,12 @@ python -m pip install -q --upgrade pip
 python -m pip install -q -e ".[workload,test]"
 ruff check .
 mypy  # packages and settings: [tool.mypy] in pyproject.toml
-python -m pytest -q "$@"
+# Every test process, and every process they start (CLI, supervisors, workload hosts), reads
+# the project's modules from __pycache__ once compiled: with PYTHONDONTWRITEBYTECODE set (as
+# some images do) each of them compiled every module again, and pytest rewrote every test
+# module's asserts again in each worker.
+unset PYTHONDONTWRITEBYTECODE
+python -m compileall -q -j 0 orchestrator manifests workload xrun_contract tests bench >/dev/null
+# Workers: most tests wait (on subprocesses, the control plane, the emulator), so more
+# workers than cores. Tests that need one process stay together (tests/conftest.py groups).
+python -m pytest -q -n "${XRUN_TEST_WORKERS:-4}" --dist loadgroup "$@"

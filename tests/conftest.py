@@ -104,3 +104,81 @@ def cluster(tmp_path_factory):
         yield c
     finally:
         stop(root)
+
+
+# --- Parallel runs (pytest-xdist, `--dist loadgroup`, what .ci/test.sh runs) ---------------
+def _group(item: pytest.Item) -> str | None:
+    """The xdist group an item must run in, or None where any worker will do.
+
+    The control plane is one per worker process (a session fixture): every test that asks
+    for it runs on one worker, so the suite starts one. A module-scoped fixture (a shared
+    training run, a MaxText log) is made once per worker that runs one of its tests: its
+    module's tests stay together, so it is made once."""
+    names = item.fixturenames
+    if "cluster" in names:
+        return "cluster"
+    defs = getattr(item, "_fixtureinfo", None)
+    for name in names:
+        for fd in (defs.name2fixturedefs.get(name, ()) if defs else ()):
+            if fd.scope == "module":
+                return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each item's group, and put the grouped items first, largest group first: under
+    xdist a group is one unit of work, and the longest unit must start at once for the suite
+    to end when its parallel part does."""
+    groups: dict[str | None, int] = {}
+    for item in items:
+        g = _group(item)
+        if g is not None:
+            item.add_marker(pytest.mark.xdist_group(g))
+        groups[g] = groups.get(g, 0) + 1
+        item.stash[_GROUP] = g
+    rank = {g: (0 if g == "cluster" else 1, -n) for g, n in groups.items() if g is not None}
+    items.sort(key=lambda it: rank.get(it.stash[_GROUP], (2, 0)))
+
+
+_GROUP = pytest.StashKey[str | None]()
+
+
+# --- Durations against the committed baseline (tests/durations.json) -----------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--write-durations", metavar="PATH", default=None,
+                     help="write each test's seconds (setup+call+teardown) as JSON to PATH "
+                          "(the baseline is tests/durations.json)")
+
+
+_SECONDS: dict[str, float] = {}
+BASELINE = REPO / "tests" / "durations.json"
+SLOW_NEW_S = 5.0  # a test absent from the baseline that takes longer is named
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Name the tests that got slow: over twice their baseline and 5 s more, or new and
+    over 5 s. Information for a reviewer, never a failure (the machine's load varies)."""
+    import json
+
+    if hasattr(config, "workerinput") or not _SECONDS:
+        return
+    path = config.getoption("--write-durations")
+    if path:
+        Path(path).write_text(json.dumps({k: round(v, 2) for k, v in sorted(_SECONDS.items())},
+                                         indent=0) + "\n")
+    try:
+        base = json.loads(BASELINE.read_text())
+    except (OSError, ValueError):
+        return
+    slow = sorted(((s, n, base.get(n)) for n, s in _SECONDS.items()
+                   if (n in base and s > 2 * base[n] + 5) or (n not in base and s > SLOW_NEW_S)),
+                  reverse=True)
+    if slow:
+        terminalreporter.section("slower than tests/durations.json")
+        for s, n, b in slow[:20]:
+            was = f"{b:.1f} s" if b is not None else "new"
+            terminalreporter.write_line(f"{s:7.1f} s  (baseline {was})  {n}")
