@@ -4,8 +4,43 @@
 from __future__ import annotations
 
 import re
+import string
 
 from xrun_contract import records as records
+
+# Each line is defined once, by its format; its reader is derived from it (``line_re``).
+INT = r"\d+"
+NUMBER = r"[\d.]+"  # what a fixed-point field ("{x:.3f}") prints
+FLOAT = r"[\d.eE+-]+"  # any rendering of a number
+FLOAT_NAN = FLOAT + "|nan|inf"
+_REGEX_SPECIAL = re.compile(r"[\\.^$*+?{}\[\]|()]")  # what a literal must escape (not spaces)
+# The pattern of a field by its name, where the line does not say otherwise.
+FIELD_PATTERNS = {"step": INT, "previous": INT, "process": INT, "attempt": INT, "host": r"\S+"}
+
+
+def line_re(fmt: str, *, anchored: bool = False, end: str = "", until: str | None = None,
+            **fields: str) -> re.Pattern[str]:
+    """The regex that reads back lines written with ``fmt``: its literal text escaped, each
+    ``{name}`` / ``{name:spec}`` a named group. A field's pattern is ``fields[name]``, else
+    FIELD_PATTERNS[name], else NUMBER for a fixed-point spec; a pattern that holds its own
+    ``(?P<name>`` group is taken whole (an optional part). ``until`` names the first field
+    not read (the regex ends before the text leading to it); ``end`` is appended, and
+    ``anchored`` pins the start."""
+    parts = ["^"] if anchored else []
+    for literal, name, spec, _ in string.Formatter().parse(fmt):
+        if until is not None and name == until:
+            break
+        parts.append(_REGEX_SPECIAL.sub(r"\\\g<0>", literal))
+        if name is None:
+            continue
+        pattern = fields.get(name) or FIELD_PATTERNS.get(name)
+        if pattern is None and spec and spec.endswith("f"):
+            pattern = NUMBER
+        if pattern is None:
+            raise ValueError(f"line_re: no pattern for field {name!r} of {fmt!r}")
+        parts.append(pattern if f"(?P<{name}>" in pattern else f"(?P<{name}>{pattern})")
+    return re.compile("".join(parts) + end)
+
 
 # Numbers in the step line are written by ``format_step_line`` with significant digits in
 # plain notation (0.00123, not 0.001 or 1.23e-03), so small CPU rates stay readable; the
@@ -14,12 +49,8 @@ STEP_LINE = (
     "completed step: {step}, seconds: {seconds}, TFLOP/s/device: {tflops}, "
     "Tokens/s/device: {tokens}, total_weights: {total_weights}, loss: {loss}"
 )
-STEP_RE = re.compile(
-    r"completed step: (?P<step>\d+), seconds: (?P<seconds>[\d.eE+-]+), "
-    r"TFLOP/s/device: (?P<tflops>[\d.eE+-]+|nan|inf), "
-    r"Tokens/s/device: (?P<tokens>[\d.eE+-]+|nan|inf), total_weights: (?P<total_weights>\d+), "
-    r"loss: (?P<loss>[\d.eE+-]+|nan|inf)"
-)
+STEP_RE = line_re(STEP_LINE, seconds=FLOAT, tflops=FLOAT_NAN, tokens=FLOAT_NAN,
+                  total_weights=INT, loss=FLOAT_NAN)
 
 
 def significant(x: float, digits: int = 4) -> str:
@@ -50,9 +81,11 @@ def fixed_or_significant(x: float, decimals: int, digits: int = 3) -> str:
     return significant(x, digits) if x and float(fixed) == 0 else fixed
 
 
-PARAMS_LINE = "number parameters: {billions:.3f} billion"
-# MaxText's billions, or (xrun's line for small models) millions or a plain count.
-PARAMS_RE = re.compile(r"number parameters: (?P<value>\d[\d,]*(?:\.\d+)?)(?: (?P<unit>billion|million))?")
+# MaxText's billions ("number parameters: 1.104 billion"), or (xrun's line for small models)
+# millions or a plain count: ``unit`` is " billion", " million" or "".
+PARAMS_LINE = "number parameters: {value}{unit}"
+PARAMS_RE = line_re(PARAMS_LINE, value=r"\d[\d,]*(?:\.\d+)?",
+                    unit=r"(?: (?P<unit>billion|million))?")
 PARAMS_UNITS = {"billion": 1e9, "million": 1e6, None: 1.0}
 FLOPS_LINE = (
     "Per train step: Total TFLOPs: {total:.2f} split as {learnable_pct:.2f}% learnable "
@@ -65,26 +98,20 @@ def format_params_line(count: float) -> str:
     ('0.107 million') or as a plain count ('42,816'), never '0.000107 billion'. PARAMS_RE
     reads all three."""
     if count >= 1e8:
-        return PARAMS_LINE.format(billions=count / 1e9)
+        return PARAMS_LINE.format(value=f"{count / 1e9:.3f}", unit=" billion")
     if count >= 1e5:
-        return f"number parameters: {count / 1e6:.3f} million"
-    return f"number parameters: {count:,.0f}"
+        return PARAMS_LINE.format(value=f"{count / 1e6:.3f}", unit=" million")
+    return PARAMS_LINE.format(value=f"{count:,.0f}", unit="")
 
 
 def format_flops_line(total: float, learnable_pct: float, attention_pct: float) -> str:
-    """FLOPS_LINE, never 'Total TFLOPs: 0.00' (FLOPS_RE reads both)."""
+    """FLOPS_LINE, never 'Total TFLOPs: 0.00' (the parser's MaxText readers take both)."""
     return FLOPS_LINE.replace("{total:.2f}", fixed_or_significant(total, 2)).format(
         learnable_pct=learnable_pct, attention_pct=attention_pct)
 
 
-FLOPS_RE = re.compile(
-    r"Per train step: Total TFLOPs: (?P<total>[\d.]+) split as (?P<learnable_pct>[\d.]+)% "
-    r"learnable weight flops and (?P<attention_pct>[\d.]+)% attention flops"
-)
 MEMORY_LINE = "Using (GB) {used:.2f} / {total:.2f} ({pct:.6f}%) on {device}"
-MEMORY_RE = re.compile(
-    r"Using \(GB\) (?P<used>[\d.]+) / (?P<total>[\d.]+) \((?P<pct>[\d.]+)%\) on (?P<device>\S+)"
-)
+MEMORY_RE = line_re(MEMORY_LINE, device=r"\S+")
 # Header lines "xrun header <key>: <value>". The workload prints two, on process 0 only:
 #   xrun header versions: xrun=0.1.0 jax=0.10.2 jaxlib=0.10.2 backend=cpu ... mesh={"data":1,"fsdp":4}
 #   xrun header config: preset=tiny steps=10 checkpoint_every=4   (only keys that differ
@@ -93,7 +120,7 @@ MEMORY_RE = re.compile(
 # versions line back into the HEADER_KEYS dict; any other key is one field (older logs and
 # other tools print one line per key: "xrun header jax: 0.10.2").
 HEADER_LINE = "xrun header {key}: {value}"
-HEADER_RE = re.compile(r"xrun header (?P<key>[a-z_]+): (?P<value>.*?)\s*$")
+HEADER_RE = line_re(HEADER_LINE, key=r"[a-z_]+", value=r".*?", end=r"\s*$")
 HEADER_KEYS = (
     "xrun", "jax", "jaxlib", "backend", "process_id", "process_count", "local_devices",
     "global_devices", "device_kind", "mesh", "accelerator", "image", "commit", "config",
@@ -115,53 +142,35 @@ def header_fields(key: str, value: str) -> dict[str, str]:
     return {key: value}
 # Checkpoint events.
 CKPT_START_LINE = "checkpoint save started: step {step}"
-CKPT_START_RE = re.compile(r"checkpoint save started: step (?P<step>\d+)")
+CKPT_START_RE = line_re(CKPT_START_LINE)
 CKPT_BLOCKED_LINE = "checkpoint save blocked training: step {step}, seconds: {seconds:.3f}"
-CKPT_BLOCKED_RE = re.compile(
-    r"checkpoint save blocked training: step (?P<step>\d+), seconds: (?P<seconds>[\d.]+)"
-)
+CKPT_BLOCKED_RE = line_re(CKPT_BLOCKED_LINE)
 CKPT_WAIT_PREVIOUS_LINE = "checkpoint waiting for previous save: step {step}, seconds: {seconds:.3f}"
-CKPT_WAIT_PREVIOUS_RE = re.compile(
-    r"checkpoint waiting for previous save: step (?P<step>\d+), seconds: (?P<seconds>[\d.]+)"
-)
+CKPT_WAIT_PREVIOUS_RE = line_re(CKPT_WAIT_PREVIOUS_LINE)
 CKPT_COMMIT_LINE = "checkpoint committed: step {step}, seconds: {seconds:.3f}"
-CKPT_COMMIT_RE = re.compile(
-    r"checkpoint committed: step (?P<step>\d+), seconds: (?P<seconds>[\d.]+)"
-)
+CKPT_COMMIT_RE = line_re(CKPT_COMMIT_LINE)
 CKPT_RESTORED_LINE = "checkpoint restored: step {step}"
-CKPT_RESTORED_RE = re.compile(r"checkpoint restored: step (?P<step>\d+)")
+CKPT_RESTORED_RE = line_re(CKPT_RESTORED_LINE)
 # A save came due while the previous one was still being written: it is not waited for,
 # the save happens at the first step after the previous one committed (workload/checkpointing.py).
 CKPT_DEFERRED_LINE = (
     "checkpoint save deferred: step {step}, previous save of step {previous} still writing"
 )
-CKPT_DEFERRED_RE = re.compile(
-    r"checkpoint save deferred: step (?P<step>\d+), previous save of step (?P<previous>\d+) "
-    r"still writing"
-)
+CKPT_DEFERRED_RE = line_re(CKPT_DEFERRED_LINE)
 # A save came due while storage did not answer (an outage): deferred the same way, to the
 # first step boundary at which every process reaches storage again; training goes on.
 CKPT_DEFERRED_STORAGE_LINE = "checkpoint save deferred: step {step}, storage unavailable: {error}"
-CKPT_DEFERRED_STORAGE_RE = re.compile(
-    r"checkpoint save deferred: step (?P<step>\d+), storage unavailable: (?P<error>.*)"
-)
+CKPT_DEFERRED_STORAGE_RE = line_re(CKPT_DEFERRED_STORAGE_LINE, error=r".*")
 # The last step's and a SIGTERM save must commit before the process exits: that wait.
 CKPT_EXIT_WAIT_LINE = "checkpoint waiting to commit before exit: step {step}, seconds: {seconds:.3f}"
-CKPT_EXIT_WAIT_RE = re.compile(
-    r"checkpoint waiting to commit before exit: step (?P<step>\d+), seconds: (?P<seconds>[\d.]+)"
-)
+CKPT_EXIT_WAIT_RE = line_re(CKPT_EXIT_WAIT_LINE)
 # A committed step that does not restore (corrupt or missing data): the run falls back to
 # the previous committed step. One line per failed step, with the error's first line.
 CKPT_RESTORE_FAILED_LINE = "checkpoint restore failed: step {step}, error: {error}"
-CKPT_RESTORE_FAILED_RE = re.compile(
-    r"checkpoint restore failed: step (?P<step>\d+), error: (?P<error>.*?)\s*$"
-)
+CKPT_RESTORE_FAILED_RE = line_re(CKPT_RESTORE_FAILED_LINE, error=r".*?", end=r"\s*$")
 # A checkpoint write failed on some process: every process exits with the restartable code.
 CKPT_WRITE_FAILED_LINE = "checkpoint write failed: step {step}, process {process}, error: {error}"
-CKPT_WRITE_FAILED_RE = re.compile(
-    r"checkpoint write failed: step (?P<step>\d+), process (?P<process>\d+), "
-    r"error: (?P<error>.*?)\s*$"
-)
+CKPT_WRITE_FAILED_RE = line_re(CKPT_WRITE_FAILED_LINE, error=r".*?", end=r"\s*$")
 
 # Startup phases (#15, #16). Process 0 prints one line when a phase ends, naming what the
 # process does from then on, and writes a "phase" record (below) with the same fields:
@@ -187,25 +196,21 @@ PHASE_LINE = "xrun phase: {activity}, seconds: {seconds:.3f}"
 # Appended to a phase line: "seconds" is the offset from the process start; this says how
 # long the activity that just ended took (its own span when a thread ran it alongside).
 PHASE_TOOK = " since start; {activity} took {seconds} s"  # seconds: significant(x, 3)
-PHASE_RE = re.compile(
-    r"xrun phase: (?P<activity>[a-z ]+?)(?: step (?P<step>\d+))?, seconds: (?P<seconds>[\d.]+)"
-)
+PHASE_RE = line_re(PHASE_LINE, activity=r"(?P<activity>[a-z ]+?)(?: step (?P<step>\d+))?")
 
 
 # Lines of the pod launcher that runs the user's command (names kept from the former
 # Python wrapper, so runs of either kind read back the same).
 WRAPPER_START_LINE = "xrun-wrapper: start host={host} attempt={attempt} argv={argv}"  # argv as JSON: one line
 WRAPPER_END_LINE = "xrun-wrapper: end host={host} exit_code={code} seconds={seconds:.3f}"
-WRAPPER_START_RE = re.compile(r"xrun-wrapper: start host=(?P<host>\S+) attempt=(?P<attempt>\d+)")
-WRAPPER_END_RE = re.compile(
-    r"xrun-wrapper: end host=(?P<host>\S+) exit_code=(?P<code>-?\d+) seconds=(?P<seconds>[\d.]+)"
-)
+WRAPPER_START_RE = line_re(WRAPPER_START_LINE, until="argv")
+WRAPPER_END_RE = line_re(WRAPPER_END_LINE, code=r"-?\d+")
 EXIT_CODE_LINE = "EXIT_CODE={code}"
 # ``xrun doctor``'s storage probe (workload/probe.py): one line, a JSON object with root, key,
 # ok, error, account and scopes (the identity GCS saw from the pod's node).
 PROBE_LINE = "xrun probe: {json}"
-PROBE_RE = re.compile(r"^xrun probe: (\{.*\})\s*$")
-EXIT_CODE_RE = re.compile(r"^EXIT_CODE=(?P<code>-?\d+)\s*$")
+PROBE_RE = line_re(PROBE_LINE, anchored=True, json=r"\{.*\}", end=r"\s*$")
+EXIT_CODE_RE = line_re(EXIT_CODE_LINE, anchored=True, code=r"-?\d+", end=r"\s*$")
 
 
 # ---------------------------------------------------------------------------------------
@@ -265,7 +270,7 @@ TENSORBOARD_SCALARS = {
 # PLATFORM_MISMATCH_EXIT_CODE.
 FAILURE_KINDS = ("infrastructure", "user", "platform")
 FAILURE_LINE = "xrun failure: {kind}: {why}; exit code {code}"
-FAILURE_RE = re.compile(r"xrun failure: (?P<kind>[a-z]+): (?P<why>.*); exit code (?P<code>\d+)")
+FAILURE_RE = line_re(FAILURE_LINE, kind=r"[a-z]+", why=r".*", code=r"\d+")
 
 
 def host_prefix(host: str, attempt: int) -> str:
@@ -292,7 +297,6 @@ __all__ = [
     "FLOPS_LINE",
     "format_params_line",
     "format_flops_line",
-    "FLOPS_RE",
     "MEMORY_LINE",
     "MEMORY_RE",
     "HEADER_LINE",

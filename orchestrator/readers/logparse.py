@@ -45,6 +45,7 @@ from xrun_contract import (
     CKPT_BLOCKED_RE,
     CKPT_COMMIT_RE,
     CKPT_DEFERRED_RE,
+    CKPT_DEFERRED_STORAGE_RE,
     CKPT_EXIT_WAIT_RE,
     CKPT_RESTORE_FAILED_RE,
     CKPT_RESTORED_RE,
@@ -842,6 +843,7 @@ class LogParser:
         for event, regex in (("started", CKPT_START_RE), ("blocked", CKPT_BLOCKED_RE),
                              ("waited", CKPT_WAIT_PREVIOUS_RE), ("committed", CKPT_COMMIT_RE),
                              ("restored", CKPT_RESTORED_RE), ("deferred", CKPT_DEFERRED_RE),
+                             ("deferred", CKPT_DEFERRED_STORAGE_RE),
                              ("exit_wait", CKPT_EXIT_WAIT_RE),
                              ("restore_failed", CKPT_RESTORE_FAILED_RE),
                              ("write_failed", CKPT_WRITE_FAILED_RE)):
