@@ -29,7 +29,7 @@ from xrun_contract.gcs_rest import (
     split_root,
     upload_url,
 )
-from xrun_contract.storage import (
+from xrun_contract.storage_base import (
     ObjectInfo,
     Storage,
     StorageError,
