@@ -61,7 +61,8 @@ class _Resp:
 def _watch(pods: list[dict]) -> RunWatch:
     """A RunWatch whose backend answers one LIST of ``pods``."""
     answer = json.dumps({"metadata": {"resourceVersion": "42"}, "items": pods}).encode()
-    backend = SimpleNamespace(namespace="team", _apis=lambda: (None, SimpleNamespace(list_namespaced_pod=None)),
+    core = SimpleNamespace(list_namespaced_pod=None)
+    backend = SimpleNamespace(namespace="team", _apis=lambda: (None, core),
                               _raw=lambda *a, **k: _Resp(answer))
     return RunWatch(backend, "r")  # type: ignore[arg-type]
 

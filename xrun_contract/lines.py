@@ -286,6 +286,12 @@ CHECKPOINT_EVENTS = (
 )
 
 __all__ = [
+    "FIELD_PATTERNS",
+    "FLOAT",
+    "FLOAT_NAN",
+    "INT",
+    "NUMBER",
+    "line_re",
     "STEP_LINE",
     "STEP_RE",
     "significant",
