@@ -8,40 +8,34 @@ official ``python:3.12-slim``), which holds nothing of xrun's. Their command is
 standard library only, uploaded by the submit as ``--workdir`` is) from the run's storage,
 checks its sha256 against the manifest's ``XRUN_POD_CODE_SHA256``, unpacks it into
 ``$XRUN_POD_DIR/lib`` (the pod's emptyDir, so the log shipper and a restarted container find
-it there) and runs ``workload.sidecar`` with ARGS. gs:// is read through the GCS JSON API
-with a token from the metadata server (what google-auth does in a pod), or from
-``STORAGE_EMULATOR_HOST``; a folder root is read as a file. Pure: no I/O here.
+it there) and runs ``workload.sidecar`` with ARGS. Reading storage (gs:// through the GCS
+JSON API with a token from the metadata server, or ``STORAGE_EMULATOR_HOST``; a folder root
+as a file) and the backoff between tries are ``xrun_contract.gcs_rest``'s, whose source the
+bootstrap carries: the same code ``gcs_http`` and the log shipper run. No I/O but reading
+that module's source.
 """
 
 from __future__ import annotations
 
-from xrun_contract import Env, Layout, PodFiles
+import ast
+import inspect
+
+from xrun_contract import Env, Layout, PodFiles, gcs_rest
+
+
+def _shared_source() -> str:
+    """``xrun_contract.gcs_rest`` as the bootstrap runs it: its source without the module
+    docstring (the argv stays short), standard library only."""
+    source = inspect.getsource(gcs_rest)
+    doc = ast.parse(source).body[0]
+    assert isinstance(doc, ast.Expr) and doc.end_lineno is not None
+    return "\n".join(source.splitlines()[doc.end_lineno:]).strip() + "\n"
+
 
 # Placeholders are filled from xrun_contract below, so the names cannot drift. No "$(" in
 # the text: Kubernetes would expand it (the argv is k8s_escape'd anyway).
 _SOURCE = r'''
-import hashlib, io, json, os, sys, time, urllib.parse, urllib.request, zipfile
-
-
-def fetch(root, key):
-    if not root.startswith("gs://"):
-        with open(os.path.join(root, key), "rb") as f:
-            return f.read()
-    bucket, _, prefix = root[5:].partition("/")
-    name = "/".join(p for p in (prefix.strip("/"), key) if p)
-    api, headers = os.environ.get("STORAGE_EMULATOR_HOST", ""), {}
-    if api and "://" not in api:
-        api = "http://" + api
-    if not api:
-        api = "https://storage.googleapis.com"
-        meta = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
-        req = urllib.request.Request("http://" + meta + "/computeMetadata/v1/instance/service-accounts/default/token",
-                                     headers={"Metadata-Flavor": "Google"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            headers["Authorization"] = "Bearer " + json.load(r)["access_token"]
-    url = api.rstrip("/") + "/storage/v1/b/" + bucket + "/o/" + urllib.parse.quote(name, safe="") + "?alt=media"
-    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=60) as r:
-        return r.read()
+import hashlib, io, sys, zipfile
 
 
 def main():
@@ -50,15 +44,17 @@ def main():
     mark = os.path.join(lib, ".sha256")
     if not (os.path.isfile(mark) and open(mark).read() == sha):
         root, key = os.environ["@STORAGE_ENV@"], "@KEY@".replace("SHA", sha)
-        for attempt in range(8):
+        backoff = Backoff(1.0, 30.0, tries=8)
+        while True:
             try:
-                data = fetch(root, key)
+                data = read_object(root, key)
                 break
             except Exception as e:
-                if attempt == 7 or getattr(e, "code", 0) in (400, 401, 403, 404) or isinstance(e, FileNotFoundError):
+                permanent = getattr(e, "code", 0) in (400, 401, 403, 404) or isinstance(e, FileNotFoundError)
+                if permanent or not backoff.can_retry():
                     sys.exit("xrun-boot: cannot fetch xrun's pod code %s/%s: %s" % (root, key, e))
                 print("xrun-boot: fetching %s/%s failed (%s); retrying" % (root, key, e), file=sys.stderr, flush=True)
-                time.sleep(min(2 ** attempt, 30))
+                backoff.sleep()
         if hashlib.sha256(data).hexdigest() != sha:
             sys.exit("xrun-boot: %s/%s is not the pod code the manifest names (sha256 differs)" % (root, key))
         zipfile.ZipFile(io.BytesIO(data)).extractall(lib)
@@ -72,9 +68,11 @@ def main():
 main()
 '''
 
-BOOTSTRAP = (_SOURCE.replace("@SHA_ENV@", Env.POD_CODE_SHA256).replace("@DIR_ENV@", Env.POD_DIR)
-             .replace("@MOUNT@", PodFiles.MOUNT_PATH).replace("@LIB@", PodFiles.LIB)
-             .replace("@STORAGE_ENV@", Env.STORAGE).replace("@KEY@", Layout.pod_code("SHA"))).strip() + "\n"
+_MAIN = (_SOURCE.replace("@SHA_ENV@", Env.POD_CODE_SHA256).replace("@DIR_ENV@", Env.POD_DIR)
+         .replace("@MOUNT@", PodFiles.MOUNT_PATH).replace("@LIB@", PodFiles.LIB)
+         .replace("@STORAGE_ENV@", Env.STORAGE).replace("@KEY@", Layout.pod_code("SHA")))
+BOOTSTRAP = _shared_source() + "\n\n" + _MAIN.strip() + "\n"
+assert "$(" not in BOOTSTRAP
 
 # What the zip holds, relative to the repository root (globs): the pod side only, all of it
 # standard library (tests/test_public_images.py runs it under ``python3 -I -S``).

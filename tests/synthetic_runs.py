@@ -91,7 +91,7 @@ def log_lines(shape: RunShape, absl: bool = False, attempt: int = 0) -> list[str
                "process_count": 2, "global_devices": shape.devices, "accelerator": shape.accelerator,
                "commit": shape.commit, "config": json.dumps(shape.config)}
     lines += [HEADER_LINE.format(key=k, value=v) for k, v in headers.items() if v != ""]
-    lines.append(px(0.5) + PARAMS_LINE.format(billions=shape.params_billions))
+    lines.append(px(0.5) + PARAMS_LINE.format(value=f"{shape.params_billions:.3f}", unit=" billion"))
     lines.append(px(0.6) + FLOPS_LINE.format(total=shape.tflops_per_step, learnable_pct=93.93, attention_pct=6.07))
     lines.append(px(0.7) + MEMORY_LINE.format(used=0.79, total=31.25, pct=shape.memory_pct,
                                                device=f"TPU_0(process={shape.process_id},(0,0,0,0))"))

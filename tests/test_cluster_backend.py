@@ -481,7 +481,7 @@ def test_the_status_screen_is_the_local_one(cluster, restarted, tmp_path):
 
     from orchestrator.cli.screen import render_table
     from orchestrator.readers.loaders import read_stored_run
-    from orchestrator.readers.view import run_view
+    from orchestrator.services.view import run_view
 
     name, pods = restarted
     storage = open_storage(str(tmp_path / "store"))

@@ -20,8 +20,8 @@ from synthetic_runs import RunShape, write_stored_run
 
 from orchestrator.backends.base import BackendStatus
 from orchestrator.readers.loaders import read_stored_run
-from orchestrator.readers.view import run_view
 from orchestrator.services import runs
+from orchestrator.services.view import run_view
 from workload.metrics import Metrics
 from xrun_contract import Layout, records, summary
 from xrun_contract.storage import ChunkWriter, LocalStorage, Storage, open_storage

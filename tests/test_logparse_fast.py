@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.readers.loaders import read_log_file
-from orchestrator.readers.logparse import LogParser, _stats_fields
+from orchestrator.readers.loglines import _stats_fields
+from orchestrator.readers.logparse import LogParser
 from orchestrator.readers.record import StepSeries
 
 DATA = Path(__file__).parent / "data" / "maxtext"

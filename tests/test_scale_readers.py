@@ -170,10 +170,8 @@ def test_status_reads_the_same_of_a_lean_pod_list():
 
 def test_a_followed_run_reads_the_same_of_lean_watch_events():
     """`submit --follow` decodes its pod WATCH lines keeping only the fields xrun reads
-    (state.loads_pod_event): the slim pods it keeps make the same hosts as the whole
-    objects, a bookmark keeps its resourceVersion, and an ERROR's Status is read whole."""
-    from orchestrator.backends.kube.state import latest_hosts, loads_pod_event
-    from orchestrator.backends.kube.watch import slim_pod
+    (state.loads_pod_event): the pods it keeps make the same hosts as the whole objects, a bookmark keeps its resourceVersion, and an ERROR's Status is read whole."""
+    from orchestrator.backends.kube.state import latest_hosts, loads_pod_event, project_pod
 
     pods = [
         _pod(0, 0, "Running", {"running": {"startedAt": "2026-12-06T10:00:05Z"}}),
@@ -185,8 +183,9 @@ def test_a_followed_run_reads_the_same_of_lean_watch_events():
     lean = [loads_pod_event(line) for line in lines]
     assert all(e["type"] == "MODIFIED" and "managedFields" not in e["object"]["metadata"] for e in lean)
     assert [e["object"]["metadata"]["resourceVersion"] for e in lean] == ["77"] * 4
-    assert (latest_hosts([slim_pod(e["object"]) for e in lean])
-            == latest_hosts([slim_pod(json.loads(line)["object"]) for line in lines]))
+    assert (latest_hosts([e["object"] for e in lean])
+            == latest_hosts([json.loads(line)["object"] for line in lines])
+            == latest_hosts([project_pod(json.loads(line)["object"]) for line in lines]))
     bookmark = loads_pod_event('{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1",'
                                '"metadata":{"resourceVersion":"12345","annotations":'
                                '{"k8s.io/initial-events-end":"true"}}}}')

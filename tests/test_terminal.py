@@ -23,7 +23,7 @@ from orchestrator.cli.progress import LineFilter, ProgressScreen, plain_progress
 from orchestrator.cli.screen import age
 from orchestrator.readers.logs import parse_duration, parse_since, parse_time
 from orchestrator.readers.record import RunRecord
-from orchestrator.readers.view import phase
+from orchestrator.services.view import phase
 from xrun_contract import Layout, split_stamp, stamp_line
 from xrun_contract.storage import open_storage
 

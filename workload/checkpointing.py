@@ -59,13 +59,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
-from orbax.checkpoint._src.metadata import array_metadata_store
-from orbax.checkpoint._src.serialization import type_handler_registry
-from orbax.checkpoint._src.serialization import types as serialization_types
 
 from workload.config import Config
 from workload.metrics import Metrics, say
 from workload.peers import Peers
+from workload.private_seam import array_metadata_store, serialization_types, type_handler_registry
 from xrun_contract import CKPT_WRITE_FAILED_LINE, RESTARTABLE_EXIT_CODE
 from xrun_contract.checkpoints import COMMITTED, EMPTY, step_folders, step_state, uses_commit_file
 from xrun_contract.storage import Storage

@@ -13,8 +13,8 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any
 
+from workload.private_seam import cache_writes_on_every_process
 from xrun_contract import RESTARTABLE_EXIT_CODE, Env, global_process_id, restart_attempt
 
 
@@ -132,55 +132,6 @@ def configure_platform(cluster: Cluster) -> None:
             print("xrun: this JAX's compilation cache internals are not the ones known: only "
                   "process 0 writes the cache, the others compile at every start",
                   file=sys.stderr, flush=True)
-
-
-def cache_writes_on_every_process() -> bool:
-    """Let every process, not only process 0, write JAX's persistent compilation cache (CPU).
-
-    JAX writes cache entries from process 0 only (``jax/_src/compiler.py`` ``_cache_write``:
-    "Not writing persistent cache entry since process_id != 0"), on the premise that every
-    process computes the same key. On CPU they do not: the key hashes the topology
-    fingerprint of the executable's devices (``jax/_src/cache_key.py``
-    ``_hash_accelerator_config``), which a CPU client computes differently in each process.
-    So every process but 0 missed the cache on every warm start and compiled everything
-    again, and the first step (the first collective) waited for it: ~8-12 s of a warm local
-    start (bench/bench_submit.py). Keys differ per process, so no two processes write the
-    same entry. Returns False (and changes nothing) when JAX's internals are not as expected.
-    """
-    import inspect
-
-    try:
-        from jax._src import compilation_cache, compiler, config, distributed
-    except ImportError:
-        return False
-    original = getattr(compiler, "_cache_write", None)
-    expected = ["cache_key", "compile_time_secs", "module_name", "backend", "executable",
-                "host_callbacks"]
-    if original is None or getattr(original, "xrun_every_process", False):
-        return original is not None
-    if list(inspect.signature(original).parameters) != expected or not hasattr(
-            compilation_cache, "put_executable_and_time"):
-        return False
-
-    def _cache_write(cache_key: str, compile_time_secs: float, module_name: str, backend: Any,
-                     executable: Any, host_callbacks: Any) -> None:
-        if (distributed.global_state.process_id == 0 or host_callbacks
-                or compile_time_secs < config.persistent_cache_min_compile_time_secs.value):
-            original(cache_key, compile_time_secs, module_name, backend, executable,
-                     host_callbacks)
-            return
-        try:  # as upstream: a cache that cannot be written is a warning, never an error
-            compilation_cache.put_executable_and_time(
-                cache_key, module_name, executable, backend, int(compile_time_secs))
-        except Exception as e:  # noqa: BLE001
-            import warnings
-
-            warnings.warn(f"Error writing persistent compilation cache entry for "
-                          f"{module_name!r}: {type(e).__name__}: {e}", stacklevel=2)
-
-    _cache_write.xrun_every_process = True  # type: ignore[attr-defined]
-    compiler._cache_write = _cache_write
-    return True
 
 
 # How long a process waits for the coordinator's port before it lets jax.distributed try

@@ -34,9 +34,11 @@ import os
 import pickle
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from workload import private_seam
 from xrun_contract.storage import Storage
 
 FORMAT = 1  # bump when an entry's layout changes: older entries then miss
@@ -78,50 +80,25 @@ def _on_event(event: str, **_: Any) -> None:
         recorded.hits += 1
 
 
+def _on_cache_hit(executable: Any, read_bytes: Callable[[], bytes | None]) -> None:
+    recorded = getattr(_local, "recorded", None)
+    if recorded is not None:
+        recorded.loaded.append((executable, read_bytes()))
+
+
 def _install() -> bool:
     """Listen for JAX's cache hits; wrap ``compiler._cache_read`` to keep the bytes it
-    read. False when JAX's internals are not the ones known (then cache-loaded executables
-    are not written)."""
+    read (``private_seam.wrap_cache_read``). False when JAX's internals are not the ones
+    known (then cache-loaded executables are not written)."""
     global _installed
     with _install_lock:
         if _installed is not None:
             return _installed
-        import inspect
-
         import jax.monitoring
 
         jax.monitoring.register_event_listener(_on_event)
-        _installed = False
-        try:
-            from jax._src import compilation_cache, compiler
-        except ImportError:
-            return False
-        original = getattr(compiler, "_cache_read", None)
-        known = ["module_name", "cache_key", "compile_options", "backend", "executable_devices"]
-        if (original is None or list(inspect.signature(original).parameters) != known
-                or not all(hasattr(compilation_cache, n) for n in (
-                    "_get_cache", "decompress_executable", "extract_executable_and_time"))):
-            return False
-
-        def _cache_read(module_name: str, cache_key: str, compile_options: Any, backend: Any,
-                        executable_devices: Any) -> Any:
-            executable, compile_time = original(module_name, cache_key, compile_options,
-                                                backend, executable_devices)
-            recorded = getattr(_local, "recorded", None)
-            if executable is not None and recorded is not None:
-                data: bytes | None = None
-                try:  # as compilation_cache.get_executable_and_time reads them
-                    stored = compilation_cache._get_cache(backend).get(cache_key)  # type: ignore[union-attr]
-                    data = compilation_cache.extract_executable_and_time(
-                        compilation_cache.decompress_executable(stored))[0]
-                except Exception:  # noqa: BLE001, S110 - then this entry is not written
-                    pass
-                recorded.loaded.append((executable, data))
-            return executable, compile_time
-
-        compiler._cache_read = _cache_read
-        _installed = True
-        return True
+        _installed = private_seam.wrap_cache_read(_on_cache_hit)
+        return _installed
 
 
 def compile_recording(compile_fn: Any) -> tuple[Any, Recorded]:

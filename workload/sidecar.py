@@ -42,6 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from xrun_contract import Env, Layout, PodFiles, host_id, restart_attempt, stamp_line, writer_id
+from xrun_contract.gcs_rest import Backoff
 from xrun_contract.storage import classify_storage_error
 
 MAX_CHUNK_BYTES = 8 << 20  # read at once at most (after an outage the backlog is split)
@@ -138,8 +139,7 @@ def run(pod_dir: Path, write: Callable[[int, bytes], None], interval: float,
             if line != said:  # once per distinct error, not every interval
                 print(line, file=sys.stderr, flush=True)
                 said = line
-    deadline = time.monotonic() + drain_s
-    delay = 0.25
+    backoff = Backoff(0.25, 4.0, seconds=drain_s)
     while True:
         try:
             shipper.drain()
@@ -149,13 +149,12 @@ def run(pod_dir: Path, write: Callable[[int, bytes], None], interval: float,
                 print(f"xrun-logs: final shipping failed, not retried (permanent: {e})",
                       file=sys.stderr, flush=True)
                 return False
-            if time.monotonic() + delay > deadline:
+            if not backoff.can_retry():
                 print(f"xrun-logs: final shipping failed for {drain_s:.0f}s, giving up: {e}",
                       file=sys.stderr, flush=True)
                 return False
             print(f"xrun-logs: final shipping failed (transient), retrying: {e}", file=sys.stderr, flush=True)
-            time.sleep(delay)
-            delay = min(delay * 2, 4.0)
+            backoff.sleep()
 
 
 def _kind(e: BaseException) -> str:

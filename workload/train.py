@@ -257,7 +257,7 @@ def unwritten_to_jax_cache() -> Any:
     setting of the minimum compile time it caches; where this JAX has none, a no-op."""
     import contextlib
 
-    from jax._src import config as jax_config
+    from workload.private_seam import jax_config
 
     setting = getattr(jax_config, "persistent_cache_min_compile_time_secs", None)
     return setting(math.inf) if callable(setting) else contextlib.nullcontext()

@@ -2,29 +2,34 @@
 shipper use in a pod whose image is a plain ``python`` (no google-cloud-storage).
 
 ``open_storage`` picks it for a ``gs://`` root when google-cloud-storage cannot be imported.
-Credentials: none against ``STORAGE_EMULATOR_HOST`` (tests); otherwise an OAuth token from
-the metadata server (``GCE_METADATA_HOST`` or ``metadata.google.internal``), as google-auth
-gets one in a pod: on GKE that is the GKE metadata server (Workload Identity: the pod's
-Kubernetes service account's principal) or, for a hostNetwork pod (TPU), the node's
-Compute Engine metadata server (the node pool's service account and scopes). The requests
-are those of the GCS JSON API reference (objects get/insert/list/delete, ``alt=media``,
-``uploadType=media``, ``ifGenerationMatch=0``). Transient answers (429, 408, 5xx, resets,
-timeouts) are retried with backoff within the call's deadline; the rest end the call at
-once as a ``StorageError`` sorted like any other (``classify_storage_error``).
+Endpoint, token, URLs and backoff are ``xrun_contract.gcs_rest``'s (the pod bootstrap's
+own): none against ``STORAGE_EMULATOR_HOST`` (tests); otherwise an OAuth token from the
+metadata server, on GKE the GKE metadata server (Workload Identity: the pod's Kubernetes
+service account's principal) or, for a hostNetwork pod (TPU), the node's Compute Engine
+metadata server (the node pool's service account and scopes). Transient answers (429, 408,
+5xx, resets, timeouts) are retried with backoff within the call's deadline; the rest end
+the call at once as a ``StorageError`` sorted like any other (``classify_storage_error``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from typing import Any
 
 from xrun_contract.errors import EXIT_USAGE, XrunError
-from xrun_contract.storage import (
+from xrun_contract.gcs_rest import (
+    Backoff,
+    api_endpoint,
+    list_url,
+    metadata_token,
+    object_url,
+    split_root,
+    upload_url,
+)
+from xrun_contract.storage_base import (
     ObjectInfo,
     Storage,
     StorageError,
@@ -32,9 +37,6 @@ from xrun_contract.storage import (
     classify_storage_error,
     storage_timeout,
 )
-
-GCS_API = "https://storage.googleapis.com"
-METADATA_TOKEN = "/computeMetadata/v1/instance/service-accounts/default/token"
 
 
 def _parse_time(text: str) -> float:
@@ -53,18 +55,14 @@ class GCSHttpStorage(Storage):
 
     def __init__(self, root: str, timeout: float | None = None):
         assert root.startswith("gs://")
-        bucket, _, prefix = root[len("gs://"):].partition("/")
+        bucket, prefix = split_root(root)
         if not bucket:
             raise XrunError(f"storage: {root!r} names no bucket (gs://bucket/prefix)", EXIT_USAGE)
         self.root = root.rstrip("/")
-        self.bucket_name, self.prefix = bucket, prefix.strip("/")
+        self.bucket_name, self.prefix = bucket, prefix
         check_key(self.prefix)
         self.timeout = storage_timeout(timeout)
-        emulator = os.environ.get("STORAGE_EMULATOR_HOST", "")
-        if emulator and "://" not in emulator:
-            emulator = f"http://{emulator}"
-        self.api = (emulator or GCS_API).rstrip("/")
-        self.anonymous = bool(emulator)
+        self.api, self.anonymous = api_endpoint()
         self._token, self._token_until = "", 0.0
 
     # -- transport ---------------------------------------------------------------------
@@ -73,26 +71,21 @@ class GCSHttpStorage(Storage):
         if self.anonymous:
             return {}
         if time.time() > self._token_until - 60:
-            host = os.environ.get("GCE_METADATA_HOST") or "metadata.google.internal"
-            req = urllib.request.Request(f"http://{host}{METADATA_TOKEN}", headers={"Metadata-Flavor": "Google"})
-            with urllib.request.urlopen(req, timeout=min(10.0, self.timeout)) as resp:
-                answer = json.loads(resp.read())
-            self._token = answer["access_token"]
-            self._token_until = time.time() + float(answer.get("expires_in", 300))
+            self._token, lives = metadata_token(min(10.0, self.timeout))
+            self._token_until = time.time() + lives
         return {"Authorization": f"Bearer {self._token}"}
 
     def _request(self, what: str, key: str, method: str, url: str, body: bytes | None = None,
                  ok_404: bool = False, ok_412: bool = False) -> tuple[int, bytes]:
         """One call, retried while transient until the deadline: (status, body)."""
-        deadline = time.monotonic() + self.timeout
-        delay = 0.25
+        backoff = Backoff(0.25, 4.0, seconds=self.timeout)
         while True:
             try:
                 headers = self._auth()
                 if body is not None:
                     headers["Content-Type"] = "application/octet-stream"
                 req = urllib.request.Request(url, data=body, method=method, headers=headers)
-                left = max(1.0, deadline - time.monotonic())
+                left = max(1.0, backoff.left())
                 with urllib.request.urlopen(req, timeout=min(60.0, left)) as resp:
                     return resp.status, resp.read()
             except urllib.error.HTTPError as e:
@@ -102,25 +95,20 @@ class GCSHttpStorage(Storage):
             except (OSError, ValueError, KeyError) as e:  # URLError, resets, timeouts; a bad token answer
                 error = e
             fault = classify_storage_error(error)
-            if fault.permanent or time.monotonic() + delay > deadline:
+            if fault.permanent or not backoff.wait():
                 raise StorageError(f"storage: {self.url(key)}: cannot {what}: {fault.why} ({error})",
                                    permanent=fault.permanent, why=fault.why,
                                    unreachable=fault.unreachable) from None
-            time.sleep(delay)
-            delay = min(delay * 2, 4.0)
 
     def _name(self, key: str) -> str:
         key = check_key(key).strip("/")
         return f"{self.prefix}/{key}" if self.prefix else key
 
     def _object_url(self, key: str, query: dict[str, str] | None = None) -> str:
-        name = urllib.parse.quote(self._name(key), safe="")
-        q = f"?{urllib.parse.urlencode(query)}" if query else ""
-        return f"{self.api}/storage/v1/b/{self.bucket_name}/o/{name}{q}"
+        return object_url(self.api, self.bucket_name, self._name(key), query)
 
     def _upload_url(self, key: str, **extra: str) -> str:
-        query = urllib.parse.urlencode({"uploadType": "media", "name": self._name(key), **extra})
-        return f"{self.api}/upload/storage/v1/b/{self.bucket_name}/o?{query}"
+        return upload_url(self.api, self.bucket_name, self._name(key), **extra)
 
     # -- Storage -----------------------------------------------------------------------
 
@@ -158,8 +146,7 @@ class GCSHttpStorage(Storage):
                 query["delimiter"] = delimiter
             if token:
                 query["pageToken"] = token
-            url = f"{self.api}/storage/v1/b/{self.bucket_name}/o?{urllib.parse.urlencode(query)}"
-            _, data = self._request("list", prefix, "GET", url)
+            _, data = self._request("list", prefix, "GET", list_url(self.api, self.bucket_name, query))
             page: dict[str, Any] = json.loads(data or b"{}")
             for item in page.get("items") or []:
                 if not item["name"].endswith("/"):

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from xrun_contract import Layout
+from xrun_contract.layout import Layout
 
 METADATA_KEY = "xrun-summary"  # the custom metadata key holding the summary's JSON
 METADATA_MAX = 4096  # bytes; GCS allows 8 KiB of custom metadata: larger summaries are read

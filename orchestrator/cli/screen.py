@@ -1,6 +1,6 @@
 """The screens: a run's status table (``xrun status``, the live follow) and its summary.
 
-Presentation only: the data is the view dict of ``orchestrator.readers.view``.
+Presentation only: the data is the view dict of ``orchestrator.services.view``.
 """
 
 from __future__ import annotations

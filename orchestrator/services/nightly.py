@@ -57,7 +57,7 @@ def follow(run: PlannedRun, timeout_s: float, poll_s: float,
     on. ``on_view`` gets the run's status view (phase, step, loss, ...) at each poll."""
     from orchestrator.readers.figures import stall_text
     from orchestrator.readers.loaders import StoredRun
-    from orchestrator.readers.view import run_view
+    from orchestrator.services.view import run_view
     from xrun_contract.storage import open_storage
 
     backend = runs.backend_for_spec(run.spec)

@@ -30,9 +30,9 @@ from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.figures import stall
 from orchestrator.readers.loaders import StoredRun, apply_state, corrupt_line, read_stored_run
 from orchestrator.readers.record import RunRecord
-from orchestrator.readers.view import run_view
 from orchestrator.services import code
 from orchestrator.services.code import PackOptions
+from orchestrator.services.view import run_view
 from orchestrator.workdir import Packed
 from xrun_contract import (
     DELETED,

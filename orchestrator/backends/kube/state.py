@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import json
 import re
-from typing import Any, TypedDict
+import typing
+from typing import Any, TypedDict, is_typeddict
 
 from orchestrator.backends.base import HostStatus
 from orchestrator.collector import collector_paused
@@ -72,10 +74,11 @@ def loads(data: bytes | str) -> Any:
         return json.loads(data)
 
 
-# What xrun reads of a pod (this module's functions and the kube backend's status): a LIST
-# decoded into these (TypedDicts: plain dicts holding only these keys) skips the rest of
-# each pod, managedFields (8 of 17 KB a pod), the spec's volumes and most of the status.
-# A field read from a pod that ``list_pods(..., lean=True)`` answered must be named here.
+# What xrun reads of a pod (this module's functions, the kube backend's status and the
+# follower's watch): the one projection of a pod, however it came (a LIST, a WATCH event).
+# Decoded into these (TypedDicts: plain dicts holding only these keys) a pod skips the rest,
+# managedFields (8 of 17 KB a pod), the spec's volumes and most of the status. A field read
+# from a listed or watched pod must be named here.
 class _Meta(TypedDict, total=False):
     name: str | None
     namespace: str | None
@@ -137,20 +140,48 @@ class _PodEvent(TypedDict, total=False):
 _decoders: dict[type, Any] = {}
 
 
+@functools.cache
+def _fields(shape: type) -> dict[str, Any]:
+    return typing.get_type_hints(shape)
+
+
+def _project(value: Any, hint: Any) -> Any:
+    """``value`` with only the keys its TypedDict ``hint`` names (through ``X | None`` and
+    ``list[X]``): what msgspec's decode into the same types keeps, for a value already
+    decoded (an answer that does not fit the types, read whole)."""
+    if is_typeddict(hint):
+        if not isinstance(value, dict):
+            return value
+        return {k: _project(value[k], h) for k, h in _fields(hint).items() if k in value}
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        return [_project(v, item) for v in value] if isinstance(value, list) else value
+    for arg in typing.get_args(hint):  # X | None
+        if is_typeddict(arg) or typing.get_origin(arg) is list:
+            return _project(value, arg)
+    return value
+
+
+def project_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """A whole pod (as ``json.loads`` reads one) as xrun keeps it: ``_Pod``'s fields."""
+    return _project(pod, _Pod)
+
+
 def _lean(data: bytes | str, shape: type, whole: Any) -> Any:
     """``data`` decoded by msgspec into ``shape`` (TypedDicts: unknown fields are skipped,
-    not built); ``whole(data)`` without msgspec or for an answer that does not fit."""
+    not built); ``whole(data)`` projected to ``shape`` without msgspec or for an answer
+    that does not fit the types."""
     try:
         import msgspec
     except ImportError:  # pragma: no cover - a dependency; the full decode still works
-        return whole(data)
+        return _project(whole(data), shape)
     decoder = _decoders.get(shape)
     if decoder is None:
         decoder = _decoders[shape] = msgspec.json.Decoder(shape)
     try:
         return decoder.decode(data)
     except msgspec.ValidationError:
-        return whole(data)
+        return _project(whole(data), shape)
 
 
 def loads_pods(data: bytes | str) -> Any:

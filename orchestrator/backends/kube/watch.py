@@ -9,8 +9,9 @@ reopened after the server's timeout resumes without listing again (a 410 Gone li
 again). The state is computed from this cache; the API server sees a constant number of
 requests however many pods the run has.
 
-Pods are kept slim (metadata and status, the scheduling gates of the spec): what
-``state.host_status`` reads, so the cache of 1,024 pods stays small.
+Pods are kept as ``state`` projects every pod (``state._Pod``: what ``state.host_status``
+and the attempt of a resumed run read), listed or watched alike, so the cache of 1,024
+pods stays small.
 """
 
 from __future__ import annotations
@@ -49,24 +50,13 @@ class _Expired(Exception):
     """The watch's resourceVersion is too old (410): list again."""
 
 
-def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    return {
-        "metadata": {k: meta[k] for k in ("name", "uid", "labels", "annotations", "creationTimestamp",
-                                          "deletionTimestamp", "resourceVersion") if k in meta},
-        "spec": {"schedulingGates": spec["schedulingGates"]} if spec.get("schedulingGates") else {},
-        "status": pod.get("status") or {},
-    }
-
-
 class RunWatch:
     """The JobSet ``name`` and its pods, listed once and then watched, in two threads."""
 
     def __init__(self, backend: KubeBackend, name: str, *, watch_seconds: int = WATCH_SECONDS):
         self.b, self.name, self.watch_seconds = backend, name, watch_seconds
         self.lock = threading.Lock()
-        self.pods: dict[str, dict[str, Any]] = {}  # uid -> slim pod
+        self.pods: dict[str, dict[str, Any]] = {}  # uid -> pod (state's projection)
         self.jobset: dict[str, Any] | None = None
         self.synced = {"pods": threading.Event(), "jobsets": threading.Event()}
         self.failed: XrunError | None = None  # a refusal (RBAC, CRD gone): not retried
@@ -138,7 +128,7 @@ class RunWatch:
         items = data.get("items") or []
         with self.lock:
             if kind == "pods":
-                self.pods = {(p.get("metadata") or {}).get("uid", ""): slim_pod(p) for p in items}
+                self.pods = {(p.get("metadata") or {}).get("uid", ""): p for p in items}
             else:
                 self.jobset = items[0] if items else None
             self.version += 1
@@ -152,7 +142,7 @@ class RunWatch:
                 if etype == "DELETED":
                     self.pods.pop(uid, None)
                 else:
-                    self.pods[uid] = slim_pod(obj)
+                    self.pods[uid] = obj
             else:
                 self.jobset = None if etype == "DELETED" else obj
             self.version += 1

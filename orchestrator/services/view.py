@@ -2,7 +2,9 @@
 
 Built from the one :class:`RunRecord` a run reads back as (``readers.loaders.StoredRun``),
 the backend's live view when there is one, and the checkpoint listing. The result is a
-plain dict: what ``-o json|yaml`` prints and what the CLI's screen renders.
+plain dict: what ``-o json|yaml`` prints and what the CLI's screen renders. A service, not
+a reader: it joins what the readers read with the analysis (goodput), and readers never
+import analysis.
 """
 
 from __future__ import annotations
@@ -182,7 +184,7 @@ def phase_since(rec: RunRecord, view: dict[str, Any]) -> float | None:
 
 def _goodput(rec: RunRecord) -> dict[str, Any] | None:
     """Wall-time breakdown (None while there is nothing to break down)."""
-    from orchestrator.analysis.goodput import goodput
+    from orchestrator.analysis.goodput import goodput  # statistics and all: when asked
 
     if not rec.steps.count:
         return None
