@@ -65,8 +65,8 @@ def test_doctor_on_the_real_cluster_reads_what_the_api_shows(cluster, storage, t
     path = run_file(tmp_path, queue="multislice-queue", priority="high", storage=storage)
     r, checks = doctor(cluster.kubeconfig, storage, "-f", path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert list(checks) == ["api", "jobset", "jobset-controller", "rbac", "kueue", "priority", "nodes", "storage",
-                            "pod-storage"]
+    assert list(checks) == ["api", "jobset", "jobset-controller", "rbac", "kueue", "priority", "nodes", "capacity",
+                            "storage", "pod-storage"]
     api = checks["api"]
     assert api["result"] == "ok" and f"(context {CONTEXT}, Kubernetes {KUBE_VERSION}), namespace default" in api["detail"]
     assert checks["jobset"] == {"name": "jobset", "result": "ok", "exit_code": 0, "detail": (

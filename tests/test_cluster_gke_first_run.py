@@ -178,7 +178,8 @@ def test_several_local_queues_are_refused_naming_them_and_nothing_is_created(clu
     backend = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig)
     assert backend.get_jobset(name) is None
     check = doctor.check_found_queue(backend)
-    assert check.result == "warn" and "several LocalQueues (cpu-memory-queue, multislice-queue)" in check.detail
+    # submit refuses it, so doctor fails it: "all checks passed" only when submit passes.
+    assert (check.result, check.exit_code) == ("FAIL", 1) and "several LocalQueues (cpu-memory-queue, multislice-queue)" in check.detail
 
 
 def test_a_shape_no_node_pool_holds_is_refused_before_anything_exists(cluster, storage, tmp_path, monkeypatch):

@@ -213,8 +213,13 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
                        dry_run=dry_run, replace=replace or force, verbose=verbose,
                        interval=progress_interval)
     spec = spec_from_options(opts)
-    if dry_run:
-        click.echo(runs.dump_yaml(runs.render_for_submit(runs.code.prepare(spec, pack)[0])), nl=False)
+    if dry_run:  # the checks a submit makes, then the manifest it would send
+        _, manifest, notes, warnings = runs.dry_run(spec, force=force, pack=pack)
+        for line in notes:
+            info(line)
+        for line in warnings:
+            warn(line)
+        click.echo(runs.dump_yaml(manifest), nl=False)
         return EXIT_OK
     sub = runs.submit(spec, replace=replace, force=force, pack=pack)
     spec = sub.spec

@@ -323,7 +323,7 @@ def check_workload_args(spec: RunSpec) -> None:
         return
     from workload.config import check_command_args
 
-    devices = spec.slices * spec.hosts_per_slice * spec.shape.devices_per_vm
+    devices = spec.slices * spec.hosts_per_slice * spec.shape.jax_devices_per_vm
     try:
         check_command_args(args, devices)
     except ValueError as e:
@@ -386,6 +386,23 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
     return Submitted(spec, manifest, storage, backend, packed, uploaded, notes, warnings)
 
 
+def dry_run(spec: RunSpec, *, force: bool = False,
+            pack: PackOptions | None = None) -> tuple[RunSpec, dict[str, Any], list[str], list[str]]:
+    """What ``submit`` would send, after the same checks (a cluster run: the queue found or
+    checked, the networks, the capacity), with nothing written or created: the manifest
+    carries the queue label submit would add. A cluster that cannot be reached leaves the
+    spec as given, with a warning saying what went unchecked."""
+    spec, _ = code.prepare(spec, pack)
+    manifest = render_for_submit(spec)
+    notes: list[str] = []
+    warnings: list[str] = []
+    if spec.backend_name == "kube":
+        found, notes, warnings = _from_cluster(spec, backend_for_spec(spec), force, dry=True)
+        if found != spec:
+            spec, manifest = found, render_for_submit(found)
+    return spec, manifest, notes, warnings
+
+
 def store_run(storage: Storage, spec: RunSpec, packed: Packed | None,
               make_room: Callable[[], None]) -> tuple[dict[str, Any], bool]:
     """Submit's storage part, under a lease on the spec's archive (``code.leased``): the
@@ -423,9 +440,11 @@ def store_run(storage: Storage, spec: RunSpec, packed: Packed | None,
     return record, uploaded
 
 
-def _from_cluster(spec: RunSpec, backend: Backend, force: bool) -> tuple[RunSpec, list[str], list[str]]:
-    """The queue found and the capacity checked (``services.cluster``), before anything is
-    written or created; ``force`` submits a shape no node pool holds (auto-provisioning)."""
+def _from_cluster(spec: RunSpec, backend: Backend, force: bool,
+                  dry: bool = False) -> tuple[RunSpec, list[str], list[str]]:
+    """The queue found or checked and the capacity checked (``services.cluster``), before
+    anything is written or created; ``force`` submits a shape no node pool holds
+    (auto-provisioning). ``dry``: an unreachable cluster is a warning, not silence."""
     from orchestrator.backends.kube.backend import KubeBackend
     from orchestrator.services import cluster
 
@@ -444,6 +463,8 @@ def _from_cluster(spec: RunSpec, backend: Backend, force: bool) -> tuple[RunSpec
     except XrunError as e:
         if e.exit_code != EXIT_UNREACHABLE:
             raise
+        if dry:
+            return spec, [], [f"queue, networks and capacity unchecked: {e}"]
         return spec, [], []  # the steps below say the cluster is unreachable, where they always did
     return found.spec, found.notes, found.warnings
 
