@@ -596,7 +596,7 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
     where = _run_filter(selector, states, older_than, newer_than)
     st = open_storage(storage)
     cluster = runs.backend_for("kube", st.root, context, namespace) if context else None
-    items = runs.list_runs(st, cluster, where)
+    items = runs.list_runs(st, cluster, where, warn=warn)
     for r in items:
         if r.get("state") == UNKNOWN and r.get("message"):
             warn(corrupt_line(r["name"], r["message"]))
@@ -695,7 +695,7 @@ def delete(name: str | None, storage: str | None, purge: bool, yes: bool, no_wai
             click.confirm(f"Delete every stored object of run {name} under {st.url(f'runs/{name}')}?", abort=True)
         names = [name]
     else:
-        names = [r["name"] for r in runs.list_runs(st, None, where)]
+        names = [r["name"] for r in runs.list_runs(st, None, where, warn=warn)]
         if not names:
             info("no runs match")
             return EXIT_OK

@@ -847,8 +847,10 @@ LIST_THREADS = 8  # below the storage client's connection pool (10)
 
 
 def list_runs(storage: Storage, cluster: Backend | None = None,
-              where: RunFilter | None = None) -> list[dict[str, Any]]:
+              where: RunFilter | None = None, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every run under the root, newest first; with ``cluster`` its JobSets are merged in.
+    A cluster run that storage says is live is asked of its own cluster (``_ask_clusters``)
+    before the filters, so ``--state`` matches what ``status`` would say.
 
     One listing of ``runs/`` and one of ``summaries/`` (``xrun_contract.summary``) serve
     every run that keeps a summary; a run without one (written by an older xrun) is read
@@ -897,11 +899,40 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
                              "accelerator": "", "submitted_at": item.get("created"),
                              "restarts": item.get("restarts", 0), "in_cluster": True,
                              "labels": item.get("labels") or {}})
+    _ask_clusters(storage, [r for r in runs if r["backend"] == "kube" and not r.get("in_cluster")
+                            and not is_terminal(r["state"])], warn)
     runs.sort(key=lambda r: r.get("submitted_at") or 0, reverse=True)
     if where is not None and not where.empty:
         now = time.time()
         runs = [r for r in runs if matches(r, where, now)]
     return runs
+
+
+def _ask_clusters(storage: Storage, rows: list[dict[str, Any]], warn: Callable[[str], None] | None) -> None:
+    """The live state of cluster runs storage calls live (Pending or Running as last
+    recorded), one JobSet and one pod LIST per context and namespace, as the run was
+    submitted: storage lags (state.json is written when someone follows the run), and list
+    showed Pending, and ``delete --state Pending`` stopped, runs whose pods ran. A cluster
+    that cannot be asked leaves storage's word, said once; a JobSet that is gone too (the
+    run's end is in its events: ``status`` reads them)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        try:
+            run = run_info(storage, row["name"])
+        except XrunError:
+            continue
+        groups.setdefault((str(run.get("context") or ""), str(run.get("namespace") or "")), []).append(row)
+    for (context, namespace), members in groups.items():
+        try:
+            live = {item["name"]: item for item in backend_for("kube", storage.root, context, namespace).list()}
+        except XrunError as e:
+            if warn:
+                warn(f"cluster {context or '(current context)'}: {e}; {len(members)} run(s) show what storage says")
+            continue
+        for row in members:
+            item = live.get(row["name"])
+            if item is not None:
+                row["state"], row["in_cluster"] = item.get("state") or row["state"], True
 
 
 def _record_row(r: RunRecord) -> dict[str, Any]:

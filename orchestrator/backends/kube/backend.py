@@ -536,14 +536,26 @@ class KubeBackend:
         return True
 
     def list(self) -> list[dict[str, Any]]:
-        """xrun's JobSets in the namespace (label xrun.dev/run), state from the JobSet alone."""
+        """xrun's JobSets in the namespace (label xrun.dev/run), each state judged as
+        ``status`` judges it: from the JobSet and its pods (one LIST of xrun's pods in the
+        namespace), so a run whose pods run is Running, not the JobSet's Pending."""
         custom, _ = self._apis()
         data = self.call("list", JOBSET_CRD, custom.list_namespaced_custom_object,
                          GROUP, VERSION, self.namespace, PLURAL, label_selector=Labels.RUN)
+        items = (data or {}).get("items") or []
+        by_jobset: dict[str, list[dict[str, Any]]] = {}
+        if items:
+            pods = (self.call("list", "pods", self._get_path, f"/api/v1/namespaces/{self.namespace}/pods",
+                              query=[("labelSelector", f"{Labels.RUN},{Labels.JOBSET_NAME}")],
+                              decode=loads_pods) or {}).get("items") or []
+            for pod in pods:
+                owner = ((pod.get("metadata") or {}).get("labels") or {}).get(Labels.JOBSET_NAME, "")
+                by_jobset.setdefault(owner, []).append(pod)
         out = []
-        for js in (data or {}).get("items") or []:
+        for js in items:
             meta = js.get("metadata") or {}
-            state, message = jobset_state(js, None)
+            pods = by_jobset.get(meta.get("name", ""), [])
+            state, message = jobset_state(js, latest_hosts(pods), ending=attempt_ending(pods, js))
             out.append({
                 "name": meta.get("name", ""), "state": state, "message": message,
                 "created": _epoch(meta.get("creationTimestamp")),
