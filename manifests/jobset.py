@@ -258,9 +258,9 @@ def kueue_topology_annotations(spec: RunSpec) -> dict[str, str]:
     every slice). ``required`` with one slice: the whole PodSet in one domain. With several
     slices that can never be admitted (each slice is a node pool of its own), so each slice
     (``hosts_per_slice`` pods) is required in a domain of its own: Kueue's two-level request,
-    ``podset-slice-required-topology`` + ``podset-slice-size`` (kueue v0.13+,
-    pkg/controller/jobframework/tas.go; GKE "Schedule GKE workloads with Topology Aware
-    Scheduling", multislice)."""
+    ``podset-slice-required-topology`` + ``podset-slice-size`` (kueue v0.17
+    apis/kueue/v1beta2/topology_types.go, pkg/controller/jobframework/tas_validation.go: a
+    slice-only request is valid; the size is required and at most the PodSet's count)."""
     if not spec.kueue_topology:
         return {}
     mode, _, level = spec.kueue_topology.partition(":")

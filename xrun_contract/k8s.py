@@ -89,9 +89,10 @@ class Annotations:
     # constants.go PodSetRequiredTopologyAnnotation / PodSetPreferredTopologyAnnotation).
     KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
     KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
-    # Two-level TAS for a PodSet of several slices (Kueue >= 0.13, apis/kueue/v1beta2
-    # constants.go PodSetSliceRequiredTopologyAnnotation / PodSetSliceSizeAnnotation): each
-    # group of slice-size pods in one domain of the slice level.
+    # Two-level TAS for a PodSet of several slices (kueue v0.17 apis/kueue/v1beta2
+    # topology_types.go PodSetSliceRequiredTopologyAnnotation / PodSetSliceSizeAnnotation,
+    # checked by pkg/controller/jobframework/tas_validation.go): each group of slice-size
+    # pods in one domain of the slice level; the size is required with it.
     KUEUE_SLICE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
     KUEUE_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
 

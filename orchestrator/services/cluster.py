@@ -82,7 +82,8 @@ def resolve_queue(spec: RunSpec, backend: KubeBackend) -> Resolved:
     default = settings.default_queue()
     if default:
         out.spec = _with_queue(spec, default, f"${settings.QUEUE_ENV}")
-        out.warnings += check_named_queue(default, backend, f"queue (from ${settings.QUEUE_ENV})")
+        if default != QUEUE_NONE:
+            out.warnings += check_named_queue(default, backend, f"queue (from ${settings.QUEUE_ENV})")
         return out
     queue, kind, detail = find_queue(backend)
     ns = backend.namespace

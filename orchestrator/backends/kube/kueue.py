@@ -106,11 +106,11 @@ def queue_position(backend: KubeBackend, queue: str, workloads: set[str]) -> str
 
 
 def _position(item: dict[str, Any], index: int, ahead_here: list[dict[str, Any]], ns: str, queue: str) -> str:
-    ahead = [owner_name(w) for w in ahead_here]
-    earlier = index - len(ahead)  # on earlier pages: counted, not named
-    shown = ", ".join(ahead[-5:]) if earlier or len(ahead) > 5 else ", ".join(ahead)
-    more = index - min(len(ahead), 5)
-    names = f" ({shown}{f' and {more} more' if more > 0 else ''})" if ahead else ""
+    """The line for a Workload at ``index``: the first few ahead on its page named, the rest
+    (earlier pages too) counted."""
+    shown = [owner_name(w) for w in ahead_here[:5]]
+    more = index - len(shown)
+    names = f" ({', '.join(shown)}{f' and {more} more' if more > 0 else ''})" if index else ""
     return (f"Kueue queue: {item.get('positionInLocalQueue', index)} ahead in LocalQueue {ns}/{queue}{names}, "
             f"{item.get('positionInClusterQueue', '?')} ahead in its ClusterQueue")
 
