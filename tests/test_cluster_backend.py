@@ -762,6 +762,12 @@ def test_a_flex_start_run_waits_suspended_for_kueue(cluster, proxy, tmp_path):
         ), st.message
         # Its place in the queue, from Kueue's visibility API (#38): nothing ahead of it.
         assert "Kueue queue: 0 ahead in LocalQueue default/multislice-queue" in st.message, st.message
+        # A Kueue whose visibility API serves v1beta2 only (what Kueue documents): read there.
+        proxy.hide_version("visibility.kueue.x-k8s.io", "v1beta1")
+        fresh = backend_for(proxy.kubeconfig(tmp_path / "proxied-v1beta2"))
+        assert "Kueue queue: 0 ahead in LocalQueue default/multislice-queue" in fresh.status(name).message
+        assert any("/apis/visibility.kueue.x-k8s.io/v1beta2/" in p and "limit=1000" in p
+                   for _, p in proxy.seen), proxy.seen[-5:]
         time.sleep(1)
         assert cluster.pods(name) == [] and cluster.jobset(name)["spec"]["suspend"] is True
     finally:

@@ -278,7 +278,7 @@ def test_doctor_names_every_problem(cluster, tmp_path):
                                    "cloud.google.com/gke-tpu-topology=4x4,node.kubernetes.io/instance-type=ct6e-standard-4t "
                                    "(0 Ready); v6e-16 needs 4, and no cluster autoscaler"), got["nodes"]
     assert got["storage"].startswith("FAIL  storage  storage root ") and "cluster runs need gs://bucket/prefix" in got["storage"]
-    assert r.stderr.strip().startswith("xrun: doctor: ") and "jobset, " in r.stderr and "kueue, nodes, storage" in r.stderr
+    assert r.stderr.strip().startswith("xrun: doctor: ") and "jobset, " in r.stderr and "kueue, nodes, capacity, storage" in r.stderr
 
     r = xrun("doctor", "-o", "json", storage=tmp_path, KUBECONFIG=dead_kubeconfig(cluster, tmp_path / "dead"))
     assert r.returncode == 3
@@ -311,7 +311,7 @@ def test_doctor_reads_the_pools_priorities_and_the_autoscaler(cluster):
         "2 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=2x4,"
         "node.kubernetes.io/instance-type=ct6e-standard-4t,cloud.google.com/gke-spot=true (2 Ready); v6e-8 needs 2"))
     check = checks.check_nodes(backend, lookup("h100-mega-80gb-8"), 2, "flex-start")
-    assert check.result == "warn" and "flex-start nodes are created when Kueue's ProvisioningRequest" in check.detail
+    assert check.result == "warn" and "flex-start nodes are created for the run" in check.detail
     assert checks.check_nodes(backend, lookup("h100-mega-80gb-8"), 2).result == "ok"
     assert checks.check_nodes(backend, lookup("cpu-2"), 2).result == "skip"
     # A shape no pool has: FAIL, or warn where the cluster autoscaler would make the nodes.
