@@ -92,8 +92,12 @@ def test_doctor_on_the_real_cluster_reads_what_the_api_shows(cluster, storage, t
     assert checks["priority"]["result"] == "ok" and checks["priority"]["detail"].startswith(
         "priority 'high' exists; PriorityClasses: very-low=100, low=250, medium=500, high=750, very-high=1000")
     assert checks["nodes"]["result"] == "ok" and "v6e-8 needs 2" in checks["nodes"]["detail"]
+    assert checks["capacity"] == {"name": "capacity", "result": "ok", "exit_code": 0,
+                                  "detail": "a node pool per slice holds v6e-8"}
     assert checks["storage"]["result"] == "ok"
-    assert r.stderr.strip() == "xrun: doctor: all checks passed (1 warning(s))"
+    # No image, no probe pod: the node pool's account and scopes are unproven, said so.
+    assert checks["pod-storage"]["result"] == "warn" and "gke-default, only reads storage" in checks["pod-storage"]["detail"]
+    assert r.stderr.strip() == "xrun: doctor: all checks passed (2 warning(s))"
     # The dry run went through the webhooks and stored nothing.
     audit = [a for a in cluster.audit_lines() if a.get("verb") == "create"
              and (a.get("objectRef") or {}).get("resource") == "jobsets"
