@@ -808,22 +808,6 @@ def test_a_flex_start_run_lands_on_the_flex_start_pool_and_no_other_run_does(clu
             cluster.delete_jobset(n)
 
 
-def test_a_pod_log_the_server_refuses_is_one_line_not_an_api_exception(cluster):
-    """doctor's probe read a pod log the API server refused (400: the container never
-    started) and ended in a traceback: ``pod_log`` now says it in one line (exit 1)."""
-    backend = backend_for(cluster.kubeconfig)
-    name = unique("nolog")
-    try:
-        backend.submit(manifest(name, node_selector=NOWHERE))
-        pod = cluster.wait("a pod of it", lambda: (cluster.pods(name) or [None])[0], 30, every=0.2)
-        with pytest.raises(XrunError) as e:
-            backend.pod_log(pod["metadata"]["name"])
-        assert e.value.exit_code == 1 and str(e.value).startswith(
-            f"pods/log '{pod['metadata']['name']}' rejected by the cluster (400 BadRequest): "), e.value
-    finally:
-        cluster.delete_jobset(name)
-
-
 # --- the CLI end to end ----------------------------------------------------------------------
 
 def test_submit_follows_a_cluster_run_then_status_list_delete(cluster, proxy, storage, tmp_path):
