@@ -104,3 +104,28 @@ def test_fuse_on_a_tpu_pod_needs_its_ksa_granted_not_the_nodes(members, result):
     if result != "ok":
         assert ("--role=roles/storage.objectViewer --member=principal://iam.googleapis.com/projects/PROJECT_NUMBER/"
                 "locations/global/workloadIdentityPools/PROJECT_ID.svc.id.goog/subject/ns/team/sa/trainer") in check.detail
+
+
+def test_pod_log_a_400_is_one_xrun_error_line(monkeypatch):
+    """What the API server answers for a container that never started (400 BadRequest) was
+    a raw ApiException out of ``pod_log``: now one line, exit 1."""
+    import json
+
+    from kubernetes.client.exceptions import ApiException
+
+    from orchestrator.backends.kube.backend import KubeBackend
+
+    class Core:
+        def read_namespaced_pod_log(self, *_: Any, **__: Any) -> Any:
+            e = ApiException(status=400, reason="Bad Request")
+            e.body = json.dumps({"kind": "Status", "status": "Failure", "reason": "BadRequest", "code": 400,
+                                 "message": 'container "workload" in pod "p" is waiting to start: PodInitializing'})
+            raise e
+
+    backend = KubeBackend("ctx", "default")
+    monkeypatch.setattr(backend, "_apis", lambda: (None, Core()))
+    with pytest.raises(XrunError) as e:
+        backend.pod_log("p")
+    assert e.value.exit_code == 1 and str(e.value) == (
+        "pods/log 'p' rejected by the cluster (400 BadRequest): container \"workload\" in pod \"p\" is waiting to "
+        "start: PodInitializing"), e.value
