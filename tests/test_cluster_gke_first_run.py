@@ -215,6 +215,14 @@ def test_a_shape_no_node_pool_holds_is_refused_before_anything_exists(cluster, s
     found.check_capacity(spec("spot", NAMESPACE, capacity="spot"), backend)
     with pytest.raises(XrunError):
         found.check_capacity(spec("spot2", NAMESPACE, capacity="spot", num_slices=2), backend)
+    # Reservation: the pool labelled with its name holds it (xrun refused its own pool when it
+    # also selected reservation-affinity); a shared reservation of another project, none.
+    found.check_capacity(spec("resv", NAMESPACE, capacity="reservation:xrun-resv"), backend)
+    with pytest.raises(XrunError) as e:
+        found.check_capacity(spec("resv2", NAMESPACE, capacity="reservation:projects/other-proj/reservations/xrun-resv"),
+                             backend)
+    assert "(also labelled cloud.google.com/reservation-name=xrun-resv, cloud.google.com/reservation-project=other-proj)" \
+        in str(e.value), e.value
     # GPU: nodes counted across the accelerator's pools (A3 Mega has 2).
     found.check_capacity(spec("gpu", NAMESPACE, accelerator="h100-mega-80gb-8", nodes=2), backend)
     with pytest.raises(XrunError) as e:
