@@ -62,6 +62,12 @@ class Shape:
     machine_type: str = ""  # GCE machine type of the node pool (TPU: label node.kubernetes.io/instance-type)
     nics: int = 0  # GPU: every NIC of the VM
     networking: Networking | None = None  # GPU: the stack its pods need
+    jax_devices_per_chip: int = 1  # TPU7x: two TensorCores, each a JAX device
+
+    @property
+    def jax_devices_per_vm(self) -> int:
+        """What ``jax.local_device_count()`` says on one host."""
+        return self.devices_per_vm * self.jax_devices_per_chip
 
     @property
     def single_host(self) -> bool:
@@ -142,6 +148,7 @@ def shapes() -> dict[str, Shape]:
                 machine_type=s.get("machine_type", fam.get("machine_type", "")),
                 nics=int(fam.get("nics", 0)),
                 networking=stacks[fam["networking"]] if fam.get("networking") else None,
+                jax_devices_per_chip=int(fam.get("jax_devices_per_chip", 1)),
             )
     return out
 

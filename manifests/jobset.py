@@ -25,6 +25,7 @@ from xrun_contract.k8s import (
     FieldPaths,
     JobFailureReasons,
     Labels,
+    Taints,
 )
 
 REPLICATED_JOB = "slice"
@@ -247,12 +248,28 @@ def pod_annotations(spec: RunSpec) -> dict[str, str]:
     if any("bucket" in m for m in spec.mounts):
         out[Annotations.GCSFUSE_VOLUMES] = "true"
         out.update(dict.fromkeys(GCSFUSE_SIDECAR_LIMITS, "0"))
-    if spec.kueue_topology:
-        mode, _, level = spec.kueue_topology.partition(":")
-        key = Annotations.KUEUE_REQUIRED_TOPOLOGY if mode == "required" else Annotations.KUEUE_PREFERRED_TOPOLOGY
-        out[key] = level
+    out.update(kueue_topology_annotations(spec))
     return merge_keys("pod_annotations", out, spec.pod_annotations,
                       "from accelerator, mounts and kueue_topology")
+
+
+def kueue_topology_annotations(spec: RunSpec) -> dict[str, str]:
+    """Kueue's topology request for the run's one PodSet (the replicatedJob: every pod of
+    every slice). ``required`` with one slice: the whole PodSet in one domain. With several
+    slices that can never be admitted (each slice is a node pool of its own), so each slice
+    (``hosts_per_slice`` pods) is required in a domain of its own: Kueue's two-level request,
+    ``podset-slice-required-topology`` + ``podset-slice-size`` (kueue v0.17
+    apis/kueue/v1beta2/topology_types.go, pkg/controller/jobframework/tas_validation.go: a
+    slice-only request is valid; the size is required and at most the PodSet's count)."""
+    if not spec.kueue_topology:
+        return {}
+    mode, _, level = spec.kueue_topology.partition(":")
+    if mode != "required":
+        return {Annotations.KUEUE_PREFERRED_TOPOLOGY: level}
+    if spec.slices > 1:
+        return {Annotations.KUEUE_SLICE_REQUIRED_TOPOLOGY: level,
+                Annotations.KUEUE_SLICE_SIZE: str(spec.hosts_per_slice)}
+    return {Annotations.KUEUE_REQUIRED_TOPOLOGY: level}
 
 
 def decorate_gpu(pod: t.PodSpec, container: t.Container, stack: Networking) -> None:
@@ -405,23 +422,50 @@ def _toleration(key: str) -> t.Toleration:
     return t.Toleration(key=key, operator="Equal", value="true", effect="NoSchedule")
 
 
+def reservation_parts(capacity: str) -> tuple[str, str]:
+    """(project, name) of ``reservation:NAME`` or ``reservation:projects/P/reservations/NAME``
+    (a shared reservation, the path Compute Engine's reservationAffinity values take; project
+    "" for the cluster's own)."""
+    path = capacity.removeprefix("reservation:")
+    parts = path.split("/")
+    if len(parts) == 4 and parts[0] == "projects" and parts[2] == "reservations":
+        return parts[1], parts[3]
+    return "", path
+
+
 def capacity_placement(capacity: str) -> tuple[dict[str, str], list[t.Toleration]]:
     """The node selector and tolerations a ``capacity`` value needs.
 
     spot: GKE labels and taints Spot nodes ``cloud.google.com/gke-spot=true`` (GKE "Spot
-    VMs"; xpk capacity.py get_capacity_node_selectors_from_capacity_type). reservation:
-    ``cloud.google.com/reservation-name`` with ``reservation-affinity: specific`` (GKE
-    "Consuming reserved zonal resources"). flex-start: queued-provisioning nodes carry
-    ``cloud.google.com/gke-queued=true`` as label and NoSchedule taint (xpk selects it; the
-    JobSet waits suspended for Kueue's ProvisioningRequest admission check).
+    VMs"; xpk capacity.py get_capacity_node_selectors_from_capacity_type).
+
+    reservation: ``cloud.google.com/reservation-name`` alone, as xpk selects it: the nodes of
+    a Standard node pool made with ``--reservation-affinity=specific --reservation=NAME``
+    carry that label, not ``reservation-affinity``, which only GKE's own examples for
+    Autopilot and node auto-provisioning put in the selector (GKE "Consuming reserved zonal
+    resources"). A shared reservation (``projects/P/reservations/NAME``) adds
+    ``cloud.google.com/reservation-project: P``: a label value cannot hold the path's
+    slashes (xpk's to_reservation_path puts it there; the API server refuses it).
+
+    flex-start: every flex-start node is labelled ``cloud.google.com/gke-flex-start=true``,
+    and the nodes of a queued-provisioning pool are also tainted
+    ``cloud.google.com/gke-queued`` (NoSchedule), which GKE's examples tolerate; nothing
+    labels them gke-queued (GKE "Run a small batch workload with flex-start" and "Run a
+    large-scale workload with flex-start with queued provisioning"). One selector serves both
+    kinds; with a queue, Kueue admits the run (its ProvisioningRequest admission check asks
+    for the queued nodes), without one the cluster autoscaler adds flex-start nodes.
     """
     if capacity == "spot":
         return {Labels.SPOT: "true"}, [_toleration(Labels.SPOT)]
     if capacity.startswith("reservation:"):
-        name = capacity.removeprefix("reservation:")
-        return {Labels.RESERVATION_NAME: name, Labels.RESERVATION_AFFINITY: "specific"}, []
+        project, name = reservation_parts(capacity)
+        selector = {Labels.RESERVATION_NAME: name}
+        if project:
+            selector[Labels.RESERVATION_PROJECT] = project
+        return selector, []
     if capacity == "flex-start":
-        return {Labels.QUEUED: "true"}, [_toleration(Labels.QUEUED)]
+        return {Labels.FLEX_START: "true"}, [t.Toleration(key=Taints.QUEUED, operator="Exists",
+                                                           effect="NoSchedule")]
     return {}, []
 
 
@@ -524,9 +568,10 @@ def build(spec: RunSpec) -> t.JobSet:
             success_policy=t.SuccessPolicy(operator="All", target_replicated_jobs=[REPLICATED_JOB]),
             network=t.Network(enable_dns_hostnames=True, subdomain=spec.name),
             ttl_seconds_after_finished=spec.ttl_seconds_after_finished,
-            # flex-start: created suspended; Kueue unsuspends it once its ProvisioningRequest
-            # admission check has the nodes (Kueue's jobframework suspends Kueue jobs the same way).
-            suspend=True if spec.capacity == "flex-start" else None,
+            # flex-start through Kueue: created suspended; Kueue unsuspends it once its
+            # ProvisioningRequest admission check has the nodes (Kueue's jobframework suspends
+            # Kueue jobs the same way). Without a queue the autoscaler adds the nodes.
+            suspend=True if spec.capacity == "flex-start" and spec.queue_name else None,
             replicated_jobs=[t.ReplicatedJob(name=REPLICATED_JOB, replicas=spec.slices, template=job)],
         ),
     )

@@ -53,6 +53,7 @@ CLUSTER_XRUN_IMAGE_HINT = ("an image in a registry the nodes can pull from, its 
                            f"us-docker.pkg.dev/PROJECT/REPO/xrun-workload:{XRUN_VERSION}: build the Dockerfile, "
                            "push it, set xrun_image (README \"Any image\")")
 # capacity: what GKE provisions the nodes from (rendered by manifests.jobset.capacity_*).
+# A shared reservation: reservation:projects/<project>/reservations/<name>.
 CAPACITIES = ("on-demand", "spot", "reservation:<name>", "flex-start")
 # priority: xpk's PriorityClass ladder (xpk templates/kueue_config.yaml.j2 creates these classes).
 PRIORITY_LADDER = {"very-low": 100, "low": 250, "medium": 500, "high": 750, "very-high": 1000}
@@ -63,6 +64,11 @@ TOPOLOGY_AWARE_SCHEDULER = "gke.io/topology-aware-auto"
 # validation.go validateSchedulingGates -> ValidateQualifiedName): the part after the "/" at
 # most 63 characters, so a run name of at most 63 - len("topology-aware-auto-") = 43.
 MAX_TOPOLOGY_GATE_NAME = MAX_LABEL - len(TOPOLOGY_AWARE_SCHEDULER.partition("/")[2] + "-")
+# On TPU7x GKE hands libtpu port 8476, xrun's default coordinator port, and under hostNetwork
+# both would bind it on the node: those runs default to 8482, the port JAX's own Cloud TPU
+# cluster detection moved to in 0.8.1 (jax/_src/clusters/cloud_tpu_cluster.py; jax-ml/jax#35905).
+LIBTPU_HOLDS_8476 = ("tpu7x",)
+TPU7X_COORDINATOR_PORT = 8482
 # queue: this value submits without Kueue on purpose (no queue label, no look-up of the
 # namespace's LocalQueues).
 QUEUE_NONE = "none"
@@ -113,7 +119,7 @@ class RunSpec:
     queue: str = ""
     kueue_priority: str = ""  # label kueue.x-k8s.io/priority-class
     privileged: bool = False
-    coordinator_port: int = 8476  # jax.distributed coordinator on process 0
+    coordinator_port: int = 8476  # jax.distributed coordinator on process 0 (TPU7x: TPU7X_COORDINATOR_PORT)
     megascale_port: int = 8080
     branch: str = ""  # for reports: which branch the image (or the workdir) was built from
     commit: str = ""
@@ -172,7 +178,8 @@ class RunSpec:
 
     @property
     def reservation(self) -> str:
-        return self.capacity.removeprefix("reservation:") if self.capacity.startswith("reservation:") else ""
+        """The reservation's name (a shared one's project is in ``capacity`` too)."""
+        return self.capacity.rsplit("/", 1)[-1].removeprefix("reservation:") if self.capacity.startswith("reservation:") else ""
 
     @property
     def backend_name(self) -> str:
@@ -264,6 +271,9 @@ def build_spec(file_values: dict[str, Any], flag_values: dict[str, Any],
             merged[name] = _coerce(name, value)
     if not merged.get("storage") and storage_default:
         merged["storage"] = storage_default
+    shape = catalogue.shapes().get(str(merged.get("accelerator", "")))
+    if "coordinator_port" not in merged and shape is not None and shape.family in LIBTPU_HOLDS_8476:
+        merged["coordinator_port"] = TPU7X_COORDINATOR_PORT
     spec = RunSpec(**merged)
     validate(spec)
     return spec
@@ -410,6 +420,10 @@ def validate(spec: RunSpec) -> None:
         port = getattr(spec, port_field)
         if not 1 <= port <= 65535:
             raise XrunError(f"{port_field}: must be 1..65535, got {port}")
+    if spec.coordinator_port == 8476 and spec.accelerator in catalogue.shapes() \
+            and spec.shape.family in LIBTPU_HOLDS_8476:
+        raise XrunError(f"coordinator_port: 8476 is libtpu's on {spec.accelerator} nodes (a host port under "
+                        f"hostNetwork); leave it out for {TPU7X_COORDINATOR_PORT}, or pick another")
     for opt in ("service_account", "priority_class"):
         value = getattr(spec, opt)
         if value and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):
@@ -516,14 +530,17 @@ def validate_gke_knobs(spec: RunSpec) -> None:
     """capacity, placement, priority, mounts, scheduler and Kueue topology (issue #18)."""
     cap = spec.capacity
     if cap.startswith("reservation:"):
+        path = cap.removeprefix("reservation:")
+        parts = path.split("/")
+        if "/" in path and not (len(parts) == 4 and parts[0] == "projects" and parts[2] == "reservations"
+                                and re.fullmatch(r"[a-z][-a-z0-9]{4,28}[a-z0-9]", parts[1])):
+            raise XrunError(f"capacity: {short_repr(cap)} is not reservation:NAME or reservation:projects/PROJECT/"
+                            "reservations/NAME (a shared reservation; PROJECT a project ID)")
         if not re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", spec.reservation):
             raise XrunError(f"capacity: reservation name {short_repr(spec.reservation)} is not a Compute Engine name "
                             "(lowercase letters, digits, '-', at most 63)")
     elif cap not in ("on-demand", "spot", "flex-start"):
         raise XrunError(f"capacity: must be one of {' | '.join(CAPACITIES)}, got {short_repr(cap)}")
-    if cap == "flex-start" and not spec.queue_name:
-        raise XrunError("capacity: flex-start needs queue: a Kueue LocalQueue whose ClusterQueue has a "
-                        "ProvisioningRequest admission check (GKE queued provisioning)")
     if cap != "on-demand" and spec.shape.kind == "cpu":
         raise XrunError(f"capacity: {cap} is for TPU and GPU node pools, not {spec.accelerator}")
     _key_value_map("node_selector", spec.node_selector, values_are_labels=True)

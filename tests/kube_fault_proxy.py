@@ -13,7 +13,9 @@ do on demand:
   JobSet's or Kueue's CRDs (deleting a CRD deletes every object of it, other tests' runs
   included). The group's paths answer 404 as the real server does for an unserved resource
   (a ``NotFound`` Status with no ``details.name``), its CRDs 404 naming them, and ``/apis``
-  lists the other groups.
+  lists the other groups;
+* one version of a group not served (``hide_version``): e.g. a Kueue whose visibility API
+  serves v1beta2 only. Its paths answer 404 and ``/apis`` lists the group without it.
 
 Everything else the client sees is the real server's answer. Clients use
 ``proxy.kubeconfig(path)`` (context ``xrun-test``, our CA).
@@ -54,6 +56,7 @@ class KubeFaultProxy:
         self.seen: list[tuple[str, str]] = []
         self.bodies: list[tuple[str, str, object]] = []  # (method, path, JSON body) as sent
         self.hidden: set[str] = set()
+        self.hidden_versions: set[tuple[str, str]] = set()
         self.version: str | None = None
         self.lock = threading.Lock()
         self.lifetime_s = lifetime_s
@@ -83,6 +86,11 @@ class KubeFaultProxy:
         with self.lock:
             self.hidden.add(group)
 
+    def hide_version(self, group: str, version: str) -> None:
+        """Answer as a cluster whose ``group`` does not serve ``version``."""
+        with self.lock:
+            self.hidden_versions.add((group, version))
+
     def git_version(self, version: str | None) -> None:
         """``/version`` says ``version`` (None: the real one)."""
         with self.lock:
@@ -93,6 +101,10 @@ class KubeFaultProxy:
         path = url.split("?", 1)[0]
         with self.lock:
             hidden = set(self.hidden)
+            versions = set(self.hidden_versions)
+        for group, version in versions:
+            if path.startswith(f"/apis/{group}/{version}/") or path == f"/apis/{group}/{version}":
+                return status_body(404, "NotFound", "the server could not find the requested resource")
         for group in hidden:
             if path.startswith(f"/apis/{group}/") or path == f"/apis/{group}":
                 return status_body(404, "NotFound", "the server could not find the requested resource")
@@ -110,10 +122,14 @@ class KubeFaultProxy:
         """The real answer, with hidden groups left out of discovery and the version's."""
         path = url.split("?", 1)[0].rstrip("/")
         with self.lock:
-            hidden, version = set(self.hidden), self.version
-        if path == "/apis" and hidden:
+            hidden, version, versions = set(self.hidden), self.version, set(self.hidden_versions)
+        if path == "/apis" and (hidden or versions):
             body = json.loads(data)
             body["groups"] = [g for g in body.get("groups") or [] if g["name"] not in hidden]
+            for g in body["groups"]:
+                g["versions"] = [v for v in g.get("versions") or [] if (g["name"], v["version"]) not in versions]
+                if (g["name"], (g.get("preferredVersion") or {}).get("version")) in versions and g["versions"]:
+                    g["preferredVersion"] = g["versions"][0]
             return json.dumps(body).encode()
         if path == "/version" and version:
             body = json.loads(data)

@@ -1,5 +1,5 @@
 """Offline admission: every manifest xrun renders is one a cluster admits, and each rule
-refuses exactly what its upstream counterpart refuses (manifests/admission.py)."""
+refuses exactly what its upstream counterpart refuses (manifests/admission/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Offline admission (manifests/admission.py, what `xrun render` runs on a laptop) against
+"""Offline admission (manifests/admission/, what `xrun render` runs on a laptop) against
 the real API server, both ways.
 
 The real verdict on a JobSet is two steps, as on a cluster: the JobSet itself is created

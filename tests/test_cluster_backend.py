@@ -762,10 +762,50 @@ def test_a_flex_start_run_waits_suspended_for_kueue(cluster, proxy, tmp_path):
         ), st.message
         # Its place in the queue, from Kueue's visibility API (#38): nothing ahead of it.
         assert "Kueue queue: 0 ahead in LocalQueue default/multislice-queue" in st.message, st.message
+        # A Kueue whose visibility API serves v1beta2 only (what Kueue documents): read there.
+        proxy.hide_version("visibility.kueue.x-k8s.io", "v1beta1")
+        fresh = backend_for(proxy.kubeconfig(tmp_path / "proxied-v1beta2"))
+        assert "Kueue queue: 0 ahead in LocalQueue default/multislice-queue" in fresh.status(name).message
+        assert any("/apis/visibility.kueue.x-k8s.io/v1beta2/" in p and "limit=1000" in p
+                   for _, p in proxy.seen), proxy.seen[-5:]
         time.sleep(1)
         assert cluster.pods(name) == [] and cluster.jobset(name)["spec"]["suspend"] is True
     finally:
         cluster.delete_jobset(name)
+
+
+def test_a_reservation_run_lands_on_its_reservation_pool(cluster):
+    """The reservation pool's nodes carry cloud.google.com/reservation-name, as a Standard
+    pool made with --reservation does, and nothing more: the run selects that alone."""
+    backend = backend_for(cluster.kubeconfig)
+    name = unique("resv")
+    try:
+        backend.submit(manifest(name, capacity="reservation:xrun-resv"))
+        nodes = {p["spec"]["nodeName"] for p in running(cluster, name, 2)}
+        assert {n.rsplit("-", 1)[0] for n in nodes} == {"v6e-2x4-resv-0"}, nodes
+    finally:
+        cluster.delete_jobset(name)
+
+
+def test_a_flex_start_run_lands_on_the_flex_start_pool_and_no_other_run_does(cluster):
+    """The flex-start pool's node is labelled gke-flex-start=true and tainted gke-queued (as
+    GKE's queued provisioning makes them): a flex-start run without a queue (plain
+    flex-start) selects and tolerates it; an on-demand run of the same shape cannot land."""
+    backend = backend_for(cluster.kubeconfig)
+    flex, od = unique("flex"), unique("odflex")
+    try:
+        backend.submit(manifest(flex, accelerator="v6e-4", capacity="flex-start", queue="none"))
+        assert [p["spec"]["nodeName"] for p in running(cluster, flex, 1)] == ["v6e-2x2-flex-0-0"]
+        backend.submit(manifest(od, accelerator="v6e-4", queue="none"))
+
+        def unschedulable():
+            st = backend.status(od)
+            return st if st.hosts and all(h.reason.startswith("Unschedulable: ") for h in st.hosts) else None
+        st = cluster.wait("the on-demand v6e-4 run Unschedulable", unschedulable, 60, every=0.5)
+        assert "cloud.google.com/gke-queued" in st.hosts[0].reason or "didn't match" in st.hosts[0].reason, st
+    finally:
+        for n in (flex, od):
+            cluster.delete_jobset(n)
 
 
 # --- the CLI end to end ----------------------------------------------------------------------

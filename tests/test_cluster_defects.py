@@ -522,9 +522,9 @@ def test_readme_first_run_on_gke_against_the_real_cluster(cluster, gcs_emulator,
         cluster.delete_jobset(name)
     lines = outputs["doctor"].stdout.splitlines()
     assert [ln.split()[1] for ln in lines] == [
-        "api", "jobset", "jobset-controller", "rbac", "priority", "nodes", "storage", "pod-storage"]
+        "api", "jobset", "jobset-controller", "rbac", "priority", "nodes", "capacity", "storage", "pod-storage"]
     # JobSet runs as a process here, without the Deployment doctor reads a release from: warn.
-    assert [ln.split()[0] for ln in lines] == ["ok", "ok", "warn", "ok", "ok", "ok", "ok", "ok"], lines
+    assert [ln.split()[0] for ln in lines] == ["ok", "ok", "warn", "ok", "ok", "ok", "ok", "ok", "ok"], lines
     assert yaml.safe_load(outputs["render"].stdout)["metadata"]["name"] == name
     assert "step 1 loss 2.5" in outputs["logs"].stdout
     assert "Succeeded" in outputs["status"].stdout

@@ -65,8 +65,8 @@ def test_doctor_on_the_real_cluster_reads_what_the_api_shows(cluster, storage, t
     path = run_file(tmp_path, queue="multislice-queue", priority="high", storage=storage)
     r, checks = doctor(cluster.kubeconfig, storage, "-f", path)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert list(checks) == ["api", "jobset", "jobset-controller", "rbac", "kueue", "priority", "nodes", "storage",
-                            "pod-storage"]
+    assert list(checks) == ["api", "jobset", "jobset-controller", "rbac", "kueue", "priority", "nodes", "capacity",
+                            "storage", "pod-storage"]
     api = checks["api"]
     assert api["result"] == "ok" and f"(context {CONTEXT}, Kubernetes {KUBE_VERSION}), namespace default" in api["detail"]
     assert checks["jobset"] == {"name": "jobset", "result": "ok", "exit_code": 0, "detail": (
@@ -92,8 +92,12 @@ def test_doctor_on_the_real_cluster_reads_what_the_api_shows(cluster, storage, t
     assert checks["priority"]["result"] == "ok" and checks["priority"]["detail"].startswith(
         "priority 'high' exists; PriorityClasses: very-low=100, low=250, medium=500, high=750, very-high=1000")
     assert checks["nodes"]["result"] == "ok" and "v6e-8 needs 2" in checks["nodes"]["detail"]
+    assert checks["capacity"] == {"name": "capacity", "result": "ok", "exit_code": 0,
+                                  "detail": "a node pool per slice holds v6e-8"}
     assert checks["storage"]["result"] == "ok"
-    assert r.stderr.strip() == "xrun: doctor: all checks passed (1 warning(s))"
+    # No image, no probe pod: the node pool's account and scopes are unproven, said so.
+    assert checks["pod-storage"]["result"] == "warn" and "gke-default, only reads storage" in checks["pod-storage"]["detail"]
+    assert r.stderr.strip() == "xrun: doctor: all checks passed (2 warning(s))"
     # The dry run went through the webhooks and stored nothing.
     audit = [a for a in cluster.audit_lines() if a.get("verb") == "create"
              and (a.get("objectRef") or {}).get("resource") == "jobsets"
@@ -278,7 +282,7 @@ def test_doctor_names_every_problem(cluster, tmp_path):
                                    "cloud.google.com/gke-tpu-topology=4x4,node.kubernetes.io/instance-type=ct6e-standard-4t "
                                    "(0 Ready); v6e-16 needs 4, and no cluster autoscaler"), got["nodes"]
     assert got["storage"].startswith("FAIL  storage  storage root ") and "cluster runs need gs://bucket/prefix" in got["storage"]
-    assert r.stderr.strip().startswith("xrun: doctor: ") and "jobset, " in r.stderr and "kueue, nodes, storage" in r.stderr
+    assert r.stderr.strip().startswith("xrun: doctor: ") and "jobset, " in r.stderr and "kueue, nodes, capacity, storage" in r.stderr
 
     r = xrun("doctor", "-o", "json", storage=tmp_path, KUBECONFIG=dead_kubeconfig(cluster, tmp_path / "dead"))
     assert r.returncode == 3
@@ -311,7 +315,7 @@ def test_doctor_reads_the_pools_priorities_and_the_autoscaler(cluster):
         "2 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=2x4,"
         "node.kubernetes.io/instance-type=ct6e-standard-4t,cloud.google.com/gke-spot=true (2 Ready); v6e-8 needs 2"))
     check = checks.check_nodes(backend, lookup("h100-mega-80gb-8"), 2, "flex-start")
-    assert check.result == "warn" and "flex-start nodes are created when Kueue's ProvisioningRequest" in check.detail
+    assert check.result == "warn" and "flex-start nodes are created for the run" in check.detail
     assert checks.check_nodes(backend, lookup("h100-mega-80gb-8"), 2).result == "ok"
     assert checks.check_nodes(backend, lookup("cpu-2"), 2).result == "skip"
     # A shape no pool has: FAIL, or warn where the cluster autoscaler would make the nodes.

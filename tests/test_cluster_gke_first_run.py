@@ -178,7 +178,8 @@ def test_several_local_queues_are_refused_naming_them_and_nothing_is_created(clu
     backend = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig)
     assert backend.get_jobset(name) is None
     check = doctor.check_found_queue(backend)
-    assert check.result == "warn" and "several LocalQueues (cpu-memory-queue, multislice-queue)" in check.detail
+    # submit refuses it, so doctor fails it: "all checks passed" only when submit passes.
+    assert (check.result, check.exit_code) == ("FAIL", 1) and "several LocalQueues (cpu-memory-queue, multislice-queue)" in check.detail
 
 
 def test_a_shape_no_node_pool_holds_is_refused_before_anything_exists(cluster, storage, tmp_path, monkeypatch):
@@ -214,6 +215,14 @@ def test_a_shape_no_node_pool_holds_is_refused_before_anything_exists(cluster, s
     found.check_capacity(spec("spot", NAMESPACE, capacity="spot"), backend)
     with pytest.raises(XrunError):
         found.check_capacity(spec("spot2", NAMESPACE, capacity="spot", num_slices=2), backend)
+    # Reservation: the pool labelled with its name holds it (xrun refused its own pool when it
+    # also selected reservation-affinity); a shared reservation of another project, none.
+    found.check_capacity(spec("resv", NAMESPACE, capacity="reservation:xrun-resv"), backend)
+    with pytest.raises(XrunError) as e:
+        found.check_capacity(spec("resv2", NAMESPACE, capacity="reservation:projects/other-proj/reservations/xrun-resv"),
+                             backend)
+    assert "(also labelled cloud.google.com/reservation-name=xrun-resv, cloud.google.com/reservation-project=other-proj)" \
+        in str(e.value), e.value
     # GPU: nodes counted across the accelerator's pools (A3 Mega has 2).
     found.check_capacity(spec("gpu", NAMESPACE, accelerator="h100-mega-80gb-8", nodes=2), backend)
     with pytest.raises(XrunError) as e:
@@ -327,3 +336,54 @@ def test_an_xpk_a3_mega_cluster_gives_the_pods_its_network_names(cluster, storag
     assert found.order_networks(list(reversed(ultra))) == ultra
     ok = found.resolve_networks(spec("ultra", NAMESPACE, accelerator="h200-141gb-8", networks=ultra), backend)
     assert ok.spec.networks == ultra
+
+
+def test_a_named_queue_must_exist_and_dry_run_checks_as_submit_does(cluster, storage, monkeypatch):
+    """A JobSet labelled for a LocalQueue that does not exist waits suspended for ever (only
+    status said why): submit refuses it, naming the queues there; --dry-run makes the same
+    checks (several LocalQueues, a shape no pool holds) and renders the queue it would use."""
+    name = unique("nosuch")
+    in_process(monkeypatch, cluster)
+    assert refused_submit(spec(name, NAMESPACE, storage=storage, queue="nosuch")) == (
+        f"queue: no Kueue LocalQueue 'nosuch' in namespace '{NAMESPACE}' (LocalQueues there: cpu-memory-queue, "
+        "multislice-queue); the run would wait suspended for ever")
+    assert not open_storage(storage).exists(Layout.run_json(name))
+    assert KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig).get_jobset(name) is None
+    for values, wanted in (({}, "queue: namespace 'default' has several Kueue LocalQueues"),
+                           ({"queue": "multislice-queue", "accelerator": "v6e-256"},
+                            "accelerator: no node pool can hold v6e-256")):
+        with pytest.raises(XrunError) as e:
+            runs.dry_run(spec(name, NAMESPACE, storage=storage, **values))
+        assert e.value.exit_code == EXIT_USAGE and str(e.value).startswith(wanted), e.value
+    in_process(monkeypatch, cluster, "nosuch")
+    with pytest.raises(XrunError) as e:
+        runs.dry_run(spec(name, NAMESPACE, storage=storage))
+    assert str(e.value).startswith("queue (from $XRUN_QUEUE): no Kueue LocalQueue 'nosuch'")
+    in_process(monkeypatch, cluster, "multislice-queue")
+    _, manifest, _, warnings = runs.dry_run(spec(name, NAMESPACE, storage=storage))
+    assert manifest["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "multislice-queue" and warnings == []
+    assert not open_storage(storage).exists(Layout.run_json(name))
+
+
+def test_list_and_delete_filters_ask_the_cluster_for_live_runs(cluster, storage, monkeypatch):
+    """Storage said Pending (nobody followed the run) while its pods ran: list's --state
+    matches Running, and delete --state Pending leaves it alone."""
+    name = unique("livelist")
+    in_process(monkeypatch, cluster, "none")
+    runs.submit(spec(name, NAMESPACE, storage=storage, pod_annotations=timing(run_s=600)))
+    backend = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig)
+    try:
+        cluster.wait("its pods Running", lambda: (s if (s := backend.status(name)) and s.state == "Running" else None),
+                     60, every=0.5)
+        root = open_storage(storage)
+        assert (root.read_json(Layout.state(name)) or {}).get("state") in (None, "Pending")
+        mine = runs.parse_selector(f"xrun.dev/run={name}")
+        assert runs.list_runs(root, None, runs.RunFilter(mine, ("Pending",))) == []
+        (row,) = runs.list_runs(root, None, runs.RunFilter(mine, ("Running",)))
+        assert row["name"] == name and row["in_cluster"] is True
+        r = xrun("delete", "--state", "Pending", "-l", f"xrun.dev/run={name}", "--yes", storage=storage,
+                 timeout=120, KUBECONFIG=cluster.kubeconfig)
+        assert r.returncode == 0 and "no runs match" in r.stderr, r.stderr
+        assert backend.get_jobset(name) is not None
+    finally:
+        backend.delete(name, wait=False)

@@ -8,6 +8,7 @@ within the queue; ``cpu-memory-queue`` also has cpu and memory quota.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -203,3 +204,88 @@ def test_restarts_are_counted_from_the_events_jobset_really_records(cluster, sto
         "jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets")["items"]], 30)
     ended = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig).ended_from_events(name)
     assert ended is not None and ended.restarts == 1, ended
+
+
+def test_multislice_required_topology_is_admitted_per_slice_by_kueue_tas(cluster):
+    """Kueue's topology-aware scheduling over GKE-shaped node pools (a Topology of
+    gke-nodepool > hostname, a flavor of the v6e 2x4 pools). A 2-slice v6e-8 run is one
+    PodSet of 4 pods; required at gke-nodepool for all of them never fits (no pool has 4
+    nodes): Kueue says so and never admits it. xrun's per-slice request (podset-slice-
+    required-topology + podset-slice-size 2) is admitted, each slice in one pool."""
+    import copy
+
+    group, version = "kueue.x-k8s.io", "v1beta2"
+    custom = cluster.custom
+    ns = cluster.namespace("tas")
+    topo, flavor, cq = unique("topo"), unique("tasflavor"), unique("tascq")
+    per_slice, whole = unique("slices"), unique("whole")
+    created: list[tuple[str, str]] = []
+
+    def make(plural: str, obj: dict) -> None:
+        custom.create_cluster_custom_object(group, version, plural, {"apiVersion": f"{group}/{version}", **obj})
+        created.append((plural, obj["metadata"]["name"]))
+
+    backend = KubeBackend(None, ns, cluster.kubeconfig)
+    try:
+        make("topologies", {"kind": "Topology", "metadata": {"name": topo}, "spec": {"levels": [
+            {"nodeLabel": "cloud.google.com/gke-nodepool"}, {"nodeLabel": "kubernetes.io/hostname"}]}})
+        make("resourceflavors", {"kind": "ResourceFlavor", "metadata": {"name": flavor}, "spec": {
+            "nodeLabels": {"cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+                           "cloud.google.com/gke-tpu-topology": "2x4"}, "topologyName": topo}})
+        make("clusterqueues", {"kind": "ClusterQueue", "metadata": {"name": cq}, "spec": {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "resourceGroups": [{"coveredResources": ["google.com/tpu"], "flavors": [
+                {"name": flavor, "resources": [{"name": "google.com/tpu", "nominalQuota": "64"}]}]}]}})
+        custom.create_namespaced_custom_object(group, version, ns, "localqueues", {
+            "apiVersion": f"{group}/{version}", "kind": "LocalQueue", "metadata": {"name": "tas-q", "namespace": ns},
+            "spec": {"clusterQueue": cq}})
+        values = {"accelerator": "v6e-8", "num_slices": 2, "image": "example.com/xrun:1", "backend": "kube",
+                  "xrun_image": "example.com/xrun-workload:1", "storage": "gs://xrun-bucket/runs", "namespace": ns,
+                  "queue": "tas-q", "kueue_topology": "required:cloud.google.com/gke-nodepool",
+                  "pod_annotations": timing(run_s=60), "termination_grace_seconds": 2}
+        obj = jobset(build_spec({**values, "name": per_slice}, {}))
+        tmpl = obj["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]["annotations"]
+        assert tmpl["kueue.x-k8s.io/podset-slice-required-topology"] == "cloud.google.com/gke-nodepool"
+        assert tmpl["kueue.x-k8s.io/podset-slice-size"] == "2"
+        # What xrun rendered before: the whole PodSet in one domain.
+        old = copy.deepcopy(jobset(build_spec({**values, "name": whole}, {})))
+        old_meta = old["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]
+        old_meta["annotations"] = {k: v for k, v in old_meta["annotations"].items() if "podset-slice" not in k}
+        old_meta["annotations"]["kueue.x-k8s.io/podset-required-topology"] = "cloud.google.com/gke-nodepool"
+        backend.submit(obj)
+        backend.submit(old)
+
+        def workload(name: str) -> dict | None:
+            return next((w for w in custom.list_namespaced_custom_object(group, version, ns, "workloads")["items"]
+                         if any(o["name"] == name for o in w["metadata"].get("ownerReferences") or [])), None)
+
+        def admitted(name: str) -> dict | None:
+            w = workload(name) or {}
+            conds = {c["type"]: c for c in (w.get("status") or {}).get("conditions") or []}
+            return w if conds.get("Admitted", {}).get("status") == "True" else None
+
+        w = cluster.wait("the per-slice request admitted", lambda: admitted(per_slice), 60, every=0.5)
+        # Kueue's compact form: hostnames as a prefix and roots, one pod each; two per pool.
+        (slices,) = w["status"]["admission"]["podSetAssignments"][0]["topologyAssignment"]["slices"]
+        values = slices["valuesPerLevel"][0]["individual"]
+        hosts = [values["prefix"] + root for root in values["roots"]]
+        pools = sorted(h.rsplit("-", 1)[0] for h in hosts)
+        assert len(hosts) == 4 and len(set(pools)) == 2 and all(pools.count(p) == 2 for p in pools), slices
+
+        def refused() -> str | None:
+            w = workload(whole) or {}
+            conds = {c["type"]: c for c in (w.get("status") or {}).get("conditions") or []}
+            reserved = conds.get("QuotaReserved") or {}
+            return reserved.get("message") if reserved.get("status") == "False" and reserved.get("message") else None
+
+        message = cluster.wait("Kueue's word on the whole-PodSet request", refused, 60, every=0.5)
+        assert "topology" in message and admitted(whole) is None, message
+    finally:
+        for name in (per_slice, whole):
+            cluster.delete_jobset(name, ns)
+        with contextlib.suppress(Exception):
+            custom.delete_namespaced_custom_object(group, version, ns, "localqueues", "tas-q")
+        for plural, name in reversed(created):
+            with contextlib.suppress(Exception):
+                custom.delete_cluster_custom_object(group, version, plural, name)
+        cluster.drop_namespace(ns)

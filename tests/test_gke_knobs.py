@@ -45,22 +45,56 @@ def test_spot_selects_and_tolerates_gke_spot_nodes():
 
 
 def test_reservation_selects_the_named_reservation():
+    """The label a Standard pool made with --reservation=NAME carries, nothing more (xpk
+    selects it alone; reservation-affinity is not on those nodes)."""
     pod = tmpl(render(capacity="reservation:res-a3-1"))["spec"]
     assert pod["nodeSelector"]["cloud.google.com/reservation-name"] == "res-a3-1"
-    assert pod["nodeSelector"]["cloud.google.com/reservation-affinity"] == "specific"
+    assert "cloud.google.com/reservation-affinity" not in pod["nodeSelector"]
+    assert "cloud.google.com/reservation-project" not in pod["nodeSelector"]
 
 
-def test_flex_start_is_queued_and_suspended():
+def test_shared_reservation_names_its_project():
+    """A shared reservation's path: the name and the owner project as two labels (a label
+    value cannot hold the slashes)."""
+    pod = tmpl(render(capacity="reservation:projects/owner-proj-1/reservations/res-a"))["spec"]
+    assert pod["nodeSelector"]["cloud.google.com/reservation-name"] == "res-a"
+    assert pod["nodeSelector"]["cloud.google.com/reservation-project"] == "owner-proj-1"
+    assert refused(capacity="reservation:projects/P/reservations/x").startswith(
+        "capacity: 'reservation:projects/P/reservations/x' is not reservation:NAME or")
+    assert refused(capacity="reservation:projects/owner-proj-1/res-a").startswith("capacity: ")
+
+
+def test_flex_start_selects_flex_start_nodes_and_tolerates_queued():
+    """GKE labels flex-start nodes gke-flex-start=true and taints queued-provisioning ones
+    gke-queued: the pods select the one and tolerate the other. With a queue, Kueue
+    (ProvisioningRequest) admits a suspended JobSet; without, plain flex-start."""
     obj = render(accelerator="h200-141gb-8", nodes=2, capacity="flex-start", queue="dws")
     pod = tmpl(obj)["spec"]
     assert obj["spec"]["suspend"] is True and obj["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "dws"
-    assert pod["nodeSelector"]["cloud.google.com/gke-queued"] == "true"
-    assert {"key": "cloud.google.com/gke-queued", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in pod["tolerations"]
-    assert "flex-start needs queue" in refused(capacity="flex-start")
+    assert pod["nodeSelector"]["cloud.google.com/gke-flex-start"] == "true"
+    assert "cloud.google.com/gke-queued" not in pod["nodeSelector"]
+    assert {"key": "cloud.google.com/gke-queued", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    plain = render(accelerator="v6e-4", capacity="flex-start", queue="none")
+    assert "suspend" not in plain["spec"] and "kueue.x-k8s.io/queue-name" not in plain["metadata"]["labels"]
+    assert tmpl(plain)["spec"]["nodeSelector"]["cloud.google.com/gke-flex-start"] == "true"
+
+
+def test_multislice_required_topology_is_per_slice():
+    """One PodSet holds every slice's pods: required at a level for all of them never fits
+    (each slice is its own node pool), so each slice of hosts_per_slice pods is required
+    there (Kueue's podset-slice-required-topology + podset-slice-size)."""
+    level = "cloud.google.com/gce-topology-block"
+    one = tmpl(render(queue="lq", kueue_topology=f"required:{level}"))["metadata"]["annotations"]
+    assert one == {"kueue.x-k8s.io/podset-required-topology": level}
+    two = tmpl(render(queue="lq", num_slices=2, kueue_topology=f"required:{level}"))["metadata"]["annotations"]
+    assert two == {"kueue.x-k8s.io/podset-slice-required-topology": level, "kueue.x-k8s.io/podset-slice-size": "4"}
+    pref = tmpl(render(queue="lq", num_slices=2, kueue_topology=f"preferred:{level}"))["metadata"]["annotations"]
+    assert pref == {"kueue.x-k8s.io/podset-preferred-topology": level}
 
 
 @pytest.mark.parametrize("accelerator", ["v6e-32", "v5p-16", "h100-80gb-8", "h100-mega-80gb-8", "h200-141gb-8", "b200-8"])
-@pytest.mark.parametrize("capacity", ["on-demand", "spot", "reservation:res-1", "flex-start"])
+@pytest.mark.parametrize("capacity", ["on-demand", "spot", "reservation:res-1", "flex-start",
+                                      "reservation:projects/proj-b/reservations/res-2"])
 def test_every_capacity_on_every_family_is_admitted(accelerator, capacity):
     render(accelerator=accelerator, capacity=capacity, queue="lq")
 
@@ -323,3 +357,23 @@ def test_doctor_lists_each_mounted_bucket_once(gcs_bucket):
     check = check_mounts([bucket, "no-such-bucket-xrun"])
     assert (check.result, check.exit_code) == ("FAIL", 1)
     assert check.detail.startswith("mounts: bucket gs://no-such-bucket-xrun does not exist"), check.detail
+
+
+def test_tpu7x_renders_as_gke_labels_it_and_keeps_off_libtpus_port():
+    """TPU7x (Ironwood): accelerator tpu7x on tpu7x-standard-4t, 4 chips a VM; the
+    coordinator leaves 8476 to libtpu (a host port under hostNetwork)."""
+    obj = render(accelerator="tpu7x-16", num_slices=2)
+    pod = tmpl(obj)["spec"]
+    assert {k: pod["nodeSelector"][k] for k in ("cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology",
+                                                  "node.kubernetes.io/instance-type")} == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu7x", "cloud.google.com/gke-tpu-topology": "2x2x2",
+        "node.kubernetes.io/instance-type": "tpu7x-standard-4t"}
+    container = pod["containers"][0]
+    assert container["resources"]["limits"] == {"google.com/tpu": "4"}
+    assert obj["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"] == 2
+    assert {"name": "coordinator", "containerPort": 8482} in container["ports"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["JAX_COORDINATOR_ADDRESS"].endswith(":8482")
+    assert "8476" not in json.dumps(obj)
+    assert refused(accelerator="tpu7x-8", coordinator_port=8476).startswith("coordinator_port: 8476 is libtpu's")
+    assert "8476" in json.dumps(render(accelerator="v6e-8"))  # other families keep the default

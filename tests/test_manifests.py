@@ -67,7 +67,7 @@ def test_every_shape_validates(shape, count):
             "cloud.google.com/gke-tpu-topology": s.topology,
             "node.kubernetes.io/instance-type": s.machine_type,
         }
-        assert s.machine_type.startswith(("ct6e-", "ct5lp-", "ct5p-", "ct4p-"))
+        assert s.machine_type.startswith(("ct6e-", "ct5lp-", "ct5p-", "ct4p-", "tpu7x-"))
         chips = str(s.devices_per_vm)
         assert pod["containers"][0]["resources"] == {
             "requests": {"google.com/tpu": chips}, "limits": {"google.com/tpu": chips},

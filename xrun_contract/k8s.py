@@ -56,11 +56,23 @@ class Labels:
     GPU_ACCELERATOR = "cloud.google.com/gke-accelerator"
     INSTANCE_TYPE = "node.kubernetes.io/instance-type"
     # GKE capacity (node labels a pod selects; GKE docs "Spot VMs", "Consuming reserved
-    # zonal resources", "flex-start with queued provisioning"; xpk capacity.py).
+    # zonal resources", "Run a small batch workload with flex-start", "flex-start with queued
+    # provisioning"; xpk capacity.py).
     SPOT = "cloud.google.com/gke-spot"
     RESERVATION_NAME = "cloud.google.com/reservation-name"
+    RESERVATION_PROJECT = "cloud.google.com/reservation-project"  # a shared reservation's owner
     RESERVATION_AFFINITY = "cloud.google.com/reservation-affinity"
+    FLEX_START = "cloud.google.com/gke-flex-start"  # label on every flex-start node
+
+
+class Taints:
+    """GKE node taint keys a pod must tolerate."""
+
+    # Nodes of a queued-provisioning (flex-start --enable-queued-provisioning) node pool are
+    # tainted so; GKE does not label them with it (GKE docs "Run a large-scale workload with
+    # flex-start with queued provisioning").
     QUEUED = "cloud.google.com/gke-queued"
+    SPOT = "cloud.google.com/gke-spot"
 
 
 class Annotations:
@@ -77,6 +89,12 @@ class Annotations:
     # constants.go PodSetRequiredTopologyAnnotation / PodSetPreferredTopologyAnnotation).
     KUEUE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
     KUEUE_PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+    # Two-level TAS for a PodSet of several slices (kueue v0.17 apis/kueue/v1beta2
+    # topology_types.go PodSetSliceRequiredTopologyAnnotation / PodSetSliceSizeAnnotation,
+    # checked by pkg/controller/jobframework/tas_validation.go): each group of slice-size
+    # pods in one domain of the slice level; the size is required with it.
+    KUEUE_SLICE_REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-slice-required-topology"
+    KUEUE_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
 
 
 class FieldPaths:

@@ -47,17 +47,19 @@ def doctor(context: str | None, namespace: str | None, run_file: str | None, acc
                                  "capacity": capacity, "priority": priority,
                                  "image": image, "service_account": service_account,
                                  "probe_timeout": probe_timeout})
-    results, code = checks.doctor(v)
+    def line(c: checks.Check) -> None:  # each check as it ends: a later one can take minutes
+        click.echo(f"{c.result:<5} {c.name:<8} {c.detail}")
+
+    results, code = checks.doctor(v, on_check=line if fmt != "json" else None)
     if fmt == "json":
         click.echo(json.dumps({"checks": [c.as_dict() for c in results], "exit_code": code}, indent=2))
-    else:
-        for c in results:
-            click.echo(f"{c.result:<5} {c.name:<8} {c.detail}")
     failed = [c for c in results if c.result == checks.FAIL]
     warned = [c for c in results if c.result == checks.WARN]
     if failed:
         click.echo(f"xrun: doctor: {len(failed)} check(s) failed: {', '.join(c.name for c in failed)}", err=True)
     else:
+        # No FAIL: submit would pass its own checks (several LocalQueues, a shape no node pool
+        # holds and a missing queue are FAILs).
         click.echo(f"xrun: doctor: all checks passed{f' ({len(warned)} warning(s))' if warned else ''}", err=True)
     return code
 

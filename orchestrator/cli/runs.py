@@ -213,8 +213,13 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
                        dry_run=dry_run, replace=replace or force, verbose=verbose,
                        interval=progress_interval)
     spec = spec_from_options(opts)
-    if dry_run:
-        click.echo(runs.dump_yaml(runs.render_for_submit(runs.code.prepare(spec, pack)[0])), nl=False)
+    if dry_run:  # the checks a submit makes, then the manifest it would send
+        _, manifest, notes, warnings = runs.dry_run(spec, force=force, pack=pack)
+        for line in notes:
+            info(line)
+        for line in warnings:
+            warn(line)
+        click.echo(runs.dump_yaml(manifest), nl=False)
         return EXIT_OK
     sub = runs.submit(spec, replace=replace, force=force, pack=pack)
     spec = sub.spec
@@ -591,7 +596,7 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
     where = _run_filter(selector, states, older_than, newer_than)
     st = open_storage(storage)
     cluster = runs.backend_for("kube", st.root, context, namespace) if context else None
-    items = runs.list_runs(st, cluster, where)
+    items = runs.list_runs(st, cluster, where, warn=warn)
     for r in items:
         if r.get("state") == UNKNOWN and r.get("message"):
             warn(corrupt_line(r["name"], r["message"]))
@@ -690,7 +695,7 @@ def delete(name: str | None, storage: str | None, purge: bool, yes: bool, no_wai
             click.confirm(f"Delete every stored object of run {name} under {st.url(f'runs/{name}')}?", abort=True)
         names = [name]
     else:
-        names = [r["name"] for r in runs.list_runs(st, None, where)]
+        names = [r["name"] for r in runs.list_runs(st, None, where, warn=warn)]
         if not names:
             info("no runs match")
             return EXIT_OK

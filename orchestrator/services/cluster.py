@@ -74,11 +74,16 @@ def resolve_queue(spec: RunSpec, backend: KubeBackend) -> Resolved:
     ClusterQueue's quota. Several LocalQueues is bad input naming them; none, with Kueue
     installed, a warning. ``queue: none`` submits without Kueue on purpose."""
     out = Resolved(spec)
+    if spec.queue == QUEUE_NONE:
+        return out
     if spec.queue:
+        out.warnings += check_named_queue(spec.queue, backend, "queue")
         return out
     default = settings.default_queue()
     if default:
         out.spec = _with_queue(spec, default, f"${settings.QUEUE_ENV}")
+        if default != QUEUE_NONE:
+            out.warnings += check_named_queue(default, backend, f"queue (from ${settings.QUEUE_ENV})")
         return out
     queue, kind, detail = find_queue(backend)
     ns = backend.namespace
@@ -96,6 +101,29 @@ def resolve_queue(spec: RunSpec, backend: KubeBackend) -> Resolved:
     elif kind == "forbidden":
         out.warnings.append(f"cannot list Kueue LocalQueues in namespace {ns!r}, so the run is not queued: {detail}")
     return out
+
+
+def check_named_queue(queue: str, backend: KubeBackend, field: str) -> list[str]:
+    """A named LocalQueue must exist in the namespace: a JobSet labelled for a missing one is
+    held suspended for ever (Kueue makes its Workload, which no ClusterQueue admits), which
+    only ``status`` told. Bad input naming the queues there; RBAC that forbids the read: a
+    warning."""
+    ns = backend.namespace
+    try:
+        version = kueue_version(backend)
+        if not version:
+            raise XrunError(f"{field}: {queue!r} is a Kueue LocalQueue, and this cluster serves no {KUEUE_GROUP} "
+                            f"(Kueue is not installed); --queue {QUEUE_NONE} submits without Kueue", EXIT_USAGE)
+        if backend.local_queue(queue, version) is not None:
+            return []
+        names = local_queue_names(backend, version)
+    except XrunError as e:
+        if e.exit_code == EXIT_FAILED:
+            return [f"cannot read Kueue LocalQueue {ns}/{queue}, so whether it exists is unchecked: {e}"]
+        raise
+    there = f"LocalQueues there: {', '.join(names)}" if names else "it has no LocalQueue"
+    raise XrunError(f"{field}: no Kueue LocalQueue {queue!r} in namespace {ns!r} ({there}); the run would wait "
+                    f"suspended for ever", EXIT_USAGE)
 
 
 def _with_queue(spec: RunSpec, queue: str, where: str) -> RunSpec:
@@ -207,8 +235,8 @@ def to_selector(spec: RunSpec) -> dict[str, str]:
 
 def check_capacity(spec: RunSpec, backend: KubeBackend) -> str:
     """Refuse (exit 2) a shape no node pool holds; a warning line ("" when fine) when the
-    nodes cannot be listed. flex-start runs get nodes when Kueue's ProvisioningRequest is
-    provisioned, so none need exist yet."""
+    nodes cannot be listed. flex-start nodes are made for the run (by the autoscaler, or
+    for Kueue's ProvisioningRequest), so none need exist yet."""
     if spec.shape.kind == "cpu" or spec.capacity == "flex-start":
         return ""
     label = Labels.TPU_ACCELERATOR if spec.shape.kind == "tpu" else Labels.GPU_ACCELERATOR

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -340,7 +341,11 @@ def _probe_verdict(backend: KubeBackend, spec: RunSpec, pod: dict[str, Any], whe
     import json
 
     pod_name = pod["metadata"]["name"]
-    text = backend.pod_log(pod_name)
+    try:
+        text = backend.pod_log(pod_name)
+    except XrunError as e:  # no log: its init container (xrun's pod code) failed first
+        return Check("pod-storage", FAIL, f"probe pod {pod_name} ended {pod['status'].get('phase')} with no log "
+                                          f"({_stopped_containers(pod)}): {e}", e.exit_code)
     result = next((json.loads(m[1]) for m in map(PROBE_RE.match, text.splitlines()) if m), None)
     if result is None:
         tail = " | ".join(text.strip().splitlines()[-3:])[:300]
@@ -362,6 +367,20 @@ def _probe_verdict(backend: KubeBackend, spec: RunSpec, pod: dict[str, Any], whe
                  f"roles/storage.objectUser on the bucket of {spec.storage}")
     return Check("pod-storage", FAIL, f"a pod {where} cannot write {spec.storage} {who}: {result.get('error')}; "
                                       + "; ".join(fixes), 1)
+
+
+def _stopped_containers(pod: dict[str, Any]) -> str:
+    """Each container that ended or waits, with its reason: why a pod has no log."""
+    status = pod.get("status") or {}
+    out = []
+    for c in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        state = c.get("state") or {}
+        for kind in ("terminated", "waiting"):
+            if state.get(kind):
+                detail = state[kind]
+                out.append(f"{c.get('name', '?')} {kind} {detail.get('reason', '')} "
+                           f"{detail.get('exitCode', '')}".strip())
+    return "; ".join(out) or f"phase {status.get('phase', '?')}"
 
 
 def check_queue(backend: KubeBackend, queue: str) -> Check:
@@ -405,9 +424,9 @@ def check_found_queue(backend: KubeBackend) -> Check:
     ns = backend.namespace
     if kind == "one":
         return Check("kueue", OK, f"no queue named: submit uses LocalQueue {ns}/{queue}, the only one in namespace {ns}")
-    if kind == "several":
-        return Check("kueue", WARN, f"no queue named and namespace {ns} has several LocalQueues ({detail}): "
-                                    f"submit needs --queue NAME (or --queue {QUEUE_NONE})")
+    if kind == "several":  # submit refuses this (services.cluster.resolve_queue): exit 2
+        return Check("kueue", FAIL, f"no queue named and namespace {ns} has several LocalQueues ({detail}): "
+                                    f"submit refuses to guess; name one with --queue NAME (or --queue {QUEUE_NONE})", 1)
     if kind == "none":
         return Check("kueue", WARN, f"Kueue is installed but namespace {ns} has no LocalQueue: runs here are not "
                                     "queued (no ClusterQueue's quota holds them)")
@@ -463,8 +482,8 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int, capacity: str =
     if len(nodes) >= needed:
         return Check("nodes", OK, have)
     if capacity == "flex-start":
-        return Check("nodes", WARN, f"{have}; flex-start nodes are created when Kueue's ProvisioningRequest is "
-                                    "provisioned (queued provisioning), so none may exist yet")
+        return Check("nodes", WARN, f"{have}; flex-start nodes are created for the run (by the autoscaler, or "
+                                    "by Kueue's ProvisioningRequest for queued provisioning), so none may exist yet")
     try:
         autoscaler = backend.config_map(*AUTOSCALER_STATUS)
     except XrunError:
@@ -540,38 +559,142 @@ def check_storage(root: str, for_cluster: bool = True) -> Check:
     return Check("storage", OK, f"storage root {storage.url()} writable")
 
 
+def guarded(name: str, check: Callable[..., Check], *args: Any, **kwargs: Any) -> Check:
+    """One check that cannot end doctor: an error it did not expect is its own FAIL line
+    (doctor printed a traceback, and none of the checks it had passed, for one 400)."""
+    try:
+        return check(*args, **kwargs)
+    except XrunError as e:
+        return Check(name, FAIL, str(e), e.exit_code)
+    except Exception as e:  # noqa: BLE001 - one line per check, never a traceback
+        return Check(name, FAIL, f"unexpected {type(e).__name__}: {' '.join(str(e).split())[:300]}", 1)
+
+
+def check_capacity(backend: KubeBackend, spec: RunSpec) -> Check:
+    """What submit itself decides (``services.cluster.check_capacity``): a node pool per
+    slice whose labels the pods select and whose taints they tolerate, capacity included."""
+    from orchestrator.services.cluster import check_capacity as submit_check
+
+    try:
+        warning = submit_check(spec, backend)
+    except XrunError as e:
+        if e.exit_code == 2:
+            return Check("capacity", FAIL, f"submit would refuse the run: {e}", 1)
+        raise
+    if warning:
+        return Check("capacity", WARN, warning)
+    if spec.capacity == "flex-start":
+        return Check("capacity", OK, "flex-start: nodes labelled cloud.google.com/gke-flex-start=true are added "
+                                     "for the run (the autoscaler, or Kueue's ProvisioningRequest with a queue)")
+    return Check("capacity", OK, f"a node pool per slice holds {spec.accelerator}"
+                                 + (f" x{spec.slices}" if spec.slices > 1 else "")
+                                 + (f" ({spec.capacity})" if spec.capacity != "on-demand" else ""))
+
+
+def check_fuse_identity(backend: KubeBackend, spec: RunSpec, read_iam: Callable[[str], Any] | None = None) -> Check:
+    """Who the GCS FUSE volumes authenticate as: on a hostNetwork pod (TPU) the driver uses
+    the pod's Kubernetes service account through Workload Identity (``hostNetworkPodKSA``),
+    not the node's account the rest of the pod uses; with only the node account granted the
+    pod stays in ContainerCreating (gcs-fuse-csi-driver docs/authentication.md). The bucket's
+    IAM policy is read where this user may; else the grant to make is named."""
+    buckets = [m for m in spec.mounts if "bucket" in m]
+    ksa = spec.service_account or "default"
+    ns = backend.namespace
+    role = "roles/storage.objectUser" if any(not m.get("read_only") for m in buckets) else "roles/storage.objectViewer"
+    principal = (f"principal://iam.googleapis.com/projects/PROJECT_NUMBER/locations/global/workloadIdentityPools/"
+                 f"PROJECT_ID.svc.id.goog/subject/ns/{ns}/sa/{ksa}")
+    if not pod_spec(spec).host_network:
+        return Check("fuse-identity", OK, f"GCS FUSE mounts authenticate as KSA {ns}/{ksa} through Workload Identity")
+    subject = f"subject/ns/{ns}/sa/{ksa}"
+    if read_iam is None:
+        read_iam = _bucket_iam
+    missing, unread = [], []
+    for m in buckets:
+        try:
+            members = read_iam(m["bucket"])
+        except Exception:  # noqa: BLE001 - no getIamPolicy permission: say what to grant
+            unread.append(m["bucket"])
+            continue
+        if not any(subject in member or f"svc.id.goog[{ns}/{ksa}]" in member for member in members):
+            missing.append(m["bucket"])
+    grant = (f"gcloud storage buckets add-iam-policy-binding gs://BUCKET --role={role} --member={principal} "
+             "(GKE with Workload Identity enabled on the cluster and its node pools)")
+    if missing:
+        return Check("fuse-identity", FAIL, f"TPU pods mount GCS with FUSE as KSA {ns}/{ksa} (hostNetworkPodKSA), "
+                                            f"not the node's account, and {', '.join(f'gs://{b}' for b in missing)} "
+                                            f"grant it nothing: the pods would hang in ContainerCreating; {grant}", 1)
+    if unread:
+        return Check("fuse-identity", WARN, f"TPU pods mount GCS with FUSE as KSA {ns}/{ksa} (hostNetworkPodKSA), not "
+                                            f"the node's account; cannot read the IAM policy of "
+                                            f"{', '.join(f'gs://{b}' for b in unread)} to check; {grant}")
+    named = ", ".join("gs://" + m["bucket"] for m in buckets)
+    return Check("fuse-identity", OK, f"KSA {ns}/{ksa} is granted on {named} (TPU pods mount GCS with FUSE as it)")
+
+
+def _bucket_iam(bucket: str) -> list[str]:
+    """Every member of every binding of the bucket's IAM policy."""
+    from xrun_contract.storage import gcs_client
+
+    policy = gcs_client().bucket(bucket).get_iam_policy(requested_policy_version=3, timeout=20)
+    return [m for b in policy.bindings for m in b.get("members", ())]
+
+
+def unproven_node_account(shape: Shape | None) -> Check:
+    """Without a probe pod nothing shows the node pool can write: name what decides it."""
+    if shape is None or shape.kind == "cpu":
+        return Check("pod-storage", SKIP, "give the run's image (-f run.yaml or --image) to prove a pod on "
+                                          "the target node pool can write the storage root")
+    return Check("pod-storage", WARN, "unproven: TPU pods (hostNetwork) write the storage root as the node "
+                                      "pool's service account with the pool's OAuth scopes (gcloud's default, "
+                                      "gke-default, only reads storage: 403 on every write); give the run's "
+                                      "image (-f run.yaml or --image) to run a probe pod there")
+
+
 def run_checks(backend: KubeBackend, *, shape: Shape | None, needed_nodes: int, queue: str,
                storage_root: str, probe: RunSpec | None = None,
                probe_timeout_s: float = PROBE_TIMEOUT_S, priority: str = "",
-               capacity: str = "on-demand", networks: list[str] | None = None) -> list[Check]:
+               capacity: str = "on-demand", networks: list[str] | None = None,
+               spec: RunSpec | None = None, on_check: Callable[[Check], None] | None = None) -> list[Check]:
+    """Every check, in order; ``on_check`` hears each as it ends (doctor prints it then)."""
+    checks: list[Check] = []
+
+    def add(check: Check) -> None:
+        checks.append(check)
+        if on_check is not None:
+            on_check(check)
+
     api, answered = api_check(backend)
-    checks = [api]
+    add(api)
     if not answered:
-        checks.append(Check("cluster", SKIP, "JobSet, Kueue and node checks skipped: the API is not reachable"))
+        add(Check("cluster", SKIP, "JobSet, Kueue and node checks skipped: the API is not reachable"))
     else:
-        checks.append(check_jobset(backend))
-        checks.append(check_jobset_controller(backend))
-        checks.append(check_rbac(backend))
+        add(guarded("jobset", check_jobset, backend))
+        add(guarded("jobset-controller", check_jobset_controller, backend))
+        add(guarded("rbac", check_rbac, backend))
         if queue and queue != QUEUE_NONE:
-            checks.append(check_queue(backend, queue))
+            add(guarded("kueue", check_queue, backend, queue))
         elif not queue:
-            checks.append(check_found_queue(backend))
-        checks.append(check_priority(backend, priority))
+            add(guarded("kueue", check_found_queue, backend))
+        add(guarded("priority", check_priority, backend, priority))
         if shape is not None:
-            checks.append(check_nodes(backend, shape, needed_nodes, capacity))
+            add(guarded("nodes", check_nodes, backend, shape, needed_nodes, capacity))
+            if spec is not None and shape.kind != "cpu":
+                add(guarded("capacity", check_capacity, backend, spec))
             if shape.kind == "gpu" and shape.networking and shape.networking.networks:
-                checks.append(check_networks(backend, shape, networks or []))
-    checks.append(check_storage(storage_root))
-    buckets = [m["bucket"] for m in (probe.mounts if probe else []) if "bucket" in m]
+                add(guarded("networks", check_networks, backend, shape, networks or []))
+    add(guarded("storage", check_storage, storage_root))
+    mounted = probe or spec
+    buckets = [m["bucket"] for m in (mounted.mounts if mounted else []) if "bucket" in m]
     if buckets:
-        checks.append(check_mounts(buckets))
+        add(guarded("mounts", check_mounts, buckets))
+        if mounted is not None and answered:
+            add(guarded("fuse-identity", check_fuse_identity, backend, mounted))
     if probe is None:
-        checks.append(Check("pod-storage", SKIP, "give the run's image (-f run.yaml or --image) to prove a pod on "
-                                                 "the target node pool can write the storage root"))
+        add(unproven_node_account(shape))
     elif api.result == FAIL or not storage_root.startswith("gs://"):
-        checks.append(Check("pod-storage", SKIP, "needs a reachable API of Kubernetes >= 1.29 and a gs:// storage root"))
+        add(Check("pod-storage", SKIP, "needs a reachable API of Kubernetes >= 1.29 and a gs:// storage root"))
     else:
-        checks.append(check_pod_storage(backend, probe, probe_timeout_s))
+        add(guarded("pod-storage", check_pod_storage, backend, probe, probe_timeout_s))
     return checks
 
 
@@ -593,6 +716,7 @@ class DoctorInputs:
     queue: str = ""
     storage: str = ""
     probe: RunSpec | None = None  # the run's spec, for the pod-storage probe
+    spec: RunSpec | None = None  # the run as submit would build it (any image), for its checks
     probe_timeout_s: float = PROBE_TIMEOUT_S
     priority: str = ""  # the run's PriorityClass (priority or priority_class)
     capacity: str = "on-demand"  # adds spot / reservation / queued node labels to the node check
@@ -626,20 +750,24 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
     if probe_timeout is not None:
         out.probe_timeout_s = float(probe_timeout)
     image = flags.get("image") or (data.get("image") if run_file else None)
-    if image and out.accelerator:
-        from manifests.spec import FIELDS, build_spec
+    if out.accelerator:
+        from manifests.spec import DEFAULT_XRUN_PYTHON_IMAGE, FIELDS, build_spec
 
         file_values = {k: v for k, v in data.items() if k in FIELDS} if run_file else {}
-        overrides = {k: v for k, v in {**values, "image": image,
+        overrides = {k: v for k, v in {**values, "image": image or file_values.get("image") or DEFAULT_XRUN_PYTHON_IMAGE,
                                        "service_account": flags.get("service_account")}.items()
                      if k in FIELDS and v is not None}
         overrides.setdefault("name", file_values.get("name") or "probe")
         overrides["backend"] = "kube"
-        out.probe = build_spec(file_values, overrides)
+        if not image and not str(values["storage"]).startswith("gs://"):
+            # The storage check fails a local root on its own line; submit's checks still run.
+            overrides["storage"] = "gs://xrun-doctor/unused"
+        out.spec = build_spec(file_values, overrides)
+        out.probe = out.spec if image else None
     return out
 
 
-def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
+def doctor(v: DoctorInputs, on_check: Callable[[Check], None] | None = None) -> tuple[list[Check], int]:
     """Every check for the inputs' cluster, shape and storage, and the exit code."""
     from manifests import catalogue
 
@@ -653,5 +781,6 @@ def doctor(v: DoctorInputs) -> tuple[list[Check], int]:
     backend = KubeBackend(v.context or None, v.namespace or None)
     results = run_checks(backend, shape=shape, needed_nodes=needed, queue=v.queue,
                          storage_root=v.storage, probe=v.probe, probe_timeout_s=v.probe_timeout_s,
-                         priority=v.priority, capacity=str(v.capacity), networks=v.networks)
+                         priority=v.priority, capacity=str(v.capacity), networks=v.networks,
+                         spec=v.spec, on_check=on_check)
     return results, exit_code(results)

@@ -323,7 +323,7 @@ def check_workload_args(spec: RunSpec) -> None:
         return
     from workload.config import check_command_args
 
-    devices = spec.slices * spec.hosts_per_slice * spec.shape.devices_per_vm
+    devices = spec.slices * spec.hosts_per_slice * spec.shape.jax_devices_per_vm
     try:
         check_command_args(args, devices)
     except ValueError as e:
@@ -386,6 +386,23 @@ def submit(spec: RunSpec, *, replace: bool = False, force: bool = False,
     return Submitted(spec, manifest, storage, backend, packed, uploaded, notes, warnings)
 
 
+def dry_run(spec: RunSpec, *, force: bool = False,
+            pack: PackOptions | None = None) -> tuple[RunSpec, dict[str, Any], list[str], list[str]]:
+    """What ``submit`` would send, after the same checks (a cluster run: the queue found or
+    checked, the networks, the capacity), with nothing written or created: the manifest
+    carries the queue label submit would add. A cluster that cannot be reached leaves the
+    spec as given, with a warning saying what went unchecked."""
+    spec, _ = code.prepare(spec, pack)
+    manifest = render_for_submit(spec)
+    notes: list[str] = []
+    warnings: list[str] = []
+    if spec.backend_name == "kube":
+        found, notes, warnings = _from_cluster(spec, backend_for_spec(spec), force, dry=True)
+        if found != spec:
+            spec, manifest = found, render_for_submit(found)
+    return spec, manifest, notes, warnings
+
+
 def store_run(storage: Storage, spec: RunSpec, packed: Packed | None,
               make_room: Callable[[], None]) -> tuple[dict[str, Any], bool]:
     """Submit's storage part, under a lease on the spec's archive (``code.leased``): the
@@ -423,9 +440,11 @@ def store_run(storage: Storage, spec: RunSpec, packed: Packed | None,
     return record, uploaded
 
 
-def _from_cluster(spec: RunSpec, backend: Backend, force: bool) -> tuple[RunSpec, list[str], list[str]]:
-    """The queue found and the capacity checked (``services.cluster``), before anything is
-    written or created; ``force`` submits a shape no node pool holds (auto-provisioning)."""
+def _from_cluster(spec: RunSpec, backend: Backend, force: bool,
+                  dry: bool = False) -> tuple[RunSpec, list[str], list[str]]:
+    """The queue found or checked and the capacity checked (``services.cluster``), before
+    anything is written or created; ``force`` submits a shape no node pool holds
+    (auto-provisioning). ``dry``: an unreachable cluster is a warning, not silence."""
     from orchestrator.backends.kube.backend import KubeBackend
     from orchestrator.services import cluster
 
@@ -444,6 +463,8 @@ def _from_cluster(spec: RunSpec, backend: Backend, force: bool) -> tuple[RunSpec
     except XrunError as e:
         if e.exit_code != EXIT_UNREACHABLE:
             raise
+        if dry:
+            return spec, [], [f"queue, networks and capacity unchecked: {e}"]
         return spec, [], []  # the steps below say the cluster is unreachable, where they always did
     return found.spec, found.notes, found.warnings
 
@@ -826,8 +847,10 @@ LIST_THREADS = 8  # below the storage client's connection pool (10)
 
 
 def list_runs(storage: Storage, cluster: Backend | None = None,
-              where: RunFilter | None = None) -> list[dict[str, Any]]:
+              where: RunFilter | None = None, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every run under the root, newest first; with ``cluster`` its JobSets are merged in.
+    A cluster run that storage says is live is asked of its own cluster (``_ask_clusters``)
+    before the filters, so ``--state`` matches what ``status`` would say.
 
     One listing of ``runs/`` and one of ``summaries/`` (``xrun_contract.summary``) serve
     every run that keeps a summary; a run without one (written by an older xrun) is read
@@ -876,11 +899,40 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
                              "accelerator": "", "submitted_at": item.get("created"),
                              "restarts": item.get("restarts", 0), "in_cluster": True,
                              "labels": item.get("labels") or {}})
+    _ask_clusters(storage, [r for r in runs if r["backend"] == "kube" and not r.get("in_cluster")
+                            and not is_terminal(r["state"])], warn)
     runs.sort(key=lambda r: r.get("submitted_at") or 0, reverse=True)
     if where is not None and not where.empty:
         now = time.time()
         runs = [r for r in runs if matches(r, where, now)]
     return runs
+
+
+def _ask_clusters(storage: Storage, rows: list[dict[str, Any]], warn: Callable[[str], None] | None) -> None:
+    """The live state of cluster runs storage calls live (Pending or Running as last
+    recorded), one JobSet and one pod LIST per context and namespace, as the run was
+    submitted: storage lags (state.json is written when someone follows the run), and list
+    showed Pending, and ``delete --state Pending`` stopped, runs whose pods ran. A cluster
+    that cannot be asked leaves storage's word, said once; a JobSet that is gone too (the
+    run's end is in its events: ``status`` reads them)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        try:
+            run = run_info(storage, row["name"])
+        except XrunError:
+            continue
+        groups.setdefault((str(run.get("context") or ""), str(run.get("namespace") or "")), []).append(row)
+    for (context, namespace), members in groups.items():
+        try:
+            live = {item["name"]: item for item in backend_for("kube", storage.root, context, namespace).list()}
+        except XrunError as e:
+            if warn:
+                warn(f"cluster {context or '(current context)'}: {e}; {len(members)} run(s) show what storage says")
+            continue
+        for row in members:
+            item = live.get(row["name"])
+            if item is not None:
+                row["state"], row["in_cluster"] = item.get("state") or row["state"], True
 
 
 def _record_row(r: RunRecord) -> dict[str, Any]:

@@ -364,7 +364,14 @@ TPU_POOLS = [
      {"cloud.google.com/gke-spot": "true"}),
     ("v6e-2x4-resv", "tpu-v6e-slice", "2x4", "ct6e-standard-4t", 4, 2, 1,
      {"cloud.google.com/reservation-name": "xrun-resv"}),
+    # A queued-provisioning flex-start pool (one v6e 2x2 VM, the single-host shape GKE's
+    # flex-start docs show for TPUs): GKE labels flex-start nodes gke-flex-start=true and
+    # taints queued-provisioning ones gke-queued (POOL_TAINTS); no other pool is 2x2.
+    ("v6e-2x2-flex", "tpu-v6e-slice", "2x2", "ct6e-standard-4t", 4, 1, 1,
+     {"cloud.google.com/gke-flex-start": "true"}),
 ]
+# Taints a pool's nodes carry besides google.com/tpu (and Spot's, from its label).
+POOL_TAINTS = {"v6e-2x2-flex": [{"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}]}
 GPU_POOLS = [("a3mega", "a3-megagpu-8g", "nvidia-h100-mega-80gb", 2),
              ("a3ultra", "a3-ultragpu-8g", "nvidia-h200-141gb", 2)]
 
@@ -401,6 +408,7 @@ def gke_nodes(extra: list[tuple] | None = None) -> list[dict[str, Any]]:
             for v in range(vms):
                 nodes.append(tpu_node(f"{pool}-{s}-{v}", f"{pool}-{s}", acc, topo, machine,
                                       chips, labels))
+                nodes[-1]["spec"]["taints"] += POOL_TAINTS.get(pool, [])
     for pool, machine, acc, count in GPU_POOLS:
         nodes += [gpu_node(f"{pool}-{i}", machine, acc, pool) for i in range(count)]
     return nodes

@@ -41,7 +41,6 @@ from orchestrator.backends.kube.state import (
     container_started,
     expected_jobs,
     jobset_state,
-    kueue_message,
     latest_hosts,
     loads,
     loads_pods,
@@ -59,15 +58,11 @@ from xrun_contract.k8s import (
     JOBSET_PLURAL,
     JOBSET_VERSION,
     KUEUE_GROUP,
-    KUEUE_VERSION,
     Conditions,
-    KueueWorkload,
     Labels,
 )
 
 GROUP, VERSION, PLURAL = JOBSET_GROUP, JOBSET_VERSION, JOBSET_PLURAL
-# Kueue's visibility API (aggregated; VisibilityOnDemand, on by default since Kueue 0.9).
-KUEUE_VISIBILITY_GROUP, KUEUE_VISIBILITY_VERSION = "visibility.kueue.x-k8s.io", "v1beta1"
 API_VERSION = JOBSET_API_VERSION
 JOBSET_CRD = f"{PLURAL}.{GROUP}"
 INSTALL_HINT = (
@@ -487,24 +482,10 @@ class KubeBackend:
                 self._events_asking.discard(name)
 
     def kueue_message(self, jobset: dict[str, Any]) -> str:
-        """Kueue's word on a suspended, queued JobSet (its Workload's conditions), or ""."""
-        meta = jobset.get("metadata") or {}
-        if not (meta.get("labels") or {}).get(Labels.QUEUE_NAME) or not meta.get("uid"):
-            return ""
-        from kubernetes import client
+        """Kueue's word on a suspended, queued JobSet (``kube.kueue``), or ""."""
+        from orchestrator.backends.kube import kueue
 
-        custom = client.CustomObjectsApi(self.api_client)
-        try:
-            found = self.call("list", f"workloads.{KUEUE_GROUP}", custom.list_namespaced_custom_object,
-                              KUEUE_GROUP, KUEUE_VERSION, self.namespace, "workloads",
-                              label_selector=f"{KueueWorkload.JOB_UID_LABEL}={meta['uid']}")
-        except XrunError:  # a hint only: RBAC may hide Workloads
-            return ""
-        workloads = found.get("items") or []
-        message = next((m for w in workloads if (m := kueue_message(w))), "")
-        names = {(w.get("metadata") or {}).get("name", "") for w in workloads} - {""}
-        position = self.queue_position(meta["labels"][Labels.QUEUE_NAME], names) if names else ""
-        return "; ".join(x for x in (message, position) if x)
+        return kueue.message(self, jobset)
 
     def _get_path(self, path: str, query: list[tuple[str, str]] | None = None, _preload_content: bool = False,
                   _request_timeout: Any = None) -> Any:
@@ -526,31 +507,10 @@ class KubeBackend:
         return resp.response
 
     def queue_position(self, queue: str, workloads: set[str]) -> str:
-        """Where a pending Workload stands, from Kueue's visibility API (the LocalQueue's
-        ``pendingworkloads``, kueue apis/visibility/v1beta1: positionInLocalQueue and
-        positionInClusterQueue, 0 = next, with the workloads ahead of it); "" when the API
-        is not served (Kueue's VisibilityOnDemand off, or before Kueue 0.9) or hides it."""
-        if self._no_visibility:
-            return ""
-        ns = self.namespace
-        path = (f"/apis/{KUEUE_VISIBILITY_GROUP}/{KUEUE_VISIBILITY_VERSION}/namespaces/{ns}/localqueues/"
-                f"{queue}/pendingworkloads")
-        try:
-            data = self.call("get", f"localqueues.{KUEUE_VISIBILITY_GROUP}/pendingworkloads", self._get_path,
-                             path, name=queue) or {}
-        except XrunError as e:
-            if e.exit_code != EXIT_UNREACHABLE and ("not found" in str(e) or "503" in str(e)):
-                self._no_visibility = True  # not served here: do not ask again
-            return ""
-        items = data.get("items") or []
-        for i, item in enumerate(items):
-            if (item.get("metadata") or {}).get("name") in workloads:
-                ahead = [_owner_name(w) for w in items[:i]]
-                shown = ", ".join(ahead[:5]) + (f" and {len(ahead) - 5} more" if len(ahead) > 5 else "")
-                return (f"Kueue queue: {item.get('positionInLocalQueue', i)} ahead in LocalQueue {ns}/{queue}"
-                        f"{f' ({shown})' if ahead else ''}, {item.get('positionInClusterQueue', '?')} ahead in "
-                        "its ClusterQueue")
-        return ""
+        """Where a pending Workload stands in its queue (``kube.kueue``), or ""."""
+        from orchestrator.backends.kube import kueue
+
+        return kueue.queue_position(self, queue, workloads)
 
     def delete(self, name: str, *, wait: bool = True) -> bool:
         """Foreground delete (pods go before the JobSet); with ``wait`` until no pod is left."""
@@ -576,14 +536,26 @@ class KubeBackend:
         return True
 
     def list(self) -> list[dict[str, Any]]:
-        """xrun's JobSets in the namespace (label xrun.dev/run), state from the JobSet alone."""
+        """xrun's JobSets in the namespace (label xrun.dev/run), each state judged as
+        ``status`` judges it: from the JobSet and its pods (one LIST of xrun's pods in the
+        namespace), so a run whose pods run is Running, not the JobSet's Pending."""
         custom, _ = self._apis()
         data = self.call("list", JOBSET_CRD, custom.list_namespaced_custom_object,
                          GROUP, VERSION, self.namespace, PLURAL, label_selector=Labels.RUN)
+        items = (data or {}).get("items") or []
+        by_jobset: dict[str, list[dict[str, Any]]] = {}
+        if items:
+            pods = (self.call("list", "pods", self._get_path, f"/api/v1/namespaces/{self.namespace}/pods",
+                              query=[("labelSelector", f"{Labels.RUN},{Labels.JOBSET_NAME}")],
+                              decode=loads_pods) or {}).get("items") or []
+            for pod in pods:
+                owner = ((pod.get("metadata") or {}).get("labels") or {}).get(Labels.JOBSET_NAME, "")
+                by_jobset.setdefault(owner, []).append(pod)
         out = []
-        for js in (data or {}).get("items") or []:
+        for js in items:
             meta = js.get("metadata") or {}
-            state, message = jobset_state(js, None)
+            pods = by_jobset.get(meta.get("name", ""), [])
+            state, message = jobset_state(js, latest_hosts(pods), ending=attempt_ending(pods, js))
             out.append({
                 "name": meta.get("name", ""), "state": state, "message": message,
                 "created": _epoch(meta.get("creationTimestamp")),
@@ -734,8 +706,16 @@ class KubeBackend:
 
     def pod_log(self, pod: str) -> str:
         """A (finished) pod's whole log, for doctor's probe."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
         _, core = self._apis()
-        resp = self._raw(core.read_namespaced_pod_log, pod, self.namespace)
+        try:  # 400 "no logs found for container": it never started (an init container failed)
+            resp = self._raw(core.read_namespaced_pod_log, pod, self.namespace)
+        except ApiException as e:
+            raise self.api_error(e, "get", "pods/log", pod) from None
+        except (HTTPError, OSError) as e:
+            raise self.unreachable(e) from None
         try:
             return resp.data.decode("utf-8", errors="replace")
         finally:
@@ -745,12 +725,6 @@ class KubeBackend:
         _, core = self._apis()
         return self.call("get", "configmaps", core.read_namespaced_config_map, name, namespace,
                          name=name, missing_ok=True)
-
-
-def _owner_name(workload: dict[str, Any]) -> str:
-    """The JobSet (or other job) a pending Workload stands for, else the Workload's name."""
-    meta = workload.get("metadata") or {}
-    return next((o.get("name", "") for o in meta.get("ownerReferences") or []), "") or meta.get("name", "?")
 
 
 def kube_version(git_version: str) -> tuple[int, int] | None:
