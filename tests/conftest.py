@@ -107,16 +107,25 @@ def cluster(tmp_path_factory):
 
 
 # --- Parallel runs (pytest-xdist, `--dist loadgroup`, what .ci/test.sh runs) ---------------
+# The control plane is one per worker process that asks for it (a session fixture), and a
+# test that restarts its API server disturbs only that worker's. The cluster tests took
+# ~2,400 s one after another on a loaded machine: two groups of about equal time, each on
+# its own worker with its own control plane (a file named nowhere here goes to the second).
+CLUSTER_GROUPS = {f"tests/{name}.py": "cluster-a" for name in (
+    "test_cluster_logs", "test_cluster_scale", "test_cluster_lifecycle", "test_cluster_kueue",
+    "test_real_cluster", "test_cluster_faults", "test_cluster_drills")}
+
+
 def _group(item: pytest.Item) -> str | None:
     """The xdist group an item must run in, or None where any worker will do.
 
-    The control plane is one per worker process (a session fixture): every test that asks
-    for it runs on one worker, so the suite starts one. A module-scoped fixture (a shared
-    training run, a MaxText log) is made once per worker that runs one of its tests: its
-    module's tests stay together, so it is made once."""
+    Cluster tests go to one of two groups (CLUSTER_GROUPS), so the suite starts two control
+    planes. A module-scoped fixture (a shared training run, a MaxText log) is made once per
+    worker that runs one of its tests: its module's tests stay together, so it is made
+    once."""
     names = item.fixturenames
     if "cluster" in names:
-        return "cluster"
+        return CLUSTER_GROUPS.get(item.nodeid.split("::", 1)[0], "cluster-b")
     defs = getattr(item, "_fixtureinfo", None)
     for name in names:
         for fd in (defs.name2fixturedefs.get(name, ()) if defs else ()):
@@ -136,7 +145,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(g))
         groups[g] = groups.get(g, 0) + 1
         item.stash[_GROUP] = g
-    rank = {g: (0 if g == "cluster" else 1, -n) for g, n in groups.items() if g is not None}
+    rank = {g: (0 if g.startswith("cluster") else 1, -n) for g, n in groups.items() if g is not None}
     items.sort(key=lambda it: rank.get(it.stash[_GROUP], (2, 0)))
 
 
