@@ -58,17 +58,19 @@ class Comparison:
         return verdict_of(self)
 
     # -- output -------------------------------------------------------------------------
-    def markdown(self) -> str:
+    def markdown(self, verdict: bool = True) -> str:
         """Verdict first, as on the terminal, and again as the last line (what `tail -n 1`
-        in CI reads)."""
+        in CI reads). ``verdict=False``: without either line, for the per-step detail of a
+        nightly pair, whose verdict is the run-level one said above it."""
         line = self.verdict[1]
-        lines = [f"**Verdict:** {line}", ""]
+        lines = [f"**Verdict:** {line}", ""] if verdict else []
         lines += [f"**Warning:** {w}\n" for w in self.warnings]
         lines.append(table_markdown(self))
         lines.append("")
         lines.append("Notes:")
         lines += [f"- {n}" for n in self.notes]
-        lines += ["", f"Verdict: {line}"]
+        if verdict:
+            lines += ["", f"Verdict: {line}"]
         return "\n".join(lines) + "\n"
 
     def to_dict(self) -> dict[str, Any]:
@@ -261,7 +263,7 @@ class RunSetComparison:
 
     def markdown(self) -> str:
         b, k = _md_cell(self.base_label), _md_cell(self.cand_label)
-        out = [f"Basis: {self.basis}.", "",
+        out = [f"**Verdict:** {self.verdict[1]}", "", f"Basis: {self.basis}.", "",
                f"| Metric (per-run median) | {b} | {k} | Diff ({k} − {b}) |", "|---|---|---|---|"]
         out += [f"| {_md_cell(r.metric)} | {_md_cell(r.base)} | {_md_cell(r.cand)} | {_md_cell(r.diff)} |"
                 for r in self.rows]

@@ -270,7 +270,20 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
         result = run_nightly(cfg, log=lambda msg: screen.note(msg), on_view=show)
     click.echo(result.summary_md, nl=False)
     click.echo(f"xrun: report {result.report_url}", err=True)
+    pairs = [(e["base_runs"][0], e["runs"][0]) for e in result.summary.get("comparisons", [])
+             if e.get("base_runs") and e.get("runs")]
+    if pairs:  # the runs are under the nightly's root, which need not be the default one
+        click.echo(f"xrun: one pair in detail: xrun compare {pairs[0][0]} {pairs[0][1]} "
+                   f"--storage {_shown_root(cfg.storage)}", err=True)
     return result.exit_code
+
+
+def _shown_root(root: str) -> str:
+    """A local root under the current folder as ./relative (what a user would type)."""
+    if root.startswith("gs://") or not os.path.isabs(root):
+        return root
+    rel = os.path.relpath(root)
+    return root if rel.startswith("..") else "./" + rel if rel != "." else "."
 
 
 @click.command()

@@ -28,7 +28,13 @@ from orchestrator.background import Background
 from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.figures import stall
-from orchestrator.readers.loaders import StoredRun, apply_state, corrupt_line, read_stored_run
+from orchestrator.readers.loaders import (
+    StoredRun,
+    apply_state,
+    corrupt_line,
+    read_stored_run,
+    roots_holding,
+)
 from orchestrator.readers.record import RunRecord
 from orchestrator.readers.view import run_view
 from orchestrator.services import code
@@ -102,6 +108,9 @@ def run_info(storage: Storage, name: str) -> dict[str, Any]:
     if run is None and not run_problem and _read_record(storage, Layout.state(name)) == (None, None):
         close = difflib.get_close_matches(name, _run_names(storage), n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}?" if close else "see 'xrun list'"
+        found = roots_holding(name, storage.root)
+        if found:
+            hint = f"it is under {found[0]}: add --storage {found[0]}"
         where = root_hint(storage)
         raise XrunError(f"run: no run named {name!r} under {storage.root}; {hint}" + (f" ({where})" if where else ""))
     return run or {}
@@ -610,8 +619,9 @@ def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool,
         if live is not None and not is_terminal(live.state):
             raise XrunError(f"name: run {spec.name!r} is {live.state}; choose another name or "
                             f"'xrun delete {spec.name}'")
-        raise XrunError(f"name: run {spec.name!r} already exists under {storage.root}; "
-                        "use --replace or another name")
+        raise XrunError(f"name: run {spec.name!r} already exists under {storage.root}"
+                        f"{f' ({live.state})' if live is not None else ''}; "
+                        f"to run it again: --replace (removes the old run's data) or --name {_free_name(storage, spec.name)}")
     _retire(storage, spec, force)
     procs = getattr(backend, "live_processes", None)
     pids = procs(spec.name) if procs else []
@@ -624,6 +634,17 @@ def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool,
     if procs:  # nothing live: a local delete only removes what a lost supervisor left (pod folders)
         backend.delete(spec.name, wait=True)
     purge_run(storage, spec.name)
+
+
+def _free_name(storage: Storage, name: str) -> str:
+    """``name-2``, ``name-3`` ...: the first that no stored run has (a suggestion only: the
+    submit with it is still exclusive)."""
+    for n in range(2, 100):
+        free = f"{name}-{n}"
+        with contextlib.suppress(StorageError):
+            if storage.read_record(Layout.run_json(free)) == (None, None):
+                return free
+    return f"{name}-{int(time.time())}"
 
 
 def _retire(storage: Storage, spec: RunSpec, force: bool) -> None:
