@@ -3,6 +3,7 @@ small habits of other tools. In-process CLI calls on synthetic stored runs, no J
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 
@@ -63,3 +64,25 @@ def test_a_missing_repo_says_where_it_was_looked_for_and_how_to_make_it(tmp_path
                                 "'bash examples/make-nightly-repo.sh nightly-repo')")
     assert not (tmp_path / "xrun-nightly").exists()
 
+
+
+def test_one_pair_cannot_show_a_large_slowdown_is_noise_and_a_narrower_spread_is_no_gain(tmp_path):
+    """A candidate 53% slower whose steps the test cannot tell from the base's (noisy) ones,
+    with a much narrower spread: INCONCLUSIVE (one run a side cannot show significance),
+    never "OK (1 improved)"; the spread row says narrower, on every output."""
+    root = tmp_path / "root"
+    write_stored_run(root, "base", RunShape(steps=14, seconds=0.150, jitter=0.06, seed=0))
+    write_stored_run(root, "cand", RunShape(steps=14, seconds=0.198, jitter=0.004, seed=100))
+    r = xrun_here("compare", "base", "cand", "--threshold", "10%", storage=root)
+    assert r.returncode == 0, r.stderr
+    want = ("INCONCLUSIVE: Steady-state s/step (median) +53.4% (within noise, p=0.115, n=11/11 steps): one run a "
+            "side cannot show this is significant; repeat the runs (with 4 or more a side, a nightly's repeats: 4, "
+            "the test is on per-run values)")
+    lines = r.stdout.splitlines()
+    assert lines[0] == f"**Verdict:** {want}" and lines[-1] == f"Verdict: {want}"
+    spread = next(ln for ln in lines if ln.startswith("| Step time spread (IQR) |"))
+    assert "narrower (not a speed change) (p=0.002" in spread and "improved" not in spread, spread
+    doc = json.loads(xrun_here("compare", "base", "cand", "--threshold", "10%", "--format", "json",
+                               storage=root).stdout)
+    assert doc["verdict"] == want and "improved" not in {r["verdict"] for r in doc["rows"]}
+    assert {r["metric"]: r["verdict"] for r in doc["rows"]}["Step time spread (IQR)"] == "narrower"

@@ -134,12 +134,39 @@ def verdict_of(c: Comparison) -> tuple[str, str]:
     if c.not_comparable:
         return "not comparable", ("NOT COMPARABLE: different shapes (" + "; ".join(c.not_comparable)
                                   + "): figures shown, no verdict on speed")
+    unshown = [r for r in c.rows if r.gating and _worse_unshown(r, c.threshold_pct)]
+    if unshown:
+        # One run a side: the steps of one run say nothing about how much a second run of
+        # the same code would differ, so a large move that the test cannot separate from
+        # noise is neither a regression nor "OK".
+        moved = ", ".join(f"{r.metric} {delta_text(r)} ({r.verdict}{_p_text(r)})" for r in unshown)
+        return "inconclusive", (f"INCONCLUSIVE: {moved}: one run a side cannot show this is significant; "
+                                "repeat the runs (with 4 or more a side, a nightly's repeats: 4, the test is "
+                                "on per-run values)")
     improved = [r for r in c.rows if r.verdict == "improved"]
-    regressed = [r for r in c.rows if r.verdict == "regressed"]
+    under = [r for r in c.rows if r.verdict == "regressed" and r.gating]
+    other = [r for r in c.rows if r.verdict == "regressed" and not r.gating]
     bits = [f"{len(improved)} improved" if improved else "",
-            f"{len(regressed)} regressed under {c.threshold_pct:g}%" if regressed else ""]
+            f"{len(under)} regressed under {c.threshold_pct:g}%" if under else "",
+            f"{', '.join(r.metric for r in other)} regressed (not a gating row)" if other else ""]
     tail = "; ".join(b for b in bits if b)
     return "ok", f"OK: no significant regression beyond {c.threshold_pct:g}%" + (f" ({tail})" if tail else "")
+
+
+def _worse_unshown(r: Row, threshold_pct: float) -> bool:
+    """A row that moved the wrong way by at least the threshold, which the test could not
+    tell from noise (or had too few samples to test)."""
+    if r.verdict not in ("within noise", "not tested") or r.delta_pct is None or r.delta is None:
+        return False
+    worse = r.delta > 0 if r.better == "lower" else r.delta < 0
+    return worse and abs(r.delta_pct) >= threshold_pct
+
+
+def _p_text(r: Row) -> str:
+    if r.p_value is None:
+        return f", n={r.n_base}/{r.n_cand} steps" if r.n_base is not None else ""
+    return (f", p={r.p_value:.3f}" if r.p_value >= 0.001 else ", p<0.001") + (
+        f", n={r.n_base}/{r.n_cand} steps" if r.n_base is not None else "")
 
 
 def table_markdown(c: Comparison) -> str:

@@ -196,7 +196,7 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
     return lines
 
 
-VERDICT_STYLE = {"improved": "green", "regressed": "red", "within noise": "dim",
+VERDICT_STYLE = {"improved": "green", "regressed": "red", "within noise": "dim", "narrower": "dim", "wider": "yellow",
                  "differs": "yellow", "missing": "yellow", "not improved": "yellow"}
 
 
@@ -217,6 +217,7 @@ def _verdict(r: Any, threshold_pct: float) -> str:
 
 
 VERDICT_LINE_STYLE = {"failed": "bold red", "regressed": "bold red", "not comparable": "bold yellow",
+                      "inconclusive": "bold yellow",
                       "ok": "bold green"}
 
 
