@@ -86,3 +86,83 @@ def test_one_pair_cannot_show_a_large_slowdown_is_noise_and_a_narrower_spread_is
                                storage=root).stdout)
     assert doc["verdict"] == want and "improved" not in {r["verdict"] for r in doc["rows"]}
     assert {r["metric"]: r["verdict"] for r in doc["rows"]}["Step time spread (IQR)"] == "narrower"
+
+
+def test_list_says_unknown_for_a_garbage_state_json_as_status_does(tmp_path):
+    """The summary says Succeeded; state.json is garbage: both commands say Unknown, warning."""
+    from xrun_contract import summary
+    from xrun_contract.storage import open_storage
+
+    root = tmp_path / "root"
+    write_stored_run(root, "good", RunShape(seed=1))
+    write_stored_run(root, "bad", RunShape(seed=2))
+    storage = open_storage(str(root))
+    for name in ("good", "bad"):
+        summary.write_run(storage, name, {"name": name, "backend": "local", "submitted_at": 1.0})
+        summary.write_state(storage, name, {"state": "Succeeded", "restarts": 0})
+    (root / "runs" / "bad" / "state.json").write_text('{"state": "Succe')
+    st = xrun_here("status", "bad", storage=root)
+    ls = xrun_here("list", storage=root)
+    warning = f"xrun: warning: run bad: {root}/runs/bad/state.json is corrupt (not valid JSON"
+    assert "Unknown" in st.stdout and warning in st.stderr, st.stderr
+    rows = {ln.split()[0]: ln.split()[1] for ln in ls.stdout.splitlines()[1:]}
+    assert rows == {"good": "Succeeded", "bad": "Unknown"} and warning in ls.stderr, (ls.stdout, ls.stderr)
+
+
+def test_every_help_screen_fits_80_columns_and_wait_says_what_n_is():
+    from click.testing import CliRunner
+
+    from orchestrator.cli import LAZY_COMMANDS, cli
+
+    for columns in ("80", "200"):
+        for name in [None, *sorted(set(cli.commands) | set(LAZY_COMMANDS))]:
+            r = CliRunner().invoke(cli, [*([name] if name else []), "--help"], env={"COLUMNS": columns})
+            assert r.exit_code == 0, r.output
+            wide = [ln for ln in r.output.splitlines() if len(ln) > 80]
+            assert not wide, (name, columns, wide)
+    r = CliRunner().invoke(cli, ["wait", "--help"])
+    assert re.search(r"-n, --namespace TEXT\s+Override the namespace", r.output), r.output
+
+
+def test_wait_takes_a_duration_and_logs_tail_minus_one_is_every_line(tmp_path):
+    root = tmp_path / "root"
+    write_stored_run(root, "done", RunShape())
+    for timeout in ("1h", "1h30m", "90s", "3600", "2.5"):
+        r = xrun_here("wait", "done", "--timeout", timeout, storage=root)
+        assert r.returncode == 0 and "done: Succeeded" in r.stderr, (timeout, r.stderr)
+    r = xrun_here("wait", "done", "--timeout", "soon", storage=root)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "xrun: error: --timeout: 'soon' is not a duration; use seconds (3600) or 90s, 30m, 1h30m")
+    log = root / "runs" / "done" / "logs" / "0-0" / "attempt-000"
+    log.mkdir(parents=True)
+    (log / "00000000-w1.log").write_text("".join(f"line {i}\n" for i in range(30)))
+    every = xrun_here("logs", "done", "--no-prefix", storage=root)
+    assert every.returncode == 0 and every.stdout.count("line ") == 30, every.stderr
+    for flag in ("--tail", "--tail-per-host"):
+        r = xrun_here("logs", "done", "--no-prefix", flag, "-1", storage=root)
+        assert r.returncode == 0 and r.stdout == every.stdout, (flag, r.stderr)
+    r = xrun_here("logs", "done", "--tail", "-2", storage=root)
+    assert r.returncode == 2 and "--tail: must be >= 0, or -1 for all lines" in r.stderr
+
+
+def test_unknown_run_file_nightly_and_workload_keys_get_did_you_mean(tmp_path):
+    run = tmp_path / "run.yaml"
+    run.write_text("name: x\naccelerator: cpu-1\nimage: i\ncomand: python3 -m workload.train\n")
+    r = xrun_here("render", "-f", str(run))
+    assert r.returncode == 2 and "run file: unknown key 'comand' (did you mean 'command'?); allowed: " in r.stderr
+    r = xrun_here("render", "--name", "x", "--accelerator", "cpu-1", "--image", "i",
+                  "--command", "python3 -m workload.train stpes=3")
+    assert r.returncode == 2 and "unknown key 'stpes' (did you mean 'steps'?); allowed: " in r.stderr, r.stderr
+    night = tmp_path / "n.yaml"
+    night.write_text("prefix: n\nbase: main\nbranches: {main: {image: a}, f: {image: b}}\n"
+                     "configs: {c: {command: x}}\nslice: {accelerator: cpu-1}\nstorage: s\nthreshhold: 5%\n")
+    r = xrun_here("nightly", "-f", str(night), "--dry-run")
+    assert r.returncode == 2 and "unknown key 'threshhold' (did you mean 'threshold'?)" in r.stderr, r.stderr
+
+
+def test_the_goodput_row_does_not_say_goodput_twice(tmp_path):
+    root = tmp_path / "root"
+    write_stored_run(root, "done", RunShape())
+    r = xrun_here("status", "done", storage=root)
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("Goodput"))
+    assert re.match(r"Goodput\s+\d+\.\d% of ", row), row

@@ -32,15 +32,15 @@ class _LazyGroup(click.Group):
         return self.commands.get(cmd_name)
 
 
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})
 @click.version_option(package_name="xrun")
 def cli() -> None:
     """xrun: run multi-host JAX training on GKE TPU slices (JobSet), or locally.
 
     \b
     Examples:
-      xrun submit -f examples/local-tiny.yaml            # 2 local hosts, trains, follows
-      xrun render --name mt-07 --tpu v6e-32 --num-slices 2 --image IMG > jobset.yaml
+      xrun submit -f examples/local-tiny.yaml   # 2 local hosts, trains, follows
+      xrun render --name mt-07 --tpu v6e-32 --num-slices 2 --image IMG > js.yaml
       xrun submit -f run.yaml --context gke_proj_zone_cluster -n team
       xrun logs mt-07 -f
       xrun status mt-07 -o json

@@ -115,7 +115,8 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
     Examples:
       xrun compare nightly-main-20250103-030000-0 nightly-feat-x-20250103-030000-1
       xrun compare main.log feat.log --threshold 3% --format json
-      xrun compare main.log feat.log --label-a main@574ad3fb9 --label-b feat/x@def456
+      xrun compare main.log feat.log --label-a main@574ad3fb9 \\
+          --label-b feat/x@def456
       xrun compare gs://b/xrun/runs/a gs://b/xrun/runs/b --format html -o cmp.html
     """
     _check_output(output)

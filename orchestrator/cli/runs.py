@@ -383,8 +383,9 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @click.option("--host", "hosts", multiple=True, metavar="S-H", help="Only this host, e.g. 0-1 (repeatable).")
 @click.option("--since", help="Only lines newer than a duration (30s, 10m, 1h30m, 2d) or an RFC3339 time.")
 @click.option("--since-time", help="Only lines at or after this RFC3339 time (2026-01-02T15:04:05Z).")
-@click.option("--tail", type=int, help="Only the last N lines in total (of the merged stream, before following).")
-@click.option("--tail-per-host", type=int, metavar="N", help="Only the last N lines of each host (stern's --tail).")
+@click.option("--tail", type=int, help="Only the last N lines in total (of the merged stream, before following); "
+              "-1: all (kubectl's).")
+@click.option("--tail-per-host", type=int, metavar="N", help="Only the last N lines of each host (stern's --tail); -1: all.")
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax).")
 @click.option("--exclude", "exclude_pattern", metavar="REGEX", help="Drop lines matching this regular expression (stern's --exclude).")
 @click.option("--attempt", type=int, metavar="N", help="Only restart attempt N's lines (0 is the first run).")
@@ -420,9 +421,10 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
     for h in hosts:
         if not re.fullmatch(r"\d+-\d+", h):
             raise XrunError(f"--host: {h!r} is not <slice>-<host>, e.g. 0-1")
+    tail, tail_per_host = (None if v == -1 else v for v in (tail, tail_per_host))  # kubectl's: -1 is all
     for flag, value in (("--tail", tail), ("--tail-per-host", tail_per_host)):
         if value is not None and value < 0:
-            raise XrunError(f"{flag}: must be >= 0")
+            raise XrunError(f"{flag}: must be >= 0, or -1 for all lines")
     if since and since_time:
         raise XrunError("--since, --since-time: give only one")
     try:
@@ -627,11 +629,13 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
 @click.command()
 @click.argument("name")
 @storage_option
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0, None), default=None,
-              help="Give up after this many seconds (exit 124). Default: wait until the run ends.")
+@click.option("--timeout", "timeout_text", default=None, metavar="DURATION",
+              help="Give up after this long (exit 124): seconds (3600) or 90s, 30m, 1h30m. "
+              "Default: wait until the run ends.")
 @click.option("--context", default=None, help="Override the kubeconfig context recorded at submit.")
-@click.option("-n", "--namespace", default=None)
-def wait(name: str, storage: str | None, timeout_s: float | None, context: str | None,
+@click.option("-n", "--namespace", default=None,
+              help="Override the namespace recorded at submit (cluster runs).")
+def wait(name: str, storage: str | None, timeout_text: str | None, context: str | None,
          namespace: str | None) -> int:
     """Wait for a run to end, for scripts; exit codes as xpk's: 0 succeeded, 124 timed out,
     125 failed (or deleted); and 123 stalled: still Running but no progress past its stall
@@ -646,6 +650,7 @@ def wait(name: str, storage: str | None, timeout_s: float | None, context: str |
     from orchestrator.readers.figures import stall_text
     from xrun_contract.errors import EXIT_WAIT_FAILED, EXIT_WAIT_STALLED, EXIT_WAIT_TIMEOUT
 
+    timeout_s = _wait_timeout(timeout_text)
     st = open_storage(storage)
     outcome = runs.wait(st, name, timeout_s, context, namespace, warn=warn)
     if outcome is None:
@@ -657,6 +662,24 @@ def wait(name: str, storage: str | None, timeout_s: float | None, context: str |
         return EXIT_WAIT_STALLED
     info(f"{name}: {outcome.state}")
     return EXIT_OK if outcome.state == SUCCEEDED else EXIT_WAIT_FAILED
+
+
+def _wait_timeout(text: str | None) -> float | None:
+    """``--timeout``: plain seconds (3600, 2.5) or a duration as --since takes it (1h30m)."""
+    from orchestrator.readers.logs import parse_duration
+
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = parse_duration(text, "--timeout")
+        except ValueError:
+            raise XrunError(f"--timeout: {text!r} is not a duration; use seconds (3600) or 90s, 30m, 1h30m") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise XrunError(f"--timeout: {text!r} must be a finite duration >= 0")
+    return seconds
 
 
 @click.command()

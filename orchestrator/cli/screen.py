@@ -113,7 +113,7 @@ def render_table(view: dict[str, Any]) -> Group:
     head.add_row("Checkpoint", ck_text)
     gp = view.get("goodput")
     if gp and gp.get("categories"):
-        head.add_row("Goodput", format_goodput(gp))
+        head.add_row("Goodput", format_goodput(gp).removeprefix("goodput "))  # the label says it
     for timeline in _startups(gp):
         head.add_row("Startup", format_startup(timeline))
     head.add_row("Storage", view["storage"])

@@ -857,9 +857,17 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
     names = [n for p in prefixes if RUN_NAME_RE.fullmatch(n := p.rsplit("/", 1)[-1])]
     summaries = summary.read_all(storage)
 
+    # A folder root costs nothing to read: there a run.json or state.json that is corrupt
+    # (truncated, not JSON) lists as Unknown with its warning, as status shows it, whatever
+    # the summary kept. On GCS the listing alone serves (its requests do not grow with runs).
+    local_root = not storage.root.startswith("gs://")
+
+    def corrupt(name: str) -> bool:
+        return local_root and any(_read_record(storage, key)[1] for key in (Layout.run_json(name), Layout.state(name)))
+
     def read(name: str) -> dict[str, Any] | None:
         s = summaries.get(name)
-        if s is not None and s.run is not None:
+        if s is not None and s.run is not None and not corrupt(name):
             return _summary_row(storage, s)
         try:
             rec = read_stored_run(storage, name, metrics=False)
