@@ -166,3 +166,74 @@ def test_the_goodput_row_does_not_say_goodput_twice(tmp_path):
     r = xrun_here("status", "done", storage=root)
     row = next(ln for ln in r.stdout.splitlines() if ln.startswith("Goodput"))
     assert re.match(r"Goodput\s+\d+\.\d% of ", row), row
+
+
+def test_logs_of_a_run_with_no_lines_says_so(tmp_path):
+    root = tmp_path / "root"
+    write_stored_run(root, "quiet", RunShape())
+    r = xrun_here("logs", "quiet", storage=root)
+    assert r.returncode == 0 and r.stdout == ""
+    assert r.stderr.strip() == "xrun: run quiet (Succeeded) wrote no log lines"
+    log = root / "runs" / "quiet" / "logs" / "0-0" / "attempt-000"
+    log.mkdir(parents=True)
+    (log / "00000000-w1.log").write_text("hello\n")
+    r = xrun_here("logs", "quiet", "--grep", "nothing-like-this", storage=root)
+    assert r.returncode == 0 and r.stderr.strip() == "xrun: run quiet (Succeeded): no log lines match the filters"
+
+
+def test_logs_follow_says_how_the_run_ended_and_ctrl_c_that_it_goes_on(tmp_path, monkeypatch):
+    root = tmp_path / "root"
+    write_stored_run(root, "over", RunShape())
+    log = root / "runs" / "over" / "logs" / "0-0" / "attempt-000"
+    log.mkdir(parents=True)
+    (log / "00000000-w1.log").write_text("hello\n")
+    r = xrun_here("logs", "over", "-f", "--no-prefix", storage=root)
+    assert r.returncode == 0 and "hello" in r.stdout
+    assert r.stderr.strip().splitlines()[-1] == "xrun: run over ended: Succeeded", r.stderr
+
+    from orchestrator.services import logs as logs_service
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+        yield  # a generator, as the real one
+
+    monkeypatch.setattr(logs_service, "stamped_log_lines", interrupted)
+    r = xrun_here("logs", "over", "-f", storage=root)
+    assert r.returncode == 130
+    assert r.stderr.strip().splitlines()[-1] == ("xrun: stopped following over; the run itself is not "
+                                                 "stopped ('xrun delete over' stops it)"), r.stderr
+
+
+def test_compare_status_and_list_read_whole_at_80_and_132_columns(tmp_path):
+    """From a real terminal (a PTY of 80 and 132 columns): no line longer than the
+    terminal, nothing cut ('…'), every row's base, candidate and delta shown, the run labels
+    named, and a wrapped note indented under its first line."""
+    from pty_screens import screen
+
+    from orchestrator.analysis.compare import compare
+    from orchestrator.cli.screen import _delta
+    from orchestrator.readers.loaders import load_run
+
+    root = tmp_path / "root"
+    base, cand = "nightly-main-20261206-030000-0", "nightly-feat-slow-20261206-030000-1"
+    write_stored_run(root, base, RunShape(seed=1, commit="abcdef1234"), branch="main")
+    write_stored_run(root, cand, RunShape(seed=2, seconds=0.2, commit="bcdef12345"), branch="feat-slow")
+    c = compare(load_run(base, str(root)), load_run(cand, str(root)))
+    for columns in (80, 132):
+        rc, lines = screen("compare", base, cand, columns=columns, storage=root)
+        assert rc == 1, lines
+        text = "\n".join(lines)
+        assert all(len(ln) <= columns for ln in lines), [ln for ln in lines if len(ln) > columns]
+        assert "…" not in text, text
+        flat = " ".join(text.split())
+        assert c.base_label in flat and c.cand_label in flat
+        for r in c.rows:
+            assert " ".join(r.metric.split()) in flat or all(w in flat for w in r.metric.split()), r.metric
+            for cell in (r.base, r.cand, _delta(r)):
+                assert cell in flat, (columns, r.metric, cell)
+        notes = [i for i, ln in enumerate(lines) if ln.startswith("note: ")]
+        assert notes and lines[notes[0] + 1].startswith("      "), lines[notes[0]:notes[0] + 2]
+        for args in (("status", base), ("list",)):
+            rc, lines = screen(*args, columns=columns, storage=root)
+            assert rc == 0 and all(len(ln) <= columns for ln in lines), lines
+            assert "…" not in "\n".join(lines), lines

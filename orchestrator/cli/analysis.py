@@ -132,10 +132,11 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
         from orchestrator.cli.screen import comparison_screen
 
         if output is None or output == "-":
-            console = Console(soft_wrap=True)
-            if not console.is_terminal:
-                console = Console(soft_wrap=True, width=4000)
-            console.print(comparison_screen(result))
+            console = Console()
+            if not console.is_terminal:  # piped: every line whole
+                Console(soft_wrap=True, width=4000).print(comparison_screen(result))
+                return result.exit_code
+            console.print(comparison_screen(result, width=console.width))
             return result.exit_code
         console = Console(record=True, width=160, file=open(os.devnull, "w"))  # noqa: SIM115
         console.print(comparison_screen(result))

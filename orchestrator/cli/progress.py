@@ -122,21 +122,28 @@ def restart_reason(view: dict[str, Any]) -> str:
 
 def rich_progress(view: dict[str, Any], width: int = 20, columns: int | None = None) -> Text:
     """The pinned line: the phase in colour, a bar for step N/M, the figures. Within
-    ``columns`` (the terminal's width) it never wraps: the bar shrinks, then goes, then the
-    labels, then the line is cut with an ellipsis (a wrapped pinned line is redrawn as two,
-    and the terminal scrolls a copy of it on every refresh)."""
-    text = _pinned_text(view, width, True)
+    ``columns`` (the terminal's width) it never wraps: the bar shrinks, the labels get
+    short (tok/s, ckpt), then the bar goes, then the least needed figures (tokens/s, the
+    checkpoint, how long the phase lasted); a value is never shown without its label (a
+    bare '3,593' or 'step 10' reads as something else). Only then is the line cut with an
+    ellipsis (a wrapped pinned line is redrawn as two, and the terminal scrolls a copy of it
+    on every refresh)."""
+    text = _pinned_text(view, width, False, ())
     if columns is None:
         return text
-    for bar, labels in ((width, True), (width // 2, True), (0, True), (0, False)):
-        text = _pinned_text(view, bar, labels)
+    for bar, short, drop in ((width, False, ()), (width // 2, True, ()), (6, True, ()), (0, True, ()),
+                             (0, True, ("tokens/s",)), (0, True, ("tokens/s", "checkpoint", "for"))):
+        text = _pinned_text(view, bar, short, drop)
         if text.cell_len <= columns:
             return text
     text.truncate(max(1, columns), overflow="ellipsis")
     return text
 
 
-def _pinned_text(view: dict[str, Any], width: int, labels: bool) -> Text:
+SHORT_LABELS = {"tokens/s": "tok/s", "checkpoint": "ckpt", "restarts": "restarts"}
+
+
+def _pinned_text(view: dict[str, Any], width: int, short: bool, drop: tuple[str, ...]) -> Text:
     text = Text()
     phase = str(view.get("phase") or view["state"].lower())
     text.append(f"{view['name']} ", style="bold")
@@ -149,10 +156,11 @@ def _pinned_text(view: dict[str, Any], width: int, labels: bool) -> Text:
         text.append("━" * (width - done), style="grey37")
         text.append(f" {100 * step / total:.0f}%")
     for label, value in progress_parts(view)[1:]:
-        text.append("  " if labels else " ")
-        if labels or label in ("step", "loss", "ETA"):
-            short = label.split(" (", 1)[0]  # 'tokens/s (total, 20-step median)' -> 'tokens/s'
-            text.append(f"{label if labels else short} ", style="dim")
+        key = label.split(" (", 1)[0]  # 'tokens/s (total, 20-step median)' -> 'tokens/s'
+        if key in drop:
+            continue
+        text.append("  ")
+        text.append(f"{SHORT_LABELS.get(key, key) if short else label} ", style="dim")
         text.append(value)
     return text
 

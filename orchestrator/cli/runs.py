@@ -38,7 +38,7 @@ from orchestrator.services import runs
 from orchestrator.services.code import GRACE_S, PackOptions
 from orchestrator.workdir import DEFAULT_MAX_MB
 from orchestrator.workdir import resolve as resolve_workdir
-from xrun_contract import RUN_STATES, SUCCEEDED, UNKNOWN
+from xrun_contract import RUN_STATES, SUCCEEDED, UNKNOWN, is_terminal
 from xrun_contract.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, XrunError
 
 if TYPE_CHECKING:  # imported by the commands that read a run spec, not by every command
@@ -370,7 +370,8 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
         st = open_storage(storage)
         view = runs.status(st, name, context, namespace, warn=warn)  # warns of corrupt records too
         if fmt == "table":
-            Console(soft_wrap=True).print(render_table(view))
+            console = Console(soft_wrap=True)
+            console.print(render_table(view, console.width if console.is_terminal else None))
         else:
             click.echo(dump(view, fmt), nl=False)
     return EXIT_OK
@@ -459,22 +460,44 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
         st, name, backend, follow=follow, hosts=set(hosts) or None, since=since_ts,
         tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn,
         shown=None if screen.filter.verbose else LineFilter().keep, exclude=exclude, attempt=only_attempt)
+    printed = 0
+    reader = StoredRun(st, name)
     try:
         if not follow:
             for host, attempt, t, line in items:
                 screen.line(host, attempt, line, stamp_of(t))
+                printed += 1
+            if not printed:  # silence would read as a hang or a broken command
+                _no_lines(name, runs.live_view(reader, backend, warn),
+                          bool(hosts or since_ts or grep or exclude or tail == 0 or tail_per_host == 0
+                               or only_attempt is not None))
             return EXIT_OK
         with screen:
-            reader = StoredRun(st, name)
             for item in _with_ticks(items, 1.0):
                 if item is not None:
                     host, attempt, t, line = item
                     screen.line(host, attempt, line, stamp_of(t))
+                    printed += 1
                 else:
                     screen.update(runs.live_view(reader, backend, warn))
     except KeyboardInterrupt:
+        info(f"stopped following {name}; the run itself is not stopped ('xrun delete {name}' stops it)")
         return EXIT_INTERRUPTED
+    view = runs.live_view(reader, backend, warn)  # the follow ends when the run does: say how
+    msg = f" ({view['message']})" if view.get("message") else ""
+    info(f"run {name} ended: {view['state']}{msg}" + ("" if printed else "; it wrote no log lines"))
     return EXIT_OK
+
+
+def _no_lines(name: str, view: dict[str, Any], filtered: bool) -> None:
+    """Why ``xrun logs`` printed nothing: no line matched, or the run has none (yet)."""
+    state = view.get("state") or "Unknown"
+    if filtered:
+        info(f"run {name} ({state}): no log lines match the filters")
+    elif is_terminal(state):
+        info(f"run {name} ({state}) wrote no log lines")
+    else:
+        info(f"run {name} ({state}) has no log lines yet ('xrun logs -f {name}' waits for them)")
 
 
 def _with_ticks(items: Any, every: float) -> Any:
