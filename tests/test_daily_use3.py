@@ -237,3 +237,51 @@ def test_compare_status_and_list_read_whole_at_80_and_132_columns(tmp_path):
             rc, lines = screen(*args, columns=columns, storage=root)
             assert rc == 0 and all(len(ln) <= columns for ln in lines), lines
             assert "…" not in "\n".join(lines), lines
+
+
+def test_the_pinned_line_is_drawn_when_it_changes_not_on_a_timer():
+    import io
+    import time
+
+    from rich.console import Console
+
+    from orchestrator.cli.progress import ProgressScreen
+
+    console = Console(file=io.StringIO(), force_terminal=True, width=80)
+    view = {"name": "r", "state": "Running", "phase": "training", "step": 3, "total_steps": 40, "loss": 2.5,
+            "tokens_per_s": 1000.0, "window_steps": 3, "latest_checkpoint": None, "restarts": 0}
+    with ProgressScreen(console) as screen:
+        assert screen.live is not None and not screen.live.auto_refresh  # no timer thread
+        drawn = []
+        real = screen.live.refresh
+        screen.live.refresh = lambda: (drawn.append(1), real())  # type: ignore[method-assign]
+        for _ in range(10):
+            screen.update(dict(view))
+        time.sleep(0.6)  # a timer would have drawn it again meanwhile
+        assert len(drawn) == 1
+        screen.update({**view, "step": 4})
+        assert len(drawn) == 2
+
+
+def test_a_piped_progress_line_is_as_of_the_host_lines_above_it(capsys):
+    from orchestrator.cli.progress import ProgressScreen
+    from xrun_contract import STEP_LINE
+
+    screen = ProgressScreen(_pipe_console(), interval=10.0, tty=False)
+    screen.line("0-0", 0, STEP_LINE.format(step=16, seconds=0.2, tflops=1.0, tokens=100.0, total_weights=8,
+                                           loss=3.25))
+    view = {"name": "r", "state": "Running", "phase": "training", "step": 26, "total_steps": 40, "loss": 2.9,
+            "tokens_per_s": 1000.0, "window_steps": 20, "step_seconds": 0.5, "eta_seconds": 7.0,
+            "latest_checkpoint": None, "restarts": 0}
+    screen.update(view, force=True)
+    err = capsys.readouterr().err.strip()
+    assert "step 16/40 | loss 3.2500 |" in err and "ETA 12s" in err, err
+
+
+def _pipe_console():
+    """A console that is not a terminal."""
+    import io
+
+    from rich.console import Console
+
+    return Console(file=io.StringIO(), force_terminal=False)
