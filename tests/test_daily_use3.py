@@ -285,3 +285,13 @@ def _pipe_console():
     from rich.console import Console
 
     return Console(file=io.StringIO(), force_terminal=False)
+
+
+def test_a_wrapped_summary_line_is_indented_under_its_own():
+    from orchestrator.cli.screen import fold
+
+    line = "  goodput 24.1% of 36s: startup 20s, compilation 4.0s, productive 8.7s, slow steps 0.3s, teardown 3.0s"
+    out = fold(line, 60).splitlines()
+    assert len(out) == 2 and all(len(x) <= 60 for x in out) and out[1].startswith("      productive")
+    assert " ".join(x.strip() for x in out) == line.strip()
+    assert fold(line, None) == line and fold("  short", 80) == "  short"

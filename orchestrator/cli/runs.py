@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 import re
+import shutil
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from orchestrator.cli.common import (
     storage_timeout_option,
     warn,
 )
-from orchestrator.cli.screen import _duration, render_table, summary_lines
+from orchestrator.cli.screen import _duration, fold, render_table, summary_lines
 from orchestrator.collector import collector_paused
 from orchestrator.readers.loaders import StoredRun
 from orchestrator.readers.logs import parse_duration
@@ -340,8 +341,9 @@ def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
             live_ctx.stop()
         if screen:
             screen.stop()
+    width = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
     for line in summary_lines(view, started)[1 if said_end else 0:]:
-        click.echo(line, err=True)
+        click.echo(fold(line, width), err=True)
     quiet = screen.quiet_summary() if screen is not None else ""
     if quiet:
         click.echo(f"  {quiet.replace('NAME', name)}", err=True)

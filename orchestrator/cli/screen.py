@@ -182,6 +182,17 @@ def _startups(gp: dict[str, Any] | None) -> list[dict[str, Any]]:
     return timelines[:1] + timelines[1:][-1:]
 
 
+def fold(line: str, width: int | None) -> str:
+    """``line`` wrapped to ``width`` columns (a terminal's) with its continuation lines
+    indented past its own indent, so a wrapped summary line does not read as a new one;
+    as it is when ``width`` is None (piped: lines whole) or the line fits."""
+    if width is None or len(line) <= width:
+        return line
+    lead = " " * (len(line) - len(line.lstrip(" ")))
+    return "\n".join(textwrap.wrap(line, width, initial_indent="", subsequent_indent=lead + "    ",
+                                    break_on_hyphens=False)) or line
+
+
 def summary_lines(view: dict[str, Any], started: float | None = None) -> list[str]:
     """The closing summary of a followed run."""
     lines = [f"run {view['name']}: {view['state']}" + (f" ({view['message']})" if view["message"] else "")]
