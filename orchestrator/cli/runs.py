@@ -27,7 +27,9 @@ from orchestrator.cli.common import (
     print_table,
     storage_option,
     storage_timeout_option,
+    wait_timeout,
     warn,
+    with_ticks,
 )
 from orchestrator.cli.screen import _duration, fold, render_table, summary_lines
 from orchestrator.collector import collector_paused
@@ -475,7 +477,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
                                or only_attempt is not None))
             return EXIT_OK
         with screen:
-            for item in _with_ticks(items, 1.0):
+            for item in with_ticks(items, 1.0):
                 if item is not None:
                     host, attempt, t, line = item
                     screen.line(host, attempt, line, stamp_of(t))
@@ -500,43 +502,6 @@ def _no_lines(name: str, view: dict[str, Any], filtered: bool) -> None:
         info(f"run {name} ({state}) wrote no log lines")
     else:
         info(f"run {name} ({state}) has no log lines yet ('xrun logs -f {name}' waits for them)")
-
-
-def _with_ticks(items: Any, every: float) -> Any:
-    """The items of a blocking iterator, with ``None`` at least every ``every`` seconds
-    (the progress line is refreshed through the silence of compilation)."""
-    import queue
-    import threading
-
-    q: queue.Queue[Any] = queue.Queue(maxsize=10_000)
-    end = object()
-
-    def pump() -> None:
-        try:
-            for x in items:
-                q.put(x)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the reading thread
-            q.put(e)
-        q.put(end)
-
-    threading.Thread(target=pump, daemon=True, name="xrun-logs").start()
-    yield None
-    last = time.monotonic()
-    while True:
-        try:
-            x = q.get(timeout=every)
-        except queue.Empty:
-            last = time.monotonic()
-            yield None
-            continue
-        if x is end:
-            return
-        if isinstance(x, BaseException):
-            raise x
-        yield x
-        if time.monotonic() - last >= every:
-            last = time.monotonic()
-            yield None
 
 
 @click.command()
@@ -675,7 +640,7 @@ def wait(name: str, storage: str | None, timeout_text: str | None, context: str 
     from orchestrator.readers.figures import stall_text
     from xrun_contract.errors import EXIT_WAIT_FAILED, EXIT_WAIT_STALLED, EXIT_WAIT_TIMEOUT
 
-    timeout_s = _wait_timeout(timeout_text)
+    timeout_s = wait_timeout(timeout_text)
     st = open_storage(storage)
     outcome = runs.wait(st, name, timeout_s, context, namespace, warn=warn)
     if outcome is None:
@@ -687,24 +652,6 @@ def wait(name: str, storage: str | None, timeout_text: str | None, context: str 
         return EXIT_WAIT_STALLED
     info(f"{name}: {outcome.state}")
     return EXIT_OK if outcome.state == SUCCEEDED else EXIT_WAIT_FAILED
-
-
-def _wait_timeout(text: str | None) -> float | None:
-    """``--timeout``: plain seconds (3600, 2.5) or a duration as --since takes it (1h30m)."""
-    from orchestrator.readers.logs import parse_duration
-
-    if text is None:
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        try:
-            seconds = parse_duration(text, "--timeout")
-        except ValueError:
-            raise XrunError(f"--timeout: {text!r} is not a duration; use seconds (3600) or 90s, 30m, 1h30m") from None
-    if not seconds >= 0 or seconds == float("inf"):
-        raise XrunError(f"--timeout: {text!r} must be a finite duration >= 0")
-    return seconds
 
 
 @click.command()
