@@ -295,3 +295,16 @@ def test_a_wrapped_summary_line_is_indented_under_its_own():
     assert len(out) == 2 and all(len(x) <= 60 for x in out) and out[1].startswith("      productive")
     assert " ".join(x.strip() for x in out) == line.strip()
     assert fold(line, None) == line and fold("  short", 80) == "  short"
+
+
+def test_a_long_error_folds_on_a_terminal_and_stays_one_line_piped(tmp_path):
+    from pty_screens import screen
+
+    run = tmp_path / "run.yaml"
+    run.write_text("name: x\naccelerator: cpu-1\nimage: i\ncomand: python3 -m workload.train\n")
+    rc, lines = screen("render", "-f", str(run), columns=80, storage=tmp_path / "s")
+    lines = [ln for ln in lines if ln]
+    assert rc == 2 and len(lines) > 3 and all(len(ln) <= 80 for ln in lines), lines
+    assert lines[0].startswith("xrun: error: run file: unknown key 'comand'") and lines[1].startswith("    ")
+    r = xrun_here("render", "-f", str(run))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
