@@ -23,7 +23,7 @@ from manifests.k8s_names import (
     is_valid_label_value,
 )
 from xrun_contract import RESTARTABLE_EXIT_CODE, XRUN_VERSION, Env
-from xrun_contract.errors import XrunError, short_repr
+from xrun_contract.errors import XrunError, did_you_mean, short_repr
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -473,7 +473,8 @@ def _known_keys(where: str, given: Iterable[str], allowed: Iterable[str]) -> Non
     """One line naming the first unknown key and every allowed one."""
     unknown = sorted(set(given) - set(allowed))
     if unknown:
-        raise XrunError(f"{where}: unknown key {short_repr(unknown[0])}; allowed: {', '.join(sorted(allowed))}")
+        raise XrunError(f"{where}: unknown key {short_repr(unknown[0])}{did_you_mean(unknown[0], allowed)}; "
+                        f"allowed: {', '.join(sorted(allowed))}")
 
 
 def _toleration(i: int, tol: dict[str, Any]) -> None:

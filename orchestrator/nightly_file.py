@@ -40,7 +40,7 @@ from typing import Any
 from manifests.spec import FIELDS, RunSpec, build_spec, env_values, max_name_length
 from orchestrator import settings
 from orchestrator.runfile import load_yaml_mapping, read_text
-from xrun_contract.errors import XrunError, short_repr
+from xrun_contract.errors import XrunError, did_you_mean, short_repr
 
 # ---------------------------------------------------------------------------------------
 # The nightly file
@@ -130,7 +130,8 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 def _keys(d: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
     unknown = sorted(str(k) for k in d if k not in allowed)
     if unknown:
-        raise XrunError(f"{where}: unknown key {short_repr(unknown[0])}; allowed: {', '.join(allowed)}")
+        raise XrunError(f"{where}: unknown key {short_repr(unknown[0])}{did_you_mean(unknown[0], allowed)}; "
+                        f"allowed: {', '.join(allowed)}")
 
 
 def _str(value: Any, where: str, required: bool = True) -> str:

@@ -216,7 +216,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     # logs
     ("logs-traversal", ["logs", "../done"], 2, "not a run name"),
     ("logs-host", ["logs", "done", "--host", "abc"], 2, "--host"),
-    ("logs-tail", ["logs", "done", "--tail", "-1"], 2, "--tail"),
+    ("logs-tail", ["logs", "done", "--tail", "-2"], 2, "--tail: must be >= 0, or -1 for all lines"),
     ("logs-since", ["logs", "done", "--since", "ten"], 2, "since"),
     ("logs-unknown", ["logs", "nope"], 2, "no run named"),
     # checkpoints

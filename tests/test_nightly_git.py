@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -112,6 +113,34 @@ def test_the_nightly_runs_each_branchs_head_and_flags_the_slow_one(night):
     assert f"code {next(iter(codes['main']))[:12]}" in (report / "index.html").read_text()
     hist = [json.loads(line) for p in (store / "history").iterdir() for line in p.read_text().splitlines()]
     assert {h["branch"]: h["commit"] for h in hist} == heads
+
+
+def test_the_readmes_nightly_ends_with_its_verdict_and_names_its_storage(night):
+    """What CI reads (issue 52): `tail -n 1` of summary.md and of the terminal is the night's
+    verdict, as summary.json and the exit code say; then the `xrun compare` line the nightly
+    printed runs as written, and without its --storage a hint names it."""
+    r, store, tmp = night["r"], night["store"], night["tmp"]
+    (report,) = sorted((store / "reports").iterdir())
+    summary = json.loads((report / "summary.json").read_text())
+    tail = subprocess.run(["tail", "-n", "1", str(report / "summary.md")], capture_output=True, text=True,
+                          check=True).stdout.rstrip("\n")
+    assert tail == r.stdout.rstrip("\n").splitlines()[-1]
+    # Whatever the night found (test_the_nightly_runs_each_branchs_head_and_flags_the_slow_one
+    # wants REGRESSED; on a machine loaded far past its cores the base's runs can overlap).
+    assert tail.startswith(f"Verdict: {summary['verdict']}: "), (tail, summary["verdict"])
+    assert r.returncode == summary["exit_code"] == (0 if summary["verdict"] == "within noise" else 1)
+    line = next(ln for ln in r.stderr.splitlines() if ln.startswith("xrun: one pair in detail: "))
+    argv = shlex.split(line.split(": ", 2)[2])
+    assert argv[-2:] == ["--storage", "./xrun-nightly"], line
+    env = xrun_env(tmp / "elsewhere")
+    del env["XRUN_STORAGE"]
+    env["HOME"] = str(tmp / "home")  # the default root: ~/.local/share/xrun, empty
+    cmd = [sys.executable, "-m", "orchestrator.cli", *argv[1:]]
+    done = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode in (0, 1) and done.stdout.splitlines()[-1].startswith("Verdict: "), done.stderr
+    done = subprocess.run(cmd[:-2], cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().endswith(
+        "it is under ./xrun-nightly: add --storage ./xrun-nightly"), done.stderr
 
 
 def test_each_pod_ran_its_branchs_code_and_no_worktree_is_left(night):

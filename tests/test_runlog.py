@@ -340,7 +340,7 @@ def test_xrun_header_phase_failure_and_checkpoint_lines():
     gp = goodput(rec)
     assert gp["categories"]["checkpoint"] == 0.25  # the exit wait is not a stall
     assert (gp["deferred_saves"], gp["exit_wait_s"]) == (1, 2.5)
-    assert "1 save(s) deferred; exit wait 2.5s (not a stall)" in format_goodput(gp)
+    assert "(1 save(s) deferred; exit wait 2.5s, not a stall)" in format_goodput(gp)
 
 
 def test_xrun_metrics_records_phase_deferred_and_exit_wait(tmp_path):

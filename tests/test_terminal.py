@@ -70,10 +70,14 @@ def test_quiet_filter_drops_noise_and_repeated_headers():
         "completed step: 1, seconds: 0.1",
         "xrun header versions: jax=0.10.2",  # attempt 1 prints it again
         "xrun-wrapper: end host=0-0 exit_code=0 seconds=3.000",
+        "W1206 22:30:01.123456 140123 multihost.py:437] [process=0][thread=MainThread] Reached "
+        "preemption sync point, step=20",
+        "WARNING:absl:[process=1][thread=save] Reached preemption sync point, step=20",
+        "xrun-wrapper: end host=0-1 exit_code=3 seconds=3.000",
     ]
     assert [x for x in lines if f.keep(x)] == [
         "xrun header versions: jax=0.10.2", "xrun header config: preset=tiny",
-        "completed step: 1, seconds: 0.1", "xrun-wrapper: end host=0-0 exit_code=0 seconds=3.000"]
+        "completed step: 1, seconds: 0.1", "xrun-wrapper: end host=0-1 exit_code=3 seconds=3.000"]
     assert all(LineFilter(verbose=True).keep(x) for x in lines)
 
 
@@ -192,7 +196,7 @@ def test_logs_tail_is_total_and_per_host(logged_run: Path):
     assert r.stdout.splitlines() == ["[0-1] new b2", "[0-0 #1] legacy 2"]
     r = out("--tail", "0")
     assert r.stdout == ""
-    assert out("--tail-per-host", "-1").returncode == 2
+    assert out("--tail-per-host", "-2").returncode == 2  # -1 is every line, as kubectl's --tail
 
 
 def test_logs_since_filters_per_line(logged_run: Path):

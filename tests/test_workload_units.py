@@ -30,7 +30,7 @@ def test_overrides_are_typed_and_errors_name_the_field():
                             "remat=full", "data=gs://b/tokens.bin"]) == {
         "steps": 7, "learning_rate": 1e-4, "async_checkpoint": False, "remat": "full",
         "data": "gs://b/tokens.bin"}
-    with pytest.raises(ValueError, match=r"unknown key 'stpes'; allowed: .*steps"):
+    with pytest.raises(ValueError, match=r"unknown key 'stpes' \(did you mean 'steps'\?\); allowed: .*steps"):
         parse_overrides(["stpes=3"])
     with pytest.raises(ValueError, match=r"steps: expected an integer, got 'many'"):
         parse_overrides(["steps=many"])

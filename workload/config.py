@@ -186,7 +186,10 @@ def check_values(values: dict[str, Any]) -> dict[str, Any]:
             out[key] = str(value)
             continue
         if key not in _FIELDS:
-            raise ValueError(f"workload config: unknown key {key!r}; allowed: {_allowed_keys()}")
+            from xrun_contract.errors import did_you_mean
+
+            raise ValueError(f"workload config: unknown key {key!r}{did_you_mean(key, _allowed_keys().split(', '))}; "
+                             f"allowed: {_allowed_keys()}")
         out[key] = _convert(key, value)
     return out
 

@@ -10,6 +10,8 @@ are not comparable (different shapes); 130 interrupted; ``xrun wait`` alone: 123
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 EXIT_OK = 0
 EXIT_FAILED = 1  # the run failed, or a comparison found a significant regression
 EXIT_USAGE = 2  # bad input: nothing was submitted or written
@@ -26,6 +28,14 @@ EXIT_WAIT_FAILED = 125
 
 # An error line never grows past this (a value quoted in it is cut by short_repr first).
 MAX_MESSAGE = 2000
+
+
+def did_you_mean(word: object, options: Iterable[object]) -> str:
+    """' (did you mean 'command'?)' for a key close to one of ``options``; '' otherwise."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def short_repr(value: object, limit: int = 80) -> str:

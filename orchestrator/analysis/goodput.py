@@ -253,8 +253,11 @@ def format_startup(timeline: dict[str, Any]) -> str:
     parts = [f"{s['name']} {_dur(s['seconds'])}" for s in timeline["segments"]]
     waited = any(s.get("wait") for s in timeline["segments"])
     total = timeline.get("to_first_step_s")
+    # Goodput's "startup" stops where the first step starts and the compile it waited for
+    # is its "compilation": this span is both, so say so (two "startup" figures otherwise).
+    both = "; goodput's startup + compilation" if total is not None and not timeline["attempt"] else ""
     head = (f"{_dur(total)} to the first step" if total is not None
-            else "no first step yet") + f" (from {timeline['basis']})"
+            else "no first step yet") + f" (from {timeline['basis']}{both})"
     if timeline["attempt"]:
         head = f"attempt {timeline['attempt']}: {head}"
     text = head + (": " + ", ".join(parts) if parts else "")
@@ -339,7 +342,7 @@ def format_goodput(gp: dict[str, Any]) -> str:
         tail.append(f"{gp['deferred_saves']} save(s) deferred"
                     + (f", {out} while storage was unavailable" if out else ""))
     if gp.get("exit_wait_s"):
-        tail.append(f"exit wait {_dur(gp['exit_wait_s'])} (not a stall)")
+        tail.append(f"exit wait {_dur(gp['exit_wait_s'])}, not a stall")
     return head + (": " + ", ".join(parts) if parts else "") + (f" ({'; '.join(tail)})" if tail else "")
 
 

@@ -164,7 +164,7 @@ def scan(rec: RunRecord, steady: list[bool], warmup: int, peak: float | None = N
     firsts: dict[int, int] = {}
     for st, _s, _t, a in rows:
         firsts.setdefault(a, st)
-    causes = _known_causes(rec)
+    causes = step_causes(rec)
     waits = sorted((c["step"], c.get("attempt", 0), float(c["seconds"])) for c in rec.checkpoints
                    if c["event"] == "waited" and c["seconds"] is not None and c["seconds"] >= 0.5)
     saves = {(c.get("attempt", 0), c["step"]) for c in rec.checkpoints
@@ -250,10 +250,30 @@ def _slow_cause(rec: RunRecord, st: int, s: float, a: int, m: float, first: int,
     return "unexplained", "unexplained: no log line names a cause (a host-side pause?)"
 
 
-def _known_causes(rec: RunRecord) -> dict[tuple[int, int], str]:
-    from orchestrator.analysis.compare import _step_causes
+def step_causes(rec: RunRecord) -> dict[tuple[int, int], str]:
+    """(attempt, step) -> why that step took long, as far as the records say."""
+    from orchestrator.analysis.goodput import _stall_per_execution
 
-    return _step_causes(rec)
+    out: dict[tuple[int, int], str] = {}
+    steps = rec.steps
+    stalls = _stall_per_execution(rec, None)
+    waited = {(c.get("attempt", 0), c["step"]) for c in rec.checkpoints if c["event"] == "waited"}
+    for step, attempt, stall in zip(steps.step, steps.attempt, stalls, strict=True):
+        key = (attempt, step)
+        if stall > 0 or key in rec.absorbed_stalls or (attempt, step - 1) in rec.stalled_steps \
+                or key in rec.stalled_steps:
+            what = ("waiting for the previous checkpoint save" if (attempt, step - 1) in waited
+                    or key in waited else "waiting on a checkpoint save")
+            out[key] = f"{what} ({stall:.1f} s of it)" if stall > 0 else what
+        elif key in rec.stall_outliers:
+            out[key] = "next to a checkpoint save (a stall no log line named)"
+    firsts: dict[int, int] = {}
+    for step, attempt in zip(steps.step, steps.attempt, strict=True):
+        firsts.setdefault(attempt, step)
+    for attempt, step in firsts.items():
+        if attempt:
+            out.setdefault((attempt, step), f"the first step of restart attempt {attempt} (compile)")
+    return out
 
 
 def avg_share(seconds: list[float], outliers: list[Outlier]) -> str:

@@ -376,7 +376,7 @@ def _gp(section: Section, rec: RunRecord) -> dict:
 # Trend over nights
 
 
-def trend_html(trend: dict[str, Any], key: str) -> str:
+def trend_html(trend: dict[str, Any], key: str, caption: bool = True) -> str:
     """One metric over the last nights: each night's runs as points, the median as a line per
     branch; the base's change points as dashed lines with the bracketing commits."""
     data = []
@@ -404,8 +404,9 @@ def trend_html(trend: dict[str, Any], key: str) -> str:
         "title": {"text": esc(f"{trend['label']} over nights ({trend['config']})")},
         "xaxis": {"type": "category", "title": {"text": "nightly"}}, "yaxis": {"title": {"text": esc(trend['label'])}},
         "shapes": shapes, "annotations": notes, "updatemenus": _axis_buttons()}, height=320)
-        + "<figcaption>" + esc(" ".join(cp["text"] + "." for cp in trend["change_points"])
-                               or "No step change beyond noise between nights on the base.") + "</figcaption></figure>")
+        + ("<figcaption>" + esc(" ".join(cp["text"] + "." for cp in trend["change_points"])
+                                or "No step change beyond noise between nights on the base.") + "</figcaption>"
+           if caption else "") + "</figure>")
 
 
 # ---------------------------------------------------------------------------------------
@@ -537,7 +538,10 @@ def render_report(sections: Sequence[Section], title: str = "xrun comparison rep
         body.append("</section>")
     if trends:
         body.append('<section id="trends"><h2>Trend over nights</h2>')
-        body += [trend_html(t, str(i)) for i, t in enumerate(trends)
+        nights = max((len(ns) for t in trends for ns in t["nights"].values()), default=0)
+        if nights < 2:  # said once, not under each chart
+            body.append("<p>One night so far: a step change between nights needs nights on both sides.</p>")
+        body += [trend_html(t, str(i), caption=nights >= 2) for i, t in enumerate(trends)
                  if any(n["values"] for ns in t["nights"].values() for n in ns)]
         body.append("</section>")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'

@@ -32,15 +32,15 @@ class _LazyGroup(click.Group):
         return self.commands.get(cmd_name)
 
 
-@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 80})
 @click.version_option(package_name="xrun")
 def cli() -> None:
     """xrun: run multi-host JAX training on GKE TPU slices (JobSet), or locally.
 
     \b
     Examples:
-      xrun submit -f examples/local-tiny.yaml            # 2 local hosts, trains, follows
-      xrun render --name mt-07 --tpu v6e-32 --num-slices 2 --image IMG > jobset.yaml
+      xrun submit -f examples/local-tiny.yaml   # 2 local hosts, trains, follows
+      xrun render --name mt-07 --tpu v6e-32 --num-slices 2 --image IMG > js.yaml
       xrun submit -f run.yaml --context gke_proj_zone_cluster -n team
       xrun logs mt-07 -f
       xrun status mt-07 -o json
@@ -51,13 +51,29 @@ for _command in runs.COMMANDS:
     cli.add_command(_command)
 
 
+def _on_terminal(line: str) -> str:
+    """An error line as a terminal shows it: folded to its width with the continuation
+    indented (a 400-character refusal wrapped at column 0 is hard to read); piped or
+    captured it stays one line, for scripts and logs."""
+    import shutil
+    import sys
+    import textwrap
+
+    if not sys.stderr.isatty():
+        return line
+    width = shutil.get_terminal_size().columns
+    if len(line) <= width:
+        return line
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent="    ", break_on_hyphens=False)) or line
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: every error is one line on stderr with a meaningful exit code."""
     try:
         rv = cli.main(args=argv, prog_name="xrun", standalone_mode=False)
         return rv if isinstance(rv, int) else EXIT_OK
     except XrunError as e:
-        click.echo(f"xrun: error: {e}", err=True)
+        click.echo(_on_terminal(f"xrun: error: {e}"), err=True)
         return e.exit_code
     except click.exceptions.NoArgsIsHelpError as e:
         click.echo(e.ctx.get_help() if e.ctx else str(e), err=True)

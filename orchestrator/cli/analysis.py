@@ -115,7 +115,8 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
     Examples:
       xrun compare nightly-main-20250103-030000-0 nightly-feat-x-20250103-030000-1
       xrun compare main.log feat.log --threshold 3% --format json
-      xrun compare main.log feat.log --label-a main@574ad3fb9 --label-b feat/x@def456
+      xrun compare main.log feat.log --label-a main@574ad3fb9 \\
+          --label-b feat/x@def456
       xrun compare gs://b/xrun/runs/a gs://b/xrun/runs/b --format html -o cmp.html
     """
     _check_output(output)
@@ -131,10 +132,11 @@ def compare(base: str, candidate: str, storage: str | None, threshold: float, al
         from orchestrator.cli.screen import comparison_screen
 
         if output is None or output == "-":
-            console = Console(soft_wrap=True)
-            if not console.is_terminal:
-                console = Console(soft_wrap=True, width=4000)
-            console.print(comparison_screen(result))
+            console = Console()
+            if not console.is_terminal:  # piped: every line whole
+                Console(soft_wrap=True, width=4000).print(comparison_screen(result))
+                return result.exit_code
+            console.print(comparison_screen(result, width=console.width))
             return result.exit_code
         console = Console(record=True, width=160, file=open(os.devnull, "w"))  # noqa: SIM115
         console.print(comparison_screen(result))
@@ -270,7 +272,20 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
         result = run_nightly(cfg, log=lambda msg: screen.note(msg), on_view=show)
     click.echo(result.summary_md, nl=False)
     click.echo(f"xrun: report {result.report_url}", err=True)
+    pairs = [(e["base_runs"][0], e["runs"][0]) for e in result.summary.get("comparisons", [])
+             if e.get("base_runs") and e.get("runs")]
+    if pairs:  # the runs are under the nightly's root, which need not be the default one
+        click.echo(f"xrun: one pair in detail: xrun compare {pairs[0][0]} {pairs[0][1]} "
+                   f"--storage {_shown_root(cfg.storage)}", err=True)
     return result.exit_code
+
+
+def _shown_root(root: str) -> str:
+    """A local root under the current folder as ./relative (what a user would type)."""
+    if root.startswith("gs://") or not os.path.isabs(root):
+        return root
+    rel = os.path.relpath(root)
+    return root if rel.startswith("..") else "./" + rel if rel != "." else "."
 
 
 @click.command()

@@ -40,7 +40,8 @@ def doctor(context: str | None, namespace: str | None, run_file: str | None, acc
     Examples:
       xrun doctor --context gke_proj_zone_cluster
       xrun doctor -f run.yaml
-      xrun doctor --context gke_p_z_c -n team --tpu v6e-32 --num-slices 2 --queue lq --storage gs://b/xrun
+      xrun doctor --context gke_p_z_c -n team --tpu v6e-32 --num-slices 2 \\
+          --queue lq --storage gs://b/xrun
     """
     v = checks.inputs(run_file, {"context": context, "namespace": namespace, "accelerator": accelerator,
                                  "num_slices": num_slices, "nodes": nodes, "queue": queue, "storage": storage,

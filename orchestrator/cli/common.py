@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from orchestrator import settings
 from orchestrator.services.runs import dump_yaml
+from xrun_contract.errors import XrunError
 from xrun_contract.storage import Storage
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -95,3 +97,58 @@ def open_storage(root: str | None) -> Storage:
 
 OUTPUT = click.option("-o", "--output", "fmt", type=click.Choice(["table", "json", "yaml"]),
                       default="table", show_default=True)
+
+
+def with_ticks(items: Any, every: float) -> Any:
+    """The items of a blocking iterator, with ``None`` at least every ``every`` seconds
+    (the progress line is refreshed through the silence of compilation)."""
+    import queue
+    import threading
+
+    q: queue.Queue[Any] = queue.Queue(maxsize=10_000)
+    end = object()
+
+    def pump() -> None:
+        try:
+            for x in items:
+                q.put(x)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the reading thread
+            q.put(e)
+        q.put(end)
+
+    threading.Thread(target=pump, daemon=True, name="xrun-logs").start()
+    yield None
+    last = time.monotonic()
+    while True:
+        try:
+            x = q.get(timeout=every)
+        except queue.Empty:
+            last = time.monotonic()
+            yield None
+            continue
+        if x is end:
+            return
+        if isinstance(x, BaseException):
+            raise x
+        yield x
+        if time.monotonic() - last >= every:
+            last = time.monotonic()
+            yield None
+
+
+def wait_timeout(text: str | None) -> float | None:
+    """``--timeout``: plain seconds (3600, 2.5) or a duration as --since takes it (1h30m)."""
+    from orchestrator.readers.logs import parse_duration
+
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = parse_duration(text, "--timeout")
+        except ValueError:
+            raise XrunError(f"--timeout: {text!r} is not a duration; use seconds (3600) or 90s, 30m, 1h30m") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise XrunError(f"--timeout: {text!r} must be a finite duration >= 0")
+    return seconds

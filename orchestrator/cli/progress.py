@@ -27,8 +27,9 @@ from xrun_contract import HEADER_RE, STEP_RE, host_prefix, significant
 
 # Lines that are noise on a terminal: Gloo's connection chatter (gloo/transport), absl /
 # glog-prefixed INFO and WARNING lines from C++ (``I1203 10:39:13.123456 123 file.cc:12]``),
-# absl's pre-init notice, and the wrapper's own bookkeeping (its end line stays).
-NOISE_RE = re.compile(
+# absl's pre-init notice, and the wrapper's own bookkeeping (its end line stays when a
+# host exited non-zero: that is news, not bookkeeping).
+NOISE_RE = re.compile(  # also Orbax's absl warning at each save: "Reached preemption sync point"
     # A Gloo line torn where two writers' output met: its head alone ("[Glo"), or its tail
     # ("oo] Rank 0 is connected to 1 peer ranks. ...", or after two ranks' lines were glued
     # at "[Gloo] Rank ", "0 is connected to 1 peer ranks. ...") without the "[Gloo]" that
@@ -37,7 +38,7 @@ NOISE_RE = re.compile(
     r"(?:\S{0,4} )?\d+ is connected to \d+ peer ranks\b|"
     r"\[Gloo\]|\s*\[?gloo|[IW]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+:\d+\]|"
     r"WARNING: All log messages before absl::InitializeLog\(\)|E0000 |"
-    r"xrun-wrapper: start |EXIT_CODE=)"
+    r"xrun-wrapper: (?:start |end host=\S+ exit_code=0 )|EXIT_CODE=|.*\] Reached preemption sync point, step=)"
 )
 # Rich colours for host prefixes (stern's idea: one stable colour per host).
 HOST_COLOURS = ("cyan", "green", "magenta", "yellow", "blue", "bright_cyan", "bright_green",
@@ -122,21 +123,28 @@ def restart_reason(view: dict[str, Any]) -> str:
 
 def rich_progress(view: dict[str, Any], width: int = 20, columns: int | None = None) -> Text:
     """The pinned line: the phase in colour, a bar for step N/M, the figures. Within
-    ``columns`` (the terminal's width) it never wraps: the bar shrinks, then goes, then the
-    labels, then the line is cut with an ellipsis (a wrapped pinned line is redrawn as two,
-    and the terminal scrolls a copy of it on every refresh)."""
-    text = _pinned_text(view, width, True)
+    ``columns`` (the terminal's width) it never wraps: the bar shrinks, the labels get
+    short (tok/s, ckpt), then the bar goes, then the least needed figures (tokens/s, the
+    checkpoint, how long the phase lasted); a value is never shown without its label (a
+    bare '3,593' or 'step 10' reads as something else). Only then is the line cut with an
+    ellipsis (a wrapped pinned line is redrawn as two, and the terminal scrolls a copy of it
+    on every refresh)."""
+    text = _pinned_text(view, width, False, ())
     if columns is None:
         return text
-    for bar, labels in ((width, True), (width // 2, True), (0, True), (0, False)):
-        text = _pinned_text(view, bar, labels)
+    for bar, short, drop in ((width, False, ()), (width // 2, True, ()), (6, True, ()), (0, True, ()),
+                             (0, True, ("tokens/s",)), (0, True, ("tokens/s", "checkpoint", "for"))):
+        text = _pinned_text(view, bar, short, drop)
         if text.cell_len <= columns:
             return text
     text.truncate(max(1, columns), overflow="ellipsis")
     return text
 
 
-def _pinned_text(view: dict[str, Any], width: int, labels: bool) -> Text:
+SHORT_LABELS = {"tokens/s": "tok/s", "checkpoint": "ckpt", "restarts": "restarts"}
+
+
+def _pinned_text(view: dict[str, Any], width: int, short: bool, drop: tuple[str, ...]) -> Text:
     text = Text()
     phase = str(view.get("phase") or view["state"].lower())
     text.append(f"{view['name']} ", style="bold")
@@ -149,10 +157,11 @@ def _pinned_text(view: dict[str, Any], width: int, labels: bool) -> Text:
         text.append("━" * (width - done), style="grey37")
         text.append(f" {100 * step / total:.0f}%")
     for label, value in progress_parts(view)[1:]:
-        text.append("  " if labels else " ")
-        if labels or label in ("step", "loss", "ETA"):
-            short = label.split(" (", 1)[0]  # 'tokens/s (total, 20-step median)' -> 'tokens/s'
-            text.append(f"{label if labels else short} ", style="dim")
+        key = label.split(" (", 1)[0]  # 'tokens/s (total, 20-step median)' -> 'tokens/s'
+        if key in drop:
+            continue
+        text.append("  ")
+        text.append(f"{SHORT_LABELS.get(key, key) if short else label} ", style="dim")
         text.append(value)
     return text
 
@@ -190,6 +199,7 @@ class ProgressScreen:
         self._last_plain, self._last_phase = 0.0, ""
         self._view: dict[str, Any] | None = None
         self._step: tuple[int, float, int] | None = None  # newest step line: (step, loss, attempt)
+        self._drawn = ""  # the pinned line as last drawn
         self.hidden: dict[str, int] = {}  # host -> lines the quiet filter hid
         self.shown: set[str] = set()  # hosts with a line on the screen
 
@@ -213,8 +223,9 @@ class ProgressScreen:
         if self.tty:
             # The pinned line is drawn from the newest view and step line at each draw (also
             # the redraw under a host line just printed), never from a stored rendering.
-            self.live = Live(_Pinned(self), console=self.console, refresh_per_second=4,
-                             transient=True, auto_refresh=True)
+            # Drawn when it changes (update) and under each host line printed, never on a
+            # timer: a redraw 4 times a second of the same line is flicker and bytes over ssh.
+            self.live = Live(_Pinned(self), console=self.console, transient=True, auto_refresh=False)
             self.live.start()
         return self
 
@@ -261,13 +272,33 @@ class ProgressScreen:
         self._view = view
         view = self._merged(view)
         if self.live is not None:
-            self.live.refresh()
+            drawn = rich_progress(view, columns=self.console.width).plain
+            if force or drawn != self._drawn:
+                self._drawn = drawn
+                self.live.refresh()
             return
+        if self._step is not None:  # a log's line sums up the lines above it, not ten steps on
+            view = as_of_lines(view, *self._step)
         now = time.monotonic()
         phase = str(view.get("phase") or "")
         if force or phase != self._last_phase or now - self._last_plain >= self.interval:
             self._last_plain, self._last_phase = now, phase
             print(plain_progress(view), file=_stderr(), flush=True)
+
+
+def as_of_lines(view: dict[str, Any], step: int, loss: float, attempt: int) -> dict[str, Any]:
+    """``view`` as of the newest step line printed (piped output): the metrics are flushed
+    before the hosts' log chunks are shipped, so a view can be steps ahead of the lines it
+    follows; the step, its loss and the ETA are then the printed line's."""
+    if view.get("step") is None or (attempt, step) >= (view.get("attempt", 0), view["step"]):
+        return view
+    if attempt != (view.get("restarts") or 0):
+        return view  # lines of an earlier attempt: the view's figures are the run's now
+    out = {**view, "step": step, "loss": loss}
+    total, secs = view.get("total_steps"), view.get("eta_step_seconds") or view.get("step_seconds")
+    if total and secs:
+        out["eta_seconds"] = max(0, total - step) * secs
+    return out
 
 
 class _Pinned:

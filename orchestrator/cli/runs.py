@@ -9,6 +9,7 @@ import dataclasses
 import math
 import os
 import re
+import shutil
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -26,9 +27,11 @@ from orchestrator.cli.common import (
     print_table,
     storage_option,
     storage_timeout_option,
+    wait_timeout,
     warn,
+    with_ticks,
 )
-from orchestrator.cli.screen import _duration, render_table, summary_lines
+from orchestrator.cli.screen import _duration, fold, render_table, summary_lines
 from orchestrator.collector import collector_paused
 from orchestrator.readers.loaders import StoredRun
 from orchestrator.readers.logs import parse_duration
@@ -38,7 +41,7 @@ from orchestrator.services import runs
 from orchestrator.services.code import GRACE_S, PackOptions
 from orchestrator.workdir import DEFAULT_MAX_MB
 from orchestrator.workdir import resolve as resolve_workdir
-from xrun_contract import RUN_STATES, SUCCEEDED, UNKNOWN
+from xrun_contract import RUN_STATES, SUCCEEDED, UNKNOWN, is_terminal
 from xrun_contract.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, XrunError
 
 if TYPE_CHECKING:  # imported by the commands that read a run spec, not by every command
@@ -345,8 +348,9 @@ def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
             live_ctx.stop()
         if screen:
             screen.stop()
+    width = shutil.get_terminal_size().columns if sys.stderr.isatty() else None
     for line in summary_lines(view, started)[1 if said_end else 0:]:
-        click.echo(line, err=True)
+        click.echo(fold(line, width), err=True)
     quiet = screen.quiet_summary() if screen is not None else ""
     if quiet:
         click.echo(f"  {quiet.replace('NAME', name)}", err=True)
@@ -375,7 +379,8 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
         st = open_storage(storage)
         view = runs.status(st, name, context, namespace, warn=warn)  # warns of corrupt records too
         if fmt == "table":
-            Console(soft_wrap=True).print(render_table(view))
+            console = Console(soft_wrap=True)
+            console.print(render_table(view, console.width if console.is_terminal else None))
         else:
             click.echo(dump(view, fmt), nl=False)
     return EXIT_OK
@@ -388,8 +393,9 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @click.option("--host", "hosts", multiple=True, metavar="S-H", help="Only this host, e.g. 0-1 (repeatable).")
 @click.option("--since", help="Only lines newer than a duration (30s, 10m, 1h30m, 2d) or an RFC3339 time.")
 @click.option("--since-time", help="Only lines at or after this RFC3339 time (2026-01-02T15:04:05Z).")
-@click.option("--tail", type=int, help="Only the last N lines in total (of the merged stream, before following).")
-@click.option("--tail-per-host", type=int, metavar="N", help="Only the last N lines of each host (stern's --tail).")
+@click.option("--tail", type=int, help="Only the last N lines in total (of the merged stream, before following); "
+              "-1: all (kubectl's).")
+@click.option("--tail-per-host", type=int, metavar="N", help="Only the last N lines of each host (stern's --tail); -1: all.")
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax).")
 @click.option("--exclude", "exclude_pattern", metavar="REGEX", help="Drop lines matching this regular expression (stern's --exclude).")
 @click.option("--attempt", type=int, metavar="N", help="Only restart attempt N's lines (0 is the first run).")
@@ -425,9 +431,10 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
     for h in hosts:
         if not re.fullmatch(r"\d+-\d+", h):
             raise XrunError(f"--host: {h!r} is not <slice>-<host>, e.g. 0-1")
+    tail, tail_per_host = (None if v == -1 else v for v in (tail, tail_per_host))  # kubectl's: -1 is all
     for flag, value in (("--tail", tail), ("--tail-per-host", tail_per_host)):
         if value is not None and value < 0:
-            raise XrunError(f"{flag}: must be >= 0")
+            raise XrunError(f"{flag}: must be >= 0, or -1 for all lines")
     if since and since_time:
         raise XrunError("--since, --since-time: give only one")
     try:
@@ -462,59 +469,44 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
         st, name, backend, follow=follow, hosts=set(hosts) or None, since=since_ts,
         tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn,
         shown=None if screen.filter.verbose else LineFilter().keep, exclude=exclude, attempt=only_attempt)
+    printed = 0
+    reader = StoredRun(st, name)
     try:
         if not follow:
             for host, attempt, t, line in items:
                 screen.line(host, attempt, line, stamp_of(t))
+                printed += 1
+            if not printed:  # silence would read as a hang or a broken command
+                _no_lines(name, runs.live_view(reader, backend, warn),
+                          bool(hosts or since_ts or grep or exclude or tail == 0 or tail_per_host == 0
+                               or only_attempt is not None))
             return EXIT_OK
         with screen:
-            reader = StoredRun(st, name)
-            for item in _with_ticks(items, 1.0):
+            for item in with_ticks(items, 1.0):
                 if item is not None:
                     host, attempt, t, line = item
                     screen.line(host, attempt, line, stamp_of(t))
+                    printed += 1
                 else:
                     screen.update(runs.live_view(reader, backend, warn))
     except KeyboardInterrupt:
+        info(f"stopped following {name}; the run itself is not stopped ('xrun delete {name}' stops it)")
         return EXIT_INTERRUPTED
+    view = runs.live_view(reader, backend, warn)  # the follow ends when the run does: say how
+    msg = f" ({view['message']})" if view.get("message") else ""
+    info(f"run {name} ended: {view['state']}{msg}" + ("" if printed else "; it wrote no log lines"))
     return EXIT_OK
 
 
-def _with_ticks(items: Any, every: float) -> Any:
-    """The items of a blocking iterator, with ``None`` at least every ``every`` seconds
-    (the progress line is refreshed through the silence of compilation)."""
-    import queue
-    import threading
-
-    q: queue.Queue[Any] = queue.Queue(maxsize=10_000)
-    end = object()
-
-    def pump() -> None:
-        try:
-            for x in items:
-                q.put(x)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the reading thread
-            q.put(e)
-        q.put(end)
-
-    threading.Thread(target=pump, daemon=True, name="xrun-logs").start()
-    yield None
-    last = time.monotonic()
-    while True:
-        try:
-            x = q.get(timeout=every)
-        except queue.Empty:
-            last = time.monotonic()
-            yield None
-            continue
-        if x is end:
-            return
-        if isinstance(x, BaseException):
-            raise x
-        yield x
-        if time.monotonic() - last >= every:
-            last = time.monotonic()
-            yield None
+def _no_lines(name: str, view: dict[str, Any], filtered: bool) -> None:
+    """Why ``xrun logs`` printed nothing: no line matched, or the run has none (yet)."""
+    state = view.get("state") or "Unknown"
+    if filtered:
+        info(f"run {name} ({state}): no log lines match the filters")
+    elif is_terminal(state):
+        info(f"run {name} ({state}) wrote no log lines")
+    else:
+        info(f"run {name} ({state}) has no log lines yet ('xrun logs -f {name}' waits for them)")
 
 
 @click.command()
@@ -632,11 +624,13 @@ def list_cmd(storage: str | None, fmt: str, context: str | None, namespace: str 
 @click.command()
 @click.argument("name")
 @storage_option
-@click.option("--timeout", "timeout_s", type=click.FloatRange(0, None), default=None,
-              help="Give up after this many seconds (exit 124). Default: wait until the run ends.")
+@click.option("--timeout", "timeout_text", default=None, metavar="DURATION",
+              help="Give up after this long (exit 124): seconds (3600) or 90s, 30m, 1h30m. "
+              "Default: wait until the run ends.")
 @click.option("--context", default=None, help="Override the kubeconfig context recorded at submit.")
-@click.option("-n", "--namespace", default=None)
-def wait(name: str, storage: str | None, timeout_s: float | None, context: str | None,
+@click.option("-n", "--namespace", default=None,
+              help="Override the namespace recorded at submit (cluster runs).")
+def wait(name: str, storage: str | None, timeout_text: str | None, context: str | None,
          namespace: str | None) -> int:
     """Wait for a run to end, for scripts; exit codes as xpk's: 0 succeeded, 124 timed out,
     125 failed (or deleted); and 123 stalled: still Running but no progress past its stall
@@ -651,6 +645,7 @@ def wait(name: str, storage: str | None, timeout_s: float | None, context: str |
     from orchestrator.readers.figures import stall_text
     from xrun_contract.errors import EXIT_WAIT_FAILED, EXIT_WAIT_STALLED, EXIT_WAIT_TIMEOUT
 
+    timeout_s = wait_timeout(timeout_text)
     st = open_storage(storage)
     outcome = runs.wait(st, name, timeout_s, context, namespace, warn=warn)
     if outcome is None:

@@ -5,6 +5,7 @@ Presentation only: the data is the view dict of ``orchestrator.services.view``.
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any
 
@@ -79,10 +80,12 @@ STATE_STYLE = {SUCCEEDED: "green", FAILED: "red", RESTARTING: "yellow", RUNNING:
                PENDING: "magenta", DELETED: "red"}
 
 
-def render_table(view: dict[str, Any]) -> Group:
+def render_table(view: dict[str, Any], width: int | None = None) -> Group:
+    """The status screen; within ``width`` columns (a terminal's) a host's long reason
+    wraps under the REASON column."""
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
-    head.add_column()
+    head.add_column(overflow="fold")  # a long path folds, never cut with an ellipsis
     state = Text(view["state"], style=STATE_STYLE.get(view["state"], ""))
     head.add_row("Run", f"{view['name']}  ({view['backend'] or '?'} backend, {view['accelerator'] or '?'})")
     head.add_row("State", Text.assemble(state, f"   restarts {view['restarts']}",
@@ -113,7 +116,7 @@ def render_table(view: dict[str, Any]) -> Group:
     head.add_row("Checkpoint", ck_text)
     gp = view.get("goodput")
     if gp and gp.get("categories"):
-        head.add_row("Goodput", format_goodput(gp))
+        head.add_row("Goodput", format_goodput(gp).removeprefix("goodput "))  # the label says it
     for timeline in _startups(gp):
         head.add_row("Startup", format_startup(timeline))
     head.add_row("Storage", view["storage"])
@@ -121,7 +124,7 @@ def render_table(view: dict[str, Any]) -> Group:
         head.add_row("Code", code_text(view["code"]))
     for ev in view.get("events") or []:
         head.add_row("Event", Text(ev, style="yellow"))
-    return Group(head, Text(""), _Unwrapped(hosts_table(view["hosts"])))
+    return Group(head, Text(""), _Unwrapped(hosts_table(view["hosts"], width)))
 
 
 class _Unwrapped:
@@ -148,7 +151,7 @@ class _Unwrapped:
 HOST_COLUMNS = ("HOST", "STATE", "ATTEMPT", "EXIT", "POD/PID", "REASON")
 
 
-def hosts_table(hosts: list[dict[str, Any]]) -> Text:
+def hosts_table(hosts: list[dict[str, Any]], width: int | None = None) -> Text:
     """The hosts, one row each, laid out as rich's borderless Table lays them out (a space
     at each edge, two between columns), but as one Text: a rich Table measures and renders
     every cell as its own renderable, about a second for 1,024 hosts on the 2-core machine,
@@ -159,10 +162,17 @@ def hosts_table(hosts: list[dict[str, Any]]) -> Text:
     out = Text(no_wrap=False)
     header = " " + "  ".join(col.ljust(w) for col, w in zip(HOST_COLUMNS, widths, strict=True)) + " "
     out.append(header, style="bold")
+    at = 1 + sum(w + 2 for w in widths[:-1])  # where REASON starts
+    room = (width - at - 1) if width else 0
     for r in rows:
         out.append("\n " + r[0].ljust(widths[0]) + "  ")
         out.append(r[1].ljust(widths[1]), style=STATE_STYLE.get(r[1], ""))
-        out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[2:], widths[2:], strict=True)) + " ")
+        reason = r[5]
+        if room >= 20 and len(reason) > room:  # wrapped under its column, not at column 0
+            reason = ("\n" + " " * at).join(textwrap.wrap(reason, room))
+            out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[2:5], widths[2:5], strict=True)) + "  " + reason)
+        else:
+            out.append("  " + "  ".join(c.ljust(w) for c, w in zip(r[2:], widths[2:], strict=True)) + " ")
     return out
 
 
@@ -170,6 +180,17 @@ def _startups(gp: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The startup timelines worth a line: the first attempt's and the latest restart's."""
     timelines = (gp or {}).get("startup_timeline") or []
     return timelines[:1] + timelines[1:][-1:]
+
+
+def fold(line: str, width: int | None) -> str:
+    """``line`` wrapped to ``width`` columns (a terminal's) with its continuation lines
+    indented past its own indent, so a wrapped summary line does not read as a new one;
+    as it is when ``width`` is None (piped: lines whole) or the line fits."""
+    if width is None or len(line) <= width:
+        return line
+    lead = " " * (len(line) - len(line.lstrip(" ")))
+    return "\n".join(textwrap.wrap(line, width, initial_indent="", subsequent_indent=lead + "    ",
+                                    break_on_hyphens=False)) or line
 
 
 def summary_lines(view: dict[str, Any], started: float | None = None) -> list[str]:
@@ -196,7 +217,7 @@ def summary_lines(view: dict[str, Any], started: float | None = None) -> list[st
     return lines
 
 
-VERDICT_STYLE = {"improved": "green", "regressed": "red", "within noise": "dim",
+VERDICT_STYLE = {"improved": "green", "regressed": "red", "within noise": "dim", "narrower": "dim", "wider": "yellow",
                  "differs": "yellow", "missing": "yellow", "not improved": "yellow"}
 
 
@@ -217,6 +238,7 @@ def _verdict(r: Any, threshold_pct: float) -> str:
 
 
 VERDICT_LINE_STYLE = {"failed": "bold red", "regressed": "bold red", "not comparable": "bold yellow",
+                      "inconclusive": "bold yellow",
                       "ok": "bold green"}
 
 
@@ -227,22 +249,42 @@ def verdict_line(c: Any) -> Text:
     return Text(line, style=VERDICT_LINE_STYLE.get(kind, "bold"))
 
 
-def comparison_screen(c: Any) -> Group:
+def hanging(prefix: str, text: str, style: str = "") -> Table:
+    """``prefix`` then ``text``, whose wrapped lines are indented under its start (a note
+    wrapped by the terminal at column 0 reads as a new one)."""
+    grid = Table.grid()
+    grid.add_column(no_wrap=True, style=style)
+    grid.add_column(overflow="fold", style=style)
+    grid.add_row(prefix, text)
+    return grid
+
+
+def comparison_screen(c: Any, width: int | None = None) -> Group:
     """benchstat's shape: the verdict first, then one aligned row per metric (base, candidate,
     delta, verdict with p and n), coloured by verdict (improved green, regressed red, within
-    noise dim); warnings above, notes below."""
+    noise dim); warnings above, notes below. Within ``width`` columns (a terminal's) no
+    label or value is cut: long run labels move to a legend (BASE, CAND), the verdict's p and
+    n and long metric names wrap, and wrapped warnings and notes are indented."""
+    cells = [(r.metric, r.base, r.cand, _delta(r), _verdict(r, c.threshold_pct)) for r in c.rows]
+    heads = ["METRIC", c.base_label, c.cand_label, "DELTA", "VERDICT"]
+    full = sum(max(len(h), *(len(x[i]) for x in cells)) for i, h in enumerate(heads)) + 2 * (len(heads) - 1)
+    narrow = width is not None and full > width
     parts: list[Any] = [verdict_line(c)]
-    parts += [Text(f"warning: {w}", style="yellow") for w in c.warnings]
+    parts += [hanging("warning: ", w, "yellow") if width else Text(f"warning: {w}", style="yellow")
+              for w in c.warnings]
+    if narrow:
+        heads[1:3] = ["BASE", "CAND"]
+        parts.append(hanging("BASE ", c.base_label, "bold"))
+        parts.append(hanging("CAND ", c.cand_label, "bold"))
     table = Table(box=None, header_style="bold", show_edge=False, pad_edge=False)
-    table.add_column("METRIC", no_wrap=True)
-    table.add_column(c.base_label, justify="right", no_wrap=True)
-    table.add_column(c.cand_label, justify="right", no_wrap=True)
-    table.add_column("DELTA", justify="right", no_wrap=True)
-    table.add_column("VERDICT", no_wrap=True)
-    for r in c.rows:
+    table.add_column(heads[0], no_wrap=not narrow, overflow="fold", ratio=None)
+    table.add_column(heads[1], justify="right", no_wrap=True)
+    table.add_column(heads[2], justify="right", no_wrap=True)
+    table.add_column(heads[3], justify="right", no_wrap=True)
+    table.add_column(heads[4], no_wrap=not narrow, overflow="fold")
+    for r, (metric, base, cand, delta, verdict) in zip(c.rows, cells, strict=True):
         style = VERDICT_STYLE.get(r.verdict, "")
-        table.add_row(r.metric, r.base, r.cand, Text(_delta(r), style=style),
-                      Text(_verdict(r, c.threshold_pct), style=style))
+        table.add_row(metric, base, cand, Text(delta, style=style), Text(verdict, style=style))
     parts += [Text(""), table, Text("")]
-    parts += [Text(f"note: {n}", style="dim") for n in c.notes]
+    parts += [hanging("note: ", n, "dim") if width else Text(f"note: {n}", style="dim") for n in c.notes]
     return Group(*parts)

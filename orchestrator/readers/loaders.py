@@ -444,6 +444,34 @@ def split_storage_path(path: str) -> tuple[str, str] | None:
     return (root or "/"), name
 
 
+def roots_holding(name: str, root: str = "", most: int = 200) -> list[str]:
+    """Local storage roots near here that hold run ``name`` (the current folder and its
+    subfolders, e.g. a nightly's ``./xrun-nightly``), as a --storage value; never ``root``.
+    A bounded look (``most`` folders), for the hint of a name not found."""
+    here = Path(".")
+    try:
+        folders = [here] + sorted(p for p in here.iterdir() if p.is_dir() and not p.name.startswith("."))[:most]
+    except OSError:
+        return []
+    mine = Path(root).resolve() if root and not root.startswith("gs://") else None
+    found = []
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            run = folder / Layout.RUNS / name
+            if ((run / "run.json").is_file() or (run / "state.json").is_file()) and folder.resolve() != mine:
+                found.append("." if folder == here else f"./{folder.name}")
+    return found
+
+
+def elsewhere_hint(name: str, root: str = "") -> str:
+    """'; it is under ./xrun-nightly: add --storage ./xrun-nightly' ('' when no root near
+    here holds it)."""
+    found = roots_holding(name, root)
+    if not found:
+        return ""
+    return f"; it is under {found[0]}: add --storage {found[0]}"
+
+
 def load_run(arg: str, storage_root: str | None = None, what: str = "run") -> RunRecord:
     """A run name (under ``storage_root``), a storage path ``.../runs/<name>``, or a log file.
 
@@ -487,8 +515,8 @@ def load_run(arg: str, storage_root: str | None = None, what: str = "run") -> Ru
         storage = open_storage(storage_root)
         if (storage.read_record(Layout.run_json(arg)) == (None, None)
                 and storage.read_record(Layout.state(arg)) == (None, None)):
-            raise XrunError(f"{what}: no run named {arg!r} under {storage.root} (see 'xrun list'), "
-                              "and no such file")
+            hint = elsewhere_hint(arg, storage.root) or " (see 'xrun list'), and no such file"
+            raise XrunError(f"{what}: no run named {arg!r} under {storage.root}{hint}")
         return _checked(read_stored_run(storage, arg), what, arg)
     except XrunError:
         raise

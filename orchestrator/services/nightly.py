@@ -102,6 +102,11 @@ def resolve_branches(cfg: NightlyConfig) -> dict[str, str]:
     """Each branch's head commit in ``cfg.repo`` now; an unknown branch is exit 2."""
     from orchestrator.workdir import is_git_checkout
 
+    if not os.path.exists(cfg.repo):
+        made = ("; examples/nightly-local.yaml's is made by 'bash examples/make-nightly-repo.sh nightly-repo'"
+                if os.path.basename(cfg.repo) == "nightly-repo" else "")
+        raise XrunError(f"repo: {cfg.repo} does not exist (a relative repo: is from the current folder, "
+                        f"{os.getcwd()}{made})", EXIT_USAGE)
     if not os.path.isdir(cfg.repo) or not is_git_checkout(cfg.repo):
         raise XrunError(f"repo: {cfg.repo} is not a git checkout", EXIT_USAGE)
     out = {}
@@ -385,8 +390,10 @@ def _overall_line(summary: dict[str, Any]) -> str:
         return (f"INCOMPLETE: {n_inc} comparison(s) lack runs that succeeded; no verdict for them"
                 + (f"; {n_reg} regressed" if n_reg else ""))
     if v == "REGRESSED":
-        return f"REGRESSED: {n_reg} comparison(s)"
-    return "within noise: no regression beyond the threshold"
+        worst = "; ".join(f"{e['candidate']} on {e['config']}: {e['verdict'].removeprefix('REGRESSED: ')}"
+                          for e in summary["comparisons"] if e["regressed"])
+        return f"REGRESSED: {n_reg} comparison(s): {worst}"
+    return f"within noise: no regression beyond {summary['threshold_pct']:g}%"
 
 
 def summary_markdown(cfg: NightlyConfig, summary: dict[str, Any], outcomes: list[RunOutcome],
@@ -411,7 +418,10 @@ def summary_markdown(cfg: NightlyConfig, summary: dict[str, Any], outcomes: list
         for rs in section.run_sets:
             lines += ["", f"## {section.title}: {rs.cand_label} vs {rs.base_label}", "", rs.markdown().rstrip()]
             if rs.per_step is not None:
-                lines += ["", "Per-step detail (first run of each side):", "", rs.per_step.markdown().rstrip()]
+                lines += ["", "Per-step detail (first run of each side; the verdict is the one above):", "",
+                          rs.per_step.markdown(verdict=False).rstrip()]
+    # The last line is the night's verdict whatever the sections hold: what `tail -n 1` reads.
+    lines += ["", f"Verdict: {_overall_line(summary)}"]
     return "\n".join(lines) + "\n"
 
 

@@ -28,7 +28,13 @@ from orchestrator.background import Background
 from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.figures import stall
-from orchestrator.readers.loaders import StoredRun, apply_state, corrupt_line, read_stored_run
+from orchestrator.readers.loaders import (
+    StoredRun,
+    apply_state,
+    corrupt_line,
+    read_stored_run,
+    roots_holding,
+)
 from orchestrator.readers.record import RunRecord
 from orchestrator.services import code
 from orchestrator.services.code import PackOptions
@@ -102,6 +108,9 @@ def run_info(storage: Storage, name: str) -> dict[str, Any]:
     if run is None and not run_problem and _read_record(storage, Layout.state(name)) == (None, None):
         close = difflib.get_close_matches(name, _run_names(storage), n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(close)}?" if close else "see 'xrun list'"
+        found = roots_holding(name, storage.root)
+        if found:
+            hint = f"it is under {found[0]}: add --storage {found[0]}"
         where = root_hint(storage)
         raise XrunError(f"run: no run named {name!r} under {storage.root}; {hint}" + (f" ({where})" if where else ""))
     return run or {}
@@ -631,8 +640,9 @@ def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool,
         if live is not None and not is_terminal(live.state):
             raise XrunError(f"name: run {spec.name!r} is {live.state}; choose another name or "
                             f"'xrun delete {spec.name}'")
-        raise XrunError(f"name: run {spec.name!r} already exists under {storage.root}; "
-                        "use --replace or another name")
+        raise XrunError(f"name: run {spec.name!r} already exists under {storage.root}"
+                        f"{f' ({live.state})' if live is not None else ''}; "
+                        f"to run it again: --replace (removes the old run's data) or --name {_free_name(storage, spec.name)}")
     _retire(storage, spec, force)
     procs = getattr(backend, "live_processes", None)
     pids = procs(spec.name) if procs else []
@@ -645,6 +655,17 @@ def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool,
     if procs:  # nothing live: a local delete only removes what a lost supervisor left (pod folders)
         backend.delete(spec.name, wait=True)
     purge_run(storage, spec.name)
+
+
+def _free_name(storage: Storage, name: str) -> str:
+    """``name-2``, ``name-3`` ...: the first that no stored run has (a suggestion only: the
+    submit with it is still exclusive)."""
+    for n in range(2, 100):
+        free = f"{name}-{n}"
+        with contextlib.suppress(StorageError):
+            if storage.read_record(Layout.run_json(free)) == (None, None):
+                return free
+    return f"{name}-{int(time.time())}"
 
 
 def _retire(storage: Storage, spec: RunSpec, force: bool) -> None:
@@ -859,9 +880,17 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
     names = [n for p in prefixes if RUN_NAME_RE.fullmatch(n := p.rsplit("/", 1)[-1])]
     summaries = summary.read_all(storage)
 
+    # A folder root costs nothing to read: there a run.json or state.json that is corrupt
+    # (truncated, not JSON) lists as Unknown with its warning, as status shows it, whatever
+    # the summary kept. On GCS the listing alone serves (its requests do not grow with runs).
+    local_root = not storage.root.startswith("gs://")
+
+    def corrupt(name: str) -> bool:
+        return local_root and any(_read_record(storage, key)[1] for key in (Layout.run_json(name), Layout.state(name)))
+
     def read(name: str) -> dict[str, Any] | None:
         s = summaries.get(name)
-        if s is not None and s.run is not None:
+        if s is not None and s.run is not None and not corrupt(name):
             return _summary_row(storage, s)
         try:
             rec = read_stored_run(storage, name, metrics=False)
