@@ -71,5 +71,6 @@ def main(crd_path: Path) -> int:
 
 
 if __name__ == "__main__":
-    path = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO.parent / "shared" / "schemas" / "jobset.x-k8s.io_jobsets.yaml"
+    default = REPO.parent / "shared" / "schemas" / "jobset.x-k8s.io_jobsets.yaml"
+    path = Path(sys.argv[1]) if len(sys.argv) > 1 else default
     sys.exit(main(path))

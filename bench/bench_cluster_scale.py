@@ -449,7 +449,8 @@ def api_table(reqs: list[dict[str, Any]], steady_from: float, until: float) -> d
     steady = 0
     for r in reqs:
         o = r.get("objectRef") or {}
-        res = o.get("resource", r.get("requestURI", "?").split("?")[0]) + (f"/{o['subresource']}" if o.get("subresource") else "")
+        sub = f"/{o['subresource']}" if o.get("subresource") else ""
+        res = o.get("resource", r.get("requestURI", "?").split("?")[0]) + sub
         by[f"{r['verb']} {res}"] += 1
         secs[int(r["_t"])] += 1
         if r["_t"] >= steady_from:
@@ -642,7 +643,8 @@ def bench_size(cl: ClusterProc, pods: int, url: str, work: Path, commands: bool 
     res["control_plane"] = sampler.figures()
     if follow.p.poll() is None:
         follow.p.kill()
-        raise SystemExit(f"[{pods}] follow did not end in {deadline - follow.started:.0f} s; stderr: {follow.err[-20:]}")
+        raise SystemExit(f"[{pods}] follow did not end in {deadline - follow.started:.0f} s; "
+                         f"stderr: {follow.err[-20:]}")
     writer.stop.set()
     writer.join()
     time.sleep(0.5)

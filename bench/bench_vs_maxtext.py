@@ -213,7 +213,8 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"batch_per_device": args.batch_per_device,
-             "maxtext_same_allocator": args.maxtext_same_allocator, "ours": results["ours"], "maxtext": results["maxtext"], "median_ours": ours,
+             "maxtext_same_allocator": args.maxtext_same_allocator, "ours": results["ours"],
+             "maxtext": results["maxtext"], "median_ours": ours,
              "median_maxtext": theirs, "ratio": ours / theirs, "median_round_ratio": paired},
             indent=2))
 

@@ -4,7 +4,8 @@ write (+ fsync) and a plain read of the same bytes in the same folder, in one ru
 A pytree of random float32 arrays (incompressible, like trained weights and Adam moments)
 is saved by ``CheckpointManager`` with each variant of the handler settings xrun can choose:
 zstd compression on/off, OCDBT on/off, the OCDBT target data file size, the concurrent-GB
-limits, the OCDBT data file size (more, smaller files: more parallel writers). Each variant is saved ``--repeat`` times; the best time counts.
+limits, the OCDBT data file size (more, smaller files: more parallel writers). Each variant
+is saved ``--repeat`` times; the best time counts.
 
     python bench/profile_checkpoint.py [--mb 170] [--dir DIR] [--repeat 2]
 """

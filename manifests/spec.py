@@ -179,7 +179,9 @@ class RunSpec:
     @property
     def reservation(self) -> str:
         """The reservation's name (a shared one's project is in ``capacity`` too)."""
-        return self.capacity.rsplit("/", 1)[-1].removeprefix("reservation:") if self.capacity.startswith("reservation:") else ""
+        if not self.capacity.startswith("reservation:"):
+            return ""
+        return self.capacity.rsplit("/", 1)[-1].removeprefix("reservation:")
 
     @property
     def backend_name(self) -> str:
@@ -380,7 +382,8 @@ def validate(spec: RunSpec) -> None:
         raise XrunError(f"image: must not contain whitespace, got {short_repr(spec.image)}")
     if any(c.isspace() for c in spec.xrun_image):
         raise XrunError(f"xrun_image: must be an image name without whitespace (or unset: "
-                        f"{DEFAULT_XRUN_PYTHON_IMAGE} with xrun's code from storage), got {short_repr(spec.xrun_image)}")
+                        f"{DEFAULT_XRUN_PYTHON_IMAGE} with xrun's code from storage), "
+                        f"got {short_repr(spec.xrun_image)}")
     if not spec.xrun_python_image.strip() or any(c.isspace() for c in spec.xrun_python_image):
         raise XrunError(f"xrun_python_image: must be an image name without whitespace, with a python3 >= 3.12 "
                         f"(default {DEFAULT_XRUN_PYTHON_IMAGE}), got {short_repr(spec.xrun_python_image)}")
@@ -444,7 +447,8 @@ def validate(spec: RunSpec) -> None:
     if root.startswith("gs://") and not re.fullmatch(r"gs://[a-z0-9][-a-z0-9_.]{1,221}[a-z0-9](/.*)?", root):
         raise XrunError(f"storage: {short_repr(root)} is not a valid gs://bucket/prefix")
     if spec.backend_name == "kube" and not root.startswith("gs://"):
-        raise XrunError("storage: cluster runs need a gs://bucket/prefix storage root (pods cannot see your local folder)")
+        raise XrunError("storage: cluster runs need a gs://bucket/prefix storage root "
+                        "(pods cannot see your local folder)")
     validate_gke_knobs(spec)
     if spec.code_sha256 and not re.fullmatch(r"[0-9a-f]{64}", spec.code_sha256):
         raise XrunError(f"code_sha256: must be 64 lowercase hex digits (an archive under <storage>/code/), "
@@ -463,7 +467,8 @@ def _key_value_map(name: str, mapping: dict[str, str], values_are_labels: bool) 
         for m in is_qualified_name(key):
             raise XrunError(f"{name}: key {short_repr(key)}: {m}")
         if key.startswith(CONTROLLER_PREFIXES):
-            raise XrunError(f"{name}: {short_repr(key)} is set by the JobSet/Job controllers on every pod; choose another key")
+            raise XrunError(f"{name}: {short_repr(key)} is set by the JobSet/Job controllers on every pod; "
+                            "choose another key")
         if values_are_labels:
             for m in is_valid_label_value(value):
                 raise XrunError(f"{name}: {key}={short_repr(value)}: {m}")
@@ -595,4 +600,5 @@ def validate_gke_knobs(spec: RunSpec) -> None:
             raise XrunError("kueue_topology: required:<node label> or preferred:<node label> (e.g. "
                             f"preferred:cloud.google.com/gce-topology-block), got {short_repr(spec.kueue_topology)}")
         if not spec.queue_name:
-            raise XrunError("kueue_topology: needs queue (Kueue's topology-aware scheduling admits through a LocalQueue)")
+            raise XrunError("kueue_topology: needs queue "
+                            "(Kueue's topology-aware scheduling admits through a LocalQueue)")

@@ -166,7 +166,8 @@ def parse_mount(text: str) -> dict[str, Any]:
         source, sep, path = body[len("pvc:"):].partition(":")
         entry = {"pvc": source}
     else:
-        raise XrunError(f"mounts: expected gs://BUCKET:/path or pvc:CLAIM:/path (':ro' for read-only), got {short_repr(text)}")
+        raise XrunError("mounts: expected gs://BUCKET:/path or pvc:CLAIM:/path (':ro' for read-only), "
+                        f"got {short_repr(text)}")
     if not sep:
         raise XrunError(f"mounts: {short_repr(text)} names no path (gs://BUCKET:/path)")
     return {**entry, "path": path, "read_only": read_only}

@@ -510,7 +510,8 @@ def test_logs_take_attempts_without_pods_from_storage(cluster, restarted, tmp_pa
                                ("0-1", 1, "0-1 second try"), ("0-1", 1, "0-1 step 7")]  # from the pods, once
     assert list(log_lines(storage, name, backend, tail=1, hosts={"0-1"})) == [("0-1", 1, "0-1 step 7")]
     # Each pod's log read once, without follow, tailLines passed to the server.
-    logs = [e["requestURI"] for e in cluster.audit_lines() if e["verb"] == "get" and e.get("stage") == "ResponseComplete"
+    logs = [e["requestURI"] for e in cluster.audit_lines()
+            if e["verb"] == "get" and e.get("stage") == "ResponseComplete"
             and any(e["requestURI"].startswith(f"/api/v1/namespaces/{NAMESPACE}/pods/{p}/log") for p in pods.values())]
     assert logs and not [u for u in logs if "follow=true" in u]
     assert any("tailLines=1" in u for u in logs) and all(pods["0-0"] not in u for u in logs if "tailLines=1" in u)

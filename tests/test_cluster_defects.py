@@ -130,7 +130,8 @@ def test_every_tpu_shape_names_its_machine_type():
     (["--tpu", "v6e-16", "--env", "XLA_FLAGS=--xla_dump_to=/tmp --xla_tpu_enable_async_collective_fusion=true"],
      "env: XLA_FLAGS carries the TPU flag --xla_tpu_enable_async_collective_fusion, which jaxlib does not know "
      "(it aborts at start-up: 'Unknown flag in XLA_FLAGS'); put TPU flags in LIBTPU_INIT_ARGS"),
-    (["--tpu", "v6e-16", "--env", "XLA_FLAGS=--megascale_grpc_premap_memory_bytes=1"], "env: XLA_FLAGS carries the TPU flag --megascale_grpc"),
+    (["--tpu", "v6e-16", "--env", "XLA_FLAGS=--megascale_grpc_premap_memory_bytes=1"],
+     "env: XLA_FLAGS carries the TPU flag --megascale_grpc"),
     (["--tpu", "v6e-16", "--env", "LIBTPU_INIT_ARGS=--xla_gpu_enable_latency_hiding_scheduler=true"],
      "env: LIBTPU_INIT_ARGS carries the GPU flag --xla_gpu_enable_latency_hiding_scheduler"),
     (["--accelerator", "h100-80gb-8", "--env", "LIBTPU_INIT_ARGS=--xla_tpu_x=1"],
@@ -389,7 +390,8 @@ def test_doctor_probe_that_never_schedules_or_cannot_pull(cluster):
     def cannot_pull() -> None:
         done: set[str] = set()
         while not stop.wait(0.1):
-            for pod in cluster.core.list_namespaced_pod(NAMESPACE, label_selector="jobset.sigs.k8s.io/jobset-name").items:
+            listed = cluster.core.list_namespaced_pod(NAMESPACE, label_selector="jobset.sigs.k8s.io/jobset-name")
+            for pod in listed.items:
                 if pod.metadata.labels["jobset.sigs.k8s.io/jobset-name"].startswith("xrun-doctor-") and \
                         pod.metadata.name not in done and not pod.metadata.deletion_timestamp:
                     done.add(pod.metadata.name)
@@ -446,8 +448,9 @@ def test_replace_waits_for_the_old_run_to_be_over(cluster, gcs_bucket, tmp_path)
 
         # The JobSet ended and its TTL removed it: replacing is fine.
         cluster.delete_jobset(name)
-        cluster.wait("the JobSet gone", lambda: name not in {j["metadata"]["name"] for j in cluster.custom.list_namespaced_custom_object(
-            "jobset.x-k8s.io", "v1alpha2", "default", "jobsets")["items"]}, 30)
+        cluster.wait("the JobSet gone", lambda: name not in {
+            j["metadata"]["name"] for j in cluster.custom.list_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", "default", "jobsets")["items"]}, 30)
         r = xrun("submit", *flags, "--replace", storage=root, timeout=60, **kube)
         assert r.returncode == 0, r.stderr
         assert not storage.exists(ckpt) and cluster.jobset(name)

@@ -68,7 +68,8 @@ def test_doctor_on_the_real_cluster_reads_what_the_api_shows(cluster, storage, t
     assert list(checks) == ["api", "jobset", "jobset-controller", "rbac", "kueue", "priority", "nodes", "capacity",
                             "storage", "pod-storage"]
     api = checks["api"]
-    assert api["result"] == "ok" and f"(context {CONTEXT}, Kubernetes {KUBE_VERSION}), namespace default" in api["detail"]
+    assert (api["result"] == "ok"
+            and f"(context {CONTEXT}, Kubernetes {KUBE_VERSION}), namespace default" in api["detail"])
     assert checks["jobset"] == {"name": "jobset", "result": "ok", "exit_code": 0, "detail": (
         "JobSet CRD jobsets.jobset.x-k8s.io installed: served v1alpha2 (storage v1alpha2); xrun uses v1alpha2")}
     # The controller runs as a process here: no Deployment, and JobSet's webhooks at a URL.
@@ -96,7 +97,8 @@ def test_doctor_on_the_real_cluster_reads_what_the_api_shows(cluster, storage, t
                                   "detail": "a node pool per slice holds v6e-8"}
     assert checks["storage"]["result"] == "ok"
     # No image, no probe pod: the node pool's account and scopes are unproven, said so.
-    assert checks["pod-storage"]["result"] == "warn" and "gke-default, only reads storage" in checks["pod-storage"]["detail"]
+    assert (checks["pod-storage"]["result"] == "warn"
+            and "gke-default, only reads storage" in checks["pod-storage"]["detail"])
     assert r.stderr.strip() == "xrun: doctor: all checks passed (2 warning(s))"
     # The dry run went through the webhooks and stored nothing.
     audit = [a for a in cluster.audit_lines() if a.get("verb") == "create"
@@ -131,10 +133,12 @@ def test_a_queue_kueue_reports_inactive_fails(cluster, storage, tmp_path):
 
     def inactive() -> bool:
         lq = cluster.custom.get_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", ns, "localqueues", "orphan")
-        return any(c["type"] == "Active" and c["status"] == "False" for c in (lq.get("status") or {}).get("conditions") or [])
+        return any(c["type"] == "Active" and c["status"] == "False"
+                   for c in (lq.get("status") or {}).get("conditions") or [])
 
     cluster.wait("Kueue to mark the LocalQueue inactive", inactive, 30)
-    r, checks = doctor(cluster.kubeconfig, storage, "-f", run_file(tmp_path, queue="orphan", namespace=ns, storage=storage))
+    r, checks = doctor(cluster.kubeconfig, storage, "-f",
+                       run_file(tmp_path, queue="orphan", namespace=ns, storage=storage))
     assert r.returncode == 1
     assert checks["kueue"] == {"name": "kueue", "result": "FAIL", "exit_code": 1, "detail": (
         f"LocalQueue {ns}/orphan (ClusterQueue no-such-cluster-queue, kueue.x-k8s.io/v1beta2) is not active "
@@ -162,7 +166,8 @@ def test_a_user_with_too_few_rights_is_told_what_rbac_must_allow(cluster, storag
         "follows and deletes JobSets and reads their pods, logs and events there")}
     assert r.stderr.strip() == "xrun: doctor: 1 check(s) failed: rbac"
     # The CRD is hidden from this user: discovery still shows the API.
-    assert checks["jobset"]["result"] == "ok" and "the CRD itself is not readable with your RBAC" in checks["jobset"]["detail"]
+    assert (checks["jobset"]["result"] == "ok"
+            and "the CRD itself is not readable with your RBAC" in checks["jobset"]["detail"])
     # No Deployment to read for this user: forbidden is not missing.
     assert checks["jobset-controller"]["result"] == "warn" and checks["jobset-controller"]["detail"].startswith(
         "RBAC forbids reading Deployment jobset-system/jobset-controller-manager, so its version is unchecked "
@@ -171,7 +176,8 @@ def test_a_user_with_too_few_rights_is_told_what_rbac_must_allow(cluster, storag
     for name, verb, resource in (("priority", "list", "priorityclasses.scheduling.k8s.io"), ("nodes", "list", "nodes")):
         assert checks[name]["result"] == "warn"
         assert (f"forbidden: RBAC must allow verb '{verb}' on resource '{resource}' cluster-wide (a ClusterRole and "
-                f"ClusterRoleBinding: a namespace's RoleBinding cannot grant it) (context {user})") in checks[name]["detail"]
+                f"ClusterRoleBinding: a namespace's RoleBinding cannot grant it) (context {user})"
+                ) in checks[name]["detail"]
         assert "at the cluster scope" in checks[name]["detail"] and "in namespace" not in checks[name]["detail"]
 
     # With the nightly's Role (what the cluster backend calls) the rbac check passes.
@@ -208,7 +214,8 @@ def test_jobset_webhooks_that_do_not_answer_fail_doctor_and_submit(cluster, stor
         ctl = checks["jobset-controller"]
         assert (ctl["result"], ctl["exit_code"]) == ("FAIL", 1)
         assert f"vjobset.kb.io ({name})" in ctl["detail"]
-        assert "but they do not answer, so every JobSet create is refused: create jobsets.jobset.x-k8s.io " in ctl["detail"]
+        assert ("but they do not answer, so every JobSet create is refused: create jobsets.jobset.x-k8s.io "
+                in ctl["detail"])
         assert ("refused: an admission webhook could not be called (is the controller serving it running?): Internal "
                 'error occurred: failed calling webhook "vjobset.kb.io"') in ctl["detail"]
         path = run_file(tmp_path, namespace=ns, storage=storage, image="example.com/xrun:1",
@@ -277,12 +284,17 @@ def test_doctor_names_every_problem(cluster, tmp_path):
     assert got["api"].startswith("ok ")
     assert got["jobset"].startswith("FAIL  jobset   JobSet CRD jobsets.jobset.x-k8s.io not installed; install JobSet: "
                                     "kubectl apply")
-    assert got["kueue"] == "FAIL  kueue    queue 'lq' is named but Kueue is not installed (the API serves no kueue.x-k8s.io)"
-    assert got["nodes"].startswith("FAIL  nodes    0 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,"
-                                   "cloud.google.com/gke-tpu-topology=4x4,node.kubernetes.io/instance-type=ct6e-standard-4t "
+    assert got["kueue"] == ("FAIL  kueue    queue 'lq' is named but Kueue is not installed "
+                            "(the API serves no kueue.x-k8s.io)")
+    assert got["nodes"].startswith("FAIL  nodes    0 node(s) labelled "
+                                   "cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,"
+                                   "cloud.google.com/gke-tpu-topology=4x4,"
+                                   "node.kubernetes.io/instance-type=ct6e-standard-4t "
                                    "(0 Ready); v6e-16 needs 4, and no cluster autoscaler"), got["nodes"]
-    assert got["storage"].startswith("FAIL  storage  storage root ") and "cluster runs need gs://bucket/prefix" in got["storage"]
-    assert r.stderr.strip().startswith("xrun: doctor: ") and "jobset, " in r.stderr and "kueue, nodes, capacity, storage" in r.stderr
+    assert (got["storage"].startswith("FAIL  storage  storage root ")
+            and "cluster runs need gs://bucket/prefix" in got["storage"])
+    assert (r.stderr.strip().startswith("xrun: doctor: ") and "jobset, " in r.stderr
+            and "kueue, nodes, capacity, storage" in r.stderr)
 
     r = xrun("doctor", "-o", "json", storage=tmp_path, KUBECONFIG=dead_kubeconfig(cluster, tmp_path / "dead"))
     assert r.returncode == 3
@@ -308,7 +320,8 @@ def test_doctor_reads_the_pools_priorities_and_the_autoscaler(cluster):
         "priority 'high' exists; PriorityClasses: very-low=100, low=250, medium=500, high=750, very-high=1000"), check
     check = checks.check_priority(backend, "team-a-batch")
     assert (check.result, check.exit_code) == ("FAIL", 1)
-    assert check.detail.startswith("priority 'team-a-batch' has no PriorityClass (pods would be refused); PriorityClasses:")
+    assert check.detail.startswith("priority 'team-a-batch' has no PriorityClass (pods would be refused); "
+                                   "PriorityClasses:")
 
     check = checks.check_nodes(backend, lookup("v6e-8"), 2, "spot")
     assert (check.result, check.detail) == ("ok", (
@@ -329,7 +342,8 @@ def test_doctor_reads_the_pools_priorities_and_the_autoscaler(cluster):
         cluster.core.delete_namespaced_config_map("cluster-autoscaler-status", "kube-system")
     assert check.result == "warn" and check.detail.startswith(
         "0 node(s) labelled cloud.google.com/gke-tpu-accelerator=tpu-v6e-slice,cloud.google.com/gke-tpu-topology=4x4,"
-        "node.kubernetes.io/instance-type=ct6e-standard-4t (0 Ready); v6e-16 needs 4; the cluster autoscaler is on"), check
+        "node.kubernetes.io/instance-type=ct6e-standard-4t (0 Ready); v6e-16 needs 4; "
+        "the cluster autoscaler is on"), check
     assert checks.exit_code([check]) == 0
     nodes = [e["requestURI"] for e in cluster.audit_lines() if e["verb"] == "list"
              and e["requestURI"].startswith("/api/v1/nodes?")]
@@ -358,7 +372,8 @@ def test_doctor_reads_the_controller_version_from_its_deployment(cluster):
         pass
     where = "jobset-system/jobset-controller-manager runs "
     cases = [
-        ("registry.k8s.io/jobset/jobset:v0.12.0", True, "ok", f"{where}registry.k8s.io/jobset/jobset:v0.12.0 (1 ready)"),
+        ("registry.k8s.io/jobset/jobset:v0.12.0", True, "ok",
+         f"{where}registry.k8s.io/jobset/jobset:v0.12.0 (1 ready)"),
         ("registry.k8s.io/jobset/jobset:v0.10.1", True, "warn", f"{where}registry.k8s.io/jobset/jobset:v0.10.1 "
          "(1 ready): works, but xrun's admission rules are v0.12's"),
         ("registry.k8s.io/jobset/jobset:v0.5.2", True, "FAIL", f"{where}registry.k8s.io/jobset/jobset:v0.5.2 "

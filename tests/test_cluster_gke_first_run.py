@@ -132,7 +132,8 @@ def test_the_namespaces_only_local_queue_is_used_and_a_queued_run_shows_its_posi
         assert sub.spec.queue == "team-q" and sub.notes == [
             f"queue: LocalQueue {ns}/team-q, the only one in namespace {ns} (--queue NAME to choose, --queue none "
             "for no Kueue)"]
-    cluster.wait("both queued runs pending in Kueue", lambda: all(workload_of(cluster, ns, n) for n in (second, third)), 30)
+    cluster.wait("both queued runs pending in Kueue",
+                 lambda: all(workload_of(cluster, ns, n) for n in (second, third)), 30)
 
     def position() -> dict | None:  # what `xrun status -o json` prints
         # Until Kueue's queue manager holds both pending Workloads the third may be alone
@@ -147,7 +148,8 @@ def test_the_namespaces_only_local_queue_is_used_and_a_queued_run_shows_its_posi
         wls = {n: (workload_of(cluster, ns, n) or {}).get("status") for n in (first, second, third)}
         raise AssertionError(f"{runs.status(open_storage(storage), third)['message']}; workloads: {wls}") from None
     assert view["state"] == "Pending", view
-    assert f"Kueue queue: 1 ahead in LocalQueue {ns}/team-q ({second}), 1 ahead in its ClusterQueue" in view["message"], view
+    assert (f"Kueue queue: 1 ahead in LocalQueue {ns}/team-q ({second}), 1 ahead in its ClusterQueue"
+            in view["message"]), view
     assert "insufficient unused quota" in view["message"], view  # Kueue's own reason stays
 
 
@@ -179,7 +181,8 @@ def test_several_local_queues_are_refused_naming_them_and_nothing_is_created(clu
     assert backend.get_jobset(name) is None
     check = doctor.check_found_queue(backend)
     # submit refuses it, so doctor fails it: "all checks passed" only when submit passes.
-    assert (check.result, check.exit_code) == ("FAIL", 1) and "several LocalQueues (cpu-memory-queue, multislice-queue)" in check.detail
+    assert ((check.result, check.exit_code) == ("FAIL", 1)
+            and "several LocalQueues (cpu-memory-queue, multislice-queue)" in check.detail)
 
 
 def test_a_shape_no_node_pool_holds_is_refused_before_anything_exists(cluster, storage, tmp_path, monkeypatch):
@@ -190,7 +193,8 @@ def test_a_shape_no_node_pool_holds_is_refused_before_anything_exists(cluster, s
     line = r.stderr.strip()
     assert line.startswith("xrun: error: accelerator: no node pool can hold v6e-16: it needs 1 node pool(s) of "
                            "4 x ct6e-standard-4t with tpu-v6e-slice topology 4x4, 0 fit; TPU node pools seen: "), line
-    for pool in ("v6e-2x4-0 (tpu-v6e-slice 2x4 ct6e-standard-4t x2)", "v6e-4x8-0 (tpu-v6e-slice 4x8 ct6e-standard-4t x8)",
+    for pool in ("v6e-2x4-0 (tpu-v6e-slice 2x4 ct6e-standard-4t x2)",
+                 "v6e-4x8-0 (tpu-v6e-slice 4x8 ct6e-standard-4t x8)",
                  "v5p-2x2x2-0 (tpu-v5p-slice 2x2x2 ct5p-hightpu-4t x2)"):
         assert pool in line, line
     assert line.endswith("Add --force to submit anyway (node auto-provisioning, or a pool scaled to zero)")
@@ -209,7 +213,8 @@ def test_a_shape_no_node_pool_holds_is_refused_before_anything_exists(cluster, s
     found.check_capacity(spec("three", NAMESPACE, num_slices=3), backend)
     with pytest.raises(XrunError) as e:
         found.check_capacity(spec("four", NAMESPACE, num_slices=4), backend)
-    assert e.value.exit_code == EXIT_USAGE and "x4 slices: it needs 4 node pool(s) of 2 x ct6e-standard-4t" in str(e.value)
+    assert (e.value.exit_code == EXIT_USAGE
+            and "x4 slices: it needs 4 node pool(s) of 2 x ct6e-standard-4t" in str(e.value))
     assert ", 3 fit;" in str(e.value)
     # Spot capacity: only the spot pool.
     found.check_capacity(spec("spot", NAMESPACE, capacity="spot"), backend)
@@ -219,15 +224,17 @@ def test_a_shape_no_node_pool_holds_is_refused_before_anything_exists(cluster, s
     # also selected reservation-affinity); a shared reservation of another project, none.
     found.check_capacity(spec("resv", NAMESPACE, capacity="reservation:xrun-resv"), backend)
     with pytest.raises(XrunError) as e:
-        found.check_capacity(spec("resv2", NAMESPACE, capacity="reservation:projects/other-proj/reservations/xrun-resv"),
+        found.check_capacity(spec("resv2", NAMESPACE,
+                                  capacity="reservation:projects/other-proj/reservations/xrun-resv"),
                              backend)
-    assert "(also labelled cloud.google.com/reservation-name=xrun-resv, cloud.google.com/reservation-project=other-proj)" \
-        in str(e.value), e.value
+    assert ("(also labelled cloud.google.com/reservation-name=xrun-resv, "
+            "cloud.google.com/reservation-project=other-proj)") in str(e.value), e.value
     # GPU: nodes counted across the accelerator's pools (A3 Mega has 2).
     found.check_capacity(spec("gpu", NAMESPACE, accelerator="h100-mega-80gb-8", nodes=2), backend)
     with pytest.raises(XrunError) as e:
         found.check_capacity(spec("gpu3", NAMESPACE, accelerator="h100-mega-80gb-8", nodes=3), backend)
-    assert "it needs 3 x nvidia-h100-mega-80gb node(s)" in str(e.value) and "a3mega (nvidia-h100-mega-80gb a3-megagpu-8g x2)" in str(e.value)
+    assert ("it needs 3 x nvidia-h100-mega-80gb node(s)" in str(e.value)
+            and "a3mega (nvidia-h100-mega-80gb a3-megagpu-8g x2)" in str(e.value))
 
 
 # --- GPU networks from the cluster's Network objects ----------------------------------------
@@ -307,7 +314,8 @@ def test_an_xpk_a3_mega_cluster_gives_the_pods_its_network_names(cluster, storag
     backend = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig)
     mega = lookup("h100-mega-80gb-8")
     check = doctor.check_networks(backend, mega, [])
-    assert (check.result, check.detail) == ("ok", f"eth1..eth8 attach to Networks {', '.join(nets)} (read from the cluster)")
+    assert (check.result, check.detail) == (
+        "ok", f"eth1..eth8 attach to Networks {', '.join(nets)} (read from the cluster)")
     try:
         pods = cluster.wait("the run's 2 pods", lambda: (p if len(p := cluster.pods(name)) == 2 else None), 60)
         for pod in pods:

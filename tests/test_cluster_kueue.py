@@ -74,7 +74,8 @@ def test_a_sidecar_cpu_request_is_never_admitted_by_xpks_queue(cluster, storage)
 
     st = cluster.wait("Kueue's verdict", verdict, 60)
     assert st.state == "Pending", st
-    assert re.search(r"Kueue: couldn.t assign flavors .* resource (cpu|memory) unavailable in ClusterQueue", st.message), st
+    assert re.search(r"Kueue: couldn.t assign flavors .* resource (cpu|memory) unavailable in ClusterQueue",
+                     st.message), st
     assert suspended(cluster, name)
     cluster.custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE,
                                                    "jobsets", name)
@@ -200,8 +201,9 @@ def test_restarts_are_counted_from_the_events_jobset_really_records(cluster, sto
     assert reasons & {"RestartJobSetFailurePolicyAction", "RestartingJobSet"}, reasons
     cluster.custom.delete_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", NAMESPACE,
                                                    "jobsets", name)
-    cluster.wait("JobSet gone", lambda: name not in [j["metadata"]["name"] for j in cluster.custom.list_namespaced_custom_object(
-        "jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets")["items"]], 30)
+    cluster.wait("JobSet gone", lambda: name not in [
+        j["metadata"]["name"] for j in cluster.custom.list_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", NAMESPACE, "jobsets")["items"]], 30)
     ended = KubeBackend("xrun-test", NAMESPACE, cluster.kubeconfig).ended_from_events(name)
     assert ended is not None and ended.restarts == 1, ended
 

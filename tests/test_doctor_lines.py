@@ -103,7 +103,8 @@ def test_fuse_on_a_tpu_pod_needs_its_ksa_granted_not_the_nodes(members, result):
     assert (check.name, check.result) == ("fuse-identity", result), check
     if result != "ok":
         assert ("--role=roles/storage.objectViewer --member=principal://iam.googleapis.com/projects/PROJECT_NUMBER/"
-                "locations/global/workloadIdentityPools/PROJECT_ID.svc.id.goog/subject/ns/team/sa/trainer") in check.detail
+                "locations/global/workloadIdentityPools/PROJECT_ID.svc.id.goog/subject/ns/team/sa/trainer"
+                ) in check.detail
 
 
 def test_pod_log_a_400_is_one_xrun_error_line(monkeypatch):

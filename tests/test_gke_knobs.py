@@ -41,7 +41,8 @@ def refused(**values: Any) -> str:
 def test_spot_selects_and_tolerates_gke_spot_nodes():
     pod = tmpl(render(capacity="spot"))["spec"]
     assert pod["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
-    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+            "effect": "NoSchedule"} in pod["tolerations"]
 
 
 def test_reservation_selects_the_named_reservation():
@@ -92,7 +93,8 @@ def test_multislice_required_topology_is_per_slice():
     assert pref == {"kueue.x-k8s.io/podset-preferred-topology": level}
 
 
-@pytest.mark.parametrize("accelerator", ["v6e-32", "v5p-16", "h100-80gb-8", "h100-mega-80gb-8", "h200-141gb-8", "b200-8"])
+@pytest.mark.parametrize("accelerator", ["v6e-32", "v5p-16", "h100-80gb-8", "h100-mega-80gb-8", "h200-141gb-8",
+                                         "b200-8"])
 @pytest.mark.parametrize("capacity", ["on-demand", "spot", "reservation:res-1", "flex-start",
                                       "reservation:projects/proj-b/reservations/res-2"])
 def test_every_capacity_on_every_family_is_admitted(accelerator, capacity):
@@ -126,7 +128,8 @@ def test_placement_merges_and_conflicts_name_both_sides():
         "cloud.google.com/gke-tpu-topology='4x4' (from accelerator: v6e-16, capacity: on-demand)")
     assert refused(pod_labels={"xrun.dev/run": "other"}).startswith(
         "pod_labels: xrun.dev/run='other' conflicts with xrun's xrun.dev/run='knobs'")
-    assert refused(accelerator="h100-80gb-8", pod_annotations={"networking.gke.io/default-interface": "eth1"}).startswith(
+    assert refused(accelerator="h100-80gb-8",
+                   pod_annotations={"networking.gke.io/default-interface": "eth1"}).startswith(
         "pod_annotations: networking.gke.io/default-interface='eth1' conflicts with xrun's "
         "networking.gke.io/default-interface='eth0'")
     assert refused(pod_labels={"jobset.sigs.k8s.io/job-index": "0"}).startswith(
@@ -134,15 +137,18 @@ def test_placement_merges_and_conflicts_name_both_sides():
     assert refused(node_selector={"bad key!": "x"}).startswith("node_selector: key 'bad key!':")
     assert refused(tolerations=[{"key": "a", "operator": "Exists", "value": "x"}]) == (
         "tolerations[0].value: must be empty with operator Exists")
-    assert refused(tolerations=[{"key": "a", "effect": "NoRun"}]).startswith("tolerations[0].effect: must be NoSchedule")
+    assert refused(tolerations=[{"key": "a", "effect": "NoRun"}]).startswith(
+        "tolerations[0].effect: must be NoSchedule")
 
 
 def test_priority_ladder_raw_names_and_both():
     assert tmpl(render(priority="very-high"))["spec"]["priorityClassName"] == "very-high"
     assert tmpl(render(priority="team-a-batch"))["spec"]["priorityClassName"] == "team-a-batch"
     assert tmpl(render(priority_class="legacy"))["spec"]["priorityClassName"] == "legacy"
-    assert refused(priority="high", priority_class="legacy").startswith("priority: give priority ('high') or priority_class")
-    assert refused(priority="Urgent!").startswith("priority: one of very-low, low, medium, high, very-high or a PriorityClass name")
+    assert refused(priority="high", priority_class="legacy").startswith(
+        "priority: give priority ('high') or priority_class")
+    assert refused(priority="Urgent!").startswith(
+        "priority: one of very-low, low, medium, high, very-high or a PriorityClass name")
 
 
 def test_mounts_gcs_fuse_and_pvc():
@@ -167,7 +173,8 @@ def test_mounts_gcs_fuse_and_pvc():
     assert refused(mounts=[{"bucket": "gs://x", "path": "/d"}]).startswith("mounts[0].bucket: a GCS bucket name")
     assert refused(mounts=[{"bucket": "b-1", "pvc": "c", "path": "/d"}]).startswith("mounts[0]: give exactly one of")
     assert refused(mounts=[{"pvc": "c", "path": "data"}]).startswith("mounts[0].path: an absolute path")
-    assert refused(mounts=[{"pvc": "c", "path": "/dev/shm"}]) == "mounts[0].path: /dev/shm is where xrun mounts its volume 'dshm'"
+    assert refused(mounts=[{"pvc": "c", "path": "/dev/shm"}]) == (
+        "mounts[0].path: /dev/shm is where xrun mounts its volume 'dshm'")
 
 
 def test_topology_aware_gate_only_on_gpu_and_only_as_long_as_a_qualified_name():
@@ -208,7 +215,8 @@ def test_scheduler_and_kueue_topology():
     assert "schedulerName" not in t["spec"]
     assert tmpl(render(scheduler="my-scheduler"))["spec"]["schedulerName"] == "my-scheduler"
     t = tmpl(render(queue="lq", kueue_topology="required:cloud.google.com/gce-topology-block"))
-    assert t["metadata"]["annotations"] == {"kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gce-topology-block"}
+    assert t["metadata"]["annotations"] == {
+        "kueue.x-k8s.io/podset-required-topology": "cloud.google.com/gce-topology-block"}
     assert refused(kueue_topology="preferred:kubernetes.io/hostname") == (
         "kueue_topology: needs queue (Kueue's topology-aware scheduling admits through a LocalQueue)")
     assert refused(queue="lq", kueue_topology="best:x").startswith("kueue_topology: required:<node label> or")
@@ -291,7 +299,8 @@ def test_networks_override_names_the_gpu_nics():
     assert refused(accelerator="h100-mega-80gb-8", networks=nets[:7]).startswith(
         "networks: h100-mega-80gb-8 (tcpxo) attaches 8 NICs, so name 8 Network objects (eth1..eth8), got 7")
     assert refused(networks=["a"]).startswith("networks: only for GPU shapes whose networking stack attaches NICs")
-    assert refused(accelerator="h100-mega-80gb-8", networks=[*nets[:7], nets[0]]) == f"networks: {nets[0]} is named twice"
+    assert refused(accelerator="h100-mega-80gb-8", networks=[*nets[:7], nets[0]]) == (
+        f"networks: {nets[0]} is named twice")
 
 
 def node(name: str, pool: str, labels: dict[str, str], taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
@@ -364,7 +373,8 @@ def test_tpu7x_renders_as_gke_labels_it_and_keeps_off_libtpus_port():
     coordinator leaves 8476 to libtpu (a host port under hostNetwork)."""
     obj = render(accelerator="tpu7x-16", num_slices=2)
     pod = tmpl(obj)["spec"]
-    assert {k: pod["nodeSelector"][k] for k in ("cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology",
+    assert {k: pod["nodeSelector"][k] for k in ("cloud.google.com/gke-tpu-accelerator",
+                                                  "cloud.google.com/gke-tpu-topology",
                                                   "node.kubernetes.io/instance-type")} == {
         "cloud.google.com/gke-tpu-accelerator": "tpu7x", "cloud.google.com/gke-tpu-topology": "2x2x2",
         "node.kubernetes.io/instance-type": "tpu7x-standard-4t"}

@@ -298,7 +298,8 @@ def test_command_reaches_child_unchanged(tmp_path):
     lines = (pod_dir / "output.log").read_text().splitlines()
     assert lines[0].startswith("xrun-wrapper: start host=0-0 attempt=0 argv=")
     assert json.loads(lines[0].split("argv=", 1)[1]) == ["/bin/sh", "-c", probe]
-    assert lines[-1] == "EXIT_CODE=0" and re.match(r"xrun-wrapper: end host=0-0 exit_code=0 seconds=\d+\.\d\d$", lines[-2])
+    assert (lines[-1] == "EXIT_CODE=0"
+            and re.match(r"xrun-wrapper: end host=0-0 exit_code=0 seconds=\d+\.\d\d$", lines[-2]))
     assert "\n".join(lines[1:-2]) == HARMFUL
     assert out.splitlines() == lines  # kubectl logs shows the same (tail -f of the file)
 

@@ -34,12 +34,14 @@ window.addEventListener('load', function () { setTimeout(function () {
   const box = e => { const b = e.getBoundingClientRect(); return [Math.round(b.width), Math.round(b.height)]; };
   const tables = q('table.cmp:not(.runs):not(.runset)');
   const plots = q('.plot').map(d => ({id: d.id, box: box(d), svg: d.querySelectorAll('.main-svg').length,
-    traces: (d.data || []).map(t => ({name: t.name, type: t.type, n: (t.y || []).length, kind: (t.meta || {}).kind || '',
+    traces: (d.data || []).map(t => ({name: t.name, type: t.type, n: (t.y || []).length, \
+kind: (t.meta || {}).kind || '',
                                      raw: (t.meta || {}).raw === undefined ? -1 : t.meta.raw,
                                      legend: t.showlegend !== false})),
     buttons: d.querySelectorAll('.updatemenu-button').length, legendItems: d.querySelectorAll('.legend .traces').length,
     legendRight: (() => { const l = d.querySelector('.legend'), p = d.querySelector('.nsewdrag');
-                          return l && p ? l.getBoundingClientRect().left >= p.getBoundingClientRect().right : false; })()}));
+                          return l && p ? l.getBoundingClientRect().left >= \
+p.getBoundingClientRect().right : false; })()}));
   // Hover: plotly's own hover on the first point of the first step-time series.
   const st = q('.plot').find(d => d.id.startsWith('steptime'));
   const loss0 = () => q('.plot').find(d => d.id.startsWith('loss'));
@@ -58,9 +60,11 @@ window.addEventListener('load', function () { setTimeout(function () {
   const unsmoothed = JSON.stringify(sm.y) === JSON.stringify(loss.data[sm.meta.raw].y);
   Plotly.relayout(loss, logButton);  // what the "log" button does
   document.body.setAttribute('data-probe', JSON.stringify({
-    tables: tables.map(t => ({box: box(t), rows: Array.from(t.rows).map(r => Array.from(r.cells).map(c => c.textContent))})),
+    tables: tables.map(t => ({box: box(t), \
+rows: Array.from(t.rows).map(r => Array.from(r.cells).map(c => c.textContent))})),
     plots: plots, hover: hover, hovered: hovered, hoverAll: hoverAll, logTicks: logButton['yaxis.ticktext'],
-    tickLabels: Array.from(loss.querySelectorAll('.ytick text')).map(t => t.textContent), unsmoothed: unsmoothed, logType: loss.layout.yaxis.type,
+    tickLabels: Array.from(loss.querySelectorAll('.ytick text')).map(t => t.textContent), unsmoothed: unsmoothed, \
+logType: loss.layout.yaxis.type,
     requests: performance.getEntriesByType('resource').map(e => e.name),
     warnings: q('ul.warnings li').map(li => [li.textContent, box(li)[1]]),
     verdicts: q('.verdict').map(v => v.textContent),
@@ -235,7 +239,8 @@ def test_compare_html_and_report_cli_bad_input(tmp_path):
     assert r.returncode == 2 and "CANDIDATE: no such file" in r.stderr and not out.exists()
     r = xrun("report", str(base), "-o", str(out), storage=tmp_path / "root")  # a single-run report
     assert r.returncode == 0 and "single run: no comparison" in out.read_text()
-    assert re.findall(r'<div class="plot" id="([a-z]+)-0"', out.read_text()) == ["loss", "steptime", "tokens", "goodput"]
+    assert re.findall(r'<div class="plot" id="([a-z]+)-0"', out.read_text()) == [
+        "loss", "steptime", "tokens", "goodput"]
     out.unlink()
     r = xrun("report", str(base), str(base), "-o", str(out), storage=tmp_path / "root")
     assert r.returncode == 0 and "the same run on both sides" in out.read_text()

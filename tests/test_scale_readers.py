@@ -113,15 +113,18 @@ def _pod(host: int, attempt: int, phase: str, workload_state: dict, **extra) -> 
             **extra.pop("metadata", {})}
     spec = {"volumes": [{"name": "xrun", "emptyDir": {}}], "nodeName": "n1",
             "containers": [{"name": "workload", "image": "img", "env": [
-                {"name": "XRUN_ATTEMPT_BASE", "value": "2"}, {"name": "P", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]}],
+                {"name": "XRUN_ATTEMPT_BASE", "value": "2"},
+                {"name": "P", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]}],
             **extra.pop("spec", {})}
     status = {"phase": phase, "hostIP": "10.0.0.1", "qosClass": "BestEffort",
               "conditions": [{"type": "PodScheduled", "status": "False" if phase == "Pending" else "True",
                               "reason": "Unschedulable", "message": "0/4 nodes are available", "lastProbeTime": None}],
-              "initContainerStatuses": [{"name": "xrun-init", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+              "initContainerStatuses": [{"name": "xrun-init", "image": "i", "imageID": "", "ready": False,
+                                         "restartCount": 0,
                                          "state": {"waiting": {"reason": "ErrImagePull", "message": "pull denied"}},
                                          "lastState": {}}] if host == 3 else [],
-              "containerStatuses": [{"name": "workload", "image": "img", "imageID": "", "ready": True, "restartCount": 1,
+              "containerStatuses": [{"name": "workload", "image": "img", "imageID": "", "ready": True,
+                                     "restartCount": 1,
                                      "state": workload_state, "lastState": {"terminated": {"exitCode": 1}}}],
               **extra.pop("status", {})}
     return {"kind": "Pod", "apiVersion": "v1", "metadata": meta, "spec": spec, "status": status}
@@ -156,8 +159,8 @@ def test_status_reads_the_same_of_a_lean_pod_list():
     assert all("managedFields" not in p["metadata"] and "volumes" not in p["spec"] for p in lean["items"])
     assert latest_hosts(lean["items"]) == latest_hosts(full["items"])
     assert [h.reason for h in latest_hosts(lean["items"])][2:] == [
-        "SchedulingGated", "ErrImagePull: init container xrun-init: pull denied", "Unschedulable: 0/4 nodes are available",
-        "OOMKilled"]
+        "SchedulingGated", "ErrImagePull: init container xrun-init: pull denied",
+        "Unschedulable: 0/4 nodes are available", "OOMKilled"]
     for fn in (run_attempt, container_started, restart_count):
         assert [fn(p) for p in lean["items"]] == [fn(p) for p in full["items"]]
     for restarts in (0, 1):
@@ -170,7 +173,8 @@ def test_status_reads_the_same_of_a_lean_pod_list():
 
 def test_a_followed_run_reads_the_same_of_lean_watch_events():
     """`submit --follow` decodes its pod WATCH lines keeping only the fields xrun reads
-    (state.loads_pod_event): the pods it keeps make the same hosts as the whole objects, a bookmark keeps its resourceVersion, and an ERROR's Status is read whole."""
+    (state.loads_pod_event): the pods it keeps make the same hosts as the whole objects, a
+    bookmark keeps its resourceVersion, and an ERROR's Status is read whole."""
     from orchestrator.backends.kube.state import latest_hosts, loads_pod_event, project_pod
 
     pods = [

@@ -76,8 +76,9 @@ class GCSStorage(Storage):
         try:
             return gcs_client()
         except GoogleAuthError as e:
+            why = _one_line(e).split(". ")[0].rstrip(".")[:200]
             raise StorageError(
-                f"storage: cannot reach {self.root}: no usable Google credentials ({_one_line(e).split('. ')[0].rstrip('.')[:200]}); "
+                f"storage: cannot reach {self.root}: no usable Google credentials ({why}); "
                 "run 'gcloud auth application-default login' or set GOOGLE_APPLICATION_CREDENTIALS",
                 permanent=True, why="no Google credentials", unreachable=True) from None
 

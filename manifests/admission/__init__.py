@@ -116,11 +116,13 @@ RULES: tuple[Callable[[dict[str, Any]], list[Violation]], ...] = (
     jobset_name, labels, annotation_keys, schema_enums, replicated_job_names_unique, schema_minimums,
     startup_policy_excludes_depends_on, resource_quantity_format, int32_fields,
     # JobSet validating webhook
-    feature_gates, kueue_queue_name, managed_by, network_subdomain, group_names, job_names, pod_names, replicas_times_parallelism, depends_on,
+    feature_gates, kueue_queue_name, managed_by, network_subdomain, group_names, job_names, pod_names,
+    replicas_times_parallelism, depends_on,
     success_policy_targets, failure_policy_rule_names, failure_policy_targets, failure_policy_reasons,
     coordinator, coordinator_label,
     # kube-apiserver on the child Jobs and pods
-    job_spec, pod_failure_policy, containers, container_restart_policy, env_vars, container_ports, host_network_ports, volumes,
+    job_spec, pod_failure_policy, containers, container_restart_policy, env_vars, container_ports, host_network_ports,
+    volumes,
     volume_mounts, resources, tolerations, node_selector, pod_spec_fields, scheduling_gates,
     # Kueue on a queued JobSet's Workload
     kueue_requests,

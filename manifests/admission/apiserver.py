@@ -242,8 +242,9 @@ _CR_DEFAULTER = "kubernetes-sigs/controller-runtime pkg/webhook/admission/defaul
 def int32_fields(obj: dict[str, Any]) -> list[Violation]:
     """encoding/json (Go's decode.go: UnmarshalTypeError) when JobSet's mutating webhook
     (mjobset.kb.io; controller-runtime defaulter_custom.go Handle, which answers a decode
-    error with Errored(400)) decodes the JobSet into jobset_types.go: a number outside an int32 field's range fails the decode, and the
-    webhook answers that error alone (``json: cannot unmarshal number N into Go struct field
+    error with Errored(400)) decodes the JobSet into jobset_types.go: a number outside an int32
+    field's range fails the decode, and the webhook answers that error alone (``json: cannot
+    unmarshal number N into Go struct field
     <Struct>.<json path> of type int32``), before any schema or validating rule."""
     out = []
 

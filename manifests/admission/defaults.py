@@ -25,8 +25,9 @@ def default(obj: dict[str, Any]) -> dict[str, Any]:
     Recreate, replicatedJobs[].groupName "default" and replicas 1, container ports' protocol
     TCP, empty names of env key refs; a volume without a source becomes an emptyDir (core/v1
     defaults.go SetDefaults_Volume, applied when the Job is decoded). Then the JobSet
-    mutating webhook (jobset_webhook.go: Default): successPolicy {operator: All}, startupPolicy {startupPolicyOrder: AnyOrder},
-    each Job's completionMode Indexed and pod restartPolicy OnFailure when unset, every
+    mutating webhook (jobset_webhook.go: Default): successPolicy {operator: All}, startupPolicy
+    {startupPolicyOrder: AnyOrder}, each Job's completionMode Indexed and pod restartPolicy
+    OnFailure when unset, every
     container's resources {} when absent (its answer is the object re-encoded from Go types),
     network.enableDNSHostnames and publishNotReadyAddresses true, failure policy rule names
     failurePolicyRule<i> when empty, volumeClaimPolicies retentionPolicy Delete. Job fields

@@ -49,8 +49,9 @@ def _job_rule(path: str, rule: str, message: str, func: str, cause: str = INVALI
 
 def job_spec(obj: dict[str, Any]) -> list[Violation]:
     """batch validation.go: validateJobSpec: non-negative counts, completionMode values,
-    Indexed needs completions once parallelism is set (both unset default to 1; parallelism <= 100000), restartPolicy OnFailure or Never
-    (Never when podFailurePolicy is set), podReplacementPolicy Failed with podFailurePolicy."""
+    Indexed needs completions once parallelism is set (both unset default to 1; parallelism <= 100000),
+    restartPolicy OnFailure or Never (Never when podFailurePolicy is set), podReplacementPolicy Failed with
+    podFailurePolicy."""
     out = []
     for job, base in _job_specs(obj):
         for key in ("parallelism", "completions", "activeDeadlineSeconds", "backoffLimit", "ttlSecondsAfterFinished",
@@ -80,7 +81,8 @@ def job_spec(obj: dict[str, Any]) -> list[Violation]:
         rpath = f"{base}.template.spec.restartPolicy"
         if restart in ("Always", "", None):
             out.append(_job_rule(rpath, "job-restart-policy", "a Job's pods need restartPolicy OnFailure or Never",
-                                 "validateJobSpec", REQUIRED, detail='valid values: "OnFailure", "Never"', src=K8S_BATCH))
+                                 "validateJobSpec", REQUIRED, detail='valid values: "OnFailure", "Never"',
+                                 src=K8S_BATCH))
         elif restart not in ("OnFailure", "Never"):
             out.append(_job_rule(rpath, "job-restart-policy", f"{json.dumps(restart)} is not OnFailure or Never",
                                  "validateJobSpec", NOT_SUPPORTED, restart,
@@ -120,7 +122,8 @@ def pod_failure_policy(obj: dict[str, Any]) -> list[Violation]:
             action = rule.get("action")
             if not action:
                 out.append(_job_rule(f"{path}.action", "pfp-action", "required", "validatePodFailurePolicyRule",
-                                     REQUIRED, detail='valid values: ["Count" "FailIndex" "FailJob" "Ignore"]', src=src))
+                                     REQUIRED, detail='valid values: ["Count" "FailIndex" "FailJob" "Ignore"]',
+                                     src=src))
             elif action == "FailIndex" and job.get("backoffLimitPerIndex") is None:
                 out.append(_job_rule(f"{path}.action", "pfp-action", "FailIndex needs backoffLimitPerIndex",
                                      "validatePodFailurePolicyRule", INVALID, action,
@@ -169,7 +172,8 @@ def _on_exit_codes(req: dict[str, Any], path: str, container_names: set[Any]) ->
             out.append(_job_rule(f"{vpath}[{j}]", "pfp-values", "0 is not allowed with operator In", func, INVALID, v,
                                  "must not be 0 for the In operator", src))
         if v in seen:
-            out.append(_job_rule(f"{vpath}[{j}]", "pfp-values", f"duplicate exit code {v}", func, DUPLICATE, v, "", src))
+            out.append(_job_rule(f"{vpath}[{j}]", "pfp-values", f"duplicate exit code {v}", func, DUPLICATE, v, "",
+                                 src))
         seen.add(v)
     if any(a > b for a, b in zip(values, values[1:], strict=False) if _int(a) is not None and _int(b) is not None):
         out.append(_job_rule(vpath, "pfp-values", "exit codes must be sorted ascending", func, INVALID, values,
@@ -238,8 +242,9 @@ def container_restart_policy(obj: dict[str, Any]) -> list[Violation]:
                                  f"{json.dumps(policy)} is not Always, Never or OnFailure", func, NOT_SUPPORTED,
                                  policy, 'supported values: "Always", "Never", "OnFailure"'))
         if len(rules) > 20:
-            out.append(_job_rule(f"{base}.restartPolicyRules", "container-restart-rules", f"{len(rules)} rules; at most 20",
-                                 func, TOO_MANY, len(rules), "must have at most 20 items"))
+            out.append(_job_rule(f"{base}.restartPolicyRules", "container-restart-rules",
+                                 f"{len(rules)} rules; at most 20", func, TOO_MANY, len(rules),
+                                 "must have at most 20 items"))
         for i, rule in enumerate(rules):
             rule, rpath = _dict(rule), f"{base}.restartPolicyRules[{i}]"
             action = rule.get("action", "")
@@ -279,7 +284,8 @@ def env_vars(obj: dict[str, Any]) -> list[Violation]:
                 out.append(_job_rule(f"{path}.name", "env-name", "required", "ValidateEnv", REQUIRED))
             else:
                 if any(not " " <= ch <= "~" or ch == "=" for ch in str(name)):
-                    m = "a valid environment variable name must consist only of printable ASCII characters other than '='"
+                    m = ("a valid environment variable name must consist only of printable ASCII characters "
+                         "other than '='")
                     out.append(_job_rule(f"{path}.name", "env-name", f"{json.dumps(name)} {m}", "ValidateEnv",
                                          INVALID, name, m))
             vf = env.get("valueFrom")
@@ -340,7 +346,8 @@ def container_ports(obj: dict[str, Any]) -> list[Violation]:
             if name:
                 msgs = is_valid_port_name(str(name))
                 for m in msgs:
-                    out.append(_job_rule(f"{path}.name", "port-name", f"{json.dumps(name)} {m}", func, INVALID, name, m))
+                    out.append(_job_rule(f"{path}.name", "port-name", f"{json.dumps(name)} {m}", func, INVALID,
+                                         name, m))
                 if not msgs and name in names:
                     out.append(_job_rule(f"{path}.name", "port-name-unique", f"duplicate port name {json.dumps(name)}",
                                          func, DUPLICATE, name))
@@ -357,8 +364,9 @@ def container_ports(obj: dict[str, Any]) -> list[Violation]:
                     out.append(_job_rule(f"{path}.hostPort", "port-number", f"{hp} {m}", func, INVALID, hp, m))
             proto = port.get("protocol", "TCP")
             if proto not in ("TCP", "UDP", "SCTP"):
-                out.append(_job_rule(f"{path}.protocol", "port-protocol", f"{json.dumps(proto)} is not TCP, UDP or SCTP",
-                                     func, NOT_SUPPORTED, proto, 'supported values: "SCTP", "TCP", "UDP"'))
+                out.append(_job_rule(f"{path}.protocol", "port-protocol",
+                                     f"{json.dumps(proto)} is not TCP, UDP or SCTP", func, NOT_SUPPORTED, proto,
+                                     'supported values: "SCTP", "TCP", "UDP"'))
     return out
 
 
@@ -404,7 +412,8 @@ def volumes(obj: dict[str, Any]) -> list[Violation]:
             sources = [k for k, v in vol.items() if k != "name" and v is not None]
             if len(sources) > 1:
                 out.append(_job_rule(f"{path}.{sources[1]}", "volume-source", "may not specify more than 1 volume type",
-                                     "validateVolumeSource", FORBIDDEN, detail="may not specify more than 1 volume type"))
+                                     "validateVolumeSource", FORBIDDEN,
+                                     detail="may not specify more than 1 volume type"))
     return out
 
 
@@ -454,7 +463,8 @@ def _resource_name(name: str, path: str) -> list[Violation]:
     hugepages = name.startswith("hugepages-")
     if not out and "/" not in name and name not in _STANDARD_RESOURCES and not hugepages:
         out.append(_job_rule(path, "resource-name", f"{json.dumps(name)} is not a standard resource",
-                             "validateResourceName", INVALID, name, "must be a standard resource type or fully qualified"))
+                             "validateResourceName", INVALID, name,
+                             "must be a standard resource type or fully qualified"))
     if "/" not in name:
         if name not in _STANDARD_CONTAINER_RESOURCES and not hugepages:
             out.append(_job_rule(path, "container-resource-name", f"{json.dumps(name)} is not a resource containers "
@@ -528,16 +538,19 @@ def tolerations(obj: dict[str, Any]) -> list[Violation]:
     for pod, base in _pod_specs(obj):
         for i, tol in enumerate(_list(pod.get("tolerations"))):
             tol, path = _dict(tol), f"{base}.tolerations[{i}]"
-            key, op, value, effect = tol.get("key", ""), tol.get("operator", ""), tol.get("value", ""), tol.get("effect", "")
+            key, op = tol.get("key", ""), tol.get("operator", "")
+            value, effect = tol.get("value", ""), tol.get("effect", "")
             for m in is_qualified_name(str(key)) if key else []:
                 out.append(_job_rule(f"{path}.key", "toleration-key", f"{json.dumps(key)} {m}", func, INVALID, key, m))
             if not key and op != "Exists":
-                out.append(_job_rule(f"{path}.operator", "toleration-operator", "must be Exists when key is empty", func,
-                                     INVALID, op, "operator must be Exists when `key` is empty, which means \"match all "
+                out.append(_job_rule(f"{path}.operator", "toleration-operator", "must be Exists when key is empty",
+                                     func, INVALID, op,
+                                     "operator must be Exists when `key` is empty, which means \"match all "
                                      "values and all keys\""))
             if "tolerationSeconds" in tol and effect != "NoExecute":
                 out.append(_job_rule(f"{path}.effect", "toleration-effect", "must be NoExecute with tolerationSeconds",
-                                     func, INVALID, effect, "effect must be 'NoExecute' when `tolerationSeconds` is set"))
+                                     func, INVALID, effect,
+                                     "effect must be 'NoExecute' when `tolerationSeconds` is set"))
             if op in ("Equal", ""):
                 for m in is_valid_label_value(str(value)):
                     out.append(_job_rule(f"{path}.operator", "toleration-value", f"value {json.dumps(value)} {m}", func,
@@ -548,8 +561,9 @@ def tolerations(obj: dict[str, Any]) -> list[Violation]:
                                          f"value {json.dumps(value)} must be empty with operator Exists", func, INVALID,
                                          tol, "value must be empty when `operator` is 'Exists'"))
             else:
-                out.append(_job_rule(f"{path}.operator", "toleration-operator", f"{json.dumps(op)} is not Equal or Exists",
-                                     func, NOT_SUPPORTED, op, 'supported values: "Equal", "Exists"'))
+                out.append(_job_rule(f"{path}.operator", "toleration-operator",
+                                     f"{json.dumps(op)} is not Equal or Exists", func, NOT_SUPPORTED, op,
+                                     'supported values: "Equal", "Exists"'))
             if effect and effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
                 out.append(_job_rule(f"{path}.effect", "toleration-effect",
                                      f"{json.dumps(effect)} is not NoSchedule, PreferNoSchedule or NoExecute",
@@ -589,7 +603,8 @@ def pod_spec_fields(obj: dict[str, Any]) -> list[Violation]:
         dns = pod.get("dnsPolicy")
         allowed = ("ClusterFirstWithHostNet", "ClusterFirst", "Default", "None")
         if dns and dns not in allowed:
-            out.append(_job_rule(f"{base}.dnsPolicy", "dns-policy", f"{json.dumps(dns)} is not one of {', '.join(allowed)}",
+            out.append(_job_rule(f"{base}.dnsPolicy", "dns-policy",
+                                 f"{json.dumps(dns)} is not one of {', '.join(allowed)}",
                                  "validateDNSPolicy", NOT_SUPPORTED, dns,
                                  "supported values: " + ", ".join(json.dumps(a) for a in allowed)))
     return out

@@ -46,7 +46,8 @@ class ChangePoint:
         prev, cur = self.previous, self.night
         return (f"{METRIC_LABELS.get(metric, metric)} changed {self.delta_pct:+.1f}% on the night of "
                 f"{cur.date} ({cur.nightly}): between commit {short_commit(prev.commit) or '?'} ({prev.nightly}) and "
-                f"{short_commit(cur.commit) or '?'} (Mann-Whitney p={self.p_value:.3f}, n={self.n_before}/{self.n_after} runs)")
+                f"{short_commit(cur.commit) or '?'} (Mann-Whitney p={self.p_value:.3f}, "
+                f"n={self.n_before}/{self.n_after} runs)")
 
 
 def nights(records: list[dict[str, Any]], branch: str, metric: str, config: str | None = None,

@@ -38,7 +38,8 @@ MAX_EVENTS = 200  # checkpoint markers per run
 DEFAULT_SMOOTHING = 0.6
 
 CSS = """
-body{font-family:-apple-system,"Segoe UI",Roboto,"DejaVu Sans",Arial,sans-serif;margin:24px;color:#1b1b1b;background:#fff;max-width:1200px}
+body{font-family:-apple-system,"Segoe UI",Roboto,"DejaVu Sans",Arial,sans-serif;margin:24px;\
+color:#1b1b1b;background:#fff;max-width:1200px}
 h1{font-size:1.5em;margin:0 0 4px}h2{font-size:1.2em;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 h3{font-size:1.05em;margin:18px 0 6px}.meta{color:#555;font-size:.9em;margin:0 0 12px}
 table.cmp{border-collapse:collapse;font-size:.9em;margin:8px 0}
@@ -53,7 +54,8 @@ ul.warnings li{margin:2px 0}ul.notes{color:#333;font-size:.88em}
 .verdict.warn{background:#fff4e0;color:#8a5300}
 figure{margin:12px 0}figcaption{font-size:.85em;color:#444;margin-top:2px}
 svg.chart{background:#fff;border:1px solid #e0e0e0}svg text{font-size:11px;fill:#333}
-.runs td{font-size:.85em}\n.plot{width:100%}.controls{font-size:.85em;color:#333;margin:4px 0}\n.chartrow{display:flex;gap:8px}.chartrow>.plot{flex:1}
+.runs td{font-size:.85em}\n.plot{width:100%}.controls{font-size:.85em;color:#333;margin:4px 0}\n\
+.chartrow{display:flex;gap:8px}.chartrow>.plot{flex:1}
 """
 
 # Smoothing as TensorBoard does it (tensorboard/webapp/widgets/line_chart_v2/lib/
@@ -397,8 +399,9 @@ def trend_html(trend: dict[str, Any], key: str, caption: bool = True) -> str:
     for cp in trend["change_points"]:
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": cp["nightly"], "x1": cp["nightly"],
                        "y0": 0, "y1": 1, "line": {"dash": "dash", "color": "#b00020", "width": 1.5}})
+        span = f"{short_commit(cp['before_commit'])} → {short_commit(cp['after_commit'])}"
         notes.append({"x": cp["nightly"], "y": 1, "yref": "paper", "showarrow": False, "yanchor": "bottom",
-                      "text": esc(f"{cp['delta_pct']:+.1f}% ({short_commit(cp['before_commit'])} → {short_commit(cp['after_commit'])})"),
+                      "text": esc(f"{cp['delta_pct']:+.1f}% ({span})"),
                       "font": {"color": "#b00020"}})
     return ("<figure>" + _plot(f"trend-{key}", data, {
         "title": {"text": esc(f"{trend['label']} over nights ({trend['config']})")},

@@ -144,7 +144,8 @@ def check_jobset_controller(backend: KubeBackend) -> Check:
         if e.exit_code == 1 and "forbidden" in str(e):
             return Check("jobset-controller", WARN, f"RBAC forbids reading Deployment {ns}/{name}, so its version is "
                                                     f"unchecked (needs get on deployments.apps in {ns}); xrun needs "
-                                                    f"JobSet >= {_release(JOBSET_MIN)}, targets {_release(JOBSET_TARGET)}")
+                                                    f"JobSet >= {_release(JOBSET_MIN)}, "
+                                                    f"targets {_release(JOBSET_TARGET)}")
         return Check("jobset-controller", FAIL, str(e), e.exit_code)
     if dep is not None:
         return _controller_deployment(dep)
@@ -350,7 +351,8 @@ def _probe_verdict(backend: KubeBackend, spec: RunSpec, pod: dict[str, Any], whe
     if result is None:
         tail = " | ".join(text.strip().splitlines()[-3:])[:300]
         return Check("pod-storage", FAIL, f"probe pod {pod_name} ended {pod['status'].get('phase')} without a "
-                                          f"result (is {xrun_image_of(spec)} an image with xrun's workload package, or a python3 >= 3.12?): {tail}", 1)
+                                          f"result (is {xrun_image_of(spec)} an image with xrun's workload package, "
+                                          f"or a python3 >= 3.12?): {tail}", 1)
     account, scopes = result.get("account", "unknown"), result.get("scopes") or []
     who = f"as {account}" if account != "unknown" else "as the pod's identity"
     if result.get("ok"):
@@ -358,7 +360,8 @@ def _probe_verdict(backend: KubeBackend, spec: RunSpec, pod: dict[str, Any], whe
     fixes = []
     if pod_spec(spec).host_network:  # TPU pods; GPU pods whose stack attaches NICs by annotation do not
         fixes.append("these pods use hostNetwork, where GKE Workload Identity does not apply"
-                     + (f" (service_account {spec.service_account!r} does not grant GCS)" if spec.service_account else "")
+                     + (f" (service_account {spec.service_account!r} does not grant GCS)"
+                        if spec.service_account else "")
                      + ": GCS sees the node pool's service account")
     if scopes and not any(s in GCS_SCOPES for s in scopes):
         fixes.append(f"the node pool's scopes ({', '.join(scopes)}) exclude GCS writes: recreate it with "
@@ -409,7 +412,8 @@ def check_queue(backend: KubeBackend, queue: str) -> Check:
     if active is not None and active.get("status") == "False":
         return Check("kueue", FAIL, f"{where} is not active ({active.get('reason', '?')}: "
                                     f"{active.get('message', '')}), so Kueue would never admit the run", 1)
-    return Check("kueue", OK, f"LocalQueue {backend.namespace}/{queue} exists (ClusterQueue {cq}, {KUEUE_GROUP}/{version})"
+    return Check("kueue", OK, f"LocalQueue {backend.namespace}/{queue} exists "
+                              f"(ClusterQueue {cq}, {KUEUE_GROUP}/{version})"
                               + ("; Kueue reports it active" if active is not None else ""))
 
 
@@ -423,7 +427,8 @@ def check_found_queue(backend: KubeBackend) -> Check:
         return Check("kueue", FAIL, str(e), e.exit_code)
     ns = backend.namespace
     if kind == "one":
-        return Check("kueue", OK, f"no queue named: submit uses LocalQueue {ns}/{queue}, the only one in namespace {ns}")
+        return Check("kueue", OK, f"no queue named: submit uses LocalQueue {ns}/{queue}, "
+                                  f"the only one in namespace {ns}")
     if kind == "several":  # submit refuses this (services.cluster.resolve_queue): exit 2
         return Check("kueue", FAIL, f"no queue named and namespace {ns} has several LocalQueues ({detail}): "
                                     f"submit refuses to guess; name one with --queue NAME (or --queue {QUEUE_NONE})", 1)
@@ -476,7 +481,8 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int, capacity: str =
         return Check("nodes", FAIL, str(e), e.exit_code)
     ready = sum(
         1 for n in list(nodes)
-        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in (n.get("status") or {}).get("conditions") or [])
+        if any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (n.get("status") or {}).get("conditions") or [])
     )
     have = f"{len(nodes)} node(s) labelled {selector} ({ready} Ready); {shape.name} needs {needed}"
     if len(nodes) >= needed:
@@ -491,7 +497,8 @@ def check_nodes(backend: KubeBackend, shape: Shape, needed: int, capacity: str =
     if autoscaler is not None:
         return Check("nodes", WARN, f"{have}; the cluster autoscaler is on ({'/'.join(AUTOSCALER_STATUS)}), so an "
                                     "autoscaling node pool with these labels can add them (node pools are not "
-                                    "visible through the Kubernetes API: check yours has this accelerator and topology)")
+                                    "visible through the Kubernetes API: check yours has this accelerator and "
+                                    "topology)")
     what = f"topology {shape.topology}" if shape.topology else "accelerator"
     return Check("nodes", FAIL, f"{have}, and no cluster autoscaler: create a node pool with "
                                 f"{shape.gke_accelerator} {what} and {needed} nodes", 1)
@@ -553,7 +560,8 @@ def check_storage(root: str, for_cluster: bool = True) -> Check:
         back = storage.read_bytes(key)
         storage.delete_prefix(folder)
     except Exception as e:  # noqa: BLE001 - any client error means the root is unusable
-        return Check("storage", FAIL, f"storage root {root} not writable: {type(e).__name__}: {' '.join(str(e).split())[:200]}", 3)
+        why = " ".join(str(e).split())[:200]
+        return Check("storage", FAIL, f"storage root {root} not writable: {type(e).__name__}: {why}", 3)
     if back != payload:
         return Check("storage", FAIL, f"storage root {root}: wrote a probe object but read back something else", 3)
     return Check("storage", OK, f"storage root {storage.url()} writable")
@@ -754,7 +762,8 @@ def inputs(run_file: str | None, flags: dict[str, Any]) -> DoctorInputs:
         from manifests.spec import DEFAULT_XRUN_PYTHON_IMAGE, FIELDS, build_spec
 
         file_values = {k: v for k, v in data.items() if k in FIELDS} if run_file else {}
-        overrides = {k: v for k, v in {**values, "image": image or file_values.get("image") or DEFAULT_XRUN_PYTHON_IMAGE,
+        chosen_image = image or file_values.get("image") or DEFAULT_XRUN_PYTHON_IMAGE
+        overrides = {k: v for k, v in {**values, "image": chosen_image,
                                        "service_account": flags.get("service_account")}.items()
                      if k in FIELDS and v is not None}
         overrides.setdefault("name", file_values.get("name") or "probe")

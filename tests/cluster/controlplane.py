@@ -568,7 +568,8 @@ class Supervisor:
             f"--audit-policy-file={audit_policy}", f"--audit-log-path={self.logs / 'audit.log'}",
             "--audit-log-maxsize=200", "--audit-log-maxbackup=1"])
         api = Api(p["apiserver"], pki)
-        self.wait_for("kube-apiserver /readyz", lambda: api.request("GET", "/readyz", timeout=3)[0] == 200 or "not ready", 90)
+        self.wait_for("kube-apiserver /readyz",
+                      lambda: api.request("GET", "/readyz", timeout=3)[0] == 200 or "not ready", 90)
         kubeconfig = self.root / "kubeconfig"
         write_kubeconfig(kubeconfig, p["apiserver"], pki)
         kenv = {"KUBECONFIG": str(kubeconfig)}
@@ -649,7 +650,8 @@ class Supervisor:
         api.apply_all(kueue_queues())
         self.wait_for("JobSet's webhooks", lambda: _admitted(api, _probe_jobset()), 90)
         self.wait_for("the default service account",
-                      lambda: api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200, 60)
+                      lambda: api.request("GET", f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/default")[0] == 200,
+                      60)
 
     def stop(self) -> None:
         """SIGTERM to every component, SIGKILL to one still there 10 s later; etcd only once

@@ -259,7 +259,8 @@ class KubeBackend:
 
     def unreachable(self, e: BaseException) -> XrunError:
         reason = getattr(e, "reason", None) or e
-        return ApiUnavailable(f"cannot reach the Kubernetes API at {self._where()}: {one_line(str(reason), 200)}", EXIT_UNREACHABLE)
+        return ApiUnavailable(f"cannot reach the Kubernetes API at {self._where()}: {one_line(str(reason), 200)}",
+                              EXIT_UNREACHABLE)
 
     def api_error(self, e: Any, verb: str, resource: str, name: str = "") -> XrunError:
         """Map an ApiException to the one-line message and exit code of the module docstring."""
@@ -287,12 +288,14 @@ class KubeBackend:
                 return XrunError(f"namespace {ns!r} does not exist in context {self.context_name or '?'}", EXIT_FAILED)
             if resource == JOBSET_CRD and not details.get("name"):
                 return XrunError(
-                    f"JobSet CRD not installed: {API_VERSION} {PLURAL} is not served by {self._where()}; {INSTALL_HINT}", EXIT_FAILED)
+                    f"JobSet CRD not installed: {API_VERSION} {PLURAL} is not served by {self._where()}; "
+                    f"{INSTALL_HINT}", EXIT_FAILED)
             return XrunError(f"{what} not found in namespace '{ns}': {msg}", EXIT_FAILED)
         if e.status == 409:
             return XrunError(f"{what} already exists in namespace '{ns}'; use --replace or another name", EXIT_FAILED)
         if e.status in (400, 422):
-            return XrunError(f"{what} rejected by the cluster ({e.status} {status_obj.get('reason') or e.reason}): {msg}", EXIT_FAILED)
+            return XrunError(f"{what} rejected by the cluster ({e.status} {status_obj.get('reason') or e.reason}): "
+                             f"{msg}", EXIT_FAILED)
         if e.status == 500 and "failed calling webhook" in msg:
             # The API answered; an admission webhook it must call (failurePolicy Fail) did not:
             # its controller is down or unreachable. Nothing of this kind can be created.
@@ -531,7 +534,8 @@ class KubeBackend:
                 if time.monotonic() > deadline:
                     left = ", ".join(sorted(p["metadata"]["name"] for p in pods)) or "the JobSet itself"
                     raise XrunError(
-                        f"JobSet {name!r} deleted but still present after {self.delete_timeout_seconds:.0f} s: {left}", EXIT_FAILED)
+                        f"JobSet {name!r} deleted but still present after {self.delete_timeout_seconds:.0f} s: "
+                        f"{left}", EXIT_FAILED)
                 time.sleep(self.poll_seconds)
         return True
 
@@ -651,7 +655,8 @@ class KubeBackend:
         from kubernetes import client
 
         api = client.SchedulingV1Api(self.api_client)
-        return (self.call("list", "priorityclasses.scheduling.k8s.io", api.list_priority_class) or {}).get("items") or []
+        found = self.call("list", "priorityclasses.scheduling.k8s.io", api.list_priority_class) or {}
+        return found.get("items") or []
 
     def dry_run_jobset(self, manifest: dict[str, Any]) -> dict[str, Any]:
         """Create the JobSet with dryRun=All: every admission webhook runs, nothing is stored;

@@ -245,7 +245,8 @@ class _LogSession:
                         if etype == "ERROR":
                             if obj.get("code") == 410:
                                 raise _Expired
-                            raise XrunError(f"watching pods of {self.name}: {one_line(obj.get('message', ''))}", EXIT_FAILED)
+                            raise XrunError(f"watching pods of {self.name}: {one_line(obj.get('message', ''))}",
+                                            EXIT_FAILED)
                         rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                         if etype in ("ADDED", "MODIFIED"):
                             self.consider(obj)

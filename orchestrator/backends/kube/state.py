@@ -483,7 +483,8 @@ def summarize_events(events: list[dict[str, Any]], jobset_name: str, pod_names: 
         if (name == jobset_name or name in pod_names or name.startswith(f"jobset-{jobset_name}-")
                 or (obj.get("kind") == "Job" and name in job_names)):
             when = ev.get("lastTimestamp") or ev.get("eventTime") or (ev.get("metadata") or {}).get("creationTimestamp")
-            mine.append((when or "", obj.get("kind", ""), name, ev.get("reason", ""), one_line(ev.get("message", ""), 200)))
+            mine.append((when or "", obj.get("kind", ""), name, ev.get("reason", ""),
+                         one_line(ev.get("message", ""), 200)))
     mine.sort(key=lambda e: e[0])
     grouped: dict[tuple[str, str], list[tuple]] = {}
     for e in mine:
@@ -491,7 +492,8 @@ def summarize_events(events: list[dict[str, Any]], jobset_name: str, pod_names: 
     lines = []
     for (reason, message), items in sorted(grouped.items(), key=lambda kv: kv[1][-1][0]):
         kind, name = items[-1][1], items[-1][2]
-        who = f"{len({i[2] for i in items})} pods" if kind == "Pod" and len({i[2] for i in items}) > 1 else f"{kind.lower()}/{name}"
+        n_pods = len({i[2] for i in items})
+        who = f"{n_pods} pods" if kind == "Pod" and n_pods > 1 else f"{kind.lower()}/{name}"
         lines.append(f"{reason} ({who}): {message}")
     return lines[-MAX_EVENTS:]
 
