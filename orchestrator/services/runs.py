@@ -10,6 +10,7 @@ pods, the processes or the JobSet are gone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import json
 import os
@@ -472,8 +473,12 @@ def resume(storage_root: str, name: str, spec: RunSpec | None = None,
     if spec is None:
         from manifests.spec import build_spec
 
-        stored = {k: v for k, v in run["spec"].items() if k != "workdir"}  # the archive is by sha
+        # The archive is by sha; the root is the one named now (a moved or copied root: its
+        # pods must write here, never recreate the root the run was first submitted to).
+        stored = {k: v for k, v in run["spec"].items() if k not in ("workdir", "storage")}
         spec = build_spec(stored, {}, storage_default=storage.root)
+    elif spec.storage != storage.root:
+        spec = dataclasses.replace(spec, storage=storage.root)
     if spec.backend_name != recorded:
         raise XrunError(f"--resume: run {name!r} ran on the {recorded} backend, not {spec.backend_name}; "
                         "resume it where it ran")
@@ -493,6 +498,7 @@ def resume(storage_root: str, name: str, spec: RunSpec | None = None,
         code.check_uploaded(storage, spec.code_sha256)
     now = time.time()
     record = {**run, "spec": spec.to_dict(), "backend": spec.backend_name, "context": spec.context,
+              "storage": storage.root,
               "namespace": spec.namespace or run.get("namespace", ""),
               "resumed": [*(run.get("resumed") or []), {"time": now, "attempt": base}]}
     if packed is not None:

@@ -1,0 +1,97 @@
+"""Reliability round 5 (issue #53): a resume stays in the root it is given and follows its
+own attempt, resuming is exclusive per name, gc never guesses, and the hostile inputs of
+the round end in one line.
+
+In-process (``orchestrator.cli.main``) with the local backend's process start replaced by
+a recorder wherever the process itself is not what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.backends.local import backend as local_backend
+from orchestrator.cli import main
+from xrun_contract import Env, Layout
+from xrun_contract.storage import open_storage
+
+COMMAND = "python3 -m workload.train --preset tiny steps=8"
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def _stored_run(root: Path, name: str, state: str = "Succeeded", **spec: Any) -> dict[str, Any]:
+    """An ended local run as storage holds it (run.json, state.json), without running it."""
+    from manifests.spec import build_spec
+
+    s = build_spec({"name": name, "accelerator": "cpu-2", "image": "img", "command": COMMAND,
+                    "storage": str(root), **spec}, {})
+    st = open_storage(str(root))
+    run = {"name": name, "spec": s.to_dict(), "submitted_at": time.time() - 60, "backend": "local",
+           "context": "", "namespace": "", "storage": str(root)}
+    st.write_json(Layout.run_json(name), run)
+    st.write_json(Layout.state(name), {"backend": "local", "state": state, "restarts": 0,
+                                       "supervisor_pid": 0, "transitions": [
+                                           {"time": time.time(), "state": state, "reason": ""}]})
+    return run
+
+
+class _Recorder:
+    """LocalBackend.submit without a supervisor: what it was given, and where."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, backend: Any, manifest: dict[str, Any], *, replace: bool = False) -> None:
+        self.calls.append((backend.storage_root, manifest))
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> _Recorder:
+    rec = _Recorder()
+    def submit(backend: Any, manifest: dict[str, Any], *, replace: bool = False) -> None:
+        rec(backend, manifest, replace=replace)
+
+    monkeypatch.setattr(local_backend.LocalBackend, "submit", submit)
+    monkeypatch.delenv(Env.STORAGE, raising=False)
+    return rec
+
+
+def _pod_env(manifest: dict[str, Any]) -> list[dict[str, str]]:
+    out = []
+    for rj in manifest["spec"]["replicatedJobs"]:
+        pod = rj["template"]["spec"]["template"]["spec"]
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            out += [e for e in c.get("env") or [] if e.get("name") == Env.STORAGE]
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# 1. A resumed run writes into the root the user names
+
+
+def test_resume_of_a_moved_root_writes_into_the_named_root(tmp_path, capsys, recorded):
+    a, b = tmp_path / "A", tmp_path / "B"
+    _stored_run(a, "rs")
+    shutil.move(str(a), str(b))
+    rc, _, err = _cli(capsys, "submit", "--resume", "rs", "--storage", str(b), "--detach")
+    assert rc == 0, err
+    (root, manifest), = recorded.calls
+    assert root == str(b)
+    envs = _pod_env(manifest)
+    assert envs and all(e["value"] == str(b) for e in envs), envs
+    run = json.loads((b / Layout.run_json("rs")).read_text())
+    assert run["storage"] == str(b) and run["spec"]["storage"] == str(b)
+    assert str(a) not in (b / Layout.manifest("rs")).read_text()
+    assert not a.exists()
