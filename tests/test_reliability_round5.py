@@ -95,3 +95,36 @@ def test_resume_of_a_moved_root_writes_into_the_named_root(tmp_path, capsys, rec
     assert run["storage"] == str(b) and run["spec"]["storage"] == str(b)
     assert str(a) not in (b / Layout.manifest("rs")).read_text()
     assert not a.exists()
+
+
+# ---------------------------------------------------------------------------------------
+# 2. A followed resume follows the new attempt
+
+
+@pytest.fixture
+def started():
+    """(root, name) of every run a test started: none of its processes outlives the test."""
+    from orchestrator.backends.local.backend import run_processes, stop_processes
+
+    runs: list[tuple[Path, str]] = []
+    yield runs
+    for root, name in runs:
+        pids = run_processes(str(root), name)
+        if pids:
+            stop_processes(pids, 2.0)
+
+
+def test_followed_resume_follows_the_new_attempt_not_the_last_end(tmp_path, capsys, monkeypatch, started):
+    monkeypatch.delenv(Env.STORAGE, raising=False)
+    root = tmp_path / "store"
+    started.append((root, "fol"))
+    # Failed before; the resumed attempt succeeds after a second: a follow that printed the
+    # stored end would exit 1 at once.
+    _stored_run(root, "fol", state="Failed", command="sleep 1")
+    t0 = time.monotonic()
+    rc, _, err = _cli(capsys, "submit", "--resume", "fol", "--storage", str(root))
+    assert rc == 0, err
+    assert time.monotonic() - t0 >= 1.0
+    state = json.loads((root / Layout.state("fol")).read_text())
+    assert state["state"] == "Succeeded" and state["attempt"] >= 1, state
+    assert "run fol: Succeeded" in err and "Failed" not in err, err
