@@ -128,3 +128,76 @@ def test_followed_resume_follows_the_new_attempt_not_the_last_end(tmp_path, caps
     state = json.loads((root / Layout.state("fol")).read_text())
     assert state["state"] == "Succeeded" and state["attempt"] >= 1, state
     assert "run fol: Succeeded" in err and "Failed" not in err, err
+
+
+# ---------------------------------------------------------------------------------------
+# 3. Resuming is exclusive per name; wait says no end while the run's processes live
+
+
+def test_two_concurrent_resumes_start_one(tmp_path, capsys, recorded, monkeypatch):
+    """The second resume arrives while the first is between its checks and its start."""
+    import threading
+
+    from orchestrator.services import runs
+
+    root = tmp_path / "store"
+    _stored_run(root, "ex")
+    inside, release = threading.Event(), threading.Event()
+    real = runs._check_over
+
+    def slow_check(storage: Any, name: str, backend: Any) -> None:
+        real(storage, name, backend)
+        inside.set()
+        release.wait(10)
+
+    monkeypatch.setattr(runs, "_check_over", slow_check)
+    out: dict[str, Any] = {}
+    first = threading.Thread(target=lambda: out.setdefault("sub", runs.resume(str(root), "ex")))
+    first.start()
+    assert inside.wait(10)
+    rc, _, err = _cli(capsys, "submit", "--resume", "ex", "--storage", str(root), "--detach")
+    release.set()
+    first.join(10)
+    assert rc == 2 and "another resume of run 'ex' is under way" in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert len(recorded.calls) == 1 and "sub" in out
+    assert not (root / Layout.resume_lock("ex")).exists()  # released once started
+    run = json.loads((root / Layout.run_json("ex")).read_text())
+    assert len(run["resumed"]) == 1
+
+
+def test_a_resume_lock_left_by_a_dead_resume_is_taken_over(tmp_path, capsys, recorded):
+    import subprocess
+
+    root = tmp_path / "store"
+    _stored_run(root, "stale")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    import socket
+
+    (root / Layout.resume_lock("stale")).write_text(json.dumps(
+        {"pid": gone.pid, "host": socket.gethostname(), "time": time.time()}))
+    rc, _, err = _cli(capsys, "submit", "--resume", "stale", "--storage", str(root), "--detach")
+    assert rc == 0, err
+    assert len(recorded.calls) == 1
+
+
+def test_wait_does_not_say_succeeded_while_processes_of_the_run_live(tmp_path, capsys, monkeypatch):
+    import os
+    import subprocess
+
+    monkeypatch.delenv(Env.STORAGE, raising=False)
+    root = tmp_path / "store"
+    _stored_run(root, "lw")
+    # A pod process of the run (its environ names the run and the root), outliving the record.
+    env = {**os.environ, Env.RUN_NAME: "lw", Env.STORAGE: str(root)}
+    pod = subprocess.Popen(["sleep", "30"], env=env)
+    try:
+        rc, _, err = _cli(capsys, "wait", "lw", "--storage", str(root), "--timeout", "1.5")
+        assert rc == 124, err
+        assert "recorded Succeeded, but 1 process(es) of it still live" in err, err
+    finally:
+        pod.kill()
+        pod.wait()
+    rc, _, err = _cli(capsys, "wait", "lw", "--storage", str(root), "--timeout", "5")
+    assert rc == 0 and "lw: Succeeded" in err, err

@@ -16,8 +16,9 @@ import json
 import os
 import re
 import shlex
+import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -485,6 +486,13 @@ def resume(storage_root: str, name: str, spec: RunSpec | None = None,
     spec, packed = code.prepare(spec, pack)
     backend = backend_of(storage, name, spec.context if recorded == "kube" else None,
                          spec.namespace or None)
+    with _resuming(storage, name):
+        return _resume(storage, name, run, spec, packed, backend)
+
+
+def _resume(storage: Storage, name: str, run: dict[str, Any], spec: RunSpec, packed: Packed | None,
+            backend: Backend) -> Submitted:
+    """:func:`resume`'s steps, under the run's resume lock."""
     _check_over(storage, name, backend)
     base = _next_attempt(storage, name, run)
     manifest = with_attempt_base(render_for_submit(spec), base)
@@ -516,6 +524,54 @@ def resume(storage_root: str, name: str, spec: RunSpec | None = None,
         raise XrunError(f"storage: cannot write to {storage.root}: {e}", EXIT_UNREACHABLE) from None
     backend.submit(manifest, replace=True)  # a cluster's ended JobSet of this name goes first
     return Submitted(spec, manifest, storage, backend, packed, False)
+
+
+RESUME_LOCK_STALE_S = 900.0  # a resume lock this old was left by a resume that died
+
+
+@contextlib.contextmanager
+def _resuming(storage: Storage, name: str) -> Iterator[None]:
+    """Resuming is exclusive per name, as submitting is: a lock object created exclusively
+    (O_EXCL locally, ifGenerationMatch=0 on GCS) from before the run is checked to be over
+    until its new attempt is started (the backend then says it is live), so of two
+    concurrent resumes one starts and the other is refused. A lock left by a resume that
+    died (its process gone on this machine, or older than RESUME_LOCK_STALE_S) is taken over."""
+    key = Layout.resume_lock(name)
+    mine = {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time(), "id": writer_id()}
+    data = json.dumps(mine).encode()
+    if not _create(storage, key, data):
+        held, _ = _read_record(storage, key)
+        if not _stale_lock(held or {}):
+            held = held or {}
+            since = time.time() - held["time"] if isinstance(held.get("time"), int | float) else None
+            who = (f" (pid {held.get('pid')} on {held.get('host')}"
+                   + (f", {since:.0f}s ago" if since is not None else "") + ")") if held.get("pid") else ""
+            raise XrunError(f"--resume: another resume of run {name!r} is under way{who}; "
+                            f"see 'xrun status {name}' once it has started")
+        with contextlib.suppress(XrunError):
+            storage.delete_object(key)
+        if not _create(storage, key, data):
+            raise XrunError(f"--resume: another resume of run {name!r} is under way; "
+                            f"see 'xrun status {name}' once it has started")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            storage.delete_object(key)
+
+
+def _stale_lock(held: dict[str, Any]) -> bool:
+    """Whether a resume lock was left by a resume that is gone: its process, when it ran on
+    this machine, or its age; an unreadable lock counts by age alone (here: stale)."""
+    at = held.get("time")
+    if not isinstance(at, int | float) or time.time() - at > RESUME_LOCK_STALE_S:
+        return True
+    pid = held.get("pid")
+    if held.get("host") == socket.gethostname() and isinstance(pid, int) and not isinstance(pid, bool):
+        from orchestrator.backends.local.backend import _pid_alive
+
+        return not _pid_alive(pid)
+    return False
 
 
 def _check_over(storage: Storage, name: str, backend: Backend) -> None:
@@ -741,6 +797,8 @@ def wait(storage: Storage, name: str, timeout_s: float | None = None, context: s
     reader = StoredRun(storage, name)
     metrics_at = -float("inf")
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    procs = getattr(backend, "live_processes", None)
+    lingering = False  # said once: the run ended, but processes of it still live
     while True:
         live = observe(storage, name, backend, warn)
         due = time.monotonic() - metrics_at >= metrics_every
@@ -754,9 +812,14 @@ def wait(storage: Storage, name: str, timeout_s: float | None = None, context: s
                     raise
                 # the backend still knows the state; the stall check waits for storage
         state = live.state if live is not None else (rec.state if rec is not None else "") or ""
-        if is_terminal(state):
+        pids = procs(name) if procs is not None and is_terminal(state) else []
+        if is_terminal(state) and not pids:
             return WaitOutcome(state)
-        found = None if rec is None or not due else stall(
+        if pids and not lingering and warn:
+            lingering = True  # the end is not said while any process of the run lives
+            warn(f"run {name} is recorded {state}, but {len(pids)} process(es) of it still live "
+                 f"(pids {', '.join(map(str, pids[:8]))}); waiting for them to end ('xrun delete {name}' stops them)")
+        found = None if pids or rec is None or not due else stall(
             rec, state, live.restarts if live is not None else rec.restarts, time.time(), floor)
         if found is not None:
             return WaitOutcome(STALLED, found)
