@@ -201,3 +201,65 @@ def test_wait_does_not_say_succeeded_while_processes_of_the_run_live(tmp_path, c
         pod.wait()
     rc, _, err = _cli(capsys, "wait", "lw", "--storage", str(root), "--timeout", "5")
     assert rc == 0 and "lw: Succeeded" in err, err
+
+
+# ---------------------------------------------------------------------------------------
+# 4. gc never guesses
+
+
+def _archive(root: Path, sha: str, age_s: float = 7200.0) -> Path:
+    import os
+
+    path = root / Layout.code(sha)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"tar")
+    os.utime(path, (time.time() - age_s, time.time() - age_s))
+    return path
+
+
+def test_gc_keeps_every_archive_while_a_run_json_is_corrupt(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(Env.STORAGE, raising=False)
+    root = tmp_path / "store"
+    mine, other = "a" * 64, "b" * 64
+    _stored_run(root, "cut", code_sha256=mine)
+    path = root / Layout.run_json("cut")
+    text = path.read_text()
+    path.write_text(text[: len(text) // 3])  # truncated: the name it held is lost
+    kept = _archive(root, mine)
+    _archive(root, other)
+    for dry in (["--dry-run"], []):
+        rc, out, err = _cli(capsys, "gc", "--storage", str(root), "--grace", "0", *dry)
+        assert rc == 0, err
+        assert "code/" not in out, out
+        assert "the run.json of cut is corrupt" in err and "kept 2 unnamed archive(s)" in err, err
+    assert kept.exists() and (root / Layout.code(other)).exists()
+    # delete --purge of another run keeps them too (its release is the same decision)
+    from orchestrator.services import code
+
+    assert code.release(open_storage(str(root)), "other", other) is False
+    assert (root / Layout.code(other)).exists()
+
+
+def test_gc_dry_run_lists_exactly_what_gc_removes(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv(Env.STORAGE, raising=False)
+    root = tmp_path / "store"
+    leased, free = "c" * 64, "d" * 64
+    _archive(root, leased)
+    _archive(root, free)
+    lease = root / Layout.code_lease(leased, "lease-x")
+    lease.parent.mkdir(parents=True, exist_ok=True)
+    lease.write_text(str(time.time()))
+    rc, dry, err = _cli(capsys, "gc", "--storage", str(root), "--grace", "0", "--dry-run")
+    assert rc == 0, err
+    assert "1 being reused by a submit now" in err, err
+    rc, real, err = _cli(capsys, "gc", "--storage", str(root), "--grace", "0")
+    assert rc == 0, err
+    assert dry.replace("would remove", "removed") == real == f"removed code/{free}.tar.gz\n"
+    assert (root / Layout.code(leased)).exists() and not (root / Layout.code(free)).exists()
+
+
+def test_gc_on_a_root_that_is_a_file_says_so(tmp_path, capsys):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    rc, _, err = _cli(capsys, "gc", "--storage", str(f))
+    assert rc == 2 and "is not a folder" in err and "does not exist" not in err, err

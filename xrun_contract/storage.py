@@ -453,10 +453,30 @@ class LocalStorage(Storage):
         return count
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
-        """O_CREAT|O_EXCL: the kernel lets exactly one racing creator make the file."""
+        """A whole file or none: written aside, then hard-linked into place (link(2) fails
+        with EEXIST, so the kernel lets exactly one racing creator make it), so a reader
+        never sees it half-written (a gc reading an empty run.json as corrupt). Where the
+        file system has no hard links, O_CREAT|O_EXCL then the write."""
         self._check_root()
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.excl")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                    raise self._failed("create", path, e) from None
+        except OSError as e:
+            raise self._failed("create", path, e) from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:

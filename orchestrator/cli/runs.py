@@ -745,12 +745,19 @@ def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
     st = open_storage(storage)
     if not st.root.startswith("gs://") and not os.path.isdir(st.root):
         # Nothing to collect in a root that does not exist: a mistyped --storage, said so.
-        raise XrunError(f"--storage: {st.root} does not exist (no runs or archives there); check the path")
+        what = "is not a folder (a storage root is a folder)" if os.path.lexists(st.root) else \
+            "does not exist (no runs or archives there)"
+        raise XrunError(f"--storage: {st.root} {what}; check the path")
     out = runs.code.gc(st, dry_run=dry_run, grace_s=grace_s)
     verb = "would remove" if dry_run else "removed"
     for sha in out.removed:
         click.echo(f"{verb} code/{sha}.tar.gz")
+    if out.corrupt:
+        shown = ", ".join(out.corrupt[:5]) + (f" and {len(out.corrupt) - 5} more" if len(out.corrupt) > 5 else "")
+        warn(f"kept {len(out.unnamed_kept)} unnamed archive(s): the run.json of {shown} is corrupt and may "
+             "name any of them (see 'xrun status NAME'; 'xrun delete NAME --purge' removes such a run)")
     info(f"{verb} {len(out.removed)} archive(s), {_megabytes(out.bytes_removed)}; kept {out.kept} named by runs"
+         + (f", {len(out.leased)} being reused by a submit now" if out.leased else "")
          + (f", {len(out.young)} unnamed but younger than {grace_s:g}s" if out.young else ""))
     return EXIT_OK
 
