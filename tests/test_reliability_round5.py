@@ -139,18 +139,19 @@ def test_two_concurrent_resumes_start_one(tmp_path, capsys, recorded, monkeypatc
     import threading
 
     from orchestrator.services import runs
+    from orchestrator.services import submit as submit_service
 
     root = tmp_path / "store"
     _stored_run(root, "ex")
     inside, release = threading.Event(), threading.Event()
-    real = runs._check_over
+    real = submit_service._check_over
 
     def slow_check(storage: Any, name: str, backend: Any) -> None:
         real(storage, name, backend)
         inside.set()
         release.wait(10)
 
-    monkeypatch.setattr(runs, "_check_over", slow_check)
+    monkeypatch.setattr(submit_service, "_check_over", slow_check)
     out: dict[str, Any] = {}
     first = threading.Thread(target=lambda: out.setdefault("sub", runs.resume(str(root), "ex")))
     first.start()

@@ -10,7 +10,7 @@ import click
 from rich.table import Table
 
 from orchestrator import settings
-from orchestrator.services.runs import dump_yaml
+from orchestrator.services.runcore import dump_yaml
 from xrun_contract.storage import Storage
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -29,7 +29,7 @@ from orchestrator.readers.checkpoints import list_checkpoints
 from orchestrator.readers.loaders import StoredRun
 from orchestrator.readers.logs import LogFollower
 from orchestrator.readers.view import run_view
-from orchestrator.services.runs import record_state
+from orchestrator.services.runcore import record_state
 from xrun_contract import is_terminal
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import Storage
