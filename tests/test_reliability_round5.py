@@ -264,3 +264,60 @@ def test_gc_on_a_root_that_is_a_file_says_so(tmp_path, capsys):
     f.write_text("x")
     rc, _, err = _cli(capsys, "gc", "--storage", str(f))
     assert rc == 2 and "is not a folder" in err and "does not exist" not in err, err
+
+
+# ---------------------------------------------------------------------------------------
+# 5, 6. --workdir: nothing dropped or counted in silence, no traceback
+
+
+def test_workdir_skips_a_fifo_and_says_so(tmp_path):
+    import os
+
+    from orchestrator.workdir import pack
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "train.py").write_text("print(1)\n")
+    os.mkfifo(tree / "pipe")
+    packed = pack(str(tree))
+    assert packed.files == ["train.py"]
+    assert packed.skipped == ["pipe (a FIFO: not shipped)"]
+
+
+def test_workdir_file_vanishing_during_the_walk_is_no_traceback(tmp_path, capsys, monkeypatch, recorded):
+    from orchestrator import workdir
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "train.py").write_text("print(1)\n")
+    real = workdir.list_files
+    monkeypatch.setattr(workdir, "list_files", lambda folder, unlisted=None: [*real(folder), "build.tmp"])
+    rc, _, err = _cli(capsys, "submit", "--name", "van", "--accelerator", "cpu-2", "--image", "img",
+                      "--command", "python3 train.py", "--workdir", str(tree), "--storage", str(tmp_path / "s"),
+                      "--detach")
+    assert rc == 0, err
+    assert "left out 1 entry: build.tmp (vanished while packing)" in err, err
+
+
+def test_workdir_folder_past_path_max_is_refused_by_name(tmp_path, capsys, monkeypatch):
+    import os
+
+    monkeypatch.delenv(Env.STORAGE, raising=False)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "train.py").write_text("print(1)\n")
+    fd = os.open(tree, os.O_RDONLY)
+    try:
+        for _ in range(24):  # 24 x 201 characters: past PATH_MAX (4096)
+            os.mkdir("d" * 200, dir_fd=fd)
+            nfd = os.open("d" * 200, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        os.close(os.open("deep.py", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+    finally:
+        os.close(fd)
+    rc, _, err = _cli(capsys, "render", "--name", "deep", "--accelerator", "cpu-2", "--image", "img",
+                      "--command", "python3 train.py", "--workdir", str(tree), "--storage", str(tmp_path / "s"))
+    assert rc == 2, err
+    assert "workdir: cannot list" in err and "File name too long" in err, err
+    assert len(err.strip().splitlines()) == 1

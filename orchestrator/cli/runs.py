@@ -228,6 +228,9 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
                f"{' + uncommitted changes' if p.git.dirty else ''}" if p.git and p.git.commit else "")
         info(f"workdir {p.workdir}: {len(p.files)} files, {_megabytes(p.total_bytes)} -> "
              f"code/{p.sha256[:12]}… ({'uploaded' if sub.uploaded else 'already in storage'}{git})")
+        if p.skipped:
+            shown = "; ".join(p.skipped[:5]) + (f"; and {len(p.skipped) - 5} more" if len(p.skipped) > 5 else "")
+            warn(f"workdir: left out {len(p.skipped)} entr{'y' if len(p.skipped) == 1 else 'ies'}: {shown}")
     slices = f" x{spec.slices} slices" if spec.slices > 1 else ""
     info(f"submitted {spec.name} ({spec.backend_name} backend, {spec.accelerator}{slices}); storage {sub.url}")
     if detach:
