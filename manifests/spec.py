@@ -199,6 +199,17 @@ def env_values(mapping: dict[Any, Any], where: str) -> dict[str, str]:
     return out
 
 
+MAX_INT_DIGITS = 18  # an int64's worth: every integer field's limit is far below
+
+
+def _digits(value: int) -> int:
+    """How many decimal digits ``value`` has, also past Python's int-to-str limit."""
+    try:
+        return len(str(abs(value)))
+    except ValueError:
+        return int(abs(value).bit_length() * 0.30102999566398) + 1
+
+
 def _coerce(name: str, value: Any) -> Any:
     """Type-check one field's value against the dataclass annotation."""
     kind = FIELDS[name].type
@@ -208,10 +219,16 @@ def _coerce(name: str, value: Any) -> Any:
         return value
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-                return int(value)
-            raise XrunError(f"{name}: must be an integer, got {short_repr(value)}")
-        return value
+            if not (isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip())):
+                raise XrunError(f"{name}: must be an integer, got {short_repr(value)}")
+            digits = len(value.strip().lstrip("-"))
+        else:
+            digits = _digits(value)
+        if digits > MAX_INT_DIGITS:  # no field wants more; a refusal quoting a 4,000-digit
+            # number is no line (and past 4,300 digits Python will not format it)
+            raise XrunError(f"{name}: must be an integer of at most {MAX_INT_DIGITS} digits, "
+                            f"got one of {digits} digits")
+        return int(value)
     if kind == "str":
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise XrunError(f"{name}: must be a string, got {type(value).__name__}")

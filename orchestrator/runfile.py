@@ -77,6 +77,8 @@ def load_yaml_mapping(text: str, what: str, path: str) -> dict[str, Any]:
         raise XrunError(f"{what}: {path} is not valid YAML{where}") from None
     except RecursionError:
         raise XrunError(f"{what}: {path} is nested too deeply") from None
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        raise XrunError(f"{what}: {path} holds a number too long to read (over 4,300 digits)") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -321,3 +321,26 @@ def test_workdir_folder_past_path_max_is_refused_by_name(tmp_path, capsys, monke
     assert rc == 2, err
     assert "workdir: cannot list" in err and "File name too long" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# 5. No traceback: a root past NAME_MAX, a number past Python's int-to-str limit
+
+
+@pytest.mark.parametrize("argv", [["list"], ["delete", "-l", "team=ml", "--yes"]])
+def test_a_root_with_a_component_past_name_max_is_one_line(tmp_path, capsys, argv):
+    root = tmp_path / ("x" * 300) / "r"
+    rc, _, err = _cli(capsys, *argv, "--storage", str(root))
+    assert rc in (2, 3) and "name too long" in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("field", ["max_restarts", "termination_grace_seconds", "coordinator_port"])
+@pytest.mark.parametrize("digits", [4000, 5000])
+def test_a_huge_integer_in_a_run_file_is_refused_in_one_short_line(tmp_path, capsys, field, digits):
+    f = tmp_path / "run.yaml"
+    f.write_text(f"name: big\naccelerator: cpu-2\nimage: img\ncommand: sleep 1\n{field}: {'9' * digits}\n")
+    rc, _, err = _cli(capsys, "render", "-f", str(f))
+    assert rc == 2, err
+    assert len(err) < 200 and len(err.strip().splitlines()) == 1, err[:300]
+    assert (field in err) if digits < 4300 else "over 4,300 digits" in err, err

@@ -395,10 +395,7 @@ class LocalStorage(Storage):
         except OSError:
             return False
 
-    def list(self, prefix: str, delimiter: str | None = "/") -> tuple[list[ObjectInfo], list[str]]:
-        self._check_root()
-        base = self._path(prefix)
-        prefix = prefix.strip("/")
+    def _list(self, base: Path, prefix: str, delimiter: str | None) -> tuple[list[ObjectInfo], list[str]]:
         if not base.is_dir():
             return [], []
         objects: list[ObjectInfo] = []
@@ -432,6 +429,14 @@ class LocalStorage(Storage):
         prefixes.sort()
         return objects, prefixes
 
+    def list(self, prefix: str, delimiter: str | None = "/") -> tuple[list[ObjectInfo], list[str]]:
+        self._check_root()
+        base = self._path(prefix)
+        try:
+            return self._list(base, prefix.strip("/"), delimiter)
+        except OSError as e:  # a name past NAME_MAX, no permission: said, never a traceback
+            raise self._failed("list", base, e) from None
+
     def delete_prefix(self, prefix: str) -> int:
         path = self._path(prefix)
         root = Path(self.root).resolve()
@@ -460,6 +465,8 @@ class LocalStorage(Storage):
         self._check_root()
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(path):  # taken: the folder left untouched (link(2) decides a race)
+            return False
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.excl")
         try:
             with open(tmp, "wb") as f:
