@@ -199,9 +199,11 @@ def exit_codes(text: str) -> list[int]:
 
 def spec_from_inputs(run_file: str | None, flags: dict[str, Any], *, env_file: str | None = None,
                      env_pairs: tuple[str, ...] | list[str] = (),
-                     restartable_exit_codes: str | None = None) -> RunSpec:
-    """Build and validate the RunSpec: file first, flags over it, the storage root resolved."""
-    file_values = read_run_file(run_file) if run_file else {}
+                     restartable_exit_codes: str | None = None,
+                     base: dict[str, Any] | None = None) -> RunSpec:
+    """Build and validate the RunSpec: file first, flags over it, the storage root resolved.
+    ``base``: the values to start from when no run file is given (a resumed run's stored spec)."""
+    file_values = read_run_file(run_file) if run_file else dict(base or {})
     env = read_env_file(env_file) if env_file else {}
     flag_env = parse_env_pairs(list(env_pairs))
     for key in flag_env:

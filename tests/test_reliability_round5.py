@@ -344,3 +344,22 @@ def test_a_huge_integer_in_a_run_file_is_refused_in_one_short_line(tmp_path, cap
     assert rc == 2, err
     assert len(err) < 200 and len(err.strip().splitlines()) == 1, err[:300]
     assert (field in err) if digits < 4300 else "over 4,300 digits" in err, err
+
+
+# ---------------------------------------------------------------------------------------
+# 6. Not silent: --resume with a flag keeps the stored spec
+
+
+def test_resume_with_a_flag_changes_the_stored_spec_not_replaces_it(tmp_path, capsys, recorded):
+    root = tmp_path / "store"
+    _stored_run(root, "fl", env={"A": "1"})
+    rc, _, err = _cli(capsys, "submit", "--resume", "fl", "--storage", str(root), "--env", "B=2", "--detach")
+    assert rc == 0, err
+    assert "its stored spec with the given flags" in err, err
+    (_, manifest), = recorded.calls
+    pod = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for c in pod["containers"] for e in c.get("env") or []}
+    assert env.get("A") == "1" and env.get("B") == "2", env
+    run = json.loads((root / Layout.run_json("fl")).read_text())
+    assert run["spec"]["accelerator"] == "cpu-2" and run["spec"]["command"] == COMMAND
+    assert run["spec"]["env"] == {"A": "1", "B": "2"}
