@@ -363,3 +363,14 @@ def test_resume_with_a_flag_changes_the_stored_spec_not_replaces_it(tmp_path, ca
     run = json.loads((root / Layout.run_json("fl")).read_text())
     assert run["spec"]["accelerator"] == "cpu-2" and run["spec"]["command"] == COMMAND
     assert run["spec"]["env"] == {"A": "1", "B": "2"}
+
+
+def test_resume_of_a_run_whose_checkpoints_path_is_a_file_is_refused(tmp_path, capsys, recorded):
+    root = tmp_path / "store"
+    _stored_run(root, "cf")
+    (root / Layout.checkpoints("cf")).write_text("not a folder")
+    before = (root / Layout.run_json("cf")).read_text()
+    rc, _, err = _cli(capsys, "submit", "--resume", "cf", "--storage", str(root), "--detach")
+    assert rc == 2 and "checkpoints is a file, not the run's checkpoint folder" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert recorded.calls == [] and (root / Layout.run_json("cf")).read_text() == before

@@ -309,6 +309,7 @@ def _resume(storage: Storage, name: str, run: dict[str, Any], spec: RunSpec, pac
             backend: Backend) -> Submitted:
     """:func:`resume`'s steps, under the run's resume lock."""
     _check_over(storage, name, backend)
+    _check_checkpoints(storage, name)
     base = _next_attempt(storage, name, run)
     manifest = with_attempt_base(render_for_submit(spec), base)
     _preflight(backend)
@@ -405,6 +406,22 @@ def _check_over(storage: Storage, name: str, backend: Backend) -> None:
         backend.delete(name, wait=True)
         with contextlib.suppress(XrunError):
             observe(storage, name, backend)
+
+
+def _check_checkpoints(storage: Storage, name: str) -> None:
+    """A resume goes on from the run's checkpoints: where their folder is a file, the pods
+    could neither read nor write one (they would start over from step 1 and then fail
+    at their first save): refused, naming it."""
+    key = Layout.checkpoints(name)
+    if storage.root.startswith("gs://"):
+        blocked = _reading(storage, key, storage.exists_object)
+    else:
+        path = storage.url(key)
+        blocked = os.path.lexists(path) and not os.path.isdir(path)
+    if blocked:
+        raise XrunError(f"--resume: {storage.url(key)} is a file, not the run's checkpoint folder: "
+                        f"run {name!r} cannot go on from a checkpoint; move it aside, or --replace "
+                        "starts the run over")
 
 
 def _next_attempt(storage: Storage, name: str, run: dict[str, Any]) -> int:
