@@ -374,3 +374,38 @@ def test_resume_of_a_run_whose_checkpoints_path_is_a_file_is_refused(tmp_path, c
     assert rc == 2 and "checkpoints is a file, not the run's checkpoint folder" in err, err
     assert len(err.strip().splitlines()) == 1
     assert recorded.calls == [] and (root / Layout.run_json("cf")).read_text() == before
+
+
+# ---------------------------------------------------------------------------------------
+# 7. compare's input is bounded
+
+
+def test_compare_of_a_gzip_of_nul_bytes_is_refused_at_once(tmp_path, capsys):
+    import gzip
+
+    bomb = tmp_path / "bomb.log.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        for _ in range(16):
+            f.write(b"\0" * (4 << 20))
+    t0 = time.monotonic()
+    rc, _, err = _cli(capsys, "compare", str(bomb), str(bomb))
+    assert rc == 2 and "binary data (NUL bytes)" in err, err
+    assert len(err.strip().splitlines()) == 1 and time.monotonic() - t0 < 10
+
+
+def test_compare_bounds_line_length_and_gzip_ratio(tmp_path, capsys, monkeypatch):
+    import gzip
+
+    from orchestrator.readers import loaders
+
+    monkeypatch.setattr(loaders, "MAX_LINE_BYTES", 2 << 20)
+    monkeypatch.setattr(loaders, "GZIP_RATIO_FLOOR", 2 << 20)
+    long = tmp_path / "long.log"
+    long.write_bytes(b"x" * (3 << 20))
+    rc, _, err = _cli(capsys, "compare", str(long), str(long))
+    assert rc == 2 and "has a line over 2 MiB long" in err, err
+    lines = tmp_path / "nl.log.gz"
+    with gzip.open(lines, "wb") as f:
+        f.write(b"\n" * (4 << 20))
+    rc, _, err = _cli(capsys, "compare", str(lines), str(lines))
+    assert rc == 2 and "decompresses to over 200 times" in err, err
