@@ -114,6 +114,7 @@ class Env:
     COMPILATION_CACHE = "XRUN_COMPILATION_CACHE"
     # Test-only switches, read by the workload; never set by a real manifest unless asked.
     TEST_FAIL_AT_STEP = "XRUN_TEST_FAIL_AT_STEP"  # "<step>:<exit code>[:<process id>]"
+    TEST_RESTART_EVERY = "XRUN_TEST_RESTART_EVERY"  # N: save and exit restartable every N steps (soak)
     TEST_STEP_DELAY = "XRUN_TEST_STEP_DELAY"  # seconds added to every step (tests of kills, screens)
     # seconds the optimized train step's compile waits (tests of quick_compile's switch)
     TEST_OPTIMIZED_DELAY = "XRUN_TEST_OPTIMIZED_DELAY"
