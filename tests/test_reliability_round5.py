@@ -409,3 +409,28 @@ def test_compare_bounds_line_length_and_gzip_ratio(tmp_path, capsys, monkeypatch
         f.write(b"\n" * (4 << 20))
     rc, _, err = _cli(capsys, "compare", str(lines), str(lines))
     assert rc == 2 and "decompresses to over 200 times" in err, err
+
+
+# ---------------------------------------------------------------------------------------
+# Found by the soak: a pod whose main container ends at once stored none of its output
+
+
+def test_a_pod_ending_while_its_log_shipper_starts_still_stores_its_output(tmp_path):
+    """The shipper is made slow to start (a sitecustomize that sleeps in it alone): the
+    supervisor SIGTERMed it mid-start, it died, and the pod's lines were never stored."""
+    from cli_helpers import REPO, xrun
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import time\n"
+        "argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
+        "if b'workload.sidecar' in argv and b'ship' in argv:\n"
+        "    time.sleep(1.5)\n")
+    store = tmp_path / "store"
+    r = xrun("submit", "--name", "quick", "--accelerator", "cpu-2", "--image", "img",
+             "--command", "echo hello-$XRUN_HOST_INDEX", "--follow", storage=store, timeout=120,
+             PYTHONPATH=f"{site}:{REPO}")
+    assert r.returncode == 0, r.stderr
+    assert "[0-0] hello-0" in r.stdout and "[0-1] hello-1" in r.stdout, r.stdout
+    assert sorted(p.name for p in (store / "runs/quick/logs").iterdir()) == ["0-0", "0-1"]

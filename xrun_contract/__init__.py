@@ -544,6 +544,7 @@ class PodFiles:
     LAUNCHER = "bin/xrun-launch"
     OUTPUT = "output.log"
     SHIPPED = "shipped.json"
+    SHIPPER_READY = "shipper.ready"  # the shipper handles SIGTERM from now on (drains, then exits)
     CODE = "code"  # the shipped working tree, unpacked by the init container
     LIB = "lib"  # xrun's pod code (Layout.pod_code), unpacked by the init container's bootstrap
 
