@@ -22,6 +22,7 @@ from manifests.k8s_names import (
     is_qualified_name,
     is_valid_label_value,
 )
+from manifests.limits import MAX_ARG_STRLEN
 from xrun_contract import RESTARTABLE_EXIT_CODE, XRUN_VERSION, Env
 from xrun_contract.errors import XrunError, did_you_mean, short_repr
 
@@ -208,6 +209,17 @@ def env_values(mapping: dict[Any, Any], where: str) -> dict[str, str]:
     return out
 
 
+MAX_INT_DIGITS = 18  # an int64's worth: every integer field's limit is far below
+
+
+def _digits(value: int) -> int:
+    """How many decimal digits ``value`` has, also past Python's int-to-str limit."""
+    try:
+        return len(str(abs(value)))
+    except ValueError:
+        return int(abs(value).bit_length() * 0.30102999566398) + 1
+
+
 def _coerce(name: str, value: Any) -> Any:
     """Type-check one field's value against the dataclass annotation."""
     kind = FIELDS[name].type
@@ -217,10 +229,16 @@ def _coerce(name: str, value: Any) -> Any:
         return value
     if kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-                return int(value)
-            raise XrunError(f"{name}: must be an integer, got {short_repr(value)}")
-        return value
+            if not (isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip())):
+                raise XrunError(f"{name}: must be an integer, got {short_repr(value)}")
+            digits = len(value.strip().lstrip("-"))
+        else:
+            digits = _digits(value)
+        if digits > MAX_INT_DIGITS:  # no field wants more; a refusal quoting a 4,000-digit
+            # number is no line (and past 4,300 digits Python will not format it)
+            raise XrunError(f"{name}: must be an integer of at most {MAX_INT_DIGITS} digits, "
+                            f"got one of {digits} digits")
+        return int(value)
     if kind == "str":
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise XrunError(f"{name}: must be a string, got {type(value).__name__}")
@@ -393,7 +411,11 @@ def validate(spec: RunSpec) -> None:
     if not spec.command.strip():
         raise XrunError("command: must not be empty (default: python3 -m workload.train)")
     try:
-        shlex.split(spec.command)
+        # shlex is quadratic in a token's length (it grows the token a character at a time):
+        # a command past what one argument of execve can hold is refused by name at render
+        # (manifests.limits), without minutes of parsing first.
+        if len(spec.command) <= MAX_ARG_STRLEN:
+            shlex.split(spec.command)
     except ValueError as e:
         raise XrunError(f"command: cannot be parsed as a shell command: {e}") from None
     reserved = Env.all_names()

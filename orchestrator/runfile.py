@@ -77,6 +77,8 @@ def load_yaml_mapping(text: str, what: str, path: str) -> dict[str, Any]:
         raise XrunError(f"{what}: {path} is not valid YAML{where}") from None
     except RecursionError:
         raise XrunError(f"{what}: {path} is nested too deeply") from None
+    except ValueError:  # an integer past Python's 4,300-digit conversion limit
+        raise XrunError(f"{what}: {path} holds a number too long to read (over 4,300 digits)") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -198,9 +200,11 @@ def exit_codes(text: str) -> list[int]:
 
 def spec_from_inputs(run_file: str | None, flags: dict[str, Any], *, env_file: str | None = None,
                      env_pairs: tuple[str, ...] | list[str] = (),
-                     restartable_exit_codes: str | None = None) -> RunSpec:
-    """Build and validate the RunSpec: file first, flags over it, the storage root resolved."""
-    file_values = read_run_file(run_file) if run_file else {}
+                     restartable_exit_codes: str | None = None,
+                     base: dict[str, Any] | None = None) -> RunSpec:
+    """Build and validate the RunSpec: file first, flags over it, the storage root resolved.
+    ``base``: the values to start from when no run file is given (a resumed run's stored spec)."""
+    file_values = read_run_file(run_file) if run_file else dict(base or {})
     env = read_env_file(env_file) if env_file else {}
     flag_env = parse_env_pairs(list(env_pairs))
     for key in flag_env:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from xrun_contract.errors import EXIT_USAGE, XrunError
+from xrun_contract.storage import file_kind
 
 IGNORE_FILE = ".xrunignore"
 MAX_IGNORE_BYTES = 1 << 20  # patterns, not data
@@ -68,6 +69,7 @@ class Packed:
     workdir: str
     git: GitInfo | None = None
     left_out: list[str] = field(default_factory=list)  # .xrunignore matches
+    skipped: list[str] = field(default_factory=list)  # "path (why)": nothing to ship, said
 
     def record(self) -> dict[str, Any]:
         """What run.json keeps under ``code``."""
@@ -190,15 +192,23 @@ def looks_like_credential(path: str) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in CREDENTIAL_PATTERNS)
 
 
-def list_files(folder: str) -> list[str]:
-    """Relative '/'-paths of what would be packed, before .xrunignore (git's view in a checkout)."""
+def list_files(folder: str, unlisted: list[tuple[str, str]] | None = None) -> list[str]:
+    """Relative '/'-paths of what would be packed, before .xrunignore (git's view in a checkout).
+    ``unlisted`` hears each folder that could not be listed (its path, why): no permission,
+    a path past PATH_MAX; the caller decides (the walk itself would drop it in silence)."""
     if is_git_checkout(folder):
         out = _git(folder, "ls-files", "-z", "--cached", "--others", "--exclude-standard").stdout
         names = sorted({n for n in out.decode("utf-8", "surrogateescape").split("\0") if n})
         # --cached still names files deleted from the tree, and submodules (folders): skip both.
         return [n for n in names if os.path.islink(os.path.join(folder, n)) or os.path.isfile(os.path.join(folder, n))]
     found = []
-    for dirpath, dirs, files in os.walk(folder):
+
+    def failed(e: OSError) -> None:
+        if unlisted is not None and not isinstance(e, FileNotFoundError):  # vanished: nothing to list
+            rel = os.path.relpath(str(e.filename or folder), folder).replace(os.sep, "/")
+            unlisted.append((rel, e.strerror or str(e)))
+
+    for dirpath, dirs, files in os.walk(folder, onerror=failed):
         dirs.sort()
         rel = os.path.relpath(dirpath, folder)
         for f in files:
@@ -234,11 +244,16 @@ def pack(folder: str, *, max_mb: float = DEFAULT_MAX_MB, allow_files: tuple[str,
     git = git_info(root) if checkout else None
     rules = IgnoreRules.read(root)
     files, left_out = [], []
-    for rel in list_files(root):
+    unlisted: list[tuple[str, str]] = []
+    for rel in list_files(root, unlisted):
         if any(matches(rel, p) for p in rules.exclude):
             left_out.append(rel)
         else:
             files.append(rel)
+    for rel, why in unlisted:
+        if not any(matches(rel, p) or matches(f"{rel}/x", p) for p in rules.exclude):
+            raise XrunError(f"workdir: cannot list {_shown(rel)} in {root} ({why}); its files would not be "
+                            f"shipped: fix it or leave it out in {IGNORE_FILE}", EXIT_USAGE)
     allowed = [*rules.allow, *allow_files]
     secrets = [f for f in files if looks_like_credential(f)
                and not any(f == a.strip("/") or matches(f, a) for a in allowed)]
@@ -248,9 +263,21 @@ def pack(folder: str, *, max_mb: float = DEFAULT_MAX_MB, allow_files: tuple[str,
                         f"({IGNORE_FILE} or .gitignore), or allow them in {IGNORE_FILE}'s {ALLOW_SECTION} "
                         "section or with --allow-file", EXIT_USAGE)
     sizes: dict[str, int] = {}
+    skipped: list[str] = []
     for rel in files:
-        st = os.lstat(os.path.join(root, rel))
-        sizes[rel] = 0 if stat.S_ISLNK(st.st_mode) else st.st_size
+        try:
+            st = os.lstat(os.path.join(root, rel))
+        except FileNotFoundError:  # removed since the walk (a build's temporary file)
+            skipped.append(f"{rel} (vanished while packing)")
+            continue
+        except OSError as e:  # a path past PATH_MAX, no permission
+            raise XrunError(f"workdir: cannot read {_shown(rel)} ({e.strerror}); it would not be shipped: "
+                            f"fix it or leave it out in {IGNORE_FILE}", EXIT_USAGE) from None
+        if stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode):
+            sizes[rel] = 0 if stat.S_ISLNK(st.st_mode) else st.st_size
+        else:  # a FIFO, a socket, a device: nothing a pod could use
+            skipped.append(f"{rel} ({file_kind(st.st_mode)}: not shipped)")
+    files = list(sizes)
     total = sum(sizes.values())
     if total > max_mb * 1e6:
         largest = sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
@@ -259,7 +286,12 @@ def pack(folder: str, *, max_mb: float = DEFAULT_MAX_MB, allow_files: tuple[str,
                         + ", ".join(f"{name} ({size / 1e6:.1f} MB)" for name, size in largest)
                         + f"; leave them out in {IGNORE_FILE}", EXIT_USAGE)
     data = _archive(root, files)
-    return Packed(hashlib.sha256(data).hexdigest(), data, files, total, root, git, left_out)
+    return Packed(hashlib.sha256(data).hexdigest(), data, files, total, root, git, left_out, skipped)
+
+
+def _shown(rel: str) -> str:
+    """A path for a one-line message: a path past PATH_MAX shown by its two ends."""
+    return rel if len(rel) <= 200 else f"{rel[:80]}…{rel[-80:]} ({len(rel)} characters)"
 
 
 def _archive(root: str, files: list[str]) -> bytes:
@@ -269,7 +301,14 @@ def _archive(root: str, files: list[str]) -> bytes:
             tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
         for rel in sorted(files):
             path = os.path.join(root, rel)
-            st = os.lstat(path)
+            try:
+                st = os.lstat(path)
+                if stat.S_ISREG(st.st_mode):
+                    f = open(path, "rb")  # noqa: SIM115 - closed below, after tar has read it
+            except OSError as e:  # changed since it was listed: the tree is still being written
+                raise XrunError(f"workdir: {_shown(rel)} changed while it was packed ({e.strerror}); "
+                                "submit again once the tree is still, or leave it out in "
+                                f"{IGNORE_FILE}", EXIT_USAGE) from None
             info = tarfile.TarInfo(rel)
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
             if stat.S_ISLNK(st.st_mode):
@@ -277,11 +316,15 @@ def _archive(root: str, files: list[str]) -> bytes:
                 tar.addfile(info)
                 continue
             if not stat.S_ISREG(st.st_mode):
-                continue  # sockets, FIFOs: nothing to ship
+                continue  # replaced by a FIFO or socket since it was listed: nothing to ship
             info.mode = 0o755 if st.st_mode & 0o111 else 0o644
             info.size = st.st_size
-            with open(path, "rb") as f:
-                tar.addfile(info, f)
+            with f:
+                try:
+                    tar.addfile(info, f)
+                except OSError:  # it shrank while read
+                    raise XrunError(f"workdir: {_shown(rel)} changed while it was packed; submit again "
+                                    f"once the tree is still, or leave it out in {IGNORE_FILE}", EXIT_USAGE) from None
     return raw.getvalue()
 
 

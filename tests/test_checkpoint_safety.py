@@ -243,6 +243,39 @@ def test_empty_step_folder_is_ignored_and_saved_over(tmp_path):
     assert m.steps("started") == [] and m.steps("exit_wait") == [4]
 
 
+def test_a_failed_restore_falls_back_in_one_bounded_line(tmp_path, capsys, monkeypatch):
+    """Issue #53 item 6: an Orbax error whose text is a whole spec was printed whole (a
+    39,961-character line); each failed restore is one short line, and the fallback holds."""
+    root = str(tmp_path)
+    ck, m = make_checkpoints(root, every=2)
+    ck.restore_latest(None)
+    state = random_state(1, 1)
+    for step in (2, 4):
+        ck.after_step(step, state, lambda step=step: {"position": step})
+    ck.finish(4, state, lambda: {"position": 4})
+    ck.close()
+    ck, m = make_checkpoints(root, every=2)
+    real = ck._restore_step
+
+    def restore(step: int, abstract: object):
+        if step == 4:
+            raise ValueError("spec " + "{'driver': 'zarr', 'kvstore': 'file'} " * 1000)
+        return real(step, abstract)
+
+    monkeypatch.setattr(ck, "_restore_step", restore)
+    import jax
+
+    abstract = jax.eval_shape(lambda: state)
+    abstract = {"w": jax.ShapeDtypeStruct(abstract["w"].shape, abstract["w"].dtype,
+                                          sharding=state["w"].sharding)}
+    capsys.readouterr()
+    assert ck.restore_latest(abstract)[0] == 2
+    ck.close()
+    err = capsys.readouterr().err
+    assert "checkpoint restore of step 4 failed" in err, err[:500]
+    assert max(len(line) for line in err.splitlines()) < 1000
+
+
 # ---------------------------------------------------------------------------------------
 # Host processes
 

@@ -429,8 +429,10 @@ class Checkpoints:
                 mine = "ok"
             except Exception as e:  # noqa: BLE001 - every failure falls back, loudly
                 state, data, mine = None, {}, FAILED + first_line(e)
+                # One bounded line: an Orbax error's repr can hold a whole TensorStore spec
+                # (40,000 characters on one line of the host's log).
                 print(f"checkpoint restore of step {step} failed on process "
-                      f"{self.peers.process_id}: {e!r}", file=sys.stderr, flush=True)
+                      f"{self.peers.process_id}: {first_line(e)}", file=sys.stderr, flush=True)
             everyone = self.peers.gather(mine)
             errors = [(p, v[len(FAILED):]) for p, v in enumerate(everyone) if v != "ok"]
             if not errors:

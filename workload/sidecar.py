@@ -31,6 +31,7 @@ Imports neither jax nor kubernetes: it must start in a fraction of a second.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -225,6 +226,8 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     stop_on_signals(stop)
     pod_dir = Path(os.environ.get(Env.POD_DIR) or PodFiles.MOUNT_PATH)
+    with contextlib.suppress(OSError):  # a SIGTERM from now on drains the output first
+        (pod_dir / PodFiles.SHIPPER_READY).touch()
     write = storage_writer()
     if write is None:
         print("xrun-logs: no XRUN_STORAGE/XRUN_RUN_NAME; nothing to ship", file=sys.stderr, flush=True)

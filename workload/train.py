@@ -850,6 +850,7 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
 
     fail = fail_at_step(cluster)
     delay = float(os.environ.get(Env.TEST_STEP_DELAY, "0") or 0)
+    restart_every = int(os.environ.get(Env.TEST_RESTART_EVERY, "0") or 0)  # the soak's restarts
     tokens_per_step = global_batch * cfg.seq_len
 
     def make_batch(pos: int):
@@ -900,7 +901,8 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                                                   ready=read_all) if ckpt else 0.0
         except write_failed as e:
             return cluster.restartable_exit_code, str(e), False
-        stop = not last and preemption.reached(step)
+        forced = not last and restart_every > 0 and step % restart_every == 0
+        stop = not last and (preemption.reached(step) or forced)
         failing = fail is not None and fail[0] == step
         if not (last or stop or failing):
             batch = make_batch(position)
@@ -934,7 +936,8 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                 except write_failed as e:
                     return cluster.restartable_exit_code, str(e), False
                 ckpt.close()
-            return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}", True
+            why = f"test restart ({Env.TEST_RESTART_EVERY})" if forced else "preempted (SIGTERM)"
+            return cluster.restartable_exit_code, f"{why} at step {step}", True
     if ckpt:  # the last step's save commits before we exit
         try:
             ckpt.finish(cfg.steps, state, position_data(cfg.steps))

@@ -91,6 +91,7 @@ class Env:
     COMPILATION_CACHE = "XRUN_COMPILATION_CACHE"
     # Test-only switches, read by the workload; never set by a real manifest unless asked.
     TEST_FAIL_AT_STEP = "XRUN_TEST_FAIL_AT_STEP"  # "<step>:<exit code>[:<process id>]"
+    TEST_RESTART_EVERY = "XRUN_TEST_RESTART_EVERY"  # N: save and exit restartable every N steps (soak)
     TEST_STEP_DELAY = "XRUN_TEST_STEP_DELAY"  # seconds added to every step (tests of kills, screens)
     # seconds the optimized train step's compile waits (tests of quick_compile's switch)
     TEST_OPTIMIZED_DELAY = "XRUN_TEST_OPTIMIZED_DELAY"
@@ -180,6 +181,7 @@ class PodFiles:
     LAUNCHER = "bin/xrun-launch"
     OUTPUT = "output.log"
     SHIPPED = "shipped.json"
+    SHIPPER_READY = "shipper.ready"  # the shipper handles SIGTERM from now on (drains, then exits)
     CODE = "code"  # the shipped working tree, unpacked by the init container
     LIB = "lib"  # xrun's pod code (Layout.pod_code), unpacked by the init container's bootstrap
 

@@ -81,6 +81,11 @@ class Layout:
         return f"runs/{name}/state.json"
 
     @staticmethod
+    def resume_lock(name: str) -> str:
+        """Held (an exclusive create) while one ``submit --resume`` of the run starts it."""
+        return f"runs/{name}/resume.lock"
+
+    @staticmethod
     def supervisor_log(name: str) -> str:
         """The local supervisor's own output (never under $HOME: the run's folder)."""
         return f"runs/{name}/supervisor.log"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import threading
@@ -94,10 +95,7 @@ class LocalStorage(Storage):
         except OSError:
             return False
 
-    def list(self, prefix: str, delimiter: str | None = "/") -> tuple[list[ObjectInfo], list[str]]:
-        self._check_root()
-        base = self._path(prefix)
-        prefix = prefix.strip("/")
+    def _list(self, base: Path, prefix: str, delimiter: str | None) -> tuple[list[ObjectInfo], list[str]]:
         if not base.is_dir():
             return [], []
         objects: list[ObjectInfo] = []
@@ -131,6 +129,14 @@ class LocalStorage(Storage):
         prefixes.sort()
         return objects, prefixes
 
+    def list(self, prefix: str, delimiter: str | None = "/") -> tuple[list[ObjectInfo], list[str]]:
+        self._check_root()
+        base = self._path(prefix)
+        try:
+            return self._list(base, prefix.strip("/"), delimiter)
+        except OSError as e:  # a name past NAME_MAX, no permission: said, never a traceback
+            raise self._failed("list", base, e) from None
+
     def delete_prefix(self, prefix: str) -> int:
         path = self._path(prefix)
         root = Path(self.root).resolve()
@@ -152,10 +158,32 @@ class LocalStorage(Storage):
         return count
 
     def create_exclusive(self, key: str, data: bytes) -> bool:
-        """O_CREAT|O_EXCL: the kernel lets exactly one racing creator make the file."""
+        """A whole file or none: written aside, then hard-linked into place (link(2) fails
+        with EEXIST, so the kernel lets exactly one racing creator make it), so a reader
+        never sees it half-written (a gc reading an empty run.json as corrupt). Where the
+        file system has no hard links, O_CREAT|O_EXCL then the write."""
         self._check_root()
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(path):  # taken: the folder left untouched (link(2) decides a race)
+            return False
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.excl")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            try:
+                os.link(tmp, path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+                    raise self._failed("create", path, e) from None
+        except OSError as e:
+            raise self._failed("create", path, e) from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:

@@ -11,7 +11,7 @@ import click
 from rich.table import Table
 
 from orchestrator import settings
-from orchestrator.services.runs import dump_yaml
+from orchestrator.services.runcore import dump_yaml
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import Storage
 

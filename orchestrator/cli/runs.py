@@ -118,8 +118,9 @@ def pack_options(opts: dict[str, Any]) -> PackOptions:
                        allow_files=tuple(opts.pop("allow_files", ()) or ()))
 
 
-def spec_from_options(opts: dict[str, Any]) -> RunSpec:
-    """The validated RunSpec of a command's options (file first, flags over it)."""
+def spec_from_options(opts: dict[str, Any], base: dict[str, Any] | None = None) -> RunSpec:
+    """The validated RunSpec of a command's options (file first, flags over it; without a
+    file, flags over ``base``)."""
     from orchestrator.runfile import parse_mount, parse_pairs, parse_toleration, spec_from_inputs
 
     opts = dict(opts)
@@ -134,7 +135,7 @@ def spec_from_options(opts: dict[str, Any]) -> RunSpec:
     spec = spec_from_inputs(
         run_file, opts, env_file=opts.pop("env_file", None),
         env_pairs=tuple(opts.pop("env_pairs", ()) or ()),
-        restartable_exit_codes=opts.pop("restartable_exit_codes", None),
+        restartable_exit_codes=opts.pop("restartable_exit_codes", None), base=base,
     )
     if spec.workdir:  # a flag's path is from here, a run file's from the file's folder
         base = None if opts.get("workdir") or not run_file else os.path.dirname(os.path.abspath(run_file))
@@ -187,7 +188,7 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--force", is_flag=True, help="Submit a cluster run no node pool can hold (auto-provisioning); with --replace also replace a live run (it is stopped first).")
 @click.option("--resume", "resume_name", metavar="NAME",
               help="Continue the ended run NAME from its last committed checkpoint, keeping its history. "
-                   "Without other flags its stored spec is reused; with flags or -f they replace it.")
+                   "Its stored spec is reused, with any flags over it; -f replaces it.")
 @VERBOSE
 @PROGRESS_INTERVAL
 @storage_timeout_option
@@ -236,6 +237,9 @@ def submit(detach: bool, follow_logs: bool, dry_run: bool, replace: bool, force:
                f"{' + uncommitted changes' if p.git.dirty else ''}" if p.git and p.git.commit else "")
         info(f"workdir {p.workdir}: {len(p.files)} files, {_megabytes(p.total_bytes)} -> "
              f"code/{p.sha256[:12]}… ({'uploaded' if sub.uploaded else 'already in storage'}{git})")
+        if p.skipped:
+            shown = "; ".join(p.skipped[:5]) + (f"; and {len(p.skipped) - 5} more" if len(p.skipped) > 5 else "")
+            warn(f"workdir: left out {len(p.skipped)} entr{'y' if len(p.skipped) == 1 else 'ies'}: {shown}")
     slices = f" x{spec.slices} slices" if spec.slices > 1 else ""
     info(f"submitted {spec.name} ({spec.backend_name} backend, {spec.accelerator}{slices}); storage {sub.url}")
     if detach:
@@ -256,17 +260,24 @@ def _resume(name: str, opts: dict[str, Any], pack: Any, *, detach: bool, follow_
         raise XrunError("--resume: not with --replace/--force (--replace starts over, --resume goes on)")
     if dry_run:
         raise XrunError("--resume: not with --dry-run")
+    from orchestrator import settings
+
     given = {k for k, v in opts.items() if v not in (None, (), []) and k not in RESUME_WHERE}
+    root = settings.storage_root(opts.get("storage"))
     spec = None
     if given:
         opts = dict(opts)
         if not opts.get("name"):  # the run resumed is NAME, whatever a run file calls it
             opts["name"] = name
-        spec = spec_from_options(opts)
-    from orchestrator import settings
-
-    sub = runs.resume(settings.storage_root(opts.get("storage")), name, spec, pack)
-    how = "its stored spec" if spec is None else "the given spec"
+        base = None
+        if not opts.get("run_file"):  # flags change the stored spec, they do not replace it
+            stored = (runs.run_info(settings.open_root(root), name).get("spec") or {})
+            base = {k: v for k, v in stored.items()
+                    if v is not None and k not in ("workdir", "storage", "name")}
+        spec = spec_from_options(opts, base)
+    sub = runs.resume(root, name, spec, pack)
+    how = ("its stored spec" if spec is None else "the given run file" if opts.get("run_file")
+           else "its stored spec with the given flags")
     info(f"resumed {name} ({sub.spec.backend_name} backend, {how}) from its last committed checkpoint; "
          f"storage {sub.url}")
     if detach:
@@ -745,12 +756,19 @@ def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
     st = open_storage(storage)
     if not st.root.startswith("gs://") and not os.path.isdir(st.root):
         # Nothing to collect in a root that does not exist: a mistyped --storage, said so.
-        raise XrunError(f"--storage: {st.root} does not exist (no runs or archives there); check the path")
+        what = "is not a folder (a storage root is a folder)" if os.path.lexists(st.root) else \
+            "does not exist (no runs or archives there)"
+        raise XrunError(f"--storage: {st.root} {what}; check the path")
     out = runs.code.gc(st, dry_run=dry_run, grace_s=grace_s)
     verb = "would remove" if dry_run else "removed"
     for sha in out.removed:
         click.echo(f"{verb} code/{sha}.tar.gz")
+    if out.corrupt:
+        shown = ", ".join(out.corrupt[:5]) + (f" and {len(out.corrupt) - 5} more" if len(out.corrupt) > 5 else "")
+        warn(f"kept {len(out.unnamed_kept)} unnamed archive(s): the run.json of {shown} is corrupt and may "
+             "name any of them (see 'xrun status NAME'; 'xrun delete NAME --purge' removes such a run)")
     info(f"{verb} {len(out.removed)} archive(s), {_megabytes(out.bytes_removed)}; kept {out.kept} named by runs"
+         + (f", {len(out.leased)} being reused by a submit now" if out.leased else "")
          + (f", {len(out.young)} unnamed but younger than {grace_s:g}s" if out.young else ""))
     return EXIT_OK
 

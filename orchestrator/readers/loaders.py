@@ -185,15 +185,60 @@ def apply_state(rec: RunRecord, state: dict[str, Any]) -> None:
 # Sources
 
 
+# Bounds on a log or metrics file given to compare/report: what no training log holds, so
+# a wrong file (a disk image, a compression bomb) is refused in one line, not parsed for
+# minutes. Logs compress 5-30x; a line glued by a log shipper is a few MiB at most.
+MAX_LINE_BYTES = 16 << 20  # bytes without a newline
+MAX_GZIP_RATIO = 200  # decompressed / compressed, checked past GZIP_RATIO_FLOOR
+GZIP_RATIO_FLOOR = 32 << 20
+NUL_SHARE = 0.1  # of a piece: binary data, not text
+
+
+class _Bounds:
+    """Checks each piece read from ``path`` against the bounds above (exit 2 naming why)."""
+
+    def __init__(self, path: Path):
+        self.path, self.read, self.line = path, 0, 0
+        self.compressed = path.stat().st_size if path.suffix == ".gz" else 0
+
+    def check(self, piece: bytes) -> None:
+        at = self.read
+        self.read += len(piece)
+        cut = piece.rfind(b"\n")
+        self.line = len(piece) - cut - 1 if cut >= 0 else self.line + len(piece)
+        if piece.count(b"\0") > NUL_SHARE * len(piece):
+            self._refuse(f"holds binary data (NUL bytes) near byte {at:,}: not a text log or metrics file")
+        if self.line > MAX_LINE_BYTES:
+            self._refuse(f"has a line over {MAX_LINE_BYTES >> 20} MiB long (at byte {self.read:,}): "
+                         "not a text log or metrics file")
+        if self.compressed and self.read > GZIP_RATIO_FLOOR and self.read > MAX_GZIP_RATIO * self.compressed:
+            self._refuse(f"decompresses to over {MAX_GZIP_RATIO} times its {self.compressed:,} bytes: "
+                         "not a compressed log")
+
+    def _refuse(self, why: str) -> None:
+        raise XrunError(f"{self.path}: {why}")
+
+
+def iter_file_bytes(path: Path) -> Iterator[bytes]:
+    """A file's bytes in bounded pieces (gunzipped when it ends in .gz), within the bounds."""
+    bounds = _Bounds(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        while data := f.read(READ_CHARS):
+            bounds.check(data)
+            yield data
+
+
 def iter_file_text(path: Path) -> Iterator[str]:
     """A file's text in bounded pieces (gzip when it ends in .gz); bad bytes replaced."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
-        while True:
-            piece = f.read(READ_CHARS)
-            if not piece:
-                return
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for data in iter_file_bytes(path):
+        if piece := decoder.decode(data):
             yield piece
+    if tail := decoder.decode(b"", final=True):
+        yield tail
 
 
 def read_log_file(path: str | Path, record: RunRecord | None = None) -> RunRecord:
@@ -219,10 +264,8 @@ def read_log_file(path: str | Path, record: RunRecord | None = None) -> RunRecor
     with contextlib.suppress(OSError):
         year = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.UTC).year
     parser = LogParser(rec, year=year)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:  # the parser takes bytes: it decodes only what it reads
-        while data := f.read(READ_CHARS):
-            parser.feed(data)
+    for data in iter_file_bytes(path):  # the parser takes bytes: it decodes only what it reads
+        parser.feed(data)
     return parser.finish()
 
 
@@ -231,7 +274,7 @@ def _looks_like_jsonl(path: Path) -> bool:
         return True
     try:
         first = next(iter_file_text(path), "")[:4096].lstrip()
-    except (OSError, EOFError):
+    except (OSError, EOFError, XrunError):  # the reading proper says why
         return False
     line = first.split("\n", 1)[0]
     if not line.startswith("{"):

@@ -95,20 +95,21 @@ def settle(storage: Storage, sha256: str, packed: Packed | None,
 
 
 def _remove_unused(storage: Storage, candidates: list[str], except_run: str = "") -> list[str]:
-    """g1-g5 for ``candidates`` (sha256s): the ones removed; leased or named ones stay."""
+    """g1-g5 for ``candidates`` (sha256s): the ones removed; leased or named ones stay, and
+    all stay while some run.json is corrupt (it may name any of them)."""
     if not candidates:
         return []
     intents = [Layout.code_lease(sha, f"gc-{writer_id()}") for sha in candidates]
     for key in intents:  # g1
         storage.write_bytes(key, str(time.time()).encode())
     try:
-        leases, _ = storage.list(Layout.CODE_LEASES, delimiter=None)  # g2
-        now = time.time()
-        leased_shas = {o.key.split("/")[1] for o in _fresh(leases, now, "lease-")}
-        named = named_archives(storage, except_run=except_run)  # g3
+        leased_shas = _leased(storage)  # g2
+        named = read_names(storage, except_run=except_run)  # g3
+        if named.corrupt:
+            return []
         removed = []
         for sha in candidates:
-            if sha in leased_shas or sha in named:
+            if sha in leased_shas or sha in named.shas:
                 continue
             storage.delete_object(Layout.code(sha))  # g4
             removed.append(sha)
@@ -117,6 +118,12 @@ def _remove_unused(storage: Storage, candidates: list[str], except_run: str = ""
         for key in intents:  # g5
             with contextlib.suppress(XrunError):
                 storage.delete_object(key)
+
+
+def _leased(storage: Storage) -> set[str]:
+    """The sha256s a submit holds a fresh lease on."""
+    leases, _ = storage.list(Layout.CODE_LEASES, delimiter=None)
+    return {o.key.split("/")[1] for o in _fresh(leases, time.time(), "lease-")}
 
 
 @dataclass(frozen=True)
@@ -165,19 +172,37 @@ def check_uploaded(storage: Storage, sha256: str) -> None:
                         "workdir (or --workdir DIR) instead")
 
 
+@dataclass
+class Names:
+    shas: set[str] = field(default_factory=set)  # every archive some run.json names
+    corrupt: list[str] = field(default_factory=list)  # runs whose run.json cannot be read
+
+
 def named_archives(storage: Storage, except_run: str = "") -> set[str]:
-    """The sha256 of every archive some run.json names (``spec.code_sha256``)."""
+    """The sha256 of every archive some readable run.json names (``spec.code_sha256``)."""
+    return read_names(storage, except_run).shas
+
+
+def read_names(storage: Storage, except_run: str = "") -> Names:
+    """:func:`named_archives`, and the runs whose run.json is corrupt (truncated, not JSON):
+    such a record may name any archive, so gc and purge keep every one while it is there."""
     _, prefixes = storage.list(Layout.RUNS)
-    names: set[str] = set()
+    out = Names()
     for p in prefixes:
-        run = p.rsplit("/", 1)[-1]
+        run = p.rstrip("/").rsplit("/", 1)[-1]
         if run == except_run or not RUN_NAME_RE.fullmatch(run):
             continue
-        record = storage.read_json(Layout.run_json(run)) or {}
-        sha = ((record.get("spec") or {}).get("code_sha256") or (record.get("code") or {}).get("sha256") or "")
-        if sha:
-            names.add(sha)
-    return names
+        record, problem = storage.read_record(Layout.run_json(run))
+        if problem:
+            out.corrupt.append(run)
+            continue
+        record = record or {}
+        spec, shipped = record.get("spec"), record.get("code")
+        sha = ((spec.get("code_sha256") if isinstance(spec, dict) else "")
+               or (shipped.get("sha256") if isinstance(shipped, dict) else "") or "")
+        if isinstance(sha, str) and sha:
+            out.shas.add(sha)
+    return out
 
 
 @dataclass
@@ -185,30 +210,43 @@ class GcResult:
     removed: list[str] = field(default_factory=list)  # sha256s
     kept: int = 0  # named by some run
     young: list[str] = field(default_factory=list)  # unnamed but within GRACE_S
+    leased: list[str] = field(default_factory=list)  # unnamed, but a submit is reusing it now
+    corrupt: list[str] = field(default_factory=list)  # runs whose corrupt run.json may name any
+    unnamed_kept: list[str] = field(default_factory=list)  # unnamed, kept for ``corrupt``
     bytes_removed: int = 0
 
 
 def gc(storage: Storage, *, dry_run: bool = False, grace_s: float = GRACE_S,
        now: float | None = None) -> GcResult:
-    """Remove every archive under ``code/`` that no run names (older than ``grace_s``)."""
+    """Remove every archive under ``code/`` that no run names (older than ``grace_s``).
+
+    Never a guess: an archive a submit holds a lease on stays, and while any run.json is
+    corrupt every archive stays (it may be the one that record names). ``dry_run`` decides
+    the same way, so it lists exactly what gc would remove now."""
     if not math.isfinite(grace_s) or grace_s < 0:  # nan would make every archive "old"
         raise XrunError(f"--grace: must be a finite number of seconds, 0 or more; got {grace_s!r}")
     objects, _ = storage.list(Layout.CODE)
-    named = named_archives(storage)
+    names = read_names(storage)
     now = time.time() if now is None else now
-    out = GcResult()
+    out = GcResult(corrupt=names.corrupt)
     candidates: dict[str, int] = {}
     for o in objects:
         name = o.key.rsplit("/", 1)[-1]
         if not name.endswith(".tar.gz"):
             continue
         sha = name.removesuffix(".tar.gz")
-        if sha in named:
+        if sha in names.shas:
             out.kept += 1
         elif now - o.updated < grace_s:
             out.young.append(sha)
         else:
             candidates[sha] = o.size
+    if names.corrupt:
+        out.unnamed_kept = list(candidates)
+        return out
+    leased = _leased(storage)
+    out.leased = [sha for sha in candidates if sha in leased]
+    candidates = {sha: size for sha, size in candidates.items() if sha not in leased}
     if dry_run:
         out.removed = list(candidates)
     else:  # decided again under the protocol above: a submit may be reusing one right now

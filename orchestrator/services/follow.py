@@ -28,7 +28,7 @@ from orchestrator.backends.base import Backend, BackendStatus
 from orchestrator.readers.checkpoints import list_checkpoints
 from orchestrator.readers.loaders import StoredRun
 from orchestrator.readers.logs import LogFollower
-from orchestrator.services.runs import record_state
+from orchestrator.services.runcore import record_state
 from orchestrator.services.view import run_view
 from xrun_contract import is_terminal
 from xrun_contract.errors import XrunError

@@ -20,7 +20,7 @@ from orchestrator.readers.logs import (
     list_log_chunks,
     tail_lines,
 )
-from orchestrator.services.runs import observe
+from orchestrator.services.runcore import observe
 from xrun_contract import is_terminal
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import Storage

@@ -147,9 +147,11 @@ class LocalBackend:
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
             )
         self.supervisor = proc  # callers that follow may wait on it
-        # The supervisor writes state.json at once; wait for it so status never sees nothing.
+        # The supervisor writes state.json at once; wait for its own (a resumed run's file
+        # is there already, the earlier attempt's end), so status and a follow never see
+        # nothing, or the attempt before.
         deadline = time.monotonic() + 30
-        while self.storage.read_json(Layout.state(name)) is None:
+        while (self.storage.read_json(Layout.state(name)) or {}).get("supervisor_pid") != proc.pid:
             if proc.poll() is not None:
                 raise XrunError(f"local supervisor exited with code {proc.returncode}; see "
                                f"{self.storage.url(Layout.supervisor_log(name))}", EXIT_FAILED)

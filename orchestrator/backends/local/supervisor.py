@@ -24,6 +24,9 @@ failurePolicy rules are then tried in order against every Job failed in that syn
 the first rule any of them matches decides (FailJobSet for xrun's rule; no rule matched:
 RestartJobSet, SIGTERM to every pod, SIGKILL after the grace period, while ``restarts <
 maxRestarts``). Every transition is written to ``state.json``.
+
+The pods as processes are planned in ``pods`` and the failure policies decided in
+``policy`` (both re-exported here); this module runs them and records what happens.
 """
 
 from __future__ import annotations
@@ -31,15 +34,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
-import re
 import shutil
 import signal
-import socket
-import string
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -49,7 +47,23 @@ from typing import Any
 
 import yaml
 
-from orchestrator.backends.local.k8s_env import expand
+from orchestrator.backends.local.pods import (  # noqa: F401 - re-exported for callers
+    JOB_COMPLETION_INDEX_ENV,
+    LOCAL_LOG_FLUSH_SECONDS,
+    Container,
+    Pod,
+    free_port,
+    plan_pods,
+)
+from orchestrator.backends.local.policy import (  # noqa: F401 - re-exported for callers
+    SYNC_JOB_BATCH_SECONDS,
+    FailedJob,
+    FailureDecision,
+    _ended,
+    failed_jobs,
+    failure_decision,
+    first_failed_policy_rule_and_job,
+)
 from xrun_contract import (
     DELETED,
     FAILED,
@@ -60,11 +74,11 @@ from xrun_contract import (
     TERMINAL_STATES,
     Env,
     Layout,
-    host_id,
+    PodFiles,
     summary,
 )
 from xrun_contract.errors import EXIT_FAILED, XrunError, exit_code_of_returncode
-from xrun_contract.k8s import Annotations, JobFailureReasons, Labels
+from xrun_contract.k8s import JobFailureReasons
 from xrun_contract.storage import (
     LocalStorage,
     Storage,
@@ -74,18 +88,8 @@ from xrun_contract.storage import (
 )
 
 POLL_SECONDS = 0.2
-# The Job controller syncs a Job at most once per this period after its pods' events
-# (kubernetes pkg/controller/job/job_controller.go, syncJobBatchPeriod): pods of one Job that
-# fail within it are judged in one syncJob, where a podFailurePolicy FailJob match on any
-# of them (getFailJobMessage walks every failed pod) comes before counting the failures
-# against the backoff limit.
-SYNC_JOB_BATCH_SECONDS = 1.0
-LOCAL_LOG_FLUSH_SECONDS = "0.5"
 # kubelet kuberuntime_container.go: minimumGracePeriodInSeconds, the least a sidecar gets.
 MIN_GRACE_SECONDS = 2.0
-# The Job controller adds this env to every container of an Indexed Job's pods
-# (kubernetes pkg/controller/job/indexed_job_utils.go addCompletionIndexEnvVariables).
-JOB_COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
 # The supervisor's own storage writes (state.json) never end the run: a write it cannot do
 # is kept (the newest state only) and retried with this backoff until it lands.
 WRITE_RETRY_SECONDS = (0.5, 5.0)
@@ -98,316 +102,6 @@ def say(line: str) -> None:
     """A line in supervisor.log; never an error (the log may sit on the full disk itself)."""
     with contextlib.suppress(OSError, ValueError):
         print(line, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Container:
-    """One container of a pod, as the process it would run."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    sidecar: bool = False  # an init container with restartPolicy Always
-    proc: subprocess.Popen | None = None
-
-
-@dataclass
-class Pod:
-    """One pod of the JobSet: its init containers and sidecars, then the main container."""
-
-    slice_index: int
-    host_index: int
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    init: list[Container] = field(default_factory=list)
-    container: str = ""  # the main container's name
-    folder: str = ""  # the pod's emptyDir volumes live below (made when the pod starts)
-    volumes: list[str] = field(default_factory=list)  # emptyDir folders, below folder
-    proc: subprocess.Popen | None = None  # the main container's process
-    exit_code: int | None = None
-    failed_container: str = ""  # whose exit code exit_code is
-    exited_at: float | None = None  # monotonic time the pod ended (sidecars stopped)
-    # When its main container (or a failing init container) ended: a host whose failure
-    # brings the others down within milliseconds is the one to blame, however long its
-    # sidecar then takes to drain the log.
-    failed_at: float | None = None
-    stopping: bool = False
-    deadline: float | None = None  # monotonic SIGKILL time of a stop
-    replicated_job: str = ""  # the replicatedJob its Job belongs to
-    job: str = ""  # its Job's name, <jobset>-<replicatedJob>-<index>
-    namespace: str = "default"
-
-    @property
-    def host(self) -> str:
-        return host_id(self.slice_index, self.host_index)
-
-
-def _field_value(path: str, meta: dict[str, Any]) -> str:
-    """Resolve a Downward-API fieldPath against the pod's would-be metadata."""
-    if path == "metadata.name":
-        return meta["name"]
-    if path == "metadata.namespace":
-        return meta["namespace"]
-    for kind in ("labels", "annotations"):
-        prefix = f"metadata.{kind}['"
-        if path.startswith(prefix) and path.endswith("']"):
-            key = path[len(prefix):-2]
-            if key not in meta[kind]:
-                raise XrunError(f"manifest: fieldRef {path} names a {kind[:-1]} the pod will not have", EXIT_FAILED)
-            return meta[kind][key]
-    raise XrunError(f"manifest: unsupported fieldRef {path}", EXIT_FAILED)
-
-
-def _resolve_env(container: dict[str, Any], meta: dict[str, Any]) -> dict[str, str]:
-    env: dict[str, str] = {}
-    for item in container.get("env", []):
-        if "valueFrom" in item:
-            ref = item["valueFrom"].get("fieldRef")
-            if not ref:
-                raise XrunError(f"manifest: env {item['name']}: only fieldRef is supported locally", EXIT_FAILED)
-            env[item["name"]] = _field_value(ref["fieldPath"], meta)
-        else:
-            env[item["name"]] = expand(item.get("value", ""), env)
-    return env
-
-
-def _suffix() -> str:
-    return "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
-
-
-def _mounts(container: dict[str, Any], volumes: dict[str, str]) -> dict[str, str]:
-    """mountPath -> host folder for the container's emptyDir mounts (not /dev/shm)."""
-    return {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])
-            if m.get("name") in volumes}
-
-
-def _container(container: dict[str, Any], meta: dict[str, Any], port: int,
-               volumes: dict[str, str], completion_index: int) -> Container:
-    env = {JOB_COMPLETION_INDEX_ENV: str(completion_index), **_resolve_env(container, meta)}
-    _localise(env, port)
-    for mount_path, folder in _mounts(container, volumes).items():
-        for key, value in env.items():
-            if value == mount_path or value.startswith(mount_path.rstrip("/") + "/"):
-                env[key] = folder + value[len(mount_path.rstrip("/")):]
-    argv = [expand(a, env) for a in container.get("command", []) + container.get("args", [])]
-    if not argv:
-        raise XrunError(f"manifest: container {container.get('name')} has no command; local runs need one",
-                        EXIT_FAILED)
-    if argv[0] in ("python3", "python"):
-        argv[0] = sys.executable  # the image's python is this environment's python
-    return Container(container["name"], argv, env, sidecar=container.get("restartPolicy") == "Always")
-
-
-def plan_pods(manifest: dict[str, Any], attempt: int, port: int, root: str | None = None) -> list[Pod]:
-    """Every pod of the JobSet with its containers' argv and env as the cluster would give
-    them; emptyDir volumes are folders under ``root`` (the temporary folder when None).
-
-    Nothing is written: the pod's runner makes its folders when the pod starts and removes
-    them when it ends, so a plan that is never run (a bad manifest, a test) leaves nothing."""
-    name = manifest["metadata"]["name"]
-    namespace = manifest["metadata"].get("namespace", "default")
-    pods: list[Pod] = []
-    global_index = 0
-    for rj in manifest["spec"]["replicatedJobs"]:
-        job = rj["template"]["spec"]
-        pod_template = job["template"]
-        (container,) = pod_template["spec"]["containers"]
-        inits = pod_template["spec"].get("initContainers", [])
-        empty_dirs = [v["name"] for v in pod_template["spec"].get("volumes", [])
-                      if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory"]
-        for job_index in range(rj.get("replicas", 1)):
-            for completion_index in range(job.get("parallelism", 1)):
-                meta = {
-                    "name": f"{name}-{rj['name']}-{job_index}-{completion_index}-{_suffix()}",
-                    "namespace": namespace,
-                    "labels": {
-                        **pod_template.get("metadata", {}).get("labels", {}),
-                        Labels.JOBSET_NAME: name,
-                        Labels.REPLICATED_JOB_NAME: rj["name"],
-                        Labels.JOB_INDEX: str(job_index),
-                        Labels.JOB_GLOBAL_INDEX: str(global_index),
-                        Labels.RESTART_ATTEMPT: str(attempt),
-                        Labels.COMPLETION_INDEX: str(completion_index),
-                    },
-                    "annotations": {
-                        Annotations.COMPLETION_INDEX: str(completion_index),
-                        Annotations.JOB_GLOBAL_INDEX: str(global_index),
-                    },
-                }
-                # mkdtemp's name, made when the pod starts (os.mkdir refuses an existing one)
-                folder = os.path.join(root or tempfile.gettempdir(), f"{meta['name']}-{_suffix()}{_suffix()}")
-                volumes = {v: os.path.join(folder, v) for v in empty_dirs}
-                main = _container(container, meta, port, volumes, completion_index)
-                env = main.env
-                pods.append(Pod(int(env.get(Env.SLICE_INDEX, global_index)),
-                                int(env.get(Env.HOST_INDEX, completion_index)),
-                                meta["name"], main.argv, env,
-                                init=[_container(c, meta, port, volumes, completion_index) for c in inits],
-                                container=container["name"], folder=folder,
-                                volumes=list(volumes.values()), replicated_job=rj["name"],
-                                job=f"{name}-{rj['name']}-{job_index}", namespace=namespace))
-            global_index += 1
-    return pods
-
-
-def _localise(env: dict[str, str], port: int) -> None:
-    """Cluster DNS and accelerators do not exist here: map them to 127.0.0.1 and CPUs."""
-    for name in (Env.COORDINATOR_ADDRESS, Env.JAX_COORDINATOR_ADDRESS):
-        if name in env:
-            env[name] = f"127.0.0.1:{port}"
-    for name in (Env.MEGASCALE_COORDINATOR_ADDRESS, Env.JAX_COORDINATOR_IP):
-        if name in env:
-            env[name] = "127.0.0.1"
-    if Env.JAX_COORDINATOR_PORT in env:
-        env[Env.JAX_COORDINATOR_PORT] = str(port)
-    env[Env.PLATFORM] = "cpu"
-    if "JAX_PLATFORMS" in env:  # a GPU pod pins cuda (xrun_contract.JAX_PLATFORMS_FOR)
-        env["JAX_PLATFORMS"] = "cpu"
-    env.setdefault(Env.LOG_FLUSH_SECONDS, LOCAL_LOG_FLUSH_SECONDS)
-
-
-def _fail_job_rule_index(job_spec: dict[str, Any], code: int, container: str = "") -> int | None:
-    """The index of the Job's podFailurePolicy FailJob rule that matches this exit code of
-    this container, or None. (A rule's containerName restricts it to that container's code.)"""
-    for i, rule in enumerate(job_spec.get("podFailurePolicy", {}).get("rules", [])):
-        on = rule.get("onExitCodes")
-        if rule.get("action") != "FailJob" or not on or code == 0:
-            continue
-        if on.get("containerName") and container and on["containerName"] != container:
-            continue
-        values = set(on.get("values", []))
-        if (on.get("operator") == "In") == (code in values):
-            return i
-    return None
-
-
-def _fails_job_for_good(job_spec: dict[str, Any], code: int, container: str = "") -> bool:
-    """Does a podFailurePolicy FailJob rule of the Job match this exit code of this container?"""
-    return _fail_job_rule_index(job_spec, code, container) is not None
-
-
-def _ended(pod: Pod) -> float:
-    return pod.failed_at or pod.exited_at or 0.0
-
-
-@dataclass
-class FailedJob:
-    """A Job as the JobSet controller sees it once the Job controller has failed it."""
-
-    replicated_job: str
-    name: str
-    reason: str  # the JobFailed condition's reason: PodFailurePolicy or BackoffLimitExceeded
-    message: str
-    failed_at: float  # when it failed (its first failed pod's end, see failed_jobs)
-    pod: Pod  # the pod whose failure gave the reason: the host to name
-
-
-@dataclass
-class FailureDecision:
-    """What the JobSet's failurePolicy does about the failed Jobs of one sync."""
-
-    action: str  # FailJobSet, RestartJobSet, RestartJobSetAndIgnoreMaxRestarts, FailedJobs
-    job: FailedJob  # the Job the action names ("first failed job: ...")
-    rule: str = ""  # the matching rule's name; "" when none matched (the default action)
-
-
-def failed_jobs(failed: list[Pod], job_specs: dict[str, dict[str, Any]]) -> list[FailedJob]:
-    """The Jobs these failed pods fail, as the Job controller judges each (kubernetes
-    pkg/controller/job/job_controller.go syncJob): the pods of one Job that failed within
-    SYNC_JOB_BATCH_SECONDS of its first failure are judged together, and a podFailurePolicy
-    FailJob match among them (getFailJobMessage walks every failed pod) gives reason
-    PodFailurePolicy even if a restartable failure came a moment earlier: a host that exits
-    with a non-restartable code tears down the collective, and its peers' restartable exits
-    can land before its own. Otherwise BackoffLimitExceeded (xrun's backoffLimit is 0).
-
-    ``failed_at`` is the Job's first failed pod's end. Since Kubernetes 1.31 the Job
-    controller first sets FailureTarget, deletes the Job's other pods and sets Failed (the
-    time JobSet orders by) only once they are terminal (job_controller.go
-    delayTerminalCondition, enactJobFinished); here every pod is stopped together once the
-    JobSet has decided, so the first failure stands for it."""
-    jobs: dict[str, list[Pod]] = {}
-    for p in failed:
-        jobs.setdefault(p.job or str(p.slice_index), []).append(p)
-    out = []
-    for name, pods in jobs.items():
-        pods = sorted(pods, key=_ended)
-        batch = [p for p in pods if _ended(p) <= _ended(pods[0]) + SYNC_JOB_BATCH_SECONDS]
-        job_spec = job_specs.get(pods[0].replicated_job) or next(iter(job_specs.values()))
-        hit = next((p for p in batch if p.exit_code is not None
-                    and _fails_job_for_good(job_spec, p.exit_code, p.failed_container)), None)
-        if hit is not None:
-            # kubernetes pkg/controller/job/pod_failure_policy.go matchPodFailurePolicy's message.
-            index = _fail_job_rule_index(job_spec, hit.exit_code or 0, hit.failed_container)
-            out.append(FailedJob(hit.replicated_job, name, JobFailureReasons.POD_FAILURE_POLICY,
-                                 f"Container {hit.failed_container} for pod {hit.namespace}/{hit.name} failed with "
-                                 f"exit code {hit.exit_code} matching FailJob rule at index {index}",
-                                 _ended(pods[0]), hit))
-        else:
-            out.append(FailedJob(pods[0].replicated_job, name, JobFailureReasons.BACKOFF_LIMIT_EXCEEDED,
-                                 "Job has reached the specified backoff limit", _ended(pods[0]), pods[0]))
-    return out
-
-
-def _rule_applies(rule: dict[str, Any], job: FailedJob) -> bool:
-    """jobset pkg/controllers/failure_policy.go ruleIsApplicable: the Job's failure reason
-    among onJobFailureReasons, its message matching one of onJobFailureMessagePatterns, its
-    replicatedJob among targetReplicatedJobs (each: any, when empty)."""
-    reasons = rule.get("onJobFailureReasons") or []
-    patterns = rule.get("onJobFailureMessagePatterns") or []
-    targets = rule.get("targetReplicatedJobs") or []
-    return ((not reasons or job.reason in reasons)
-            and (not patterns or any(_search(p, job.message) for p in patterns))
-            and (not targets or job.replicated_job in targets))
-
-
-def _search(pattern: str, text: str) -> bool:
-    """Go's regexp.MatchString: a match anywhere; an invalid pattern matches nothing."""
-    try:
-        return re.search(pattern, text) is not None
-    except re.error:
-        return False
-
-
-def first_failed_policy_rule_and_job(rules: list[dict[str, Any]],
-                                     jobs: list[FailedJob]) -> tuple[dict[str, Any] | None, FailedJob | None]:
-    """jobset pkg/controllers/failure_policy.go findFirstFailedPolicyRuleAndJob: the RULES
-    first, in order; the first rule that any failed Job matches wins, with the earliest-
-    failed Job among those it matches. A Job that failed earlier but matches only a later
-    rule does not outrank it."""
-    for rule in rules:
-        match: FailedJob | None = None
-        for job in jobs:
-            if _rule_applies(rule, job) and (match is None or job.failed_at < match.failed_at):
-                match = job
-        if match is not None:
-            return rule, match
-    return None, None
-
-
-def failure_decision(manifest: dict[str, Any], failed: list[Pod]) -> FailureDecision:
-    """jobset pkg/controllers/failure_policy.go executeFailurePolicy on the Jobs these
-    failed pods fail: no failurePolicy -> the JobSet fails (FailedJobs) naming the first
-    failed Job (findFirstFailedJob); else the action of the first rule any failed Job
-    matches (first_failed_policy_rule_and_job), or RestartJobSet for the first failed Job
-    when none does (defaultFailurePolicyRuleAction)."""
-    spec = manifest["spec"]
-    job_specs = {rj["name"]: rj["template"]["spec"] for rj in spec["replicatedJobs"]}
-    jobs = failed_jobs(failed, job_specs)
-    first = min(jobs, key=lambda j: j.failed_at)
-    policy = spec.get("failurePolicy")
-    if policy is None:
-        return FailureDecision("FailedJobs", first)
-    rule, job = first_failed_policy_rule_and_job(policy.get("rules") or [], jobs)
-    if rule is None or job is None:
-        return FailureDecision("RestartJobSet", first)
-    return FailureDecision(rule["action"], job, rule.get("name", ""))
 
 
 def attempt_base(manifest: dict[str, Any]) -> int:
@@ -670,6 +364,7 @@ class Supervisor:
         for c in reversed(sidecars):
             if c.proc is None or c.proc.poll() is not None:
                 continue
+            _await_shipper(c)
             left = (pod.deadline - time.monotonic()) if pod.deadline else self.grace_seconds
             with contextlib.suppress(ProcessLookupError):
                 c.proc.send_signal(signal.SIGTERM)
@@ -787,6 +482,22 @@ class Supervisor:
 
     def _on_stop(self, _signum, _frame) -> None:
         self.stop_requested = True
+
+
+SHIPPER_READY_SECONDS = 10.0
+
+
+def _await_shipper(c: Container) -> None:
+    """xrun's log shipper, SIGTERMed while it is still starting (a main container that ended
+    at once), would die before it drains: nothing of the pod's output stored. Wait (up to
+    SHIPPER_READY_SECONDS) for it to say it handles SIGTERM. (Other sidecars: as kubelet.)"""
+    folder = c.env.get(Env.POD_DIR)
+    if not folder or "workload.sidecar" not in c.argv or c.argv[-1] != "ship" or c.proc is None:
+        return
+    ready = os.path.join(folder, PodFiles.SHIPPER_READY)
+    deadline = time.monotonic() + SHIPPER_READY_SECONDS
+    while not os.path.exists(ready) and c.proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -1,0 +1,30 @@
+"""The soak of bench/bench_soak.py, shortened for CI (issue #53): 60 steps of the tiny run
+with a forced restart every 20, followed end to end by ``xrun submit --follow``; the follow's
+RSS stays bounded, every stored log line is printed exactly once, checkpoints stay within
+their retention and the final loss is the uninterrupted run's."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from orchestrator.backends.local.backend import run_processes, stop_processes
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_soak.py"
+
+
+def test_soak_shortened(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_soak", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    root = tmp_path / "store"
+    try:
+        figures = bench.soak(root, steps=60, every=20, timeout_s=600)
+    finally:
+        for name in ("ref", "soak"):
+            pids = run_processes(str(root), name)
+            if pids:
+                stop_processes(pids, 2.0)
+    assert all(figures["checks"].values()), figures
+    assert figures["restarts"] == 2 and figures["stored_log_lines"] > 0
