@@ -225,9 +225,12 @@ def say_ready(pod_dir: Path) -> None:
     """Tell the launcher this shipper now takes SIGTERM (``PodFiles.SHIPPER_READY``).
 
     The kubelet starts the workload container once this container's process runs, not once
-    it can take a signal (KEP-753: a restartable init container without a startupProbe is
-    started when running; ``kuberuntime_manager.go`` computeInitContainerActions), and
-    sends it SIGTERM as soon as the workload ended. A workload shorter than this
+    it can take a signal (a native sidecar without a startupProbe is started "almost in
+    parallel" with the main container: kubernetes.io/blog/2025/06/03/start-sidecar-first),
+    and sends it SIGTERM as soon as the workload ended. A startupProbe would hold every
+    workload's start for a probe period (whole seconds) and, while the pod code is fetched
+    in an outage, for the outage; waiting at the workload's end costs nothing once the
+    shipper is up, which it nearly always is by then. A workload shorter than this
     interpreter's start (an ``echo``: the launcher's ~1 s against 2-4 s of python start
     measured at a load of 23 on 2 cores) killed the shipper by SIGTERM's default action
     before it had shipped a line, and the host's whole log was lost. The launcher waits
