@@ -71,7 +71,14 @@ main()
 _MAIN = (_SOURCE.replace("@SHA_ENV@", Env.POD_CODE_SHA256).replace("@DIR_ENV@", Env.POD_DIR)
          .replace("@MOUNT@", PodFiles.MOUNT_PATH).replace("@LIB@", PodFiles.LIB)
          .replace("@STORAGE_ENV@", Env.STORAGE).replace("@KEY@", Layout.pod_code("SHA")))
-BOOTSTRAP = _shared_source() + "\n\n" + _MAIN.strip() + "\n"
+# Before the pod code is fetched (seconds; minutes in an outage), as workload.sidecar does
+# first when run itself: the log shipper holds SIGTERM pending until its own thread takes it,
+# so the workload's end cannot kill it while it starts (workload.sidecar.say_ready). After
+# the shared module, whose ``from __future__`` import must come first (stdlib imports only).
+_PROLOGUE = ("import signal, sys\n"
+             "if sys.argv[1:] == ['ship']:\n"
+             "    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})\n")
+BOOTSTRAP = _shared_source() + "\n\n" + _PROLOGUE + _MAIN.strip() + "\n"
 assert "$(" not in BOOTSTRAP
 
 # What the zip holds, relative to the repository root (globs): the pod side only, all of it

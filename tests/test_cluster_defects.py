@@ -31,7 +31,7 @@ from manifests.jobset import jobset
 from manifests.spec import build_spec
 from orchestrator.backends.kube.backend import KubeBackend
 from orchestrator.services import doctor
-from xrun_contract import EXIT_CODE_LINE, Env, Layout, split_stamp
+from xrun_contract import EXIT_CODE_LINE, Env, Layout, PodFiles, split_stamp
 from xrun_contract.storage import gcs_client, open_storage, read_chunks
 
 
@@ -65,8 +65,18 @@ def test_exit_code_survives_unreachable_storage(gcs_proxy, gcs_bucket, mode, tmp
         Env.STORAGE: f"{gcs_bucket}/xrun", Env.RUN_NAME: "wr", Env.LOG_FLUSH_SECONDS: "0.2",
         Env.POD_DIR: str(pod_dir)})
     ship = [sys.executable, "-m", "workload.sidecar", "ship"]
+    ready = pod_dir / PodFiles.SHIPPER_READY
+
+    def started(side: subprocess.Popen) -> None:  # it takes SIGTERM: a 2 s sleep was short
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert side.poll() is None and time.monotonic() < deadline, side.returncode
+            time.sleep(0.02)
+        time.sleep(2)  # shipping tried while running
+
+    ready.unlink()  # run_launcher's stand-in: the real one comes
     side = subprocess.Popen(ship, env=env, stderr=subprocess.PIPE, text=True)
-    time.sleep(2)
+    started(side)
     side.terminate()  # the kubelet's SIGTERM once the workload container ended
     time.sleep(2)
     side.kill()  # the grace period is over: the final shipping could not finish
@@ -80,8 +90,9 @@ def test_exit_code_survives_unreachable_storage(gcs_proxy, gcs_bucket, mode, tmp
     gcs_proxy.clear()
     storage = open_storage(f"{gcs_bucket}/xrun")
     assert storage.list(Layout.run("wr"), delimiter=None)[0] == []
+    ready.unlink()
     side = subprocess.Popen(ship, env=env, stderr=subprocess.PIPE, text=True)  # restarted
-    time.sleep(2)
+    started(side)
     side.terminate()
     assert side.wait(timeout=60) == 0
     shipped = "".join(d.decode() for _, d in read_chunks(storage, Layout.host_logs("wr", "0-0", 0)))

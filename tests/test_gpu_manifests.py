@@ -13,6 +13,7 @@ from manifests.admission import violations
 from manifests.jobset import jobset
 from manifests.spec import build_spec
 from orchestrator.backends.local.supervisor import plan_pods
+from xrun_contract import PodFiles
 
 GPU_SHAPES = sorted(n for n, s in catalogue.shapes().items() if s.kind == "gpu")
 # Family facts as GKE and xpk name them: (node label, machine type, stack, sidecar).
@@ -195,6 +196,7 @@ def test_the_launcher_sources_the_profile_and_falls_back_without_it(tmp_path, pr
         path.write_text("export NCCL_PROTO=LL\nNICS=(eth1 eth2)\n")
     pod_dir = tmp_path / "pod"
     install(pod_dir)
+    (pod_dir / PodFiles.SHIPPER_READY).write_text("")  # the log shipper started
     env = {**workload_env(obj), "PATH": "/usr/bin:/bin", "XRUN_POD_DIR": str(pod_dir),
            "XRUN_NCCL_ENV_PROFILE": str(path), "NCCL_LIB_DIR": str(lib)}
     report = "for n in " + " ".join(NAMES) + '; do eval "echo $n=\\${$n-unset}"; done'

@@ -12,7 +12,7 @@ import time
 
 import pytest
 import yaml
-from cli_helpers import pid_alive, xrun, xrun_popen
+from cli_helpers import REPO, pid_alive, xrun, xrun_popen
 
 from manifests.spec import build_spec
 from orchestrator.backends.local.backend import run_processes
@@ -62,6 +62,27 @@ def test_success_logs_status_list(tmp_path):
     # Same name again: refused (exit 2, nothing written) unless --replace.
     r = xrun("submit", "--name", "ok", *BASE, "--command", "true", "--detach", storage=store)
     assert r.returncode == 2 and "already exists" in r.stderr
+
+
+def test_a_short_command_keeps_its_lines_when_the_shipper_starts_slowly(tmp_path):
+    """Seen under a load of 10-19: ``--follow`` said Succeeded but printed no line of one
+    host. Its log shipper got SIGTERM (the workload container ended: an echo, ~1 s with the
+    launcher) while python still started (2-4 s measured at a load of 23), and SIGTERM's
+    default action killed it before it had shipped a line. Here every shipper starts 3 s
+    late (a sitecustomize); the launcher waits for it to take SIGTERM before it ends."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "sitecustomize.py").write_text(
+        "import sys, time\n"
+        "if sys.orig_argv[-2:] == ['workload.sidecar', 'ship']:\n"
+        "    time.sleep(3)\n")
+    store = tmp_path / "store"
+    r = xrun("submit", "--name", "slowship", *BASE, "--command", 'echo "host $XRUN_HOST_INDEX"',
+             "--follow", storage=store, PYTHONPATH=f"{REPO}:{slow}")
+    assert r.returncode == 0, r.stderr
+    for host in ("0-0", "0-1"):
+        assert f"[{host}] host {host[-1]}" in r.stdout, r.stdout
+        assert f"[{host}] EXIT_CODE=0" in r.stdout, r.stdout
 
 
 def test_restartable_exit_restarts_whole_set(tmp_path):

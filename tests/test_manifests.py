@@ -20,6 +20,7 @@ from manifests import catalogue
 from manifests.jobset import check_no_empty, jobset
 from manifests.spec import RunSpec, build_spec, max_name_length
 from orchestrator.cli import main
+from xrun_contract import PodFiles
 from xrun_contract.errors import XrunError
 
 SHAPES = sorted(catalogue.shapes()) + ["cpu-1", "cpu-2", "cpu-4"]
@@ -266,16 +267,21 @@ def test_no_empty_fields_in_any_rendered_manifest():
 HARMFUL = "echo 'single' \"double\" $HOME ${X} $(echo sub) `echo tick`; echo a\\b\nprintf '%s' \"$$\" ; echo 'end'"
 
 
-def run_launcher(tmp_path, command: str, env: dict[str, str] | None = None, **kw):
+def run_launcher(tmp_path, command: str, env: dict[str, str] | None = None,
+                 shipper_ready: bool = True, **kw):
     """The user's container command as rendered, run here: the launcher installed by the
     init container's code, ``$(XRUN_POD_DIR)`` expanded as Kubernetes would. Started in its
-    own session, as a container's PID 1 is (the launcher signals its process group)."""
+    own session, as a container's PID 1 is (the launcher signals its process group).
+    ``shipper_ready``: the log shipper's ready file is there (the launcher waits for it at
+    its end), as a pod's shipper writes it within a second of starting."""
     from manifests.jobset import launcher_argv
     from orchestrator.backends.local.k8s_env import expand
     from workload.sidecar import install
 
     pod_dir = tmp_path / "pod"
     install(pod_dir)
+    if shipper_ready:
+        (pod_dir / PodFiles.SHIPPER_READY).write_text("")
     env = {"PATH": "/usr/bin:/bin", "XRUN_POD_DIR": str(pod_dir), **(env or {})}
     argv = [expand(a, env) for a in launcher_argv(command)]
     return subprocess.Popen(argv, env=env, cwd=str(tmp_path), start_new_session=True, **kw), pod_dir
@@ -353,7 +359,12 @@ def test_launcher_killed_leaves_no_tail_behind(tmp_path):
     deadline = time.time() + 20
     while "started" not in (out.read_text() if out.exists() else "") and time.time() < deadline:
         time.sleep(0.05)
-    tails = [pid for pid, cmd in _session(p.pid).items() if cmd.startswith("tail ")]
+    # The launcher starts its `tail -f` beside the command: on a loaded machine it can come
+    # a moment after the command's first line.
+    tails: list[int] = []
+    while not tails and time.time() < deadline:
+        tails = [pid for pid, cmd in _session(p.pid).items() if cmd.startswith("tail ")]
+        time.sleep(0.05)
     assert len(tails) == 1, _session(p.pid)
     p.kill()
     p.wait(timeout=10)
@@ -365,6 +376,22 @@ def test_launcher_killed_leaves_no_tail_behind(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):  # the command: a runtime's job
             os.killpg(p.pid, signal.SIGKILL)
+
+
+def test_launcher_ends_once_the_log_shipper_takes_sigterm(tmp_path):
+    """The shipper gets SIGTERM when this container ends, and its default action killed a
+    shipper still starting (2-4 s of python under load, an echo ends in ~1 s): the host's
+    whole log was lost. The launcher's end waits for the shipper's ready file."""
+    p, pod_dir = run_launcher(tmp_path, "echo hi", shipper_ready=False)
+    out = pod_dir / PodFiles.OUTPUT
+    deadline = time.time() + 20
+    while "EXIT_CODE=0" not in (out.read_text() if out.exists() else "") and time.time() < deadline:
+        time.sleep(0.05)
+    assert "EXIT_CODE=0" in out.read_text()  # its lines are written: it waits after them
+    with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(timeout=1.5)
+    (pod_dir / PodFiles.SHIPPER_READY).write_text("")
+    assert p.wait(timeout=10) == 0
 
 
 def test_launcher_exit_code_and_sigterm_forwarding(tmp_path):

@@ -27,7 +27,7 @@ from manifests.jobset import INIT_CONTAINER, LOGS_CONTAINER
 from manifests.spec import DEFAULT_XRUN_PYTHON_IMAGE, RunSpec, build_spec
 from orchestrator.services import code, podcode
 from orchestrator.services.runs import render
-from xrun_contract import Layout
+from xrun_contract import Layout, PodFiles
 from xrun_contract.storage import open_storage
 
 
@@ -150,6 +150,8 @@ def test_init_and_shipper_run_with_only_the_python_images_contents(where, reques
                 assert time.monotonic() < deadline and shipper.poll() is None, shipper.stderr
                 time.sleep(0.1)
             f.write("EXIT_CODE=0\nno newline at the end")  # drained on SIGTERM, partial line too
+        # It takes SIGTERM, so the launcher may end (workload.sidecar.say_ready).
+        assert (pod_dir / PodFiles.SHIPPER_READY).read_text() == f"{shipper.pid}\n"
         shipper.send_signal(signal.SIGTERM)
         assert shipper.wait(60) == 0, shipper.stderr.read() if shipper.stderr else ""
     finally:

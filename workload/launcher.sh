@@ -22,7 +22,7 @@
 #     it never starts (exit 143);
 #   * prints the start, end and EXIT_CODE lines (xrun_contract WRAPPER_*_LINE, EXIT_CODE_LINE)
 #     and exits with the command's code (128+N for a signal) - the pod's exit code, which the
-#     Job's podFailurePolicy reads;
+#     Job's podFailurePolicy reads - once the log shipper takes SIGTERM (shipper.ready);
 #   * an exit 1 right after JAX's "Terminating process because the JAX distributed service
 #     detected fatal errors" (native QFATAL: a peer died) exits $XRUN_RESTARTABLE_EXIT_CODE
 #     instead (workload/failures.py classify_output; needs grep in the image).
@@ -216,4 +216,13 @@ secs=$((end - start))
 emit "$(printf 'xrun-wrapper: end host=%s-%s exit_code=%s seconds=%d.%02d' "$slice" "$host" "$code" \
   $((secs / 100)) $((secs % 100)))" "$severity"
 emit "EXIT_CODE=$code" "$severity"
+# The log shipper (the xrun-logs sidecar) gets SIGTERM as soon as this container ends, and
+# the kubelet started this container once the shipper's process ran, not once it could take
+# the signal: a command shorter than python's start (an echo) killed the shipper before it
+# shipped a line, and the host's whole log was lost. It writes shipper.ready once SIGTERM
+# waits for its drain (xrun_contract PodFiles.SHIPPER_READY): wait for that, at most 20 s.
+n=0
+while [ ! -e "$dir/shipper.ready" ] && [ "$n" -lt 200 ]; do
+  if sleep 0.1 2>/dev/null; then n=$((n + 1)); else sleep 1; n=$((n + 10)); fi
+done
 exit "$code"

@@ -24,27 +24,43 @@ kubernetes ``pkg/kubelet/kuberuntime/kuberuntime_termination_order.go`` waitForT
 sidecars wait for the main containers; ``kuberuntime_container.go`` killContainer then
 gives them at least ``minimumGracePeriodInSeconds`` = 2 s even when the main container used
 the whole grace period and was SIGKILLed), so on SIGTERM the file is complete and the
-shipper drains it to the end, partial last line included, then exits 0.
+shipper drains it to the end, partial last line included, then exits 0. SIGTERM is blocked
+from this module's first statement (``manifests.podcode``'s bootstrap: its first) and taken
+by a thread of the shipper's; the launcher's end waits for ``DIR/shipper.ready``, written
+once it is (``say_ready``), so a short workload cannot kill a shipper still starting.
 
 Imports neither jax nor kubernetes: it must start in a fraction of a second.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import shutil
 import signal
 import sys
-import threading
-import time
-from collections.abc import Callable
-from pathlib import Path
 
-from xrun_contract import Env, Layout, PodFiles, host_id, restart_attempt, stamp_line, writer_id
-from xrun_contract.gcs_rest import Backoff
-from xrun_contract.storage import classify_storage_error
+if __name__ == "__main__" and sys.argv[1:] == ["ship"]:
+    # Before any other import (seconds on a loaded machine): a SIGTERM from now on waits,
+    # pending, for stop_on_signals' thread instead of killing a shipper that shipped nothing.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+import json  # noqa: E402
+import os  # noqa: E402
+import shutil  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from xrun_contract import (  # noqa: E402
+    Env,
+    Layout,
+    PodFiles,
+    host_id,
+    restart_attempt,
+    stamp_line,
+    writer_id,
+)
+from xrun_contract.gcs_rest import Backoff  # noqa: E402
+from xrun_contract.storage import classify_storage_error  # noqa: E402
 
 MAX_CHUNK_BYTES = 8 << 20  # read at once at most (after an outage the backlog is split)
 READ_SECONDS = 0.2  # how often new lines are read and stamped
@@ -205,6 +221,28 @@ def stop_on_signals(stop: threading.Event) -> None:
     threading.Thread(target=wait, name="xrun-logs-signals", daemon=True).start()
 
 
+def say_ready(pod_dir: Path) -> None:
+    """Tell the launcher this shipper now takes SIGTERM (``PodFiles.SHIPPER_READY``).
+
+    The kubelet starts the workload container once this container's process runs, not once
+    it can take a signal (a native sidecar without a startupProbe is started "almost in
+    parallel" with the main container: kubernetes.io/blog/2025/06/03/start-sidecar-first),
+    and sends it SIGTERM as soon as the workload ended. A startupProbe would hold every
+    workload's start for a probe period (whole seconds) and, while the pod code is fetched
+    in an outage, for the outage; waiting at the workload's end costs nothing once the
+    shipper is up, which it nearly always is by then. A workload shorter than this
+    interpreter's start (an ``echo``: the launcher's ~1 s against 2-4 s of python start
+    measured at a load of 23 on 2 cores) killed the shipper by SIGTERM's default action
+    before it had shipped a line, and the host's whole log was lost. The launcher waits
+    for this file before its container ends (``workload/launcher.sh``). A shipper the
+    kubelet restarted finds its predecessor's file: only its interpreter's start, before the
+    block at this module's top, is then uncovered."""
+    try:
+        (pod_dir / PodFiles.SHIPPER_READY).write_text(f"{os.getpid()}\n")
+    except OSError as e:  # the folder is the pod's emptyDir: only a broken pod lacks it
+        print(f"xrun-logs: cannot write {pod_dir / PodFiles.SHIPPER_READY}: {e}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "install":
         install(Path(argv[1]))
@@ -226,8 +264,7 @@ def main(argv: list[str]) -> int:
     stop = threading.Event()
     stop_on_signals(stop)
     pod_dir = Path(os.environ.get(Env.POD_DIR) or PodFiles.MOUNT_PATH)
-    with contextlib.suppress(OSError):  # a SIGTERM from now on drains the output first
-        (pod_dir / PodFiles.SHIPPER_READY).touch()
+    say_ready(pod_dir)
     write = storage_writer()
     if write is None:
         print("xrun-logs: no XRUN_STORAGE/XRUN_RUN_NAME; nothing to ship", file=sys.stderr, flush=True)

@@ -181,7 +181,9 @@ class PodFiles:
     LAUNCHER = "bin/xrun-launch"
     OUTPUT = "output.log"
     SHIPPED = "shipped.json"
-    SHIPPER_READY = "shipper.ready"  # the shipper handles SIGTERM from now on (drains, then exits)
+    # Written by the shipper once it takes SIGTERM (blocked, awaited by a thread of its own);
+    # the launcher waits for it before its container ends (the shipper's SIGTERM follows).
+    SHIPPER_READY = "shipper.ready"
     CODE = "code"  # the shipped working tree, unpacked by the init container
     LIB = "lib"  # xrun's pod code (Layout.pod_code), unpacked by the init container's bootstrap
 

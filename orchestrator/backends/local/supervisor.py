@@ -74,7 +74,6 @@ from xrun_contract import (
     TERMINAL_STATES,
     Env,
     Layout,
-    PodFiles,
     summary,
 )
 from xrun_contract.errors import EXIT_FAILED, XrunError, exit_code_of_returncode
@@ -364,7 +363,6 @@ class Supervisor:
         for c in reversed(sidecars):
             if c.proc is None or c.proc.poll() is not None:
                 continue
-            _await_shipper(c)
             left = (pod.deadline - time.monotonic()) if pod.deadline else self.grace_seconds
             with contextlib.suppress(ProcessLookupError):
                 c.proc.send_signal(signal.SIGTERM)
@@ -482,22 +480,6 @@ class Supervisor:
 
     def _on_stop(self, _signum, _frame) -> None:
         self.stop_requested = True
-
-
-SHIPPER_READY_SECONDS = 10.0
-
-
-def _await_shipper(c: Container) -> None:
-    """xrun's log shipper, SIGTERMed while it is still starting (a main container that ended
-    at once), would die before it drains: nothing of the pod's output stored. Wait (up to
-    SHIPPER_READY_SECONDS) for it to say it handles SIGTERM. (Other sidecars: as kubelet.)"""
-    folder = c.env.get(Env.POD_DIR)
-    if not folder or "workload.sidecar" not in c.argv or c.argv[-1] != "ship" or c.proc is None:
-        return
-    ready = os.path.join(folder, PodFiles.SHIPPER_READY)
-    deadline = time.monotonic() + SHIPPER_READY_SECONDS
-    while not os.path.exists(ready) and c.proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
