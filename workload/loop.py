@@ -4,7 +4,10 @@ seconds as the device ran it, checkpoints at step boundaries."""
 from __future__ import annotations
 
 import gc
+import math
 import os
+import queue
+import threading
 import time
 from collections import deque
 from typing import Any
@@ -38,16 +41,22 @@ from xrun_contract.storage import Storage
 # 0.4-0.9 s at a time (0.24 s steps), and one step ahead left the steps while a save was
 # written 1.12x steady (bench_tpu.py --part startup, SAVES_STEPS=120).
 STEPS_AHEAD = 2
+# How long the loop waits for a StepClock's stamp of a step whose results it has read (the
+# stamp follows at once; a clock that never stamps leaves the read's time).
+READY_TIMEOUT_S = 5.0
 
 
 class InFlight:
     """A dispatched train step: its outputs, read once (``results``), when the device could
-    begin it, when its results were back, and the seconds a save of it blocked training."""
+    begin it (its dispatch), when the device finished it (``ready``, set by a StepClock),
+    when its results were read, and the seconds a save of it blocked training."""
 
     def __init__(self, step: int, began: float, quick: bool = False):
         self.step, self.quick = step, quick
         self.out: Any = None
         self.began, self.done, self.blocked = began, 0.0, 0.0
+        self.ready_at = math.nan  # perf_counter() when its outputs were ready on the device
+        self.ready = threading.Event()
         self._results: Any = None
 
     def results(self) -> Any:
@@ -55,6 +64,56 @@ class InFlight:
             self._results = step_results(self.out)
             self.done = time.perf_counter()
         return self._results
+
+    def finished(self, timeout: float, delayed: bool = False) -> float:
+        """When the device finished the step (perf_counter), after ``results()``: the clock's
+        stamp, never later than the read that saw the results (a stamp taken late because
+        the clock's thread waited for the GIL) unless the clock ``delayed`` it on purpose;
+        the read's time if the clock gave none."""
+        if not self.ready.wait(timeout) or math.isnan(self.ready_at):
+            return self.done
+        return self.ready_at if delayed else min(self.ready_at, self.done)
+
+
+class StepClock:
+    """Stamps each dispatched step when its outputs become ready on the device, from a thread
+    that waits on them in dispatch order (``block_until_ready`` releases the GIL).
+
+    Why: the loop reads a step's results STEPS_AHEAD steps after dispatching it, whenever the
+    host gets to it. Timing steps by those reads moved the time of a late read from one step
+    to the next: on the README's run (2 hosts x 2 CPU devices) about one step in ten showed
+    ~0.005 s against ~0.2 s for its neighbours, and goodput's best rate, a low percentile of
+    the steps, followed those. A step's seconds now run from when the device could begin it
+    (the previous step finished, or its dispatch if later) to this stamp.
+
+    ``delay`` (seconds, XRUN_TEST_STEP_DELAY): each step is stamped that much later than the
+    previous stamp or its own readiness, as if the device took that much longer a step."""
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+        self._queue: queue.SimpleQueue[InFlight | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="xrun-step-clock", daemon=True)
+        self._thread.start()
+
+    def watch(self, flight: InFlight) -> None:
+        self._queue.put(flight)
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        import jax
+
+        while (f := self._queue.get()) is not None:
+            try:
+                jax.block_until_ready(f.out)
+                if self.delay:
+                    time.sleep(self.delay)
+                f.ready_at = time.perf_counter()
+            except Exception:  # noqa: BLE001, S110 - the loop's own read raises the step's error
+                pass
+            finally:
+                f.ready.set()
 
 
 def step_results(out: Any) -> Any:
@@ -191,69 +250,78 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     # the state after step s: a save of step s takes it (copies it out, or stages it) before
     # step s+1 is dispatched, after waiting for every step in flight (``ready``), so that its
     # blocked time is the save's own. A step's seconds run from when the device could start
-    # it (the previous step done, or its dispatch if later) to its results.
+    # it (the previous step finished, or its dispatch if later) to when it finished (a
+    # StepClock's stamp); the device's idle time before it (``idle_s``: host work, a save) is
+    # recorded beside them, so that the steps and their idle times add up to the wall time.
+    clock = StepClock(delay)
     flights: deque[InFlight] = deque([InFlight(start + 1, time.perf_counter(), switch.quick)])
     state, flights[0].out = switch.step(state, batch)
-    last_done = 0.0
+    clock.watch(flights[0])
+    last_done = math.nan
 
     def read_all() -> None:
         for f in flights:
             f.results()
 
-    for step in range(start + 1, cfg.steps + 1):
-        position += global_batch
-        last = step == cfg.steps
-        if step == start + 1:  # its result is back: the first step is done
-            flights[-1].results()
-            metrics.phase("first_step", step=step)
-            if deferred is not None:  # Orbax is opened now, at the first step boundary
-                ckpt, deferred = deferred.open(), None
-                write_failed = (checkpoint_write_failed(),)
-        # Saves when due and the previous save committed, else defers; never waits for it.
-        try:
-            flights[-1].blocked = ckpt.after_step(step, state, position_data(step), force=last,
-                                                  ready=read_all) if ckpt else 0.0
-        except write_failed as e:
-            return cluster.restartable_exit_code, str(e), False
-        stop = not last and preemption.reached(step)
-        failing = fail is not None and fail[0] == step
-        if not (last or stop or failing):
-            batch = make_batch(position)
-            switch.poll(step + 1)
-            following = InFlight(step + 1, 0.0, switch.quick)
-            state, following.out = switch.step(state, batch)  # dispatched; runs while we go on
-            following.began = time.perf_counter()
-            flights.append(following)
-        keep = STEPS_AHEAD if flights[-1].step > step else 0  # at the end: read them all
-        while len(flights) > keep:
-            f = flights.popleft()
-            out = f.results()
-            if delay:  # after the step finished, so it counts in the step's seconds
-                time.sleep(delay)
-                f.done = time.perf_counter()
-            seconds = f.done - max(f.began, last_done)
-            last_done = f.done
-            metrics.step(f.step, seconds, flops["tflops_per_device"] / seconds,
-                         tokens_per_step / seconds / devices, tokens_per_step,
-                         float(out["loss"]), f.blocked, grad_norm=float(out["grad_norm"]),
-                         learning_rate=float(out["learning_rate"]),
-                         tokens_per_s=tokens_per_step / seconds, quick=f.quick)
-            if f.step == start + 1:
-                report_memory(metrics)
-        if fail is not None and failing:
-            return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})", False
-        if stop:
-            if ckpt:  # this step's save commits before we exit (an "exit_wait")
-                try:
-                    ckpt.finish(step, state, position_data(step))
-                except write_failed as e:
-                    return cluster.restartable_exit_code, str(e), False
-                ckpt.close()
-            return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}", True
-    if ckpt:  # the last step's save commits before we exit
-        try:
-            ckpt.finish(cfg.steps, state, position_data(cfg.steps))
-        except write_failed as e:
-            return cluster.restartable_exit_code, str(e), False
-        ckpt.close()
-    return 0, "completed", True
+    try:
+        for step in range(start + 1, cfg.steps + 1):
+            position += global_batch
+            last = step == cfg.steps
+            if step == start + 1:  # its result is back: the first step is done
+                flights[-1].results()
+                metrics.phase("first_step", step=step)
+                if deferred is not None:  # Orbax is opened now, at the first step boundary
+                    ckpt, deferred = deferred.open(), None
+                    write_failed = (checkpoint_write_failed(),)
+            # Saves when due and the previous save committed, else defers; never waits for it.
+            try:
+                flights[-1].blocked = ckpt.after_step(step, state, position_data(step), force=last,
+                                                      ready=read_all) if ckpt else 0.0
+            except write_failed as e:
+                return cluster.restartable_exit_code, str(e), False
+            stop = not last and preemption.reached(step)
+            failing = fail is not None and fail[0] == step
+            if not (last or stop or failing):
+                batch = make_batch(position)
+                switch.poll(step + 1)
+                # Its dispatch is the earliest the device can begin it.
+                following = InFlight(step + 1, time.perf_counter(), switch.quick)
+                state, following.out = switch.step(state, batch)  # dispatched; runs while we go on
+                clock.watch(following)
+                flights.append(following)
+            keep = STEPS_AHEAD if flights[-1].step > step else 0  # at the end: read them all
+            while len(flights) > keep:
+                f = flights.popleft()
+                out = f.results()
+                ended = f.finished(READY_TIMEOUT_S + delay, delayed=bool(delay))
+                began = f.began if math.isnan(last_done) else max(f.began, last_done)
+                ended = max(ended, began)
+                seconds, idle = ended - began, 0.0 if math.isnan(last_done) else began - last_done
+                last_done = ended
+                metrics.step(f.step, seconds, flops["tflops_per_device"] / seconds,
+                             tokens_per_step / seconds / devices, tokens_per_step,
+                             float(out["loss"]), f.blocked, grad_norm=float(out["grad_norm"]),
+                             learning_rate=float(out["learning_rate"]),
+                             tokens_per_s=tokens_per_step / seconds, quick=f.quick, idle_s=idle,
+                             at=time.time() - (time.perf_counter() - ended))
+                if f.step == start + 1:
+                    report_memory(metrics)
+            if fail is not None and failing:
+                return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})", False
+            if stop:
+                if ckpt:  # this step's save commits before we exit (an "exit_wait")
+                    try:
+                        ckpt.finish(step, state, position_data(step))
+                    except write_failed as e:
+                        return cluster.restartable_exit_code, str(e), False
+                    ckpt.close()
+                return cluster.restartable_exit_code, f"preempted (SIGTERM) at step {step}", True
+        if ckpt:  # the last step's save commits before we exit
+            try:
+                ckpt.finish(cfg.steps, state, position_data(cfg.steps))
+            except write_failed as e:
+                return cluster.restartable_exit_code, str(e), False
+            ckpt.close()
+        return 0, "completed", True
+    finally:
+        clock.close()

@@ -53,6 +53,8 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
         )
         if r.quick:
             rec.quick_steps.add((attempt, r.step))
+        if r.idle_s is not None:
+            rec.idle_recorded = True
         for name in ("grad_norm", "learning_rate"):
             value = getattr(r, name)
             if value is not None and math.isfinite(value):
