@@ -24,7 +24,7 @@ from workload.lifecycle import (
     report_memory,
     versions,
 )
-from workload.metrics import Metrics, update_run_json
+from workload.metrics import Metrics, say, update_run_json
 from workload.program import (
     Program,
     StepSwitch,
@@ -165,6 +165,12 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
 
     program = Program(cfg, mesh, global_batch, compile_now=False,
                       executables=executables_for(cfg, mesh, global_batch))
+    if program.choice is not None:  # remat=auto: what it chose and why, in the log and run.json
+        if metrics.primary:
+            say(program.choice.line())
+        run_info["autotune"] = program.choice.to_dict()
+        if storage is not None and run and metrics.primary:
+            update_run_json(storage, run, autotune=run_info["autotune"])
     # Compile in a thread while the checkpoint manager opens and the state restores: XLA
     # compilation releases the GIL, and both take seconds to minutes at scale.
     from concurrent.futures import ThreadPoolExecutor, wait

@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+from workload import autotune
 from workload.config import Config
 from workload.distributed import compilation_cache_dir
 from workload.executables import Executables, compile_recording, program_key
@@ -80,6 +81,8 @@ class Program:
         # "loaded": both executables came from the executable cache (no tracing, no model);
         # "compiled, written": compiled from scratch and written there; else "compiled".
         self.source = "compiled"
+        # remat=auto's resolution (workload.autotune), None for a fixed policy.
+        self.choice: autotune.Choice | None = None
         if executables is not None:
             # Side by side: loading onto a TPU chip is the runtime's work. The 618M config's
             # two loaded side by side within 1.6 s on a v5e chip (bench/probe_tpu_startup.py),
@@ -90,10 +93,41 @@ class Program:
                 init_exe, step_exe = pool.map(executables.load, ("init", "train_step"))
             if init_exe is not None and step_exe is not None:
                 self._use_loaded(init_exe, step_exe)
+                if cfg.remat == "auto":  # what the loaded executables were compiled with
+                    cache = autotune_cache(executables)
+                    self.choice = (autotune.load_cached(cache, autotune.cache_key(
+                        cfg, mesh, global_batch)) if cache is not None else None)
                 return
+        if cfg.remat == "auto":
+            self._resolve_auto(cfg, mesh, global_batch)
+            if self.train_step is not None:  # the search compiled the winner
+                return
+            cfg = self.cfg
         self._build(cfg, mesh, global_batch)
         if compile_now:
             self.compile()
+
+    def _resolve_auto(self, cfg: Config, mesh, global_batch: int) -> None:
+        """remat=auto: the choice, and the winner's built program and executable where the
+        search compiled it (then this Program takes them over: no second compile)."""
+        def compile_candidate(candidate: Config) -> tuple[Any, Any, Program]:
+            program = Program(candidate, mesh, global_batch, compile_now=False)
+            lowered = program._lower_step()
+            compiled, recorded = compile_recording(lowered.compile)
+            return compiled, recorded, program
+
+        self.choice, result = autotune.resolve(cfg, mesh, global_batch, compile_candidate,
+                                               autotune_cache(self.executables))
+        self.cfg = self.choice.apply(cfg)
+        if result is None:
+            return
+        compiled, recorded, program = result
+        executables = self.executables
+        choice = self.choice
+        self.__dict__.update({k: v for k, v in program.__dict__.items()
+                              if k not in ("executables", "choice", "source", "train_step")})
+        self.executables, self.choice = executables, choice
+        self.train_step = self._compile("train_step", lambda: compiled, recorded)
 
     def _use_loaded(self, init_exe: Any, step_exe: Any) -> None:
         """Shardings and abstract state from the loaded train step's own signature."""
@@ -158,21 +192,55 @@ class Program:
         adamw = make_adamw(cfg, schedule)
         route = embedding_route(cfg)
 
+        micro = cfg.micro_batches
+        axes = batch_axes[0]
+        shards = math.prod(mesh.shape[a] for a in
+                           (axes if isinstance(axes, tuple) else (axes,) if axes else ()))
+        if global_batch % micro or (global_batch // micro) % shards:
+            raise ValueError(f"workload config micro_batches: {micro} does not split the global "
+                             f"batch {global_batch} into micro-batches of whole rows for each "
+                             f"of {shards} batch shards")
+
         def train_step(state, tokens):
-            inputs, targets = tokens[:, :-1], tokens[:, 1:]
-
-            # Differentiated by the looked-up rows, not by the table: optimizer_step takes
-            # the table's gradient sparse.
-            def loss_fn(params, embedded):
-                m = nnx.merge(graphdef, {**params, "embed": table})
-                nll, zsq = output_cross_entropy(m.hidden(inputs, embedded), m.out[...],
-                                                targets, cfg.compute_dtype)
-                return loss_and_aux(nll, zsq, cfg.z_loss)
-
             table = state["params"]["embed"]
             others = {k: v for k, v in state["params"].items() if k != "embed"}
-            (loss, aux), (grads, d_embedded) = jax.value_and_grad(
-                loss_fn, argnums=(0, 1), has_aux=True)(others, jnp.take(table, inputs, axis=0))
+
+            def gradients(tokens):
+                inputs, targets = tokens[:, :-1], tokens[:, 1:]
+
+                # Differentiated by the looked-up rows, not by the table: optimizer_step
+                # takes the table's gradient sparse.
+                def loss_fn(params, embedded):
+                    m = nnx.merge(graphdef, {**params, "embed": table})
+                    nll, zsq = output_cross_entropy(m.hidden(inputs, embedded), m.out[...],
+                                                    targets, cfg.compute_dtype)
+                    return loss_and_aux(nll, zsq, cfg.z_loss)
+
+                return jax.value_and_grad(loss_fn, argnums=(0, 1), has_aux=True)(
+                    others, jnp.take(table, inputs, axis=0))
+
+            inputs = tokens[:, :-1]
+            if micro == 1:
+                (loss, aux), (grads, d_embedded) = gradients(tokens)
+            else:
+                # Gradient accumulation: micro-batch i is rows i, i + micro, ... (a reshape
+                # that keeps each device's rows on it), one at a time in a scan so that one
+                # micro-batch's activations are live; every micro-batch has as many tokens,
+                # so the mean of their mean losses and gradients is the whole batch's.
+                b = global_batch // micro
+                parts = tokens.reshape(b, micro, -1).swapaxes(0, 1)
+
+                def accumulate(carry, part):
+                    (loss, aux), (grads, d_rows) = gradients(part)
+                    return jax.tree.map(jnp.add, carry, (loss, aux, grads)), d_rows
+
+                (loss_s, aux_s), (grads_s, _) = jax.eval_shape(gradients, parts[0])
+                zero = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                    (loss_s, aux_s, grads_s))
+                (loss, aux, grads), d_parts = jax.lax.scan(accumulate, zero, parts)
+                loss, aux, grads = jax.tree.map(lambda a: a / micro, (loss, aux, grads))
+                d_embedded = (d_parts / micro).swapaxes(0, 1).reshape(
+                    global_batch, *d_parts.shape[2:])
             if route == "dense":
                 grads = {**grads, "embed": jnp.zeros_like(table).at[inputs].add(d_embedded)}
                 updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -223,10 +291,15 @@ class Program:
                 self._lowered = self._jitted_step.lower(self.abstract_state, self._abstract_batch)
             return self._lowered
 
-    def _compile(self, function: str, compile_fn: Any) -> Any:
+    def _compile(self, function: str, compile_fn: Any, recorded: Any = None) -> Any:
+        """``compile_fn()``, written to the executable cache; ``recorded``: what its compile
+        took from JAX's cache, when it was compiled before (remat=auto's search)."""
         if self.executables is None:
             return compile_fn()
-        compiled, recorded = compile_recording(compile_fn)
+        if recorded is None:
+            compiled, recorded = compile_recording(compile_fn)
+        else:
+            compiled = compile_fn()
         if self.executables.save(function, compiled, recorded):
             self.source = "compiled, written"
         return compiled
@@ -321,4 +394,18 @@ def executables_for(cfg: Config, mesh, global_batch: int) -> Executables | None:
         return Executables(open_storage(cache), program_key(cfg.to_dict(), mesh, global_batch))
     except Exception as e:  # noqa: BLE001 - an optimisation; JAX's own cache still works
         print(f"xrun: no executable cache ({e!r:.200})", file=sys.stderr, flush=True)
+        return None
+
+
+def autotune_cache(executables: Executables | None) -> Any:
+    """Where remat=auto's choice is cached: the executable cache's storage (the compilation
+    cache folder), else that folder from the env; None without one."""
+    if executables is not None:
+        return executables.storage
+    cache = compilation_cache_dir()
+    if not cache:
+        return None
+    try:
+        return open_storage(cache)
+    except Exception:  # noqa: BLE001 - an optimisation: then auto searches each run
         return None
