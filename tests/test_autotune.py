@@ -22,13 +22,15 @@ def test_auto_is_every_presets_default_and_resolves_on_cpu_without_compiling():
 
     for name in PRESETS:
         assert load_config(name).remat == "auto", name
-    t = time.perf_counter()
     program = Program(load_config("tiny"), make_mesh(None), 8, compile_now=False)
-    took = time.perf_counter() - t
     assert program.choice is not None and program.choice.tried == []  # nothing compiled
     assert (program.cfg.remat, program.cfg.micro_batches) == ("none", 1)
-    assert program.train_step is None and took < 10, took
+    assert program.train_step is None
     assert autotune.device_limit() is None
+    t = time.perf_counter()
+    choice = autotune.known_choice(load_config("1b"), make_mesh(None), 8)
+    assert choice is not None and (choice.remat, choice.micro_batches) == ("none", 1)
+    assert time.perf_counter() - t < 1.0
 
 
 def test_auto_search_takes_the_fastest_candidate_that_fits(monkeypatch, tmp_path):
@@ -60,6 +62,8 @@ def test_auto_search_takes_the_fastest_candidate_that_fits(monkeypatch, tmp_path
     monkeypatch.setattr(autotune, "device_limit", lambda: limit)
     monkeypatch.setenv("XRUN_COMPILATION_CACHE", str(tmp_path))
     program = Program(cfg, mesh, 8, compile_now=False)
+    assert program.choice is None and program.cfg.remat == "full"  # searched at compile()
+    program.compile()
     choice = program.choice
     print(f"\nneeds {needs}; limit {limit}; {choice.line()}; tried {choice.tried}")
     assert (choice.remat, choice.micro_batches) == expected, choice
@@ -84,7 +88,7 @@ def test_nothing_fits_says_what_was_tried(monkeypatch):
     monkeypatch.setattr(autotune, "device_limit", lambda: 1024)
     monkeypatch.delenv("XRUN_COMPILATION_CACHE", raising=False)
     with pytest.raises(MemoryError, match="no policy fits"):
-        Program(load_config("tiny", ["global_batch=2"]), make_mesh(None), 2, compile_now=False)
+        Program(load_config("tiny", ["global_batch=2"]), make_mesh(None), 2)
 
 
 # Accumulated over micro-batches vs one batch: the same mean loss and gradient, summed in

@@ -181,20 +181,22 @@ def save_cached(storage: Any, key: str, choice: Choice) -> None:
         print(f"xrun: remat=auto: choice not cached ({e!r:.200})", file=sys.stderr, flush=True)
 
 
-def resolve(cfg: Config, mesh: Any, global_batch: int, compile_candidate: Any,
-            cache: Any = None) -> tuple[Choice, Any]:
-    """``cfg.remat == "auto"`` resolved: (choice, the winner's compile result or None when it
-    was not compiled here: CPU, or the cached choice). ``cache``: a Storage (the compilation
-    cache's) to read and write the choice in."""
+def known_choice(cfg: Config, mesh: Any, global_batch: int, cache: Any = None) -> Choice | None:
+    """``cfg.remat == "auto"`` resolved without compiling: CPU's static choice, or the one
+    cached for this program; None when it takes a search (``search_and_cache``). ``cache``:
+    a Storage (the compilation cache's) the choice is kept in."""
     if device_limit() is None:
-        return static_choice(cfg), None
-    key = cache_key(cfg, mesh, global_batch) if cache is not None else ""
-    if cache is not None:
-        cached = load_cached(cache, key)
-        if cached is not None:
-            return cached, None
+        return static_choice(cfg)
+    if cache is None:
+        return None
+    return load_cached(cache, cache_key(cfg, mesh, global_batch))
+
+
+def search_and_cache(cfg: Config, mesh: Any, global_batch: int, compile_candidate: Any,
+                     cache: Any = None) -> tuple[Choice, Any]:
+    """``search`` on this process's devices; the choice written to ``cache``."""
     devices = math.prod(mesh.devices.shape)
     choice, result = search(cfg, device_limit() or 0, global_batch, devices, compile_candidate)
     if cache is not None:
-        save_cached(cache, key, choice)
+        save_cached(cache, cache_key(cfg, mesh, global_batch), choice)
     return choice, result

@@ -165,7 +165,12 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
 
     program = Program(cfg, mesh, global_batch, compile_now=False,
                       executables=executables_for(cfg, mesh, global_batch))
-    if program.choice is not None:  # remat=auto: what it chose and why, in the log and run.json
+
+    def announce_choice() -> None:
+        """remat=auto: what it chose and why, in the log and run.json (once compiled: a
+        search runs in the compile thread)."""
+        if program.choice is None:
+            return
         if metrics.primary:
             say(program.choice.line())
         run_info["autotune"] = program.choice.to_dict()
@@ -192,7 +197,9 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         if quick_compiled is not None:
             wait([quick_compiled])
         time.sleep(hold)
-        return program.compile()
+        exe = program.compile()
+        announce_choice()
+        return exe
 
     compiled = compiler.submit(timed, optimize)
     compiler.shutdown(wait=False)

@@ -4,6 +4,7 @@ where it holds them; and the switch from the quick executable to the optimized o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -83,6 +84,7 @@ class Program:
         self.source = "compiled"
         # remat=auto's resolution (workload.autotune), None for a fixed policy.
         self.choice: autotune.Choice | None = None
+        self._auto: Config | None = None  # remat=auto still to search (in compile())
         if executables is not None:
             # Side by side: loading onto a TPU chip is the runtime's work. The 618M config's
             # two loaded side by side within 1.6 s on a v5e chip (bench/probe_tpu_startup.py),
@@ -99,34 +101,39 @@ class Program:
                         cfg, mesh, global_batch)) if cache is not None else None)
                 return
         if cfg.remat == "auto":
-            self._resolve_auto(cfg, mesh, global_batch)
-            if self.train_step is not None:  # the search compiled the winner
-                return
-            cfg = self.cfg
+            self.choice = autotune.known_choice(cfg, mesh, global_batch,
+                                                autotune_cache(executables))
+            if self.choice is not None:
+                cfg = self.choice.apply(cfg)
+            else:
+                # Until the search (in compile(), the compile thread) has chosen: full
+                # recomputation at the whole batch, the least memory at one batch. Init and
+                # the state do not depend on the policy; a quick first executable runs it.
+                self._auto = cfg
+                cfg = dataclasses.replace(cfg, remat="full", micro_batches=1)
+            self.cfg = cfg
         self._build(cfg, mesh, global_batch)
         if compile_now:
             self.compile()
 
-    def _resolve_auto(self, cfg: Config, mesh, global_batch: int) -> None:
-        """remat=auto: the choice, and the winner's built program and executable where the
-        search compiled it (then this Program takes them over: no second compile)."""
+    def _search(self) -> None:
+        """remat=auto's search (workload.autotune): the winner's jitted step and executable
+        are taken over (compiled once); init and the shardings stay as built."""
+        assert self._auto is not None
+        cfg, mesh, global_batch = self._auto, self.mesh, self.global_batch
+
         def compile_candidate(candidate: Config) -> tuple[Any, Any, Program]:
             program = Program(candidate, mesh, global_batch, compile_now=False)
             lowered = program._lower_step()
             compiled, recorded = compile_recording(lowered.compile)
             return compiled, recorded, program
 
-        self.choice, result = autotune.resolve(cfg, mesh, global_batch, compile_candidate,
-                                               autotune_cache(self.executables))
-        self.cfg = self.choice.apply(cfg)
-        if result is None:
-            return
-        compiled, recorded, program = result
-        executables = self.executables
-        choice = self.choice
-        self.__dict__.update({k: v for k, v in program.__dict__.items()
-                              if k not in ("executables", "choice", "source", "train_step")})
-        self.executables, self.choice = executables, choice
+        choice, (compiled, recorded, program) = autotune.search_and_cache(
+            cfg, mesh, global_batch, compile_candidate, autotune_cache(self.executables))
+        with self._lower_lock:
+            self.cfg, self._jitted_step, self._lowered = (
+                program.cfg, program._jitted_step, program._lowered)
+        self.choice, self._auto = choice, None
         self.train_step = self._compile("train_step", lambda: compiled, recorded)
 
     def _use_loaded(self, init_exe: Any, step_exe: Any) -> None:
@@ -274,7 +281,11 @@ class Program:
         """Compile the train step ahead of time, so that step 1's time is a step, not a
         compilation. Thread-safe: train() runs it while the checkpoint restores."""
         if self.train_step is None:
-            self.train_step = self._compile("train_step", lambda: self._lower_step().compile())
+            if self._auto is not None:
+                self._search()
+            else:
+                self.train_step = self._compile("train_step",
+                                                lambda: self._lower_step().compile())
         return self.train_step
 
     def compile_quick(self):
