@@ -137,3 +137,19 @@ def test_accumulated_loss_matches_one_batch_on_tpu():
     assert r["platform"] == "tpu", r
     print(f"\none batch {r['1']}\n2 micro-batches {r['2']}")
     assert r["2"] == pytest.approx(r["1"], rel=LOSS_RTOL)
+
+
+@pytest.mark.tpu
+def test_profile_written_on_tpu(tmp_path):
+    """profile=2:2 on the chip: the trace (device ops included) in the run's profile folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    r = subprocess.run([sys.executable, "-m", "workload.train", "--preset", "tiny", "steps=4",
+                        "checkpoint_every=0", "profile=2:2", "--storage", str(tmp_path),
+                        "--run-name", "prof"], capture_output=True, text=True, timeout=300,
+                       cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    traces = list((tmp_path / "runs/prof/profile").glob("plugins/profile/*/*.xplane.pb"))
+    print(f"\n{[(t.name, t.stat().st_size) for t in traces]}")
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+    assert "TPU" in traces[0].read_bytes().decode("latin-1")  # the chip's planes are in it

@@ -93,6 +93,9 @@ class Config:
     # another: 1.7 GB/s on a v5e chip's link, 2.85 GB/s from 4 threads); 0: Orbax's own copy.
     checkpoint_copy_threads: int = 4
     quick_compile: str = "auto"  # one of QUICK_COMPILE
+    # "START:STEPS": a jax.profiler trace of those steps into <root>/runs/<name>/profile/
+    # (workload.profiling); "" none.
+    profile: str = ""
 
     @property
     def params_count(self) -> int:
@@ -239,6 +242,7 @@ def validate(cfg: Config) -> Config:
     if not 0 <= cfg.checkpoint_copy_threads <= 64:
         raise ValueError("workload config checkpoint_copy_threads: 0 (Orbax's own copy) to 64, "
                          f"got {cfg.checkpoint_copy_threads}")
+    parse_profile(cfg.profile)
     if cfg.learning_rate <= 0:
         raise ValueError(f"workload config learning_rate: must be > 0, got {cfg.learning_rate}")
     if not 0 <= cfg.min_lr_ratio <= 1:
@@ -247,6 +251,21 @@ def validate(cfg: Config) -> Config:
         raise ValueError("workload config data_dtype: uint16 tokens cannot index "
                          f"vocab_size={cfg.vocab_size}; use uint32")
     return cfg
+
+
+def parse_profile(spec: str) -> tuple[int, int] | None:
+    """``"START:STEPS"`` -> (first step, how many); "" -> None. A ValueError names the field."""
+    if not spec:
+        return None
+    start, sep, steps = spec.partition(":")
+    try:
+        out = (int(start), int(steps)) if sep else None
+    except ValueError:
+        out = None
+    if out is None or out[0] < 1 or out[1] < 1:
+        raise ValueError("workload config profile: expected START:STEPS (step numbers >= 1, "
+                         f"e.g. 5:3), got {spec!r}")
+    return out
 
 
 def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = (),

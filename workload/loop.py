@@ -25,6 +25,7 @@ from workload.lifecycle import (
     versions,
 )
 from workload.metrics import Metrics, say, update_run_json
+from workload.profiling import StepProfile
 from workload.program import (
     Program,
     StepSwitch,
@@ -267,6 +268,15 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
     # StepClock's stamp); the device's idle time before it (``idle_s``: host work, a save) is
     # recorded beside them, so that the steps and their idle times add up to the wall time.
     clock = StepClock(delay)
+    profile = StepProfile(cfg.profile, storage, run, metrics.primary)
+
+    def profiled(info: dict[str, Any] | None) -> None:
+        if info is not None:  # the trace is written: where, in run.json (xrun status names it)
+            run_info["profile"] = info
+            if storage is not None and run and metrics.primary:
+                update_run_json(storage, run, profile=info)
+
+    profile.before_dispatch(start + 1)
     flights: deque[InFlight] = deque([InFlight(start + 1, time.perf_counter(), switch.quick)])
     state, flights[0].out = switch.step(state, batch)
     clock.watch(flights[0])
@@ -298,6 +308,7 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                 batch = make_batch(position)
                 switch.poll(step + 1)
                 # Its dispatch is the earliest the device can begin it.
+                profile.before_dispatch(step + 1)
                 following = InFlight(step + 1, time.perf_counter(), switch.quick)
                 state, following.out = switch.step(state, batch)  # dispatched; runs while we go on
                 clock.watch(following)
@@ -319,6 +330,7 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
                              at=time.time() - (time.perf_counter() - ended))
                 if f.step == start + 1:
                     report_memory(metrics)
+                profiled(profile.after_read(f.step))
             if fail is not None and failing:
                 return fail[1], f"test failure at step {step} ({Env.TEST_FAIL_AT_STEP})", False
             if stop:
@@ -338,3 +350,4 @@ def train(cfg: Config, cluster: Cluster, preemption: Preemption, metrics: Metric
         return 0, "completed", True
     finally:
         clock.close()
+        profiled(profile.finish(cfg.steps))  # the run ended inside the traced steps

@@ -152,6 +152,8 @@ def apply_run_json(rec: RunRecord, run: dict[str, Any]) -> None:
             setattr(rec, key, float(wl[key]))
     if isinstance(wl.get("exit_code"), int):
         rec.exit_code = wl["exit_code"]
+    if isinstance(wl.get("profile"), dict):
+        rec.profile = wl["profile"]
 
 
 def _label_from_code(rec: RunRecord, spec: dict[str, Any]) -> None:

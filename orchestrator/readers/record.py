@@ -167,6 +167,8 @@ class RunRecord:
     # seconds are the device's, and a save that held training sits in the idle time between
     # steps, never inside a step's seconds (goodput).
     idle_recorded: bool = False
+    # The workload's jax.profiler trace (run.json workload.profile: path, steps, files).
+    profile: dict[str, Any] | None = None
     events_dropped: int = 0  # checkpoint events past EVENT_CAP: counted in totals, not kept
     # Per-step figures beyond the step line's (metrics records: grad_norm, learning_rate):
     # name -> (steps, values), thinned like the steps past STEP_CAP (add_extra).
