@@ -187,7 +187,8 @@ def run_grid(out: Path, args: argparse.Namespace, spec: float, peak: float) -> N
         try:
             v = Variant(args.base, name, state)
         except Exception as e:  # noqa: BLE001 - one variant's failure (OOM) is a result
-            emit(out, "grid", variant=name, error=f"{type(e).__name__}: {str(e)[:400]}")
+            emit(out, "grid", base=args.base, variant=name,
+                 error=f"{type(e).__name__}: {str(e)[:400]}")
             continue
         try:
             for _ in range(args.warmup):
@@ -195,7 +196,9 @@ def run_grid(out: Path, args: argparse.Namespace, spec: float, peak: float) -> N
             times = [v.step() for _ in range(args.steps)]
             step_s = statistics.median(times)
             flops = step_flops(v.cfg, v.batch_size, 1)["tflops_per_device"]
-            emit(out, "grid", variant=name, batch=v.batch_size, build_s=v.build_s,
+            choice = v.program.choice
+            emit(out, "grid", base=args.base, variant=name, batch=v.batch_size,
+                 choice=choice.to_dict() if choice else None, build_s=v.build_s,
                  compile_s=v.compile_s, init_s=v.init_s, step_s=step_s, min_step_s=min(times),
                  tflops=flops / step_s, mfu_spec=flops / step_s / spec,
                  mfu_measured=flops / step_s / peak, loss=v.loss,
@@ -642,16 +645,22 @@ def report(out: Path) -> str:
                       f"{r['spec_tflops']:.0f} TFLOP/s spec.", ""]
     grid = [r for r in rows if r["part"] == "grid"]
     if grid:
-        lines += ["| variant | batch | step s | TFLOP/s | MFU (spec) | MFU (measured peak) | "
-                  "compiled step GiB | compile s | loss |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += ["| base | variant | batch | step s | TFLOP/s | MFU (spec) | MFU (measured peak) | "
+                  "compiled step GiB | build + compile s | loss |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in grid:
+            base = r.get("base") or ""
+            name = r["variant"] or "(none: the preset's remat=auto)"
+            if r.get("choice"):
+                c = r["choice"]
+                name += f" -> remat={c['remat']} micro_batches={c['micro_batches']}"
             if "error" in r:
-                lines.append(f"| {r['variant']} | | error: {r['error'][:120]} | | | | | | |")
+                lines.append(f"| {base} | {name} | | error: {r['error'][:120]} | | | | | | |")
                 continue
-            lines.append(f"| {r['variant']} | {r['batch']} | {r['step_s']:.4f} | "
+            lines.append(f"| {base} | {name} | {r['batch']} | {r['step_s']:.4f} | "
                          f"{r['tflops']:.1f} | {100 * r['mfu_spec']:.1f}% | "
                          f"{100 * r['mfu_measured']:.1f}% | {r['compiled_gib']:.2f} | "
-                         f"{r['compile_s']:.1f} | {r['loss']:.4f} |")
+                         f"{r['build_s'] + r['compile_s']:.1f} | {r['loss']:.4f} |")
         lines.append("")
         for r in [r for r in grid if r.get("init_s") is not None][:1]:
             lines += [f"Init, {r['variant']}: {r['init_s']:.1f} s (trace and lower "

@@ -10,6 +10,10 @@
 # the startup part also runs a bare process and the run with saves with those set.
 # STARTUP_PROBE_S=N: first bench/probe_tpu_startup.py, each experiment given N seconds.
 # PROFILE_WARM=1: after the startup part, a warm run under cProfile (warm-prof.txt).
+# The chip part's grid: the preset with no overrides (remat=auto), the bench's best variant,
+# the preset's old remat=full. SHAPE2_S=N: then a second shape (SHAPE2_BASE, default d_model
+# 1024 x 24 layers, batch 8), auto against a small grid. CKPT=1: the checkpoint comparison
+# too. STARTUP_OVERRIDES: the startup runs' overrides (default none: the preset as users run it).
 set -u
 OUT=${OUT:?set OUT}; CHIP_S=${1:-200}; STARTUP_S=${2:-130}; TEST_S=${3:-200}; TESTS=${4:-}
 COMPILE_S=${COMPILE_S:-0}; SAVES_STEPS=${SAVES_STEPS:-0}; SAVES_EVERY=${SAVES_EVERY:-50}
@@ -25,6 +29,8 @@ python3 -m pip install --isolated -q --no-index --no-deps --no-compile --target 
 export PYTHONPATH=${PYTHONPATH:-}:/tmp/site0:/tmp/site:$PWD
 echo "install: $(( $(date +%s) - t0 )) s" | tee "$OUT/timeline.txt"
 BEST="remat=dots_no_batch scan_unroll=0"
+SHAPE2_S=${SHAPE2_S:-0}; CKPT=${CKPT:-0}; STARTUP_OVERRIDES=${STARTUP_OVERRIDES:-}
+SHAPE2_BASE=${SHAPE2_BASE:---preset 1b d_model=1024 n_layers=24 n_heads=8 n_kv_heads=8 mlp_dim=4096 global_batch=8}
 # The reference for startup: a bare process's import of JAX and its first look at the chip.
 python3 -c "import time; t=time.time(); import jax; i=time.time(); jax.devices(); d=time.time()
 print(f'bare: import jax {i-t:.2f} s, jax.devices() {d-i:.2f} s')" > "$OUT/bare.txt" 2>&1
@@ -49,13 +55,19 @@ if [ "$COMPILE_S" != 0 ]; then
 fi
 if [ "$CHIP_S" != 0 ]; then
   timeout "$CHIP_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part chip --spec-tflops 197 \
-    --grid "$BEST" --ckpt "$BEST" --profile none \
-    --ckpt-rounds 1 --steps 8 --warmup 2 --ckpt-dir /tmp/xrun-ckpt > "$OUT/bench.txt" 2>&1
+    --grid "" --grid "$BEST" --grid "remat=full" --ckpt "$([ "$CKPT" != 0 ] && echo "$BEST" || echo none)" \
+    --profile none --ckpt-rounds 1 --steps 8 --warmup 2 --ckpt-dir /tmp/xrun-ckpt > "$OUT/bench.txt" 2>&1
   echo "chip rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
+fi
+if [ "$SHAPE2_S" != 0 ]; then
+  timeout "$SHAPE2_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part chip --spec-tflops 197 \
+    --base="$SHAPE2_BASE" --grid "" --grid "remat=full" --grid "remat=dots_no_batch micro_batches=2" \
+    --ckpt none --profile none --steps 8 --warmup 2 > "$OUT/shape2.txt" 2>&1
+  echo "shape2 rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"
 fi
 if [ "$STARTUP_S" != 0 ]; then
   timeout "$STARTUP_S" python3 bench/bench_tpu.py --out "$OUT/bench" --part startup \
-    --startup "$BEST" --startup-timeout "$STARTUP_S" --saves-steps "$SAVES_STEPS" \
+    --startup "$STARTUP_OVERRIDES" --startup-timeout "$STARTUP_S" --saves-steps "$SAVES_STEPS" \
     --saves-every "$SAVES_EVERY" --cache "$CACHE" ${STARTUP_ENV:+$(printf -- '--env %s ' $STARTUP_ENV)} \
     > "$OUT/startup.txt" 2>&1
   echo "startup rc=$?: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/timeline.txt"

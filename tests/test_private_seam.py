@@ -46,7 +46,7 @@ state = seam.distributed_state()
 results["distributed_state"] = hasattr(state, "client") and state.process_id == 0
 
 # jax._src.config: the per-thread minimum compile time (train.unwritten_to_jax_cache).
-from workload.train import unwritten_to_jax_cache
+from workload.program import unwritten_to_jax_cache
 setting = seam.jax_config.persistent_cache_min_compile_time_secs
 with unwritten_to_jax_cache():
     inside = setting.value

@@ -114,3 +114,42 @@ def test_staged_save_restore_resume_gives_the_identical_next_loss_on_tpu():
     (v,) = r["variants"]
     assert v["staged_bytes"] > 0, r  # auto staging found room in HBM
     assert v["loss_after_restore"] == v["loss_after_save"], r
+
+
+@pytest.mark.tpu
+def test_auto_pick_fits_and_runs_on_tpu():
+    """The 618M preset with no overrides: remat=auto's pick leaves its headroom free of the
+    chip's memory and trains."""
+    r = check(["auto", "--preset", "1b", "--steps", "3", "n_layers=8", "global_batch=4"])
+    assert r["platform"] == "tpu", r
+    print(f"\nauto: {json.dumps(r)}")
+    assert r["choice"] and r["choice"]["remat"] in ("none", "dots_no_batch", "full"), r
+    assert r["needed"] <= r["limit"] * (1 - r["headroom"]), r
+    assert all(x == x and x < 20 for x in r["losses"]), r  # finite
+
+
+# One batch against micro-batches on the chip: bf16 matmuls over other row groupings;
+# within the TPU-vs-CPU tolerance.
+@pytest.mark.tpu
+def test_accumulated_loss_matches_one_batch_on_tpu():
+    r = check(["accumulate", "--preset", "1b", "--steps", "3", "--micro", "2", "n_layers=8",
+               "global_batch=4", "seq_len=1024", "remat=dots_no_batch"])
+    assert r["platform"] == "tpu", r
+    print(f"\none batch {r['1']}\n2 micro-batches {r['2']}")
+    assert r["2"] == pytest.approx(r["1"], rel=LOSS_RTOL)
+
+
+@pytest.mark.tpu
+def test_profile_written_on_tpu(tmp_path):
+    """profile=2:2 on the chip: the trace (device ops included) in the run's profile folder."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    r = subprocess.run([sys.executable, "-m", "workload.train", "--preset", "tiny", "steps=4",
+                        "checkpoint_every=0", "profile=2:2", "--storage", str(tmp_path),
+                        "--run-name", "prof"], capture_output=True, text=True, timeout=300,
+                       cwd=REPO, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    traces = list((tmp_path / "runs/prof/profile").glob("plugins/profile/*/*.xplane.pb"))
+    print(f"\n{[(t.name, t.stat().st_size) for t in traces]}")
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+    assert "TPU" in traces[0].read_bytes().decode("latin-1")  # the chip's planes are in it

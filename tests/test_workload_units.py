@@ -34,7 +34,7 @@ def test_overrides_are_typed_and_errors_name_the_field():
         parse_overrides(["stpes=3"])
     with pytest.raises(ValueError, match=r"steps: expected an integer, got 'many'"):
         parse_overrides(["steps=many"])
-    with pytest.raises(ValueError, match=r"remat: unknown 'some'; allowed: none, full, dots"):
+    with pytest.raises(ValueError, match=r"remat: unknown 'some'; allowed: auto, none, full, dots"):
         parse_overrides(["remat=some"])
     with pytest.raises(ValueError, match="expected key=value"):
         parse_overrides(["steps"])

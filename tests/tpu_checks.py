@@ -10,6 +10,8 @@ process that opens the chip once.
 
 * ``losses``: the losses of the first steps of a fresh run (seed, synthetic data), as the
   workload's own ``Program`` computes them.
+* ``auto``: remat=auto's choice, its compiled step's memory against the chip's, its losses.
+* ``accumulate``: the first losses at one batch and at ``--micro`` micro-batches.
 * ``resume``: ``--warm`` steps, a save through xrun's ``Checkpoints`` (staging as given,
   the host copy from threads), one more step; then a restore of that save into a fresh state
   and the same step again. The two losses must be identical: a staged save is the state.
@@ -82,6 +84,42 @@ def quick_vs_optimized(preset: str, overrides: list[str], steps: int) -> dict[st
     return out
 
 
+def auto(preset: str, overrides: list[str], steps: int) -> dict[str, Any]:
+    """remat=auto's choice on this chip, the memory its compiled step needs against the
+    device's limit, and the losses of its first steps."""
+    import jax
+
+    from workload import autotune
+
+    t = time.perf_counter()
+    _, program, batch = build(preset, overrides)
+    build_s = time.perf_counter() - t
+    state, out = program.init(), []
+    for i in range(steps):
+        state, o = program.train_step(state, batch(i))
+        out.append(float(o["loss"]))
+    return {"platform": jax.devices()[0].platform, "losses": out, "build_s": build_s,
+            "choice": program.choice.to_dict() if program.choice else None,
+            "needed": autotune.needed_bytes(program.train_step),
+            "limit": autotune.device_limit(), "headroom": autotune.HEADROOM}
+
+
+def accumulate(preset: str, overrides: list[str], steps: int, micro: int) -> dict[str, Any]:
+    """The first steps' losses at one batch and at ``micro`` micro-batches, same data."""
+    import jax
+
+    out: dict[str, Any] = {"platform": jax.devices()[0].platform}
+    for k in (1, micro):
+        _, program, batch = build(preset, [*overrides, f"micro_batches={k}"])
+        state, losses_ = program.init(), []
+        for i in range(steps):
+            state, o = program.train_step(state, batch(i))
+            losses_.append(float(o["loss"]))
+        out[str(k)] = losses_
+        del state, program
+    return out
+
+
 def resume(preset: str, overrides: list[str], warm: int,
            variants: list[tuple[float, int]]) -> dict[str, Any]:
     """One result per (staging GiB, copy threads) variant, all on the same program."""
@@ -143,7 +181,8 @@ def _resume_one(cfg: Any, program: Any, batch: Any, warm: int) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("check", choices=["losses", "quick", "resume"])
+    p.add_argument("check", choices=["losses", "quick", "resume", "auto", "accumulate"])
+    p.add_argument("--micro", type=int, default=2, help="accumulate: micro-batches")
     p.add_argument("--preset", default="tiny")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warm", type=int, default=2)
@@ -154,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_intermixed_args(argv)  # KEY=VALUE overrides after options too
     if a.check == "losses":
         result = losses(a.preset, a.overrides, a.steps, a.quick)
+    elif a.check == "auto":
+        result = auto(a.preset, a.overrides, a.steps)
+    elif a.check == "accumulate":
+        result = accumulate(a.preset, a.overrides, a.steps, a.micro)
     elif a.check == "quick":
         result = quick_vs_optimized(a.preset, a.overrides, a.steps)
     else:

@@ -13,7 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# auto: the fastest policy whose compiled step fits the device's memory, micro-batches where
+# none does (workload.autotune); none on CPU.
+REMAT_POLICIES = ("auto", "none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16")
 TOKEN_DTYPES = ("uint16", "uint32")
 # auto: splash on TPU, cudnn on GPU (bf16), einsum on CPU (workload.attention.resolve).
@@ -49,7 +51,10 @@ class Config:
     norm_eps: float = 1e-6
     param_dtype: str = "float32"
     compute_dtype: str = "float32"
-    remat: str = "none"  # one of REMAT_POLICIES, applied to every scanned layer
+    remat: str = "auto"  # one of REMAT_POLICIES, applied to every scanned layer
+    # Gradient accumulation: the global batch runs as this many micro-batches, one optimizer
+    # update (remat=auto raises it where no policy fits the whole batch).
+    micro_batches: int = 1
     # Layers per iteration of the layer scan (lax.scan's unroll); 0: all of them, a straight
     # program (on CPU a small model's backward spends a third of its time stacking per-layer
     # residuals and gradients in the loop; a longer compile in exchange).
@@ -88,6 +93,9 @@ class Config:
     # another: 1.7 GB/s on a v5e chip's link, 2.85 GB/s from 4 threads); 0: Orbax's own copy.
     checkpoint_copy_threads: int = 4
     quick_compile: str = "auto"  # one of QUICK_COMPILE
+    # "START:STEPS": a jax.profiler trace of those steps into <root>/runs/<name>/profile/
+    # (workload.profiling); "" none.
+    profile: str = ""
 
     @property
     def params_count(self) -> int:
@@ -119,8 +127,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "1b": dict(
         vocab_size=32000, d_model=2048, n_layers=16, n_heads=16, n_kv_heads=16, head_dim=128,
         mlp_dim=7168, seq_len=2048, global_batch=0, batch_per_device=1,
-        compute_dtype="bfloat16", remat="full", learning_rate=3e-4, warmup_steps=100,
-        steps=1000, checkpoint_every=200,
+        compute_dtype="bfloat16", learning_rate=3e-4, warmup_steps=100,
+        steps=1000, checkpoint_every=200, scan_unroll=0,
     ),
 }
 
@@ -204,7 +212,7 @@ def validate(cfg: Config) -> Config:
     """Cross-field checks that would otherwise fail deep inside jax."""
     check_preset(cfg.preset)
     positive = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim",
-                "mlp_dim", "seq_len", "steps", "batch_per_device", "max_to_keep")
+                "mlp_dim", "seq_len", "steps", "batch_per_device", "max_to_keep", "micro_batches")
     for key in positive:
         if getattr(cfg, key) < 1:
             raise ValueError(f"workload config {key}: must be >= 1, got {getattr(cfg, key)}")
@@ -237,6 +245,7 @@ def validate(cfg: Config) -> Config:
     if not 0 <= cfg.checkpoint_copy_threads <= 64:
         raise ValueError("workload config checkpoint_copy_threads: 0 (Orbax's own copy) to 64, "
                          f"got {cfg.checkpoint_copy_threads}")
+    parse_profile(cfg.profile)
     if cfg.learning_rate <= 0:
         raise ValueError(f"workload config learning_rate: must be > 0, got {cfg.learning_rate}")
     if not 0 <= cfg.min_lr_ratio <= 1:
@@ -245,6 +254,21 @@ def validate(cfg: Config) -> Config:
         raise ValueError("workload config data_dtype: uint16 tokens cannot index "
                          f"vocab_size={cfg.vocab_size}; use uint32")
     return cfg
+
+
+def parse_profile(spec: str) -> tuple[int, int] | None:
+    """``"START:STEPS"`` -> (first step, how many); "" -> None. A ValueError names the field."""
+    if not spec:
+        return None
+    start, sep, steps = spec.partition(":")
+    try:
+        out = (int(start), int(steps)) if sep else None
+    except ValueError:
+        out = None
+    if out is None or out[0] < 1 or out[1] < 1:
+        raise ValueError("workload config profile: expected START:STEPS (step numbers >= 1, "
+                         f"e.g. 5:3), got {spec!r}")
+    return out
 
 
 def load_config(preset: str | None = None, overrides: list[str] | tuple[str, ...] = (),

@@ -55,7 +55,8 @@ _SETTINGS_NOT_KEYED = ("compilation_cache", "persistent_cache", "log", "explain_
 # first executable, which is never written here). Every other
 # key is part of the key.
 _CONFIG_NOT_KEYED = ("checkpoint_every", "max_to_keep", "async_checkpoint", "data",
-                     "checkpoint_stage_gib", "checkpoint_copy_threads", "quick_compile")
+                     "checkpoint_stage_gib", "checkpoint_copy_threads", "quick_compile",
+                     "profile")
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "numpy", "ml_dtypes")
 _ENV_KEYED = ("XLA_FLAGS", "LIBTPU_INIT_ARGS", "JAX_PLATFORMS")
 

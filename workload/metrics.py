@@ -183,9 +183,11 @@ class Metrics:
     def step(self, step: int, seconds: float, tflops_per_device: float, tokens_per_s_per_device: float,
              total_weights: int, loss: float, checkpoint_blocked_s: float,
              grad_norm: float | None = None, learning_rate: float | None = None,
-             tokens_per_s: float | None = None, quick: bool = False) -> None:
+             tokens_per_s: float | None = None, quick: bool = False,
+             idle_s: float | None = None, at: float | None = None) -> None:
         """``tflops_per_device`` is the rate, TFLOP/s per device, as in the step line;
-        ``tokens_per_s`` is over all devices; ``quick``: run by the quick executable."""
+        ``tokens_per_s`` is over all devices; ``quick``: run by the quick executable;
+        ``idle_s``: the device's idle time before the step; ``at``: when it finished."""
         if self.primary:
             say(format_step_line(step, seconds, tflops_per_device, tokens_per_s_per_device,
                                  total_weights, loss))
@@ -193,8 +195,9 @@ class Metrics:
                 step=step, seconds=seconds, tflops_per_device=tflops_per_device,
                 tokens_per_s_per_device=tokens_per_s_per_device, total_weights=total_weights,
                 loss=loss, checkpoint_blocked_s=checkpoint_blocked_s, grad_norm=grad_norm,
-                learning_rate=learning_rate, tokens_per_s=tokens_per_s, quick=quick or None)
-            self.record(rec)
+                learning_rate=learning_rate, tokens_per_s=tokens_per_s, quick=quick or None,
+                idle_s=idle_s)
+            self.record(rec, at=at)
             if self.events is not None:
                 from workload.tensorboard import step_scalars
 

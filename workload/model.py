@@ -281,7 +281,9 @@ class Transformer(nnx.Module):
         def layer(x: jax.Array, block: Block) -> jax.Array:
             return self._constrain(block(x, positions))
 
-        if cfg.remat != "none":
+        # "auto" is resolved by the train program (workload.autotune); a model built directly
+        # from an unresolved config takes auto's CPU choice, none.
+        if cfg.remat not in ("none", "auto"):
             layer = nnx.remat(layer, policy=REMAT[cfg.remat], prevent_cse=False)
         x = nnx.scan(layer, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry,
                      unroll=cfg.scan_unroll or cfg.n_layers)(x, self.blocks)

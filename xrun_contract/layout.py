@@ -131,6 +131,12 @@ class Layout:
         return f"runs/{name}/checkpoints"
 
     @staticmethod
+    def profile(name: str) -> str:
+        """``jax.profiler`` traces the workload's ``profile=START:STEPS`` wrote (TensorBoard's
+        profile plugin reads ``plugins/profile/<run>/`` under it)."""
+        return f"runs/{name}/profile"
+
+    @staticmethod
     def tensorboard(name: str) -> str:
         """TensorBoard event files (process 0), in the run's own folder: ``tensorboard
         --logdir <root>/runs`` names each run by its name (a subfolder would show as

@@ -75,6 +75,11 @@ class Step(Record):
     # Run by the quickly compiled train step while the optimized one compiled (the workload's
     # quick_compile): slower than steady state, never counted in it.
     quick: bool | None = None
+    # Seconds the device sat idle between the previous step's end and this step's start,
+    # waiting for the host to dispatch it (host work, a save blocking training): the steps'
+    # ``seconds`` and these add up to the wall time between the first and last step's end.
+    # ``time`` is when the device finished the step.
+    idle_s: float | None = None
 
 
 @dataclass

@@ -49,7 +49,9 @@ def goodput(rec: RunRecord, transitions: list[dict[str, Any]] | None = None,
     median = statistics.median(steady_seconds) if steady_seconds else None
     best = best_step_seconds(steady_seconds)
 
-    stalls = _stall_per_execution(rec, median)
+    # Stall seconds inside each step's time: none where the records time each step on the
+    # device (``idle_s``), which puts a save that held training between steps.
+    stalls = [0.0] * len(steps) if rec.idle_recorded else _stall_per_execution(rec, median)
     stall_total = rec.checkpoint_totals["blocked"] + rec.checkpoint_totals["waited"]
     if stall_total == 0.0:
         stall_total = sum(stalls) * stride

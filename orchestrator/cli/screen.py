@@ -122,6 +122,11 @@ def render_table(view: dict[str, Any], width: int | None = None) -> Group:
     head.add_row("Storage", view["storage"])
     if view.get("code"):
         head.add_row("Code", code_text(view["code"]))
+    if view.get("profile"):
+        pr = view["profile"]
+        steps = pr.get("steps") or ["?", "?"]
+        head.add_row("Profile", f"steps {steps[0]}-{steps[-1]}: {pr.get('path')} "
+                                "(tensorboard --logdir there, Profile tab)")
     for ev in view.get("events") or []:
         head.add_row("Event", Text(ev, style="yellow"))
     return Group(head, Text(""), _Unwrapped(hosts_table(view["hosts"], width)))

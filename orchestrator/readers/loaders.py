@@ -53,6 +53,8 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
         )
         if r.quick:
             rec.quick_steps.add((attempt, r.step))
+        if r.idle_s is not None:
+            rec.idle_recorded = True
         for name in ("grad_norm", "learning_rate"):
             value = getattr(r, name)
             if value is not None and math.isfinite(value):
@@ -150,6 +152,8 @@ def apply_run_json(rec: RunRecord, run: dict[str, Any]) -> None:
             setattr(rec, key, float(wl[key]))
     if isinstance(wl.get("exit_code"), int):
         rec.exit_code = wl["exit_code"]
+    if isinstance(wl.get("profile"), dict):
+        rec.profile = wl["profile"]
 
 
 def _label_from_code(rec: RunRecord, spec: dict[str, Any]) -> None:

@@ -163,6 +163,12 @@ class RunRecord:
     # (attempt, step) run by the workload's quick executable (quick_compile): slower by
     # design while the optimized step compiled; not steady state.
     quick_steps: set[tuple[int, int]] = field(default_factory=set)
+    # The step records say the device's idle time before each step (``idle_s``): a step's
+    # seconds are the device's, and a save that held training sits in the idle time between
+    # steps, never inside a step's seconds (goodput).
+    idle_recorded: bool = False
+    # The workload's jax.profiler trace (run.json workload.profile: path, steps, files).
+    profile: dict[str, Any] | None = None
     events_dropped: int = 0  # checkpoint events past EVENT_CAP: counted in totals, not kept
     # Per-step figures beyond the step line's (metrics records: grad_norm, learning_rate):
     # name -> (steps, values), thinned like the steps past STEP_CAP (add_extra).

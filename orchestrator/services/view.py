@@ -136,6 +136,7 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         "accelerator": rec.spec.get("accelerator", ""),
         "submitted_at": rec.submitted_at,
         "storage": storage.url(Layout.run(rec.name)),
+        "profile": rec.profile,  # the workload's jax.profiler trace (profile=START:STEPS)
         "code": rec.code or None,  # the shipped working tree (workdir), as run.json records it
         "hosts": hosts,
         **progress(rec),
