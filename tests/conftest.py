@@ -134,6 +134,7 @@ def _group(item: pytest.Item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each item's group, and put the grouped items first, largest group first: under
     xdist a group is one unit of work, and the longest unit must start at once for the suite
