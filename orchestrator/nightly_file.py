@@ -206,7 +206,8 @@ def load_nightly(path: str) -> NightlyConfig:
     base = _str(d.get("base"), "base")
     raw_branches = _mapping(d.get("branches") or {}, "branches")
     if base not in raw_branches:
-        raise XrunError(f"base: branch {short_repr(base)} is not under branches ({', '.join(map(str, raw_branches)) or 'none'})")
+        known = ", ".join(map(str, raw_branches)) or "none"
+        raise XrunError(f"base: branch {short_repr(base)} is not under branches ({known})")
     if len(raw_branches) < 2:
         raise XrunError("branches: need the base and at least one candidate branch")
     repo = _str(d.get("repo"), "repo", required=False)
@@ -250,7 +251,8 @@ def load_nightly(path: str) -> NightlyConfig:
     storage = settings.absolute_root(_str(d.get("storage"), "storage"))  # from here, as repo: is
     prefix = _str(d.get("prefix", "nightly"), "prefix")
     if not re.fullmatch(r"[a-z]([-a-z0-9]{0,18}[a-z0-9])?", prefix):
-        raise XrunError(f"prefix: {short_repr(prefix)} must be 1-20 lowercase letters, digits or '-', starting with a letter")
+        raise XrunError(f"prefix: {short_repr(prefix)} must be 1-20 lowercase letters, digits or '-', "
+                        "starting with a letter")
     schedule = _str(d.get("schedule", "0 3 * * *"), "schedule")
     check_schedule(schedule)
     run = _mapping(d.get("run") or {}, "run")

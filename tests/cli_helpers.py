@@ -27,7 +27,8 @@ def xrun_env(storage: str | Path, **extra: str) -> dict[str, str]:
         env[SHARED_CACHE] = os.environ[SHARED_CACHE]
     env["XRUN_STORAGE"] = str(storage)
     env["PYTHONPATH"] = str(REPO)
-    env["XDG_STATE_HOME"] = str(Path(str(storage)).parent / "state") if not str(storage).startswith("gs://") else "/tmp/xrun-test-state"
+    env["XDG_STATE_HOME"] = (str(Path(str(storage)).parent / "state") if not str(storage).startswith("gs://")
+                             else "/tmp/xrun-test-state")
     # The test cluster's default namespace has two LocalQueues, where a cluster submit that
     # names no queue is refused: tests that want one name it (or pass XRUN_QUEUE="").
     env["XRUN_QUEUE"] = "none"

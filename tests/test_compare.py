@@ -168,7 +168,8 @@ def test_confounders_are_said_above_the_table(tmp_path):
     c = compare(base, cand)
     text = "\n".join(c.warnings)
     for expected in ("different JAX: main abc1234aaaa ran 0.10.2, feat abc1234aaaa ran 0.9.2",
-                     "different jaxlib", "different accelerators", "different device counts: main abc1234aaaa 4, feat abc1234aaaa 8",
+                     "different jaxlib", "different accelerators",
+                     "different device counts: main abc1234aaaa 4, feat abc1234aaaa 8",
                      "same commit abc1234aaaa on both sides", "logs from different processes",
                      "different step counts", "different configs: steps 60 -> 50",
                      "feat abc1234aaaa did not finish: unknown (no exit code)"):

@@ -347,7 +347,8 @@ def test_logs_tail_counts_shown_lines_and_torn_gloo_lines_are_quiet(tmp_path: Pa
     now = time.time()
     lines = []
     for i in range(10):
-        lines += [f"useful {i}", "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1",
+        lines += [f"useful {i}",
+                  "[Gloo] Rank 0 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1",
                   "I1203 10:39:13.123456 123 file.cc:12] chatter"]
     lines += ["[Glo", "oo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"]
     d = root / Layout.host_logs("tl", "0-0", 0)

@@ -286,7 +286,8 @@ def test_wrong_manifest_fails_locally_as_on_a_cluster():
 
     manifest = jobset(spec)
     container = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]
-    container["env"].append({"name": "BAD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['no-such-label']"}}})
+    container["env"].append({"name": "BAD",
+                             "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['no-such-label']"}}})
     with pytest.raises(BackendError, match="no-such-label"):
         plan_pods(manifest, 0, 1234)
 

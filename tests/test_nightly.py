@@ -133,7 +133,8 @@ def test_render_cronjob_objects_validate_and_grant_only_what_xrun_needs(tmp_path
     # RBAC: exactly the verbs the cluster backend uses, nothing cluster-wide.
     rules = kinds["Role"]["rules"]
     assert rules == [
-        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ["create", "get", "list", "watch", "delete"]},
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"],
+         "verbs": ["create", "get", "list", "watch", "delete"]},
         {"apiGroups": [""], "resources": ["pods", "pods/log", "events"], "verbs": ["get", "list", "watch"]},
     ] == RBAC_RULES
     binding = kinds["RoleBinding"]

@@ -107,8 +107,10 @@ def test_repeats_run_interleaved_and_the_verdict_rests_on_runs(nights):
     assert per_step["Steady-state s/step (median)"]["verdict"] == "regressed"
     md = r1.stdout
     assert md == (first / "summary.md").read_text()
-    assert re.search(r"\| tiny \| feat/slow \| (nt-feat-slow-\S+, ){3}nt-feat-slow-\S+ \| REGRESSED: .*Steady-state s/step", md)
-    assert re.search(r"\| tiny \| same \| [^|]+ \| within noise: no regression beyond 25% \(per-run test, n=4/4 runs\) \|", md)
+    assert re.search(r"\| tiny \| feat/slow \| (nt-feat-slow-\S+, ){3}nt-feat-slow-\S+ "
+                     r"\| REGRESSED: .*Steady-state s/step", md)
+    assert re.search(r"\| tiny \| same \| [^|]+ "
+                     r"\| within noise: no regression beyond 25% \(per-run test, n=4/4 runs\) \|", md)
     assert "| Metric (per-run median) | main aaaa1111 | feat/slow cccc3333 |" in md
 
 

@@ -82,7 +82,8 @@ def test_an_incomplete_night_ends_with_incomplete(tmp_path, monkeypatch):
 @pytest.mark.parametrize("slower", [1.0, 1.03])
 def test_a_quiet_night_ends_within_noise(tmp_path, monkeypatch, slower):
     r, md, summary = _night(tmp_path, monkeypatch,
-                            lambda run: RunShape(seed=run.index, seconds=0.150 * (slower if run.branch.name == "feat" else 1),
+                            lambda run: RunShape(seed=run.index,
+                                                 seconds=0.150 * (slower if run.branch.name == "feat" else 1),
                                                  **STEADY))
     assert summary["verdict"] == "within noise"
     assert _check_tail(r, md, summary) == "Verdict: within noise: no regression beyond 10%"

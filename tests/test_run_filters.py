@@ -49,7 +49,8 @@ def test_list_and_delete_by_label_state_and_age(tmp_path):
     both = xrun("delete", "old-bad", "--state", "Failed", storage=root)
     assert both.returncode == 2 and "give a run NAME or filters" in both.stderr
     unconfirmed = xrun("delete", "--state", "Failed", "--older-than", "7d", "--purge", storage=root)
-    assert unconfirmed.returncode == 2 and "refusing to purge 1 run(s) (old-bad) without confirmation" in unconfirmed.stderr
+    assert (unconfirmed.returncode == 2
+            and "refusing to purge 1 run(s) (old-bad) without confirmation" in unconfirmed.stderr)
     assert old_bad.exists()
     done = xrun("delete", "--state", "Failed", "--older-than", "7d", "--purge", "--yes", storage=root)
     assert done.returncode == 0, done.stderr

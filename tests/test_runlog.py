@@ -79,7 +79,8 @@ def test_glued_and_absl_prefixed_lines_parse_like_clean_ones(tmp_path):
     assert rows(absl) == rows(clean)
     times = list(absl.steps.time)
     assert all(math.isfinite(t) for t in times) and times == sorted(times)
-    assert absl.log_first_step_time - absl.log_first_time == pytest.approx(SHAPE.samples()[0]["seconds"] + 0.5, abs=0.01)
+    assert (absl.log_first_step_time - absl.log_first_time
+            == pytest.approx(SHAPE.samples()[0]["seconds"] + 0.5, abs=0.01))
 
 
 def test_an_absl_prefix_glued_after_a_number_is_not_read_as_an_exponent():

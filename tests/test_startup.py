@@ -101,8 +101,8 @@ def test_timeline_segments_the_main_path_and_shows_the_compile_beside_it():
     assert restart["parallel"][0]["waited_s"] == 0.0
     assert restart["parallel"][0]["name"] == "executables loaded"
     assert format_startup(first) == (
-        "15s to the first step (from submit; goodput's startup + compilation): launch 10s, imports 2.0s, distributed init "
-        "1.0s, program + checkpoint manager 0.5s, init state 0.5s, waiting for compile 0.5s, "
+        "15s to the first step (from submit; goodput's startup + compilation): launch 10s, imports 2.0s, "
+        "distributed init 1.0s, program + checkpoint manager 0.5s, init state 0.5s, waiting for compile 0.5s, "
         "first step 0.5s; compile ran 1.2s in a thread alongside")
     assert format_startup(restart).startswith("attempt 1: 4.2s to the first step (from process")
     assert format_startup(restart).endswith("executables loaded ran 0.8s in a thread alongside, no wait")

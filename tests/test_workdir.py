@@ -207,7 +207,8 @@ def test_run_json_records_the_tree_and_repeats_share_one_archive(shipped_runs):
     assert a["uploaded"] and b["uploaded"] and not c["uploaded"]
     assert recs["wd-a"]["spec"]["commit"] == head and recs["wd-a"]["spec"]["branch"] == "main"
     assert "already in storage" in r["c"].stderr
-    assert sorted(p.name for p in (store / "code").iterdir()) == sorted(f"{s}.tar.gz" for s in (a["sha256"], b["sha256"]))
+    assert (sorted(p.name for p in (store / "code").iterdir())
+            == sorted(f"{s}.tar.gz" for s in (a["sha256"], b["sha256"])))
     manifest = yaml.safe_load((store / "runs" / "wd-a" / "manifest.yaml").read_text())
     pod = manifest["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     init_env = {e["name"]: e.get("value") for e in pod["initContainers"][0]["env"]}
@@ -309,6 +310,7 @@ def test_the_init_container_checks_the_digest(tmp_path):
     forged = "f" * 64  # an object under a name its bytes do not hash to
     store.write_bytes(Layout.code(forged), packed.data)
     bad = install(forged)
-    assert bad.returncode == 1 and "corrupt or replaced" in bad.stderr and not (tmp_path / "pod-ffffff" / "code").exists()
+    assert (bad.returncode == 1 and "corrupt or replaced" in bad.stderr
+            and not (tmp_path / "pod-ffffff" / "code").exists())
     missing = install("e" * 64)
     assert missing.returncode == 1 and "no archive" in missing.stderr and "Traceback" not in missing.stderr

@@ -152,7 +152,8 @@ def test_startup_timeline_of_a_real_run(reference):
     r = xrun("status", "ref", storage=root)
     assert r.returncode == 0, r.stderr
     row = " ".join(r.stdout.split())
-    assert "Startup " in row and "to the first step (from process start; goodput's startup + compilation): imports" in row
+    assert ("Startup " in row
+            and "to the first step (from process start; goodput's startup + compilation): imports" in row)
     assert "distributed init" in row and "compile" in row and "in a thread alongside" in row
     report = root / "report.html"
     r = xrun("report", "ref", "-o", str(report), storage=root)

@@ -64,7 +64,8 @@ def test_1b_size_and_flops_without_allocating():
     abstract = model.abstract_model(cfg)  # ShapeDtypeStructs only
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(abstract))
     assert model.count_params(abstract) == cfg.params_count == 1_104_218_112
-    assert PARAMS_LINE.format(value=f"{cfg.params_count / 1e9:.3f}", unit=" billion") == "number parameters: 1.104 billion"
+    assert (PARAMS_LINE.format(value=f"{cfg.params_count / 1e9:.3f}", unit=" billion")
+            == "number parameters: 1.104 billion")
     f = step_flops(cfg, global_batch=32, devices=32)
     line = FLOPS_LINE.format(total=f["tflops_per_device"], learnable_pct=f["learnable_pct"],
                              attention_pct=f["attention_pct"])

@@ -175,7 +175,8 @@ def classify(exc: BaseException) -> Failure:
 
 
 # The line the pod launcher (workload/launcher.sh, which must spell it the same) looks for
-# in a child's output when the child exited 1 without a Python traceback: absl's QFATAL exit after a missed heartbeat (see above).
+# in a child's output when the child exited 1 without a Python traceback: absl's QFATAL exit
+# after a missed heartbeat (see above).
 NATIVE_FATAL_TEXT = "Terminating process because the JAX distributed service detected fatal errors"
 
 

@@ -75,7 +75,8 @@ def _write(text: str, path: str | None) -> None:
 
 def _common(fn):
     for deco in reversed([
-        click.option("--storage", help="Storage root for run names (folder or gs://bucket/prefix). Default: $XRUN_STORAGE or ~/.local/share/xrun."),
+        click.option("--storage", help="Storage root for run names (folder or gs://bucket/prefix). "
+                                       "Default: $XRUN_STORAGE or ~/.local/share/xrun."),
         click.option("--threshold", type=Percent(), default="5%", show_default=True,
                      help="Smallest significant regression that sets exit code 1."),
         click.option("--alpha", type=click.FloatRange(0.0001, 0.5), default=0.05, show_default=True,
@@ -180,8 +181,8 @@ def report(base: str, candidates: tuple[str, ...], storage: str | None, threshol
            warmup: int, peak_tflops: float | None, output: str, title: str | None) -> int:
     """Write a self-contained HTML report: tables, interactive loss and step-time charts, goodput.
 
-    Every CANDIDATE is compared with BASE; with no CANDIDATE, a single-run report of BASE. Exit code as `xrun compare`: 1 when any
-    candidate regressed, 2 bad input (nothing written).
+    Every CANDIDATE is compared with BASE; with no CANDIDATE, a single-run report of BASE.
+    Exit code as `xrun compare`: 1 when any candidate regressed, 2 bad input (nothing written).
 
     \b
     Examples:
@@ -208,8 +209,10 @@ def report(base: str, candidates: tuple[str, ...], storage: str | None, threshol
               help="Print the CronJob, ServiceAccount, Role, RoleBinding (and ConfigMap) as YAML; run nothing.")
 @click.option("--dry-run", is_flag=True, help="Print the run files that would be submitted; run nothing.")
 @click.option("--storage", help="Override the file's storage root.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1, None), help="Per-run time limit in seconds (overrides the file).")
-@click.option("--repo", type=click.Path(file_okay=False), help="Override the file's repo: (a git checkout the branches are built from).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1, None),
+              help="Per-run time limit in seconds (overrides the file).")
+@click.option("--repo", type=click.Path(file_okay=False),
+              help="Override the file's repo: (a git checkout the branches are built from).")
 def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str | None,
             timeout_s: float | None, repo: str | None) -> int:
     """Run every (branch, config) on the same slice, compare each candidate with the base.

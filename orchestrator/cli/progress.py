@@ -180,7 +180,8 @@ def newest(view: dict[str, Any], step: int, loss: float, attempt: int) -> dict[s
     if total and secs:
         out["eta_seconds"] = max(0, total - step) * secs
     saving = view.get("checkpoints_in_progress") or []
-    if out.get("phase") == "checkpointing" and (not saving or step > max(saving)) or out.get("phase") not in ("training", "checkpointing") and attempt >= (view.get("restarts") or 0):
+    if ((out.get("phase") == "checkpointing" and (not saving or step > max(saving)))
+            or (out.get("phase") not in ("training", "checkpointing") and attempt >= (view.get("restarts") or 0))):
         out["phase"] = "training"
     return out
 

@@ -57,41 +57,69 @@ PROGRESS_INTERVAL = click.option(
 # Run spec options, shared by render and submit.
 
 SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
-    (("-f", "--file", "run_file"), {"type": click.Path(dir_okay=False), "help": "YAML run file; flags override its keys."}),
+    (("-f", "--file", "run_file"),
+     {"type": click.Path(dir_okay=False), "help": "YAML run file; flags override its keys."}),
     (("--name",), {"help": "Run (JobSet) name: a DNS-1035 label."}),
     (("--image",), {"help": "The user's container image: xrun's own, MaxText's, any image with /bin/sh."}),
-    (("--xrun-image",), {"help": "xrun's built image for the pod's init container and log shipper, in a registry (e.g. us-docker.pkg.dev/P/R/xrun-workload:TAG). Default: none; a cluster run's pods run xrun_python_image (python:3.12-slim) with xrun's code from the storage root."}),
+    (("--xrun-image",),
+     {"help": "xrun's built image for the pod's init container and log shipper, in a registry "
+              "(e.g. us-docker.pkg.dev/P/R/xrun-workload:TAG). Default: none; a cluster run's pods run "
+              "xrun_python_image (python:3.12-slim) with xrun's code from the storage root."}),
     (("--command",), {"help": "Command run in every host (through /bin/sh -c). Default: python3 -m workload.train"}),
-    (("--accelerator", "--tpu", "accelerator"), {"help": "Shape: v6e-1..v6e-256, v5litepod-N, v5p-N, v4-N, h100-80gb-8, h100-mega-80gb-8, h200-141gb-8, b200-8, cpu-N."}),
+    (("--accelerator", "--tpu", "accelerator"),
+     {"help": "Shape: v6e-1..v6e-256, v5litepod-N, v5p-N, v4-N, h100-80gb-8, h100-mega-80gb-8, "
+              "h200-141gb-8, b200-8, cpu-N."}),
     (("--num-slices",), {"type": int, "help": "TPU slices (multislice). Default 1."}),
     (("--nodes",), {"type": int, "help": "GPU nodes. Default 1."}),
     (("--cpu-devices-per-host",), {"type": int, "help": "CPU devices per host for cpu-N shapes. Default 2."}),
     (("--storage",), {"help": "Storage root: a folder or gs://bucket/prefix (env XRUN_STORAGE)."}),
-    (("--env", "env_pairs"), {"multiple": True, "metavar": "KEY=VAL", "help": "Env var for every host (repeatable)."}),
+    (("--env", "env_pairs"),
+     {"multiple": True, "metavar": "KEY=VAL", "help": "Env var for every host (repeatable)."}),
     (("--env-file",), {"type": click.Path(dir_okay=False), "help": "File of KEY=VAL lines."}),
     (("--max-restarts",), {"type": int, "help": "JobSet failurePolicy.maxRestarts. Default 3."}),
-    (("--restartable-exit-codes",), {"metavar": "CODES", "help": "Comma list of exit codes that restart the run (default 42,127-255)."}),
+    (("--restartable-exit-codes",),
+     {"metavar": "CODES", "help": "Comma list of exit codes that restart the run (default 42,127-255)."}),
     (("--termination-grace-seconds",), {"type": int, "help": "Pod grace period. Default 120."}),
     (("--ttl-seconds-after-finished",), {"type": int, "help": "JobSet TTL. Default 86400."}),
-    (("--service-account",), {"help": "Pod service account. TPU pods (and GPU pods without a networking stack) use hostNetwork, where Workload Identity does not apply: GCS sees the node pool's account ('xrun doctor' checks)."}),
+    (("--service-account",),
+     {"help": "Pod service account. TPU pods (and GPU pods without a networking stack) use hostNetwork, "
+              "where Workload Identity does not apply: GCS sees the node pool's account ('xrun doctor' checks)."}),
     (("--priority-class",), {"help": "Pod priorityClassName (raw; prefer --priority)."}),
-    (("--priority",), {"help": "very-low|low|medium|high|very-high (xpk's PriorityClasses, 100..1000) or a PriorityClass name."}),
+    (("--priority",),
+     {"help": "very-low|low|medium|high|very-high (xpk's PriorityClasses, 100..1000) or a PriorityClass name."}),
     (("--capacity",), {"help": "on-demand (default) | spot | reservation:NAME | flex-start (needs --queue)."}),
-    (("--node-selector", "node_selector"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod nodeSelector (repeatable)."}),
-    (("--tolerations", "tolerations"), {"multiple": True, "metavar": "KEY[=VAL][:EFFECT]", "help": "Extra toleration, kubectl taint syntax (repeatable)."}),
-    (("--pod-annotations", "pod_annotations"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod annotation (repeatable)."}),
-    (("--pod-labels", "pod_labels"), {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod label (repeatable)."}),
-    (("--mounts", "mounts"), {"multiple": True, "metavar": "SOURCE:PATH[:ro]", "help": "gs://BUCKET:/path or pvc:CLAIM:/path, :ro for read-only (repeatable)."}),
-    (("--scheduler",), {"help": "Pod schedulerName, or gke.io/topology-aware-auto (a scheduling gate, like xpk)."}),
-    (("--kueue-topology",), {"metavar": "MODE:LABEL", "help": "Kueue topology-aware scheduling: required:LABEL or preferred:LABEL."}),
-    (("--queue",), {"help": "Kueue LocalQueue name. Default: the namespace's only LocalQueue ($XRUN_QUEUE first); 'none': no Kueue."}),
-    (("--image-pull-secret", "image_pull_secrets"), {"multiple": True, "metavar": "SECRET", "help": "Secret to pull the pod's images with (a private registry; repeatable)."}),
+    (("--node-selector", "node_selector"),
+     {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod nodeSelector (repeatable)."}),
+    (("--tolerations", "tolerations"),
+     {"multiple": True, "metavar": "KEY[=VAL][:EFFECT]",
+      "help": "Extra toleration, kubectl taint syntax (repeatable)."}),
+    (("--pod-annotations", "pod_annotations"),
+     {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod annotation (repeatable)."}),
+    (("--pod-labels", "pod_labels"),
+     {"multiple": True, "metavar": "KEY=VAL", "help": "Extra pod label (repeatable)."}),
+    (("--mounts", "mounts"),
+     {"multiple": True, "metavar": "SOURCE:PATH[:ro]",
+      "help": "gs://BUCKET:/path or pvc:CLAIM:/path, :ro for read-only (repeatable)."}),
+    (("--scheduler",),
+     {"help": "Pod schedulerName, or gke.io/topology-aware-auto (a scheduling gate, like xpk)."}),
+    (("--kueue-topology",),
+     {"metavar": "MODE:LABEL", "help": "Kueue topology-aware scheduling: required:LABEL or preferred:LABEL."}),
+    (("--queue",),
+     {"help": "Kueue LocalQueue name. Default: the namespace's only LocalQueue ($XRUN_QUEUE first); "
+              "'none': no Kueue."}),
+    (("--image-pull-secret", "image_pull_secrets"),
+     {"multiple": True, "metavar": "SECRET",
+      "help": "Secret to pull the pod's images with (a private registry; repeatable)."}),
     (("--kueue-priority",), {"help": "Kueue WorkloadPriorityClass name."}),
     (("--privileged",), {"is_flag": True, "default": None, "help": "Run the container privileged."}),
     (("--branch",), {"help": "Branch the image was built from (for reports)."}),
     (("--commit",), {"help": "Commit the image was built from (for reports)."}),
-    (("--workdir",), {"metavar": "DIR", "help": "Ship this folder (git's files in a checkout, minus .xrunignore) through storage; the command runs in it, first on PYTHONPATH. Commit and branch are read from git."}),
-    (("--backend",), {"type": click.Choice(["local", "kube"]), "help": "Default: kube when a --context is named, else local."}),
+    (("--workdir",),
+     {"metavar": "DIR",
+      "help": "Ship this folder (git's files in a checkout, minus .xrunignore) through storage; the command "
+              "runs in it, first on PYTHONPATH. Commit and branch are read from git."}),
+    (("--backend",),
+     {"type": click.Choice(["local", "kube"]), "help": "Default: kube when a --context is named, else local."}),
     (("--context",), {"help": "kubeconfig context (selects the GKE backend)."}),
     (("-n", "--namespace"), {"help": "Kubernetes namespace. Default: the kubeconfig context's."}),
 ]
@@ -99,10 +127,13 @@ SPEC_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
 
 
 PACK_OPTIONS: list[tuple[tuple[str, ...], dict[str, Any]]] = [
-    (("--max-workdir-mb",), {"type": click.FloatRange(min=0, min_open=True), "default": DEFAULT_MAX_MB,
-                             "show_default": True, "help": "Refuse a --workdir whose files add up to more (exit 2, the five largest named)."}),
-    (("--allow-file", "allow_files"), {"multiple": True, "metavar": "PATH",
-                                       "help": "Ship this credential-looking file of the workdir (*.pem, *.key, .env, credentials*.json, id_rsa*) anyway (repeatable)."}),
+    (("--max-workdir-mb",),
+     {"type": click.FloatRange(min=0, min_open=True), "default": DEFAULT_MAX_MB, "show_default": True,
+      "help": "Refuse a --workdir whose files add up to more (exit 2, the five largest named)."}),
+    (("--allow-file", "allow_files"),
+     {"multiple": True, "metavar": "PATH",
+      "help": "Ship this credential-looking file of the workdir (*.pem, *.key, .env, credentials*.json, "
+              "id_rsa*) anyway (repeatable)."}),
 ]
 
 
@@ -185,7 +216,9 @@ def render(fmt: str, output_file: str | None, **opts: Any) -> int:
 @click.option("--follow", "follow_logs", is_flag=True, help="Stream every host's log while following.")
 @click.option("--dry-run", is_flag=True, help="Print the manifest that would be submitted; submit and write nothing.")
 @click.option("--replace", is_flag=True, help="Replace a finished run of the same name (its stored data is removed).")
-@click.option("--force", is_flag=True, help="Submit a cluster run no node pool can hold (auto-provisioning); with --replace also replace a live run (it is stopped first).")
+@click.option("--force", is_flag=True,
+              help="Submit a cluster run no node pool can hold (auto-provisioning); "
+                   "with --replace also replace a live run (it is stopped first).")
 @click.option("--resume", "resume_name", metavar="NAME",
               help="Continue the ended run NAME from its last committed checkpoint, keeping its history. "
                    "Its stored spec is reused, with any flags over it; -f replaces it.")
@@ -400,15 +433,18 @@ def status(name: str, storage: str | None, fmt: str, context: str | None, namesp
 @click.command()
 @click.argument("name")
 @storage_option
-@click.option("-f", "--follow", is_flag=True, help="Keep streaming new lines (and new restart attempts) under a progress line.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep streaming new lines (and new restart attempts) under a progress line.")
 @click.option("--host", "hosts", multiple=True, metavar="S-H", help="Only this host, e.g. 0-1 (repeatable).")
 @click.option("--since", help="Only lines newer than a duration (30s, 10m, 1h30m, 2d) or an RFC3339 time.")
 @click.option("--since-time", help="Only lines at or after this RFC3339 time (2026-01-02T15:04:05Z).")
 @click.option("--tail", type=int, help="Only the last N lines in total (of the merged stream, before following); "
               "-1: all (kubectl's).")
-@click.option("--tail-per-host", type=int, metavar="N", help="Only the last N lines of each host (stern's --tail); -1: all.")
+@click.option("--tail-per-host", type=int, metavar="N",
+              help="Only the last N lines of each host (stern's --tail); -1: all.")
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines matching this regular expression (Python syntax).")
-@click.option("--exclude", "exclude_pattern", metavar="REGEX", help="Drop lines matching this regular expression (stern's --exclude).")
+@click.option("--exclude", "exclude_pattern", metavar="REGEX",
+              help="Drop lines matching this regular expression (stern's --exclude).")
 @click.option("--attempt", type=int, metavar="N", help="Only restart attempt N's lines (0 is the first run).")
 @click.option("-p", "--previous", is_flag=True, help="Only the attempt before the newest (kubectl logs --previous).")
 @click.option("--timestamps", is_flag=True, help="Start each line with its RFC3339 time (when the wrapper read it).")
@@ -560,7 +596,8 @@ def _filter_options(fn: Any) -> Any:
     return fn
 
 
-def _run_filter(selector: str, states: tuple[str, ...], older_than: str | None, newer_than: str | None) -> runs.RunFilter:
+def _run_filter(selector: str, states: tuple[str, ...], older_than: str | None,
+                newer_than: str | None) -> runs.RunFilter:
     def age(flag: str, text: str | None) -> float | None:
         if text is None:
             return None
@@ -689,9 +726,11 @@ def delete(name: str | None, storage: str | None, purge: bool, yes: bool, no_wai
     """
     where = _run_filter(selector, states, older_than, newer_than)
     if name and not where.empty:
-        raise XrunError("delete: give a run NAME or filters (--selector, --state, --older-than, --newer-than), not both")
+        raise XrunError("delete: give a run NAME or filters (--selector, --state, --older-than, --newer-than), "
+                        "not both")
     if not name and where.empty:
-        raise XrunError("delete: give a run NAME or at least one filter (--selector, --state, --older-than, --newer-than)")
+        raise XrunError("delete: give a run NAME or at least one filter "
+                        "(--selector, --state, --older-than, --newer-than)")
     st = open_storage(storage)
     if name:
         runs.run_info(st, name)
@@ -744,7 +783,8 @@ SECONDS = Seconds()
 @storage_option
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @click.option("--grace", "grace_s", type=SECONDS, default=GRACE_S, show_default=True,
-              help="Spare unnamed archives younger than this many seconds (a submit uploads its archive before its run.json).")
+              help="Spare unnamed archives younger than this many seconds "
+                   "(a submit uploads its archive before its run.json).")
 def gc(storage: str | None, dry_run: bool, grace_s: float) -> int:
     """Remove shipped working trees (<storage>/code/*.tar.gz) that no run names.
 

@@ -41,7 +41,8 @@ from xrun_contract.storage import Storage
 
 # kubectl -l syntax, equality-based (apimachinery labels/selector.go Parse): key=value,
 # key==value, key!=value, key (exists), !key (absent), comma-separated and ANDed.
-_REQUIREMENT = re.compile(r"^(?P<neg>!)?(?P<key>[A-Za-z0-9][-A-Za-z0-9_./]*)(?:(?P<op>==|=|!=)(?P<value>[-A-Za-z0-9_.]*))?$")
+_REQUIREMENT = re.compile(r"^(?P<neg>!)?(?P<key>[A-Za-z0-9][-A-Za-z0-9_./]*)"
+                          r"(?:(?P<op>==|=|!=)(?P<value>[-A-Za-z0-9_.]*))?$")
 
 
 @dataclass

@@ -286,7 +286,8 @@ def _run_nightly(cfg: NightlyConfig, log: Callable[[str], None],
         "verdict": overall,
         "repo": cfg.repo,
         "runs": [{"name": o.planned.name, "branch": o.planned.branch.name, "commit": o.planned.branch.commit,
-                  "code": _code_sha(records.get(o.planned.name)), "config": o.planned.config.name, "repeat": o.planned.repeat, "state": o.state,
+                  "code": _code_sha(records.get(o.planned.name)), "config": o.planned.config.name,
+                  "repeat": o.planned.repeat, "state": o.state,
                   "message": o.message, "seconds": round(o.seconds, 1)} for o in outcomes],
         "comparisons": entries, "regressed": regressed, "incomplete": incomplete,
         "failed_runs": [o.planned.name for o in failed], "exit_code": exit_code,
@@ -302,7 +303,8 @@ def _run_nightly(cfg: NightlyConfig, log: Callable[[str], None],
     summary["change_points"] = [t for tr in trends for t in tr["change_points"]]
     md = summary_markdown(cfg, summary, outcomes, sections)
     page = render_report(sections, title=f"xrun nightly {stamp}",
-                         subtitle=f"base {cfg.base} · threshold {cfg.threshold_pct:g}% · {cfg.slice.get('accelerator')}",
+                         subtitle=(f"base {cfg.base} · threshold {cfg.threshold_pct:g}% · "
+                                   f"{cfg.slice.get('accelerator')}"),
                          trends=trends, verdict=(overall, _overall_line(summary)))
     prefix = Layout.report(stamp)
     try:
@@ -345,7 +347,8 @@ def _history_record(cfg: NightlyConfig, o: RunOutcome, rec: Any, stamp: str, sta
     return {
         "schema": 1, "nightly": stamp, "date": started.strftime("%Y-%m-%d"), "started": started.isoformat(),
         "prefix": cfg.prefix, "branch": o.planned.branch.name, "commit": o.planned.branch.commit,
-        "image": o.planned.branch.image, "code": _code_sha(rec), "config": o.planned.config.name, "repeat": o.planned.repeat,
+        "image": o.planned.branch.image, "code": _code_sha(rec), "config": o.planned.config.name,
+        "repeat": o.planned.repeat,
         "run": o.planned.name, "state": o.state, "message": o.message,
         "accelerator": cfg.slice.get("accelerator"),
         "versions": dict(rec.versions) if rec is not None else {}, "figures": figs,

@@ -531,7 +531,8 @@ def _make_room(storage: Storage, spec: RunSpec, backend: Backend, replace: bool,
                             f"'xrun delete {spec.name}'")
         raise XrunError(f"name: run {spec.name!r} already exists under {storage.root}"
                         f"{f' ({live.state})' if live is not None else ''}; "
-                        f"to run it again: --replace (removes the old run's data) or --name {_free_name(storage, spec.name)}")
+                        "to run it again: --replace (removes the old run's data) or "
+                        f"--name {_free_name(storage, spec.name)}")
     _retire(storage, spec, force)
     procs = getattr(backend, "live_processes", None)
     pids = procs(spec.name) if procs else []

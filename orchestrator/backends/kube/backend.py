@@ -443,10 +443,7 @@ class KubeBackend:
             message = self.kueue_message(jobset) or message
         events: list[str] = []
         if state in (PENDING, RESTARTING) or any(h.state == "Pending" for h in hosts):
-            if w is not None:
-                events = self._watched_events(name, jobset, pods)
-            else:
-                events = self._events(name, jobset, pods)
+            events = self._watched_events(name, jobset, pods) if w is not None else self._events(name, jobset, pods)
         elif w is not None:
             with self._events_lock:
                 self._followed_events.pop(name, None)  # a later wait starts from none

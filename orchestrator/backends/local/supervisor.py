@@ -411,7 +411,8 @@ class Supervisor:
         self.save()
         while True:
             self.start_pods()
-            self.transition(RUNNING, f"attempt {self.state['attempt']}: {len(self.pods)} pod{'' if len(self.pods) == 1 else 's'} started")
+            plural = "" if len(self.pods) == 1 else "s"
+            self.transition(RUNNING, f"attempt {self.state['attempt']}: {len(self.pods)} pod{plural} started")
             failed = self.wait_pods()
             if self.storage_failure is not None:
                 # Our own records cannot be written (a full disk, no permission, no bucket):
@@ -449,7 +450,8 @@ class Supervisor:
                 return 1
             self.state["restarts"] += 1
             self.state["restarts_towards_max"] = towards + counted
-            self.transition(RESTARTING, f"host {pod.host} exited with code {code}; restart {self.state['restarts']}/{max_restarts}")
+            self.transition(RESTARTING, f"host {pod.host} exited with code {code}; "
+                                        f"restart {self.state['restarts']}/{max_restarts}")
             self.state["attempt"] += 1
 
     def wait_pods(self) -> list[Pod]:
