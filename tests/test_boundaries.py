@@ -77,9 +77,9 @@ def test_services_never_import_the_cli_and_the_cli_goes_through_services():
     graph = imports_of("orchestrator")
     below_cli = [m for m in graph if not m.startswith("orchestrator.cli")]
     assert below_cli and not [m for m in below_cli if reaches(graph[m], "orchestrator.cli")]
-    commands = [m for m in graph if m in ("orchestrator.cli.runs", "orchestrator.cli.analysis",
-                                          "orchestrator.cli.cluster")]
-    assert len(commands) == 3
+    commands = [m for m in graph if m in ("orchestrator.cli.runs", "orchestrator.cli.logs",
+                                          "orchestrator.cli.analysis", "orchestrator.cli.cluster")]
+    assert len(commands) == 4
     for m in commands:
         assert reaches(graph[m], "orchestrator.services"), f"{m} must call services"
         assert not reaches(graph[m], "orchestrator.backends"), f"{m} must not drive a backend itself"

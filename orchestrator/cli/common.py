@@ -152,3 +152,19 @@ def wait_timeout(text: str | None) -> float | None:
     if not seconds >= 0 or seconds == float("inf"):
         raise XrunError(f"--timeout: {text!r} must be a finite duration >= 0")
     return seconds
+
+
+VERBOSE = click.option("-v", "--verbose", is_flag=True,
+                       help="Show every line: Gloo/absl chatter, wrapper lines, every header.")
+PROGRESS_INTERVAL = click.option(
+    "--progress-interval", type=click.FloatRange(0.5, 3600), default=10.0, show_default=True,
+    help="Seconds between plain progress lines when not on a terminal.")
+
+
+def warn_corrupt(storage: Any, name: str) -> None:
+    """One warning line per corrupt stored record of the run (status, logs, checkpoints and
+    list all say it, and all show the state as Unknown)."""
+    from orchestrator.readers.loaders import corrupt_line, record_problems
+
+    for problem in record_problems(storage, name):
+        warn(corrupt_line(name, problem))
