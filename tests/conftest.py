@@ -153,6 +153,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _GROUP = pytest.StashKey[str | None]()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Fail at once, not twice as slow, where xdist does not honour a group: it marks a
+    grouped item by suffixing its nodeid, which pytest 9.2 ignores (it keeps ``_id``), and
+    then every worker met a cluster test and started a control plane of its own."""
+    if not (hasattr(session.config, "workerinput") and session.config.getvalue("loadgroup")):
+        return
+    lost = [it.nodeid for it in session.items if it.get_closest_marker("xdist_group") and "@" not in it.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group {lost[0]} (and {len(lost) - 1} more): "
+                                "see pytest's pin in pyproject.toml")
+
+
 # --- Durations against the committed baseline (tests/durations.json) -----------------------
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--write-durations", metavar="PATH", default=None,
