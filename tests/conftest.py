@@ -139,15 +139,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark each item's group, and put the grouped items first, largest group first: under
     xdist a group is one unit of work, and the longest unit must start at once for the suite
     to end when its parallel part does."""
-    groups: dict[str | None, int] = {}
+    import json
+
+    try:
+        base: dict[str, float] = json.loads(BASELINE.read_text())
+    except (OSError, ValueError):
+        base = {}
+    groups: dict[str | None, float] = {}
     for item in items:
         g = _group(item)
         if g is not None:
             item.add_marker(pytest.mark.xdist_group(g))
-        groups[g] = groups.get(g, 0) + 1
+        groups[g] = groups.get(g, 0.0) + base.get(item.nodeid, 1.0)
         item.stash[_GROUP] = g
-    rank = {g: (0 if g.startswith("cluster") else 1, -n) for g, n in groups.items() if g is not None}
-    items.sort(key=lambda it: rank.get(it.stash[_GROUP], (2, 0)))
+    # Longest first (tests/durations.json's seconds): the cluster groups, then the other
+    # groups, then single tests, so a two-minute test does not start last.
+    rank = {g: (0 if g.startswith("cluster") else 1, -t) for g, t in groups.items() if g is not None}
+    items.sort(key=lambda it: rank.get(it.stash[_GROUP], (2, -base.get(it.nodeid, 1.0))))
 
 
 _GROUP = pytest.StashKey[str | None]()
@@ -178,8 +186,14 @@ BASELINE = REPO / "tests" / "durations.json"
 SLOW_NEW_S = 5.0  # a test absent from the baseline that takes longer is named
 
 
+def _plain_id(nodeid: str) -> str:
+    """A nodeid without the ``@group`` xdist adds to a grouped test's (as xdist splits it)."""
+    return nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _SECONDS[report.nodeid] = _SECONDS.get(report.nodeid, 0.0) + report.duration
+    nodeid = _plain_id(report.nodeid)
+    _SECONDS[nodeid] = _SECONDS.get(nodeid, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
