@@ -1,7 +1,7 @@
 #!/bin/sh
 # Make a small training repository with two branches for examples/nightly-local.yaml:
 #   main       train.py (xrun's workload with this repo's input pipeline), pipeline.py
-#   feat-slow  the same, but pipeline.py prepares every batch with an extra 0.2 s of work
+#   feat-slow  the same, but pipeline.py prepares every batch with an extra 0.4 s of work
 # The nightly ships each branch's head as the runs' workdir and flags feat-slow.
 #   bash examples/make-nightly-repo.sh [DIR]          (default ./nightly-repo)
 set -eu
@@ -49,9 +49,9 @@ git add -A
 git commit -q -m "Train with the repo's input pipeline"
 
 git checkout -q -b feat-slow
-sed 's/^PREPARE_SECONDS = 0.1 .*/PREPARE_SECONDS = 0.3  # a heavier augmentation: 0.2 s more per batch/' pipeline.py > pipeline.py.new
+sed 's/^PREPARE_SECONDS = 0.1 .*/PREPARE_SECONDS = 0.5  # a heavier augmentation: 0.4 s more per batch/' pipeline.py > pipeline.py.new
 mv pipeline.py.new pipeline.py
-echo "pipeline: feat-slow, 0.3 s per batch" > BRANCH_NOTE.txt
+echo "pipeline: feat-slow, 0.5 s per batch" > BRANCH_NOTE.txt
 git commit -q -am "Pipeline: heavier augmentation of every batch"
 git checkout -q main
 echo "made $(pwd): main $(git rev-parse --short main), feat-slow $(git rev-parse --short feat-slow)"

@@ -365,3 +365,26 @@ def test_a_diverged_run_trained_its_steps(tmp_path):
     c = compare(base, cand)
     assert not [w for w in c.warnings if w.startswith("different step counts")], c.warnings
     assert c.to_dict()["candidate"]["final_step"] == 60
+
+
+def test_a_starved_device_is_a_slowdown_though_no_steps_seconds_moved(tmp_path):
+    """The workload's step seconds are the device's; an input pipeline that makes the device
+    wait (``idle_s``) is slower training all the same (the README's nightly: feat-slow's
+    pipeline), so the steady-state row and the rates stand on each step's wall time."""
+    def stored(name: str, idle: float):
+        path = write_stored_run(tmp_path, name, RunShape(seed=3))
+        for f in (path / "metrics").glob("*.jsonl"):
+            lines = [json.loads(x) for x in f.read_text().splitlines()]
+            f.write_text("".join(json.dumps({**x, "idle_s": idle} if x["kind"] == "step" else x) + "\n"
+                                 for x in lines))
+        return load_run(str(path))
+
+    base, starved = stored("fed", 0.0), stored("starved", 0.075)
+    assert list(base.steps.seconds) == list(starved.steps.seconds)  # the device's: the same
+    c = compare(base, starved, threshold_pct=10)
+    r = rows(c)
+    steady = r["Steady-state s/step (median)"]
+    assert steady.verdict == "regressed" and steady.delta_pct == pytest.approx(50, abs=3)
+    assert "idle time" in steady.note
+    assert r["Avg s/step"].verdict == "regressed"
+    assert c.exit_code == 1 and [x.metric for x in c.regressions] == ["Steady-state s/step (median)"]

@@ -114,8 +114,10 @@ def compare(base: RunRecord, cand: RunRecord, threshold_pct: float = DEFAULT_THR
             setattr(avg, side, f"{getattr(avg, side)} ({said})")
     steady = cmp.sampled("Steady-state s/step (median)", fb.steady_seconds, fc.steady_seconds,
                          "median", "lower", 3)
-    steady.note = (f"median of steady-state steps: after the first {warmup} of each attempt, "
-                   "without the steps whose time absorbed a checkpoint stall and without outlier steps")
+    steady.note = (f"median of steady-state steps' wall time (the device's seconds and its idle time before "
+                   f"the step, where the metrics say it: a slow input pipeline counts): after the first {warmup} "
+                   "of each attempt, without the steps whose time absorbed a checkpoint stall and without "
+                   "outlier steps")
     rows = [
         cmp.text("Parameters", *_params_cells(base, cand)),
         cmp.sampled("Final loss", fb.loss_tail, fc.loss_tail, "median", "lower", 4,

@@ -144,7 +144,7 @@ def avg_decider(base: RunRecord, cand: RunRecord, lb: str, lc: str, most: int = 
              for rec, f in zip((base, cand), figs or (), strict=False)}
     sides = []
     for rec, label in ((base, lb), (cand, lc)):
-        rows = [(s, st, a) for st, s, a in zip(rec.steps.step[1:], rec.steps.seconds[1:],
+        rows = [(s, st, a) for st, s, a in zip(rec.steps.step[1:], rec.steps.wall()[1:],
                                                 rec.steps.attempt[1:], strict=True) if math.isfinite(s)]
         if len(rows) < 2:
             return ""

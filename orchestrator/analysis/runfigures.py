@@ -72,14 +72,19 @@ def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP, peak: float | None = N
     out_keys = found.keys
     steady = [ok and (a, st) not in out_keys for ok, a, st in zip(steady, steps.attempt, steps.step, strict=True)]
     final = rec.final_mask()
+    # A step's wall time: the device's seconds and the device's idle time before it where the
+    # records say it (an input pipeline that starves the device is slower training, though no
+    # step's device time moved); the rates are scaled to it, as a user's throughput is.
+    wall = steps.wall()
     ss, tf, tok = [], [], []
-    for (_step, seconds, tflops, tokens, _loss, _b, _t, _a), ok in zip(steps.rows(), steady, strict=True):
+    for (_step, seconds, tflops, tokens, _loss, _b, _t, _a), w, ok in zip(steps.rows(), wall, steady, strict=True):
         if ok:
-            ss.append(seconds)
+            share = seconds / w if w > 0 else 1.0
+            ss.append(w)
             if math.isfinite(tflops):
-                tf.append(tflops)
+                tf.append(tflops * share)
             if math.isfinite(tokens):
-                tok.append(tokens)
+                tok.append(tokens * share)
     losses = [(st, loss) for st, loss, is_final in zip(steps.step, steps.loss, final, strict=True)
               if is_final and math.isfinite(loss)]
     losses.sort()
@@ -105,7 +110,7 @@ def figures(rec: RunRecord, warmup: int = DEFAULT_WARMUP, peak: float | None = N
     return RunFigures(
         label=rec.label, steady_seconds=ss, steady_tflops=tf, steady_tokens=tok,
         all_seconds=all_seconds,
-        avg_seconds=[s for s in steps.seconds[1:] if math.isfinite(s)],
+        avg_seconds=[s for s in wall[1:] if math.isfinite(s)],
         last_tflops=(_finite(steps.tflops[last_i]) or None) if last_i >= 0 else None,  # 0: not measured
         last_tokens=_finite(steps.tokens[last_i]) if last_i >= 0 else None,
         loss_tail=[loss for _, loss in losses[-k:]],

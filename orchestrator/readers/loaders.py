@@ -50,6 +50,7 @@ def apply_metric(rec: RunRecord, r: records.Record) -> None:
             r.step, r.seconds, r.tflops_per_device, r.tokens_per_s_per_device, r.loss,
             blocked=r.checkpoint_blocked_s, time=t if t is not None else math.nan,
             attempt=attempt, total_weights=r.total_weights,
+            idle=r.idle_s if r.idle_s is not None else math.nan,
         )
         if r.quick:
             rec.quick_steps.add((attempt, r.step))

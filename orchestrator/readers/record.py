@@ -49,6 +49,10 @@ class StepSeries:
         self.loss = array("d")
         self.blocked = array("d")
         self.time = array("d")  # unix seconds the step was logged; nan when unknown
+        # The device's idle time before the step (metrics records' ``idle_s``: the host's
+        # input pipeline, a save); nan where the source does not say. Beside the columns, not
+        # in rows(): the step's wall time is seconds + idle.
+        self.idle = array("d")
         self.total_weights_first: int | None = None
         self.total_weights_last: int | None = None
 
@@ -57,7 +61,7 @@ class StepSeries:
 
     def append(self, step: int, seconds: float, tflops: float, tokens: float, loss: float,
                blocked: float = 0.0, time: float = math.nan, attempt: int = 0,
-               total_weights: int | None = None) -> None:
+               total_weights: int | None = None, idle: float = math.nan) -> None:
         index = self.count
         self.count += 1
         if math.isfinite(seconds):
@@ -76,6 +80,7 @@ class StepSeries:
         self.loss.append(loss)
         self.blocked.append(blocked)
         self.time.append(time)
+        self.idle.append(idle)
         if len(self.step) > self.cap:
             self._halve()
 
@@ -98,13 +103,14 @@ class StepSeries:
             kept = range(i, n, self.stride)[:room]
             for name, column in zip(self.COLUMNS, zip(*map(row, kept), strict=True), strict=True):
                 getattr(self, name).extend(column)
+            self.idle.extend([math.nan] * len(kept))  # logs do not say
             if len(self.step) > self.cap:
                 self._halve()
             index = first + kept[-1] + 1
             i = kept[-1] + 1 + (-index) % self.stride
 
     def _halve(self) -> None:
-        for name in self.COLUMNS:
+        for name in (*self.COLUMNS, "idle"):
             col = getattr(self, name)
             setattr(self, name, col[::2])
         self.stride *= 2
@@ -112,6 +118,10 @@ class StepSeries:
     def rows(self) -> Iterator[tuple[int, float, float, float, float, float, float, int]]:
         return zip(self.step, self.seconds, self.tflops, self.tokens, self.loss, self.blocked,
                    self.time, self.attempt, strict=True)
+
+    def wall(self) -> list[float]:
+        """Each kept step's wall time: its seconds and the idle time before it, where known."""
+        return [s + i if math.isfinite(i) else s for s, i in zip(self.seconds, self.idle, strict=True)]
 
     @property
     def last_step(self) -> int | None:
