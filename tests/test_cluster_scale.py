@@ -133,8 +133,9 @@ def test_follow_of_256_pods_makes_a_constant_number_of_requests(cluster, v6e_256
         f"unexpected {unexpected}; over the bound (count, bound) {over}")
     assert reqs[("get", "pods")] == 0 and reqs[("get", "pods/log")] == 0
     assert sum(reqs.values()) <= 10 + 2 * took, dict(reqs)  # a steady rate well under 2/s
-    # nothing of it grows with pods: every count is far below one request per pod
-    assert max(reqs.values()) < PODS / 8, dict(reqs)
+    # nothing of it grows with pods: every count is far below one request per pod (the events'
+    # LISTs grow with the follow's time, bounded above per round, not with its pods)
+    assert max(v for k, v in reqs.items() if k != ("list", "events")) < PODS / 8, dict(reqs)
     # the run really had its 256 pods, all Running at once, and xrun said so
     assert f"xrun: {name} Running" in proc.stderr
 

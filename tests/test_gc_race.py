@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -65,16 +66,22 @@ def archive() -> Packed:
 
 def race(storage: Storage, rounds: int, spread_s: float, seed: int) -> dict[str, int]:
     """``spread_s``: each thread starts up to this long after the others (about one
-    submit's time), so that every order of their steps comes up, whole ones included."""
+    submit's time), so that every order of their steps comes up, whole ones included. On a
+    loaded machine a submit takes longer: the spread follows the median of the last
+    submits' times, so that the orders stay as mixed as on an idle one."""
     packed = archive()
     rng = random.Random(seed)
     seen = {"gc removed": 0, "purge removed": 0}
 
+    took: list[float] = []
+
     def submit(name: str) -> None:
+        t0 = time.perf_counter()
         spec = RunSpec(name=name, accelerator="cpu-2", storage=storage.root, code_sha256=packed.sha256,
                        workdir="/w")
         with code.leased(storage, packed.sha256):
             runs.store_run(storage, spec, packed, lambda: None)
+        took.append(time.perf_counter() - t0)
 
     def purge(name: str) -> None:
         runs.purge_run(storage, name)
@@ -94,7 +101,8 @@ def race(storage: Storage, rounds: int, spread_s: float, seed: int) -> dict[str,
                 time.sleep(after)  # a staggered start, not a wait for a condition
                 fn(*args)
 
-            starts = [rng.uniform(0, spread_s) for _ in range(3)]
+            spread = max(spread_s, statistics.median(took[-20:]))
+            starts = [rng.uniform(0, spread) for _ in range(3)]
             for f in [pool.submit(go, submit, new, after=starts[0]), pool.submit(go, purge, old, after=starts[1]),
                       pool.submit(go, gc, after=starts[2])]:
                 f.result(timeout=120)

@@ -101,7 +101,10 @@ def test_repeats_run_interleaved_and_the_verdict_rests_on_runs(nights):
     # The per-step detail: same versions, devices, config, steps. The last step's TFLOP/s and
     # Tok/s are one step each: when they point the other way than the steady-state median, the
     # warning says so, and nothing else is said.
-    assert [w for w in same["warnings"] if "but the steady-state median says" not in w] == []
+    # On a loaded machine a late-compiling second step can decide a few steps' mean; that is
+    # said too, with its cause, and is no verdict.
+    assert [w for w in same["warnings"] if "but the steady-state median says" not in w
+            and not (w.startswith("Avg s/step differs by") and "first steps: compilation" in w)] == []
     # The per-step test of the first pair stays as supporting detail.
     per_step = {row["metric"]: row for row in slow["comparison"]["per_step"]["rows"]}
     assert per_step["Steady-state s/step (median)"]["verdict"] == "regressed"

@@ -136,7 +136,7 @@ def test_resume_on_the_cluster_recreates_the_jobset_and_keeps_the_history(cluste
     r = cli(cluster, storage, "submit", "--resume", name, "--detach", "-f",
             run_file(tmp_path, name, pod_annotations=timing(run_s=6.0)))
     assert r.returncode == 0, r.stderr
-    assert f"resumed {name} (kube backend, the given spec)" in r.stderr, r.stderr
+    assert f"resumed {name} (kube backend, the given run file)" in r.stderr, r.stderr
     js = cluster.jobset(name)
     assert js["metadata"]["uid"] != old_uid  # re-created, not the failed one
     pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
