@@ -86,13 +86,15 @@ def _text(value: Any) -> str:
 def _plane(buf: memoryview) -> tuple[str, dict[int, str], list[tuple[str, memoryview]]]:
     """A plane's name, its event names by metadata id, its lines (name, raw message)."""
     name, names, lines = "", {}, []
-    for field, _, value in _fields(buf):
+    for field, wire, value in _fields(buf):
+        if wire != 2:  # none of the fields read here is a number
+            continue
         if field == 2:
             name = _text(value)
         elif field == 3:
             line_name = ""
-            for f, _, v in _fields(value):
-                if f == 2:
+            for f, w, v in _fields(value):
+                if f == 2 and w == 2:
                     line_name = _text(v)
             lines.append((line_name, value))
         elif field == 4:
@@ -101,10 +103,10 @@ def _plane(buf: memoryview) -> tuple[str, dict[int, str], list[tuple[str, memory
                 if f == 1 and w == 0:
                     meta_id = v
                 elif f == 2 and w == 2:  # the XEventMetadata
-                    for mf, _, mv in _fields(v):
-                        if mf == 1:
+                    for mf, mw, mv in _fields(v):
+                        if mf == 1 and mw == 0:
                             meta_id = mv
-                        elif mf == 2:
+                        elif mf == 2 and mw == 2:
                             meta_name = _text(mv)
             names[meta_id] = meta_name
     return name, names, lines
@@ -112,10 +114,12 @@ def _plane(buf: memoryview) -> tuple[str, dict[int, str], list[tuple[str, memory
 
 def _events(line: memoryview) -> Iterator[tuple[int, int, int]]:
     """(metadata id, offset, duration; picoseconds) of each event of a line."""
-    for field, _, value in _fields(line):
-        if field == 4:
+    for field, wire, value in _fields(line):
+        if field == 4 and wire == 2:
             meta_id = offset = duration = 0
-            for f, _, v in _fields(value):
+            for f, w, v in _fields(value):
+                if w != 0:
+                    continue
                 if f == 1:
                     meta_id = v
                 elif f == 2:
