@@ -36,4 +36,41 @@ def test_profile_of_two_steps_is_written_under_the_run(tmp_path):
     assert info["steps"] == [2, 3] and info["path"].endswith("runs/prof/profile")
     view = json.loads(xrun("status", "prof", "-o", "json", storage=root).stdout)
     assert view["profile"]["steps"] == [2, 3]
-    assert "Profile" in xrun("status", "prof", storage=root).stdout
+    screen = xrun("status", "prof", storage=root).stdout
+    assert "Profile" in screen
+
+    # The top ops by device time: the workload's summary in run.json, as jax's own reader of
+    # the trace counts them (XLA:CPU's ops on its tf_XLA threads, less the runtime's events).
+    summary = info["top_ops"]
+    assert summary["where"] == "/host:CPU" and 0 < summary["total_s"] < 5
+    ops = summary["ops"]
+    assert 5 <= len(ops) <= 10 and all(o["count"] >= 1 and "::" not in o["name"] for o in ops)
+    assert [o["seconds"] for o in ops] == sorted((o["seconds"] for o in ops), reverse=True)
+    assert 0 < sum(o["share"] for o in ops) <= 1.0 + 1e-9
+    from jax.profiler import ProfileData
+
+    names = {e.name for p in ProfileData.from_file(str(traces[0])).planes for line in p.lines
+             if line.name.startswith("tf_XLA") for e in line.events}
+    assert {o["name"] for o in ops} <= names
+    assert "xrun: profile's top ops by device time: " + ops[0]["name"] in r.stdout
+    assert view["profile"]["top_ops"] == summary
+    assert "Top ops" in screen and ops[0]["name"] in screen
+
+    # A record without the summary (written before it, or not read then): status and report
+    # read the stored trace itself, and find the same ops.
+    run_json = root / "runs" / "prof" / "run.json"
+    doc = json.loads(run_json.read_text())
+    del doc["workload"]["profile"]["top_ops"]
+    run_json.write_text(json.dumps(doc))
+    view = json.loads(xrun("status", "prof", "-o", "json", storage=root).stdout)
+    assert view["profile"]["top_ops"] == summary
+    page = tmp_path / "report.html"
+    xrun("report", "prof", "-o", str(page), storage=root)
+    html = page.read_text()
+    assert "Top ops by device time" in html and f"<td>{ops[0]['name']}</td>" in html
+
+    # A trace it cannot read: said in the status, which still answers.
+    traces[0].write_bytes(b"\x0a\x05abc")
+    view = json.loads(xrun("status", "prof", "-o", "json", storage=root).stdout)
+    assert "top_ops" not in view["profile"] and "not an xplane trace" in view["profile"]["top_ops_error"]
+    assert "not read:" in xrun("status", "prof", storage=root).stdout

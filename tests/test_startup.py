@@ -178,3 +178,38 @@ def test_waiting_for_a_name_backs_off_but_an_address_is_polled_fast(monkeypatch)
     assert fast >= 20, fast  # ~50 in 0.5 s, less on a loaded machine
     # 10, 15, 22, 34, 51, 76, 114, 171, then 250 ms: ~11 in 1.5 s (fewer where DNS is slow).
     assert 1 <= named <= 14, named
+
+
+KEY_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import jax
+jax.config.update("jax_platforms", "cpu")
+jax.config.update("jax_enable_x64", sys.argv[2] == "x64")
+import numpy as np
+from workload.program import init_key
+compiles = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, *_, **__: compiles.append(event) if "compile" in event else None)
+seeds = [0, 1, 5, 42, 2**31 - 1, 2**31, 2**32 + 3, 2**40 + 7, -1, -2, -2**31, -2**40]
+mine = [init_key(s) for s in seeds]
+ran = list(compiles)
+jaxs = [np.asarray(jax.random.key_data(jax.random.key(s))).tolist() for s in seeds]
+print(json.dumps({"ran": ran, "jax_ran": len(compiles) > len(ran),
+                  "pairs": [[m.tolist(), str(m.dtype), j] for m, j in zip(mine, jaxs)]}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["x32", "x64"])
+def test_init_key_computed_on_the_host_is_jaxs_key(mode):
+    """init's key without running a program on the device (the first costs a compile): the
+    same uint32 words as ``jax.random.key``'s, with and without x64, negative seeds too."""
+    out = subprocess.run([sys.executable, "-c", KEY_SCRIPT, str(REPO), mode], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout)
+    assert result["ran"] == [] and result["jax_ran"]  # jax.random.key compiles; init_key does not
+    pairs = result["pairs"]
+    assert all(dtype == "uint32" for _, dtype, _ in pairs)
+    assert [mine for mine, _, _ in pairs] == [jaxs for _, _, jaxs in pairs]
+    assert pairs[-1][0] == ([4294967040, 0] if mode == "x64" else [0, 0])  # -2**40's words

@@ -504,6 +504,31 @@ def runs_table(section: Section) -> str:
             f"<tbody>{''.join(rows)}</tbody></table>")
 
 
+def profile_html(section: Section) -> str:
+    """Each run's ``profile=START:STEPS`` trace: where, and its top ops by device time."""
+    labels = _label_map(section)
+    parts = []
+    for rec in section.runs:
+        pr = rec.profile
+        if not pr:
+            continue
+        steps = pr.get("steps") or ["?", "?"]
+        head = (f"<h3>Profile of {esc(labels[id(rec)])}: steps {esc(steps[0])}-{esc(steps[-1])}</h3>"
+                f'<p class="meta">{esc(pr.get("path"))} (tensorboard --logdir there, Profile tab)</p>')
+        summary = pr.get("top_ops")
+        if not summary:
+            parts.append(head + f"<p>Top ops not read: {esc(pr.get('top_ops_error', 'no summary'))}</p>")
+            continue
+        rows = "".join(f"<tr><td>{esc(o['name'])}</td><td class=\"num\">{1e3 * o['seconds']:.4g}</td>"
+                       f"<td class=\"num\">{100 * o['share']:.1f}%</td><td class=\"num\">{esc(o['count'])}</td></tr>"
+                       for o in summary.get("ops") or [])
+        parts.append(head + f'<p class="meta">Top ops by device time (self time) of '
+                            f'{1e3 * float(summary.get("total_s") or 0):.4g} ms on {esc(summary.get("where"))}</p>'
+                            '<table class="cmp profile"><thead><tr><th>Op</th><th>ms</th><th>Share</th>'
+                            f"<th>Count</th></tr></thead><tbody>{rows}</tbody></table>")
+    return "".join(parts)
+
+
 def _plotly_js() -> str:
     from plotly.offline import get_plotlyjs
 
@@ -538,6 +563,7 @@ def render_report(sections: Sequence[Section], title: str = "xrun comparison rep
             body.append(comparison_html(c, owners.get(id(c))))
         body.append(charts_html(s, str(i)))
         body.append(runs_table(s))
+        body.append(profile_html(s))
         body.append("</section>")
     if trends:
         body.append('<section id="trends"><h2>Trend over nights</h2>')

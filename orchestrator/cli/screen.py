@@ -27,6 +27,7 @@ from xrun_contract import (
     is_terminal,
     significant,
 )
+from xrun_contract.xplane import ops_text
 
 
 def _fmt(value: Any, spec: str = "", missing: str = "-") -> str:
@@ -127,6 +128,10 @@ def render_table(view: dict[str, Any], width: int | None = None) -> Group:
         steps = pr.get("steps") or ["?", "?"]
         head.add_row("Profile", f"steps {steps[0]}-{steps[-1]}: {pr.get('path')} "
                                 "(tensorboard --logdir there, Profile tab)")
+        if pr.get("top_ops"):
+            head.add_row("Top ops", ops_text(pr["top_ops"], 5))
+        elif pr.get("top_ops_error"):
+            head.add_row("Top ops", f"not read: {pr['top_ops_error']}")
     for ev in view.get("events") or []:
         head.add_row("Event", Text(ev, style="yellow"))
     return Group(head, Text(""), _Unwrapped(hosts_table(view["hosts"], width)))

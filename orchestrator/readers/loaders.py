@@ -438,6 +438,10 @@ def read_stored_run(storage: Storage, name: str, metrics: bool = True,
         raise XrunError(f"run: nothing stored for {name!r} under {storage.root}")
     if rec.process_id is None and rec.kind == "storage" and rec.versions.get("process_id") is None:
         rec.process_id = 0  # metrics and the fallback log are process 0's
+    if metrics:
+        from orchestrator.readers.profile import with_top_ops
+
+        rec.profile = with_top_ops(storage, name, rec.profile)
     return rec
 
 

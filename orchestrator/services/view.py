@@ -15,6 +15,7 @@ from typing import Any
 from orchestrator.backends.base import BackendStatus
 from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import latest_committed, list_checkpoints
+from orchestrator.readers.profile import with_top_ops
 from orchestrator.readers.record import RunRecord
 from xrun_contract import (
     DELETED,
@@ -118,6 +119,7 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
     if rec.problems:  # a corrupt run.json or state.json: what list, logs, checkpoints say too
         current, message = UNKNOWN, "; ".join(rec.problems)
     rec.state = current  # the ETA and goodput read the state as shown
+    rec.profile = with_top_ops(storage, rec.name, rec.profile)  # read once per record
     for h in hosts:
         if current == DELETED and h.get("state") == FAILED and h.get("exit_code") in (143, 137):
             # Stopped by the deletion (SIGTERM, or SIGKILL after the grace period): not a
