@@ -299,6 +299,63 @@ def test_workdir_file_vanishing_during_the_walk_is_no_traceback(tmp_path, capsys
     assert "left out 1 entry: build.tmp (vanished while packing)" in err, err
 
 
+def _git_tree(tmp_path: Path) -> Path:
+    import subprocess
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "train.py").write_text("print(1)\n")
+    git = ["git", "-C", str(tree), "-c", "user.email=x@y", "-c", "user.name=x"]
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    subprocess.run([*git, "add", "train.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    (tree / "build.tmp").write_text("temporary\n")  # untracked: git lists it, then it goes
+    return tree
+
+
+def test_workdir_git_file_vanishing_after_git_lists_it_is_skipped_and_said(tmp_path, capsys, monkeypatch,
+                                                                          recorded):
+    """A git checkout: git lists the untracked files and xrun then reads each to fingerprint
+    the tree; a build's temporary file removed in between raised FileNotFoundError."""
+    import os
+
+    tree = _git_tree(tmp_path)
+    real = os.path.isfile
+
+    def isfile_then_gone(path: Any) -> bool:  # the file goes right after the check
+        answer = real(path)
+        if str(path).endswith("build.tmp") and answer:
+            os.remove(path)
+        return answer
+
+    monkeypatch.setattr(os.path, "isfile", isfile_then_gone)
+    rc, _, err = _cli(capsys, "submit", "--name", "vang", "--accelerator", "cpu-2", "--image", "img",
+                      "--command", "python3 train.py", "--workdir", str(tree), "--storage", str(tmp_path / "s"),
+                      "--detach")
+    assert rc == 0, err
+    assert "Traceback" not in err and len(recorded.calls) == 1, err
+
+
+def test_workdir_file_vanishing_while_archived_is_skipped_and_said(tmp_path, capsys, monkeypatch, recorded):
+    """Listed, measured, then removed before the archive reads it: a skip that is said, as
+    the walk's, not a refused submit ("changed while it was packed", exit 2)."""
+    from orchestrator import workdir
+
+    tree = _git_tree(tmp_path)
+    real = workdir._archive
+
+    def archive(root: str, files: list[str], *args: Any) -> bytes:
+        (tree / "build.tmp").unlink()
+        return real(root, files, *args)
+
+    monkeypatch.setattr(workdir, "_archive", archive)
+    rc, _, err = _cli(capsys, "submit", "--name", "vana", "--accelerator", "cpu-2", "--image", "img",
+                      "--command", "python3 train.py", "--workdir", str(tree), "--storage", str(tmp_path / "s"),
+                      "--detach")
+    assert rc == 0, err
+    assert "left out 1 entry: build.tmp (vanished while packing)" in err, err
+
+
 def test_workdir_folder_past_path_max_is_refused_by_name(tmp_path, capsys, monkeypatch):
     import os
 
