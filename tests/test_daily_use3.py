@@ -308,3 +308,39 @@ def test_a_long_error_folds_on_a_terminal_and_stays_one_line_piped(tmp_path):
     assert lines[0].startswith("xrun: error: run file: unknown key 'comand'") and lines[1].startswith("    ")
     r = xrun_here("render", "-f", str(run))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_stored_lines_written_apart_carry_their_own_stamps(tmp_path):
+    """#52: ``logs --timestamps`` showed one stamp for ~7 lines: the shipper read (and stamped)
+    the output file every 0.2 s, so the lines of a fast loop shared a read's time. Lines
+    written 0.15 s apart now carry their own times, each within a read of its write."""
+    import threading
+    import time as _time
+
+    from workload import sidecar
+    from xrun_contract import split_stamp
+
+    out = tmp_path / "output.log"
+    out.write_text("")
+    chunks: list[bytes] = []
+    stop = threading.Event()
+    shipper = threading.Thread(target=sidecar.run, args=(tmp_path, lambda _seq, data: chunks.append(data), 0.3, stop))
+    shipper.start()
+    written = []
+    try:
+        with out.open("a") as f:
+            for i in range(8):
+                written.append(_time.time())
+                f.write(f"line {i}\n")
+                f.flush()
+                _time.sleep(0.15)
+    finally:
+        stop.set()
+        shipper.join(30)
+    stored = [split_stamp(line) for line in b"".join(chunks).decode().splitlines()]
+    assert [text for _t, text in stored] == [f"line {i}" for i in range(8)]
+    stamps = [t for t, _text in stored]
+    assert stamps == sorted(stamps)
+    assert all(t is not None and t >= w - 0.01 for t, w in zip(stamps, written, strict=True))
+    # Read every 0.2 s, 8 lines over 1.05 s got at most 6 stamps; allow one shared under load.
+    assert len(set(stamps)) >= 7, stamps
