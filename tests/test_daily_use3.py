@@ -344,3 +344,64 @@ def test_stored_lines_written_apart_carry_their_own_stamps(tmp_path):
     assert all(t is not None and t >= w - 0.01 for t, w in zip(stamps, written, strict=True))
     # Read every 0.2 s, 8 lines over 1.05 s got at most 6 stamps; allow one shared under load.
     assert len(set(stamps)) >= 7, stamps
+
+
+def test_doctor_reads_whole_at_80_and_132_columns(tmp_path, monkeypatch):
+    """#52: doctor printed each check on one line however long (176 columns here, a capacity
+    error 400): on a terminal a detail now wraps under its own column; piped it stays one
+    line for grep."""
+    from pty_screens import screen
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    storage = tmp_path / "a-local-root-whose-path-makes-the-storage-line-long-enough-to-wrap"
+    piped = xrun_here("doctor", "-o", "json", storage=storage, KUBECONFIG=str(tmp_path / "no-kubeconfig"))
+    details = [" ".join(c["detail"].split()) for c in json.loads(piped.stdout)["checks"]]
+    assert any(len(d) > 80 for d in details), details
+    for columns in (80, 132):
+        rc, lines = screen("doctor", columns=columns, storage=storage)
+        assert rc == 3, lines
+        lines = [ln for ln in lines if ln]
+        assert all(len(ln) <= columns for ln in lines), [ln for ln in lines if len(ln) > columns]
+        flat = "".join("".join(lines).split())
+        assert all("".join(d.split()) in flat for d in details), (details, lines)
+        heads = [ln for ln in lines if ln[:4] in ("PASS", "FAIL", "WARN", "skip")]
+        rest = [ln for ln in lines if ln not in heads and not ln.startswith("xrun: doctor")]
+        assert len(heads) == len(details) and all(ln.startswith(" " * 15) for ln in rest), lines
+        if columns == 80:
+            assert rest, lines  # something did wrap
+
+
+def test_follow_and_logs_f_read_whole_at_80_and_132_columns(tmp_path):
+    """#52: the walkthrough's follow from a real terminal: ``submit --follow`` of
+    examples/local-tiny.yaml at 80 columns, then ``logs -f`` of that run at 132. Every
+    pinned line drawn fits the terminal and labels each value, the last one shows step,
+    loss, tokens/s and the checkpoint, the summary's lines (the "quiet:" one was 114
+    columns) fit and wrap indented under their own, and no line of noise (Gloo's, or its
+    torn tail) is shown."""
+    from pty_screens import drawn, screen
+
+    root = tmp_path / "root"
+    raw: list[str] = []
+    rc, _ = screen("submit", "-f", "examples/local-tiny.yaml", "--name", "walk", "--follow", columns=80,
+                   storage=root, timeout=600, cwd=REPO, raw=raw)
+    assert rc == 0, drawn(raw[0])[-40:]
+    rc, _ = screen("logs", "walk", "-f", columns=132, storage=root, timeout=120, cwd=REPO, raw=raw)
+    assert rc == 0, drawn(raw[1])[-40:]
+    for columns, out in ((80, drawn(raw[0])), (132, drawn(raw[1]))):
+        out = [p for p in out if p]
+        pinned = [p for p in out if re.match(r"walk [a-z]+(?:  |$)", p)]
+        assert pinned, out[-40:]
+        assert all(len(p) <= columns and "…" not in p for p in pinned), [p for p in pinned if len(p) > columns]
+        for p in pinned:  # no value without its label
+            body = re.sub(r"^walk [a-z]+\s*(?:━+ \d+%)?", "", p)
+            assert not re.search(r"(?:^|  )[\d,.]+(?:  |$)", body), p
+        assert re.search(r"step 40/40  loss [\d.]+  (?:tok/s|tokens/s \(total, 20-step median\)) [\d,]+  "
+                         r"(?:ETA \d+s  )?(?:ckpt|checkpoint) step 40", pinned[-1]), pinned[-1]
+        shown = [p for p in out if p.startswith("[0-")]
+        assert shown and all(re.match(r"\[0-[01]\] \S", p) and "Gloo" not in p for p in shown), shown
+    out = [p for p in drawn(raw[0]) if p]
+    summary = out[next(i for i, p in enumerate(out) if p.startswith("  steps 40/40")):]
+    assert all(len(p) <= 80 and p.startswith("  ") for p in summary), summary
+    assert any(p.startswith("  quiet: ") for p in summary) and summary[-1].startswith("      "), summary
+    ended = [p for p in drawn(raw[1]) if p]
+    assert ended[-1] == "xrun: run walk ended: Succeeded (all pods succeeded)", ended[-5:]
