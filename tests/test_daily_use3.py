@@ -405,3 +405,59 @@ def test_follow_and_logs_f_read_whole_at_80_and_132_columns(tmp_path):
     assert any(p.startswith("  quiet: ") for p in summary) and summary[-1].startswith("      "), summary
     ended = [p for p in drawn(raw[1]) if p]
     assert ended[-1] == "xrun: run walk ended: Succeeded (all pods succeeded)", ended[-5:]
+
+
+NIGHT_DRIVER = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, {tests!r})
+from synthetic_runs import RunShape, write_stored_run
+
+from orchestrator.cli import main
+from orchestrator.services import nightly as svc
+
+
+def submit(run):  # the runs as stored, without JAX: feat's steps a third slower
+    seconds = 0.2 if run.branch.name == "feat" else 0.15
+    write_stored_run(Path({root!r}), run.name, RunShape(seed=run.index, seconds=seconds, loss_decay=0.0,
+                                                       jitter=0.004), branch=run.branch.name)
+
+
+svc.submit_run = submit
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_nightly_reads_whole_at_80_and_132_columns(tmp_path):
+    """#52: the nightly printed its markdown as written: notes of 414 columns, a headline of
+    139. On a terminal its prose folds under its own line; table rows stay rows, the last
+    line (the verdict CI reads) stays whole, and nothing of summary.md is lost. Synthetic
+    runs (only the submission is replaced), from a PTY."""
+    import sys
+
+    import yaml
+    from pty_screens import screen
+
+    root = tmp_path / "store"
+    driver = tmp_path / "driver.py"
+    driver.write_text(NIGHT_DRIVER.format(tests=str(REPO / "tests"), root=str(root)))
+    spec = {"prefix": "nv", "storage": str(root), "slice": {"accelerator": "cpu-1"}, "base": "main",
+            "branches": {"main": {"image": "i:a", "commit": "a1"}, "feat": {"image": "i:b", "commit": "b2"}},
+            "configs": {"tiny": {"command": "python3 -m workload.train --preset tiny steps=60", "repeats": 2}},
+            "backend": "local", "threshold": "10%"}
+    night = tmp_path / "nightly.yaml"
+    night.write_text(yaml.safe_dump(spec, sort_keys=False))
+    for columns in (80, 132):
+        rc, lines = screen("nightly", "-f", str(night), columns=columns, storage=root,
+                           program=[sys.executable, str(driver)], timeout=120)
+        assert rc == 1, lines[-20:]
+        report = sorted((root / "reports").iterdir())[-1]
+        md = (report / "summary.md").read_text().splitlines()
+        shown = lines[next(i for i, ln in enumerate(lines) if ln.startswith("# xrun nightly")):]
+        shown = shown[:next(i for i, ln in enumerate(shown) if ln.startswith("Verdict: ")) + 1]
+        assert shown[-1] == md[-1]  # whole, and last
+        prose = [ln for ln in shown[:-1] if not ln.startswith("|")]
+        assert all(len(ln) <= columns for ln in prose), [ln for ln in prose if len(ln) > columns]
+        assert "".join("".join(shown).split()) == "".join("".join(md).split())
+        assert [ln for ln in shown if ln.startswith("|")] == [ln for ln in md if ln.startswith("|")]
