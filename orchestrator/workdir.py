@@ -134,8 +134,14 @@ def git_info(folder: str) -> GitInfo:
         path = os.path.join(folder, name)
         h.update(b"\0untracked\0" + name.encode("utf-8", "surrogateescape") + b"\0")
         if os.path.isfile(path) and not os.path.islink(path):
-            with open(path, "rb") as f:
-                h.update(hashlib.sha256(f.read()).digest())
+            try:
+                with open(path, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+            except FileNotFoundError:  # removed since git listed it (a build's temporary file)
+                h.update(b"\0vanished\0")
+            except OSError as e:
+                raise XrunError(f"workdir: cannot read {_shown(name)} ({e.strerror}); it would not be shipped: "
+                                f"fix it or leave it out in {IGNORE_FILE}", EXIT_USAGE) from None
     dirty = bool(diff or untracked)
     return GitInfo(commit, branch, dirty, h.hexdigest() if dirty else "")
 
@@ -285,7 +291,7 @@ def pack(folder: str, *, max_mb: float = DEFAULT_MAX_MB, allow_files: tuple[str,
                         f"(--max-workdir-mb); largest: "
                         + ", ".join(f"{name} ({size / 1e6:.1f} MB)" for name, size in largest)
                         + f"; leave them out in {IGNORE_FILE}", EXIT_USAGE)
-    data = _archive(root, files)
+    data = _archive(root, files, skipped)
     return Packed(hashlib.sha256(data).hexdigest(), data, files, total, root, git, left_out, skipped)
 
 
@@ -294,8 +300,11 @@ def _shown(rel: str) -> str:
     return rel if len(rel) <= 200 else f"{rel[:80]}…{rel[-80:]} ({len(rel)} characters)"
 
 
-def _archive(root: str, files: list[str]) -> bytes:
+def _archive(root: str, files: list[str], skipped: list[str]) -> bytes:
+    """The tar.gz of ``files``; one removed since it was listed is dropped from ``files``
+    and said in ``skipped`` (as the walk does), any other change refused in one line."""
     raw = io.BytesIO()
+    vanished: set[str] = set()
     # No name and mtime 0 in the gzip header; a fixed level: the bytes depend on the tree only.
     with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.GNU_FORMAT) as tar:
@@ -305,6 +314,11 @@ def _archive(root: str, files: list[str]) -> bytes:
                 st = os.lstat(path)
                 if stat.S_ISREG(st.st_mode):
                     f = open(path, "rb")  # noqa: SIM115 - closed below, after tar has read it
+                target = _symlink_target(root, rel) if stat.S_ISLNK(st.st_mode) else ""
+            except FileNotFoundError:  # removed since it was listed (a build's temporary file)
+                vanished.add(rel)
+                skipped.append(f"{rel} (vanished while packing)")
+                continue
             except OSError as e:  # changed since it was listed: the tree is still being written
                 raise XrunError(f"workdir: {_shown(rel)} changed while it was packed ({e.strerror}); "
                                 "submit again once the tree is still, or leave it out in "
@@ -312,7 +326,7 @@ def _archive(root: str, files: list[str]) -> bytes:
             info = tarfile.TarInfo(rel)
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
             if stat.S_ISLNK(st.st_mode):
-                info.type, info.linkname, info.mode = tarfile.SYMTYPE, _symlink_target(root, rel), 0o777
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, target, 0o777
                 tar.addfile(info)
                 continue
             if not stat.S_ISREG(st.st_mode):
@@ -325,6 +339,7 @@ def _archive(root: str, files: list[str]) -> bytes:
                 except OSError:  # it shrank while read
                     raise XrunError(f"workdir: {_shown(rel)} changed while it was packed; submit again "
                                     f"once the tree is still, or leave it out in {IGNORE_FILE}", EXIT_USAGE) from None
+    files[:] = [f for f in files if f not in vanished]
     return raw.getvalue()
 
 

@@ -308,3 +308,156 @@ def test_a_long_error_folds_on_a_terminal_and_stays_one_line_piped(tmp_path):
     assert lines[0].startswith("xrun: error: run file: unknown key 'comand'") and lines[1].startswith("    ")
     r = xrun_here("render", "-f", str(run))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_stored_lines_written_apart_carry_their_own_stamps(tmp_path):
+    """#52: ``logs --timestamps`` showed one stamp for ~7 lines: the shipper read (and stamped)
+    the output file every 0.2 s, so the lines of a fast loop shared a read's time. Lines
+    written 0.15 s apart now carry their own times, each within a read of its write."""
+    import threading
+    import time as _time
+
+    from workload import sidecar
+    from xrun_contract import split_stamp
+
+    out = tmp_path / "output.log"
+    out.write_text("")
+    chunks: list[bytes] = []
+    stop = threading.Event()
+    shipper = threading.Thread(target=sidecar.run, args=(tmp_path, lambda _seq, data: chunks.append(data), 0.3, stop))
+    shipper.start()
+    written = []
+    try:
+        with out.open("a") as f:
+            for i in range(8):
+                written.append(_time.time())
+                f.write(f"line {i}\n")
+                f.flush()
+                _time.sleep(0.15)
+    finally:
+        stop.set()
+        shipper.join(30)
+    stored = [split_stamp(line) for line in b"".join(chunks).decode().splitlines()]
+    assert [text for _t, text in stored] == [f"line {i}" for i in range(8)]
+    stamps = [t for t, _text in stored]
+    assert stamps == sorted(stamps)
+    assert all(t is not None and t >= w - 0.01 for t, w in zip(stamps, written, strict=True))
+    # Read every 0.2 s, 8 lines over 1.05 s got at most 6 stamps; allow one shared under load.
+    assert len(set(stamps)) >= 7, stamps
+
+
+def test_doctor_reads_whole_at_80_and_132_columns(tmp_path, monkeypatch):
+    """#52: doctor printed each check on one line however long (176 columns here, a capacity
+    error 400): on a terminal a detail now wraps under its own column; piped it stays one
+    line for grep."""
+    from pty_screens import screen
+
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    storage = tmp_path / "a-local-root-whose-path-makes-the-storage-line-long-enough-to-wrap"
+    piped = xrun_here("doctor", "-o", "json", storage=storage, KUBECONFIG=str(tmp_path / "no-kubeconfig"))
+    details = [" ".join(c["detail"].split()) for c in json.loads(piped.stdout)["checks"]]
+    assert any(len(d) > 80 for d in details), details
+    for columns in (80, 132):
+        rc, lines = screen("doctor", columns=columns, storage=storage)
+        assert rc == 3, lines
+        lines = [ln for ln in lines if ln]
+        assert all(len(ln) <= columns for ln in lines), [ln for ln in lines if len(ln) > columns]
+        flat = "".join("".join(lines).split())
+        assert all("".join(d.split()) in flat for d in details), (details, lines)
+        heads = [ln for ln in lines if ln[:4] in ("PASS", "FAIL", "WARN", "skip")]
+        rest = [ln for ln in lines if ln not in heads and not ln.startswith("xrun: doctor")]
+        assert len(heads) == len(details) and all(ln.startswith(" " * 15) for ln in rest), lines
+        if columns == 80:
+            assert rest, lines  # something did wrap
+
+
+def test_follow_and_logs_f_read_whole_at_80_and_132_columns(tmp_path):
+    """#52: the walkthrough's follow from a real terminal: ``submit --follow`` of
+    examples/local-tiny.yaml at 80 columns, then ``logs -f`` of that run at 132. Every
+    pinned line drawn fits the terminal and labels each value, the last one shows step,
+    loss, tokens/s and the checkpoint, the summary's lines (the "quiet:" one was 114
+    columns) fit and wrap indented under their own, and no line of noise (Gloo's, or its
+    torn tail) is shown."""
+    from pty_screens import drawn, screen
+
+    root = tmp_path / "root"
+    raw: list[str] = []
+    rc, _ = screen("submit", "-f", "examples/local-tiny.yaml", "--name", "walk", "--follow", columns=80,
+                   storage=root, timeout=600, cwd=REPO, raw=raw)
+    assert rc == 0, drawn(raw[0])[-40:]
+    rc, _ = screen("logs", "walk", "-f", columns=132, storage=root, timeout=120, cwd=REPO, raw=raw)
+    assert rc == 0, drawn(raw[1])[-40:]
+    for columns, out in ((80, drawn(raw[0])), (132, drawn(raw[1]))):
+        out = [p for p in out if p]
+        pinned = [p for p in out if re.match(r"walk [a-z]+(?:  |$)", p)]
+        assert pinned, out[-40:]
+        assert all(len(p) <= columns and "…" not in p for p in pinned), [p for p in pinned if len(p) > columns]
+        for p in pinned:  # no value without its label
+            body = re.sub(r"^walk [a-z]+\s*(?:━+ \d+%)?", "", p)
+            assert not re.search(r"(?:^|  )[\d,.]+(?:  |$)", body), p
+        assert re.search(r"step 40/40  loss [\d.]+  (?:tok/s|tokens/s \(total, 20-step median\)) [\d,]+  "
+                         r"(?:ETA \d+s  )?(?:ckpt|checkpoint) step 40", pinned[-1]), pinned[-1]
+        shown = [p for p in out if p.startswith("[0-")]
+        assert shown and all(re.match(r"\[0-[01]\] \S", p) and "Gloo" not in p for p in shown), shown
+    out = [p for p in drawn(raw[0]) if p]
+    summary = out[next(i for i, p in enumerate(out) if p.startswith("  steps 40/40")):]
+    assert all(len(p) <= 80 and p.startswith("  ") for p in summary), summary
+    assert any(p.startswith("  quiet: ") for p in summary) and summary[-1].startswith("      "), summary
+    ended = [p for p in drawn(raw[1]) if p]
+    assert ended[-1] == "xrun: run walk ended: Succeeded (all pods succeeded)", ended[-5:]
+
+
+NIGHT_DRIVER = """
+import sys
+from pathlib import Path
+
+sys.path.insert(0, {tests!r})
+from synthetic_runs import RunShape, write_stored_run
+
+from orchestrator.cli import main
+from orchestrator.services import nightly as svc
+
+
+def submit(run):  # the runs as stored, without JAX: feat's steps a third slower
+    seconds = 0.2 if run.branch.name == "feat" else 0.15
+    write_stored_run(Path({root!r}), run.name, RunShape(seed=run.index, seconds=seconds, loss_decay=0.0,
+                                                       jitter=0.004), branch=run.branch.name)
+
+
+svc.submit_run = submit
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_nightly_reads_whole_at_80_and_132_columns(tmp_path):
+    """#52: the nightly printed its markdown as written: notes of 414 columns, a headline of
+    139. On a terminal its prose folds under its own line; table rows stay rows, the last
+    line (the verdict CI reads) stays whole, and nothing of summary.md is lost. Synthetic
+    runs (only the submission is replaced), from a PTY."""
+    import sys
+
+    import yaml
+    from pty_screens import screen
+
+    root = tmp_path / "store"
+    driver = tmp_path / "driver.py"
+    driver.write_text(NIGHT_DRIVER.format(tests=str(REPO / "tests"), root=str(root)))
+    spec = {"prefix": "nv", "storage": str(root), "slice": {"accelerator": "cpu-1"}, "base": "main",
+            "branches": {"main": {"image": "i:a", "commit": "a1"}, "feat": {"image": "i:b", "commit": "b2"}},
+            "configs": {"tiny": {"command": "python3 -m workload.train --preset tiny steps=60", "repeats": 2}},
+            "backend": "local", "threshold": "10%"}
+    night = tmp_path / "nightly.yaml"
+    night.write_text(yaml.safe_dump(spec, sort_keys=False))
+    for columns in (80, 132):
+        rc, lines = screen("nightly", "-f", str(night), columns=columns, storage=root,
+                           program=[sys.executable, str(driver)], timeout=120)
+        assert rc == 1, lines[-20:]
+        report = sorted((root / "reports").iterdir())[-1]
+        md = (report / "summary.md").read_text().splitlines()
+        shown = lines[next(i for i, ln in enumerate(lines) if ln.startswith("# xrun nightly")):]
+        shown = shown[:next(i for i, ln in enumerate(shown) if ln.startswith("Verdict: ")) + 1]
+        assert shown[-1] == md[-1]  # whole, and last
+        prose = [ln for ln in shown[:-1] if not ln.startswith("|")]
+        assert all(len(ln) <= columns for ln in prose), [ln for ln in prose if len(ln) > columns]
+        assert "".join("".join(shown).split()) == "".join("".join(md).split())
+        assert [ln for ln in shown if ln.startswith("|")] == [ln for ln in md if ln.startswith("|")]

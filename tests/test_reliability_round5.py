@@ -299,6 +299,63 @@ def test_workdir_file_vanishing_during_the_walk_is_no_traceback(tmp_path, capsys
     assert "left out 1 entry: build.tmp (vanished while packing)" in err, err
 
 
+def _git_tree(tmp_path: Path) -> Path:
+    import subprocess
+
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "train.py").write_text("print(1)\n")
+    git = ["git", "-C", str(tree), "-c", "user.email=x@y", "-c", "user.name=x"]
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    subprocess.run([*git, "add", "train.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    (tree / "build.tmp").write_text("temporary\n")  # untracked: git lists it, then it goes
+    return tree
+
+
+def test_workdir_git_file_vanishing_after_git_lists_it_is_skipped_and_said(tmp_path, capsys, monkeypatch,
+                                                                          recorded):
+    """A git checkout: git lists the untracked files and xrun then reads each to fingerprint
+    the tree; a build's temporary file removed in between raised FileNotFoundError."""
+    import os
+
+    tree = _git_tree(tmp_path)
+    real = os.path.isfile
+
+    def isfile_then_gone(path: Any) -> bool:  # the file goes right after the check
+        answer = real(path)
+        if str(path).endswith("build.tmp") and answer:
+            os.remove(path)
+        return answer
+
+    monkeypatch.setattr(os.path, "isfile", isfile_then_gone)
+    rc, _, err = _cli(capsys, "submit", "--name", "vang", "--accelerator", "cpu-2", "--image", "img",
+                      "--command", "python3 train.py", "--workdir", str(tree), "--storage", str(tmp_path / "s"),
+                      "--detach")
+    assert rc == 0, err
+    assert "Traceback" not in err and len(recorded.calls) == 1, err
+
+
+def test_workdir_file_vanishing_while_archived_is_skipped_and_said(tmp_path, capsys, monkeypatch, recorded):
+    """Listed, measured, then removed before the archive reads it: a skip that is said, as
+    the walk's, not a refused submit ("changed while it was packed", exit 2)."""
+    from orchestrator import workdir
+
+    tree = _git_tree(tmp_path)
+    real = workdir._archive
+
+    def archive(root: str, files: list[str], *args: Any) -> bytes:
+        (tree / "build.tmp").unlink()
+        return real(root, files, *args)
+
+    monkeypatch.setattr(workdir, "_archive", archive)
+    rc, _, err = _cli(capsys, "submit", "--name", "vana", "--accelerator", "cpu-2", "--image", "img",
+                      "--command", "python3 train.py", "--workdir", str(tree), "--storage", str(tmp_path / "s"),
+                      "--detach")
+    assert rc == 0, err
+    assert "left out 1 entry: build.tmp (vanished while packing)" in err, err
+
+
 def test_workdir_folder_past_path_max_is_refused_by_name(tmp_path, capsys, monkeypatch):
     import os
 
@@ -434,3 +491,43 @@ def test_a_pod_ending_while_its_log_shipper_starts_still_stores_its_output(tmp_p
     assert r.returncode == 0, r.stderr
     assert "[0-0] hello-0" in r.stdout and "[0-1] hello-1" in r.stdout, r.stdout
     assert sorted(p.name for p in (store / "runs/quick/logs").iterdir()) == ["0-0", "0-1"]
+
+
+def test_follow_keeps_memory_per_chunk_bounded(tmp_path: Path) -> None:
+    """The soak's RSS growth: a follower kept every chunk name it had read (a set: ~150 bytes
+    a chunk) and every step's grad_norm and learning_rate as Python floats (~70 bytes a
+    step); over 20,000 steps that is megabytes on a ~36 MB follow. What it keeps now grows by
+    the step's typed columns only."""
+    import gc
+    import tracemalloc
+
+    from orchestrator.readers.loaders import StoredRun
+    from orchestrator.readers.logs import LogFollower
+
+    st = open_storage(str(tmp_path))
+    name, n = "long", 1200
+    for seq in range(n):  # written as files (the store's atomic writes cost 20 s here)
+        rec = {"kind": "step", "time": 1e9 + seq, "attempt": seq // 600, "step": seq + 1, "seconds": 0.7,
+               "loss": 1.0 / (seq + 1), "grad_norm": 0.5 + seq * 1e-5, "learning_rate": 1e-3 * (1 + seq * 1e-7)}
+        for key, text in ((Layout.metrics_chunk(name, seq // 600, seq, "ab12cd34"), json.dumps(rec) + "\n"),
+                          (Layout.log_chunk(name, "0-0", seq // 600, seq, "ab12cd34"), f"step {seq}\n")):
+            path = tmp_path / key
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    StoredRun(st, "other").poll()  # the imports a first poll makes, outside the count
+    list(LogFollower(st, "other").poll())
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        reader, follower = StoredRun(st, name), LogFollower(st, name)
+        reader.poll()
+        assert sum(1 for _ in follower.poll()) == n
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert reader.rec.steps.count == n and len(reader.rec.extra["grad_norm"][1]) == n
+    assert "".join(follower.poll()) == "" and reader.poll().steps.count == n  # each chunk once still
+    # The step columns (9 typed values a step) and two extras' (2 typed values each): ~104 bytes.
+    assert kept / n < 160, f"{kept / n:.0f} bytes kept a step"

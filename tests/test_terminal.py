@@ -483,3 +483,22 @@ def test_nightly_shows_which_run_is_at_which_phase(tmp_path: Path):
     for phases in (first, second):
         assert phases[0] in ("scheduling", "starting") and "succeeded" not in phases[:-1], shown
     assert r.stderr.index("[2/2] nt-feat-") > r.stderr.index("[1/2] nt-main-")
+
+
+def test_gloos_torn_tail_is_not_a_stray_line():
+    """#52: a stray "[0-1] 3" on a terminal. Gloo's two threads on host 0-1 print their
+    connection line at once, interleaved into one line, and what is left of it comes next as
+    a line of its own: a bare number or nothing (as a real local-tiny run stored it)."""
+    f = LineFilter()
+    stored = [
+        ("0-1", "[Gloo] Rank [Gloo] Rank 32 is connected to  is connected to 33 peer ranks.  peer ranks. "
+                "Expected number of connected peer ranks is : Expected number of connected peer ranks is : 3"),
+        ("0-0", "completed step: 1, seconds: 0.1"),
+        ("0-1", "3"),
+        ("0-1", "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"),
+        ("0-1", ""),
+        ("0-1", "42"),  # the program's own line, after the tail: shown
+        ("0-0", "7"),
+    ]
+    assert [(h, x) for h, x in stored if f.keep(x, h)] == [
+        ("0-0", "completed step: 1, seconds: 0.1"), ("0-1", "42"), ("0-0", "7")]

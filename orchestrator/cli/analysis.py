@@ -273,7 +273,7 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
             screen.update({**view, "name": f"[{index}/{total}] {view['name']}"})
 
         result = run_nightly(cfg, log=lambda msg: screen.note(msg), on_view=show)
-    click.echo(result.summary_md, nl=False)
+    click.echo(_for_terminal(result.summary_md), nl=False)
     click.echo(f"xrun: report {result.report_url}", err=True)
     pairs = [(e["base_runs"][0], e["runs"][0]) for e in result.summary.get("comparisons", [])
              if e.get("base_runs") and e.get("runs")]
@@ -281,6 +281,24 @@ def nightly(nightly_file: str, render_cronjob: bool, dry_run: bool, storage: str
         click.echo(f"xrun: one pair in detail: xrun compare {pairs[0][0]} {pairs[0][1]} "
                    f"--storage {_shown_root(cfg.storage)}", err=True)
     return result.exit_code
+
+
+def _for_terminal(md: str) -> str:
+    """The nightly's markdown as a terminal shows it: its prose folded to the width, indented
+    under its own line (a note was one 414-column line); table rows as they are (a row cut
+    apart no longer reads as one) and the last line, the verdict CI reads, whole. Piped: as
+    written to summary.md."""
+    import shutil
+    import sys
+
+    from orchestrator.cli.screen import fold
+
+    if not sys.stdout.isatty():
+        return md
+    width = shutil.get_terminal_size().columns
+    lines = md.split("\n")
+    last = max((i for i, ln in enumerate(lines) if ln.strip()), default=-1)
+    return "\n".join(ln if i == last or ln.startswith("|") else fold(ln, width) for i, ln in enumerate(lines))
 
 
 def _shown_root(root: str) -> str:

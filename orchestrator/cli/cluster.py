@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
+import shutil
+import sys
+import textwrap
 
 import click
 
 from orchestrator.services import doctor as checks
+
+DETAIL_COLUMN = 15  # "FAIL  storage  " : where a check's detail starts
 
 
 @click.command()
@@ -48,8 +53,16 @@ def doctor(context: str | None, namespace: str | None, run_file: str | None, acc
                                  "capacity": capacity, "priority": priority,
                                  "image": image, "service_account": service_account,
                                  "probe_timeout": probe_timeout})
+    # On a terminal a long detail (a 400-character capacity error) wraps under its own column;
+    # piped, each check stays one line for grep.
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
     def line(c: checks.Check) -> None:  # each check as it ends: a later one can take minutes
-        click.echo(f"{c.result:<5} {c.name:<8} {c.detail}")
+        text = f"{c.result:<5} {c.name:<8} {c.detail}"
+        if width is not None and len(text) > width:
+            text = "\n".join(textwrap.wrap(text, width, subsequent_indent=" " * DETAIL_COLUMN,
+                                            break_on_hyphens=False))
+        click.echo(text)
 
     results, code = checks.doctor(v, on_check=line if fmt != "json" else None)
     if fmt == "json":

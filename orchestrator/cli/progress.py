@@ -49,16 +49,32 @@ def host_colour(host: str) -> str:
     return HOST_COLOURS[zlib.crc32(host.encode()) % len(HOST_COLOURS)]
 
 
+# Gloo's two threads of a host print their "Rank N is connected to M peer ranks. Expected
+# number of connected peer ranks is : M" at once, interleaved in one line: what is left of it
+# comes next as a line of its own, a bare number ("3") or nothing, which quiet mode showed as
+# a stray "[0-1] 3". Such a line right after a Gloo line of the same host is its tail.
+GLOO_RE = re.compile(r"\[Gloo\]|peer ranks|^\[G(?:l(?:oo?)?)?$")
+TORN_TAIL_RE = re.compile(r"^\s*\d*\s*$")
+
+
 class LineFilter:
     """Quiet mode: drops noise and every header line already shown (one header per run)."""
 
     def __init__(self, verbose: bool = False):
         self.verbose = verbose
         self.headers: set[str] = set()
+        self.after_gloo: set[str] = set()  # hosts whose last line was Gloo's
 
-    def keep(self, text: str) -> bool:
+    def keep(self, text: str, host: str = "") -> bool:
         if self.verbose:
             return True
+        after_gloo = host in self.after_gloo
+        if GLOO_RE.search(text):
+            self.after_gloo.add(host)
+            return False
+        self.after_gloo.discard(host)
+        if after_gloo and TORN_TAIL_RE.match(text):
+            return False
         if NOISE_RE.search(text):
             return False
         m = HEADER_RE.search(text)
@@ -242,7 +258,7 @@ class ProgressScreen:
         m = STEP_RE.search(text)
         if m and (self._step is None or (attempt, int(m["step"])) >= (self._step[2], self._step[0])):
             self._step = (int(m["step"]), float(m["loss"]), attempt)
-        if not self.filter.keep(text):
+        if not self.filter.keep(text, host):
             self.hidden[host] = self.hidden.get(host, 0) + 1
             return
         self.shown.add(host)

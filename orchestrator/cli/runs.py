@@ -383,7 +383,7 @@ def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
         click.echo(fold(line, width), err=True)
     quiet = screen.quiet_summary() if screen is not None else ""
     if quiet:
-        click.echo(f"  {quiet.replace('NAME', name)}", err=True)
+        click.echo(fold(f"  {quiet.replace('NAME', name)}", width), err=True)
     return EXIT_OK if view["state"] == SUCCEEDED else EXIT_FAILED
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from orchestrator.readers.logparse import READ_CHARS, LogParser
 from orchestrator.readers.record import RunRecord, _maybe_json, format_params
+from orchestrator.readers.seen import SeenKeys
 from xrun_contract import (
     ATTEMPT_RE,
     METRICS_CHUNK_RE,
@@ -306,7 +307,7 @@ class StoredRun:
     def __init__(self, storage: Storage, name: str):
         self.storage, self.name = storage, name
         self.rec = RunRecord(name=name, source=storage.url(Layout.run(name)), kind="storage")
-        self._seen: set[str] = set()
+        self._seen = SeenKeys()  # bounded: a range per writer, not a name per chunk
         self.bad_lines = 0
         self.found = False  # run.json or state.json exists
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from orchestrator.readers.seen import SeenKeys
 from xrun_contract import ATTEMPT_RE, Layout, split_stamp
 from xrun_contract.storage import Storage
 
@@ -111,7 +112,7 @@ class LogFollower:
     def __init__(self, storage: Storage, name: str, hosts: set[str] | None = None,
                  since: float | None = None):
         self.storage, self.name, self.hosts, self.since = storage, name, hosts, since
-        self.seen: set[str] = set()
+        self.seen = SeenKeys()  # bounded: a range per writer, not a name per chunk
 
     def poll_stamped(self) -> Iterator[StampedLine]:
         new = []

@@ -77,7 +77,7 @@ def stamped_log_lines(storage: Storage, name: str, backend: Backend, *, follow: 
                       tail: int | None = None, tail_per_host: int | None = None,
                       grep: re.Pattern[str] | None = None,
                       warn: Callable[[str], None] | None = None,
-                      shown: Callable[[str], bool] | None = None,
+                      shown: Callable[[str, str], bool] | None = None,
                       exclude: re.Pattern[str] | None = None,
                       attempt: int | None = None) -> Iterator[StampedLine]:
     """(host, attempt, time, line) of a run, in order; with ``follow`` until the run ends.
@@ -92,7 +92,7 @@ def stamped_log_lines(storage: Storage, name: str, backend: Backend, *, follow: 
         # counts N lines the reader sees.
         return ((grep is None or grep.search(item[3]) is not None) and (since is None or item[2] >= since)
                 and (exclude is None or exclude.search(item[3]) is None)
-                and (attempt is None or item[1] == attempt) and (shown is None or shown(item[3])))
+                and (attempt is None or item[1] == attempt) and (shown is None or shown(item[3], item[0])))
 
     live: set[int] = set()
     from_pods = False
