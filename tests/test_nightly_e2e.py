@@ -1,26 +1,35 @@
-"""`xrun nightly` end to end on the local backend with the real workload (JAX on CPU).
+"""`xrun nightly` end to end on the local backend.
 
 Night 1: three "branches" of the same image, 4 repeats each, interleaved: the base, a
-candidate with identical code, and a candidate with the workload's deliberate slowdown
-switch (XRUN_TEST_STEP_DELAY). With 4 runs a side the verdict rests on per-run figures:
-the identical one is "within noise", the slow one "regressed". Night 2 (a crashing
-candidate, one repeat): the comparison is INCOMPLETE (never "no regression"), the history
-has both nights and the report shows the trend. Every branch sleeps a fixed time per step
-so that CPU noise on a 2-core CI machine is small next to a step; the slow branch sleeps
-twice as long. Runs are a few steps each: 14 runs in about a minute and a half.
+candidate with identical code, and a candidate whose branch env (XRUN_TEST_STEP_DELAY, the
+workload's slowdown switch) makes each step slower. With 4 runs a side the verdict rests on
+per-run figures: the identical one is "within noise", the slow one "regressed". Night 1's 12
+runs are stored synthetic runs (tests/synthetic_runs.py): the nightly's own planning,
+interleaving, verdicts, report and history run for real on them, only its submit and follow
+are replaced (each planned run's spec decides its stored run: the branch's step delay sets
+its step time). One real nightly of real runs is tests/test_nightly_git.py's. Night 2 (a
+crashing candidate, one repeat) runs for real, the real workload on the local backend: the
+comparison is INCOMPLETE (never "no regression"), the history has both nights and the
+report shows the trend.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from cli_helpers import xrun
+from cli_helpers import run_in_process, xrun, xrun_env
+from synthetic_runs import RunShape, write_stored_run
 
 from orchestrator.analysis.compare import RUN_METRICS
 from orchestrator.readers.loaders import load_run
+from orchestrator.services import nightly
+from xrun_contract import Env
 
 STEPS = 8
 REPEATS = 4
@@ -40,7 +49,7 @@ def _nightly_file(tmp, store, branches: dict, repeats: int, name: str):
                              "repeats": repeats}},
         "backend": "local",
         "threshold": "25%",  # margin for a CPU shared with other jobs; the slowdown is about +190%
-        "timeout": 120,
+        "timeout": 600,  # a bound on a hung run, not a timing: a loaded CI host took 91 s for one
     }
     path = tmp / name
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
@@ -51,13 +60,48 @@ def _branch(commit: str, delay: float, **env: str) -> dict:
     return {"image": IMAGE, "commit": commit, "env": {"XRUN_TEST_STEP_DELAY": str(delay), **env}}
 
 
+@dataclass
+class _SameLoss(RunShape):
+    """Seeded step times, one loss curve for every run (the same code trains the same)."""
+
+    def samples(self) -> list[dict[str, float]]:
+        out = super().samples()
+        for s in out:
+            s["loss"] = self.loss0 * (1 - self.loss_decay) ** s["step"]
+        return out
+
+
+SUBMITTED: list[Any] = []  # night 1's planned runs, as the nightly submitted them
+
+
+def _synthetic_submit(run: Any) -> None:
+    """A stored run in place of a real one: the step time is the branch env's step delay
+    on top of a 0.05 s step, so the slow branch is slow because its env says so."""
+    SUBMITTED.append(run)
+    delay = float(run.spec.env.get(Env.TEST_STEP_DELAY, "0"))
+    shape = _SameLoss(steps=STEPS, seconds=0.05 + delay, jitter=0.004, compile_s=2.0, devices=1,
+                      accelerator="cpu-1", commit=run.branch.commit, seed=run.index,
+                      config={"preset": "tiny", "steps": STEPS})
+    write_stored_run(Path(run.spec.storage), run.name, shape, branch=run.branch.name)
+
+
+def _synthetic_follow(run: Any, timeout_s: float, poll_s: float, on_view: Any = None) -> Any:
+    state = json.loads((Path(run.spec.storage) / "runs" / run.name / "state.json").read_text())
+    return nightly.RunOutcome(run, state["state"], "", 1.0)
+
+
 @pytest.fixture(scope="module")
 def nights(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("nightly")
     store = tmp / "store"
     one = _nightly_file(tmp, store, {"main": _branch("aaaa1111", DELAY), "same": _branch("bbbb2222", DELAY),
                                      "feat/slow": _branch("cccc3333", SLOW_DELAY)}, REPEATS, "one.yaml")
-    r1 = xrun("nightly", "-f", str(one), storage=store, timeout=400, XDG_STATE_HOME=str(tmp / "state"))
+    SUBMITTED.clear()
+    with pytest.MonkeyPatch.context() as mp:  # the CLI runs in this process: the patches hold
+        mp.setattr(nightly, "submit_run", _synthetic_submit)
+        mp.setattr(nightly, "follow", _synthetic_follow)
+        r1 = run_in_process(["nightly", "-f", str(one)],
+                            env=xrun_env(store, XDG_STATE_HOME=str(tmp / "state")))
     two = _nightly_file(tmp, store, {"main": _branch("dddd4444", DELAY),
                                      "feat/crash": _branch("eeee5555", DELAY, XRUN_TEST_FAIL_AT_STEP="2:1")},
                         1, "two.yaml")
@@ -78,6 +122,13 @@ def test_repeats_run_interleaved_and_the_verdict_rests_on_runs(nights):
     assert summary["verdict"] == "REGRESSED" and not summary["incomplete"]
     assert [run["branch"] for run in summary["runs"]] == ["main", "same", "feat/slow"] * REPEATS
     assert [run["repeat"] for run in summary["runs"]] == [i for i in range(REPEATS) for _ in range(3)]
+    # What each run was submitted with: its branch's image, commit and env, in plan order.
+    assert [run.name for run in SUBMITTED] == [run["name"] for run in summary["runs"]]
+    delays = {"main": DELAY, "same": DELAY, "feat/slow": SLOW_DELAY}
+    for run in SUBMITTED:
+        assert run.spec.image == IMAGE and run.spec.storage == str(store)
+        assert run.spec.env[Env.TEST_STEP_DELAY] == str(delays[run.branch.name])
+        assert f"steps={STEPS}" in run.spec.command
     for i, run in enumerate(summary["runs"]):
         assert re.fullmatch(rf"nt-(main|same|feat-slow)-\d{{8}}-\d{{6}}-{i}", run["name"]), run["name"]
         assert json.loads((store / "runs" / run["name"] / "state.json").read_text())["state"] == "Succeeded"
