@@ -146,6 +146,20 @@ class Cluster:
                 ts = (when + dt.timedelta(microseconds=i)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
                 f.write(f"{ts} stdout F {line}\n")
 
+    def complete_pods(self, jobset: str, running: int = 2, timeout: float = 120.0) -> None:
+        """Once ``running`` pods of ``jobset`` are Running, make them succeed now: their
+        completion delay annotation set to 1 ms (KWOK recomputes a stage's delay when the pod
+        changes). A test that needs a run Running until some point gives its pods a long
+        ``timing(run_s=...)`` and ends them here, instead of guessing how long that point
+        takes to come on a loaded machine."""
+        def now_running() -> list[dict[str, Any]] | None:
+            pods = [p for p in self.pods(jobset) if p["status"].get("phase") == "Running"
+                    and not p["metadata"].get("deletionTimestamp")]
+            return pods if len(pods) >= running else None
+        for pod in self.wait(f"{running} pods of {jobset} Running", now_running, timeout):
+            self.core.patch_namespaced_pod(pod["metadata"]["name"], NAMESPACE, {"metadata": {"annotations": {
+                COMPLETE_DELAY: "1ms", COMPLETE_JITTER: "1ms"}}})
+
     # --- disruptions -----------------------------------------------------------------------
     def fail_pod(self, pod: str, exit_code: int, container: str = "workload") -> None:
         """Make a Running pod's container exit with ``exit_code`` now (KWOK's chaos stage

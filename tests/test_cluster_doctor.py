@@ -393,11 +393,15 @@ def test_doctor_reads_the_controller_version_from_its_deployment(cluster):
                                   "containers": [{"name": "manager", "image": image}]}}}}
 
     def settled(ready: int):
+        """The rollout is over: the controller saw this spec, its one pod is of it
+        (updated), no old pod is left (Recreate stops it first: seen ready, then gone),
+        and ``ready`` of it are ready."""
         def ok():
             d = apps.read_namespaced_deployment("jobset-controller-manager", "jobset-system").to_dict()
             st = d["status"] or {}
             return d if (st.get("observed_generation") == d["metadata"]["generation"]
-                         and (st.get("ready_replicas") or 0) == ready and (st.get("replicas") or 0) == 1) else None
+                         and (st.get("updated_replicas") or 0) == 1 and (st.get("replicas") or 0) == 1
+                         and (st.get("ready_replicas") or 0) == ready) else None
         return ok
 
     try:
@@ -407,7 +411,8 @@ def test_doctor_reads_the_controller_version_from_its_deployment(cluster):
             else:
                 apps.replace_namespaced_deployment("jobset-controller-manager", "jobset-system",
                                                    deployment(image, placed))
-            cluster.wait(f"the Deployment running {image}", settled(1 if placed else 0), 60, every=0.2)
+            # Generous: under CI's load the deployment controller and KWOK lag by tens of seconds.
+            cluster.wait(f"the Deployment running {image}", settled(1 if placed else 0), 180, every=0.2)
             check = checks.check_jobset_controller(backend)
             assert (check.result, check.detail[:len(detail)]) == (result, detail), check
     finally:

@@ -18,7 +18,7 @@ import time
 import pytest
 from cli_helpers import xrun_popen
 from cluster_helpers import NAMESPACE, timing, unique
-from test_cluster_lifecycle import cli, run_file, status_json
+from test_cluster_lifecycle import cli, run_file
 
 from manifests.jobset import jobset
 from manifests.spec import build_spec
@@ -104,32 +104,8 @@ def test_a_run_over_the_queues_quota_is_not_admitted_and_status_says_why(cluster
         cli(cluster, storage, "delete", name)
 
 
-def test_a_higher_priority_run_preempts_a_lower_one(cluster, storage, tmp_path):
-    low, high = unique("low"), unique("high")
-    follow_low = xrun_popen("submit", "-f", run_file(
-        tmp_path, low, queue="multislice-queue", num_slices=2, priority="very-low",
-        pod_annotations=timing(run_s=300)), storage=storage, KUBECONFIG=cluster.kubeconfig)
-    follow_high = None
-    try:
-        cluster.wait("the low run Running", lambda: len(
-            [p for p in cluster.pods(low) if p["status"].get("phase") == "Running"]) == 4, 90)
-        follow_high = xrun_popen("submit", "-f", run_file(
-            tmp_path, high, queue="multislice-queue", num_slices=2, priority="very-high",
-            pod_annotations=timing(run_s=300)), storage=storage, KUBECONFIG=cluster.kubeconfig)
-        # Kueue evicts the low run (suspends its JobSet again) to admit the high one.
-        cluster.wait("the low run preempted", lambda: suspended(cluster, low), 90)
-        view = cluster.wait("status says preempted", lambda: (
-            v if "reempt" in json.dumps(v := status_json(cluster, storage, low)) else None), 30, every=1)
-        assert view["state"] == "Pending" and "Preempted" in view["message"], view
-        cluster.wait("the high run Running", lambda: len(
-            [p for p in cluster.pods(high) if p["status"].get("phase") == "Running"]) == 4, 90)
-    finally:
-        for f in (follow_low, follow_high):
-            if f:
-                f.kill()
-                f.communicate()
-        cli(cluster, storage, "delete", low)
-        cli(cluster, storage, "delete", high)
+# A higher-priority run preempting a lower one: tests/test_cluster_drills.py's preemption drill
+# (suspended, status says why, readmitted, Succeeded).
 
 
 def test_rules_beat_failure_order_when_jobs_fail_in_one_reconcile(cluster, storage):

@@ -164,32 +164,5 @@ def test_delete_while_running_stops_the_run(cluster, storage, tmp_path):
     assert view["state"] == "Deleted", view
 
 
-def test_a_deleted_node_mid_run_restarts_the_jobset(cluster, storage, tmp_path):
-    """The node under host 0-1 goes away (a TPU VM repaired by GKE): the pod GC controller
-    deletes its orphaned pod (after its 40 s quarantine), the Job fails, and JobSet restarts
-    the whole run, which status counts."""
-    name = unique("node")
-    follow = xrun_popen("submit", "-f", run_file(tmp_path, name, pod_annotations=timing(run_s=600)),
-                        storage=storage, KUBECONFIG=cluster.kubeconfig)
-    try:
-        pod = cluster.wait("host 0-1 Running", lambda: next(
-            (p for p in cluster.pods(name) if p["status"].get("phase") == "Running"
-             and p["metadata"]["annotations"].get("batch.kubernetes.io/job-completion-index") == "1"), None), 60)
-        node_name = pod["spec"]["nodeName"]
-        saved = cluster.api_client.sanitize_for_serialization(cluster.core.read_node(node_name))
-        cluster.core.delete_node(node_name)
-        try:
-            js = cluster.wait("the JobSet restarted", lambda: (
-                j if (j := cluster.jobset(name))["status"].get("restarts", 0) >= 1 else None), 150, every=1)
-        finally:
-            saved["metadata"] = {k: saved["metadata"][k] for k in ("name", "labels", "annotations")}
-            saved["status"] = {k: saved["status"][k] for k in ("capacity", "allocatable")}
-            cluster.core.create_node(saved)
-        assert js["status"]["restarts"] == 1
-        view = cluster.wait("status shows the restart", lambda: (
-            v if (v := status_json(cluster, storage, name))["restarts"] == 1 else None), 30)
-        assert view["state"] in ("Restarting", "Running", "Pending"), view
-    finally:
-        follow.kill()
-        follow.communicate()
-        cli(cluster, storage, "delete", name)
+# A node deleted mid-run: tests/test_cluster_drills.py's node-loss drill (restart, repair, Running
+# again after 1 restart, what the follower prints).

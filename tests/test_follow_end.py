@@ -98,3 +98,66 @@ def test_a_state_change_is_yielded_before_it_is_recorded_and_before_waiting_line
         # the lines polled while the backend had not said it yet come after it
         assert not isinstance(events[first], Line) and isinstance(events[first + 1], Line), states
     assert [s for s, _ in recorded] == ["Running", "Restarting", "Running", "Succeeded"]
+
+
+class RestartingApi:
+    """A kube-like backend (pods serve logs) whose API server is restarting for its first
+    ``down`` asks (exit code 3, as kube's ApiUnavailable), then serves one live pod's lines."""
+
+    name, serves_logs = "fake-kube", True
+
+    def __init__(self, down: int):
+        self.down, self.asks = down, 0
+
+    def _ask(self) -> None:
+        from xrun_contract.errors import EXIT_UNREACHABLE, XrunError
+
+        self.asks += 1
+        if self.asks <= self.down:
+            raise XrunError("cannot reach the Kubernetes API: Connection refused", EXIT_UNREACHABLE)
+
+    def live_attempts(self, name: str) -> set[int]:
+        self._ask()
+        return {0}
+
+    def status(self, name: str) -> BackendStatus:
+        self._ask()
+        return BackendStatus("Running", hosts=[HostStatus("0-0", "Running")])
+
+    def stream_logs(self, name, follow=False, since_seconds=None, tail_lines=None, hosts=None):
+        yield from (("0-0", 0, f"n={n}") for n in range(3))
+
+
+def test_logs_follow_started_during_an_api_outage_waits_for_the_pods(tmp_path, monkeypatch):
+    """`xrun logs -f` started while the API server restarts: it used to read storage only
+    (the pods' lines never shown) and end at once, "ended: Pending"; it waits the outage out."""
+    from orchestrator.services import logs as logs_service
+
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    write_stored_run(tmp_path, "r", RunShape(steps=0), state="Pending")
+    st = open_storage(str(tmp_path))
+    said: list[str] = []
+    backend = RestartingApi(down=3)
+    got = [x[3] for x in logs_service.stamped_log_lines(st, "r", backend, follow=True, warn=said.append)]
+    assert got == ["n=0", "n=1", "n=2"], (got, said)
+    assert len(said) == 1 and "waiting for it" in said[0], said
+
+
+def test_a_storage_follow_waits_out_an_outage_and_gives_up_with_exit_3(tmp_path, monkeypatch):
+    """A follow reading storage (the backend serves no logs) whose backend cannot be asked
+    goes on until it can, or until the outage passes its bound: then exit 3, not a quiet end."""
+    import pytest
+
+    from orchestrator.services import logs as logs_service
+    from xrun_contract.errors import XrunError
+
+    clock = iter(range(0, 10_000, 50))
+    monkeypatch.setattr(logs_service.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(logs_service.time, "sleep", lambda s: None)
+    write_stored_run(tmp_path, "r", RunShape(steps=0), state="Running")
+    st = open_storage(str(tmp_path))
+    backend = RestartingApi(down=10**6)
+    backend.serves_logs = False
+    with pytest.raises(XrunError) as info:
+        list(logs_service.stamped_log_lines(st, "r", backend, follow=True))
+    assert info.value.exit_code == 3 and backend.asks > 3

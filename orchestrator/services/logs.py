@@ -8,11 +8,12 @@ with live pods are streamed from them. Following ends when the run is over.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Callable, Iterator
 
-from orchestrator.backends.base import Backend, LogItem
+from orchestrator.backends.base import Backend, BackendStatus, LogItem
 from orchestrator.readers.logs import (
     LogFollower,
     StampedLine,
@@ -22,10 +23,44 @@ from orchestrator.readers.logs import (
 )
 from orchestrator.services.runcore import observe
 from xrun_contract import is_terminal
-from xrun_contract.errors import XrunError
+from xrun_contract.errors import EXIT_UNREACHABLE, XrunError
 from xrun_contract.storage import Storage
 
 POLL_SECONDS = 0.5
+# A follow whose cluster cannot be reached (its API server restarting: exit code 3) waits
+# it out this long, as a pod stream already being followed does
+# (backends/kube/logs.py API_RETRY_SECONDS), then gives up with exit 3. It used to end at
+# once, with what storage held then: `logs -f` started during a restart printed nothing
+# and "ended: Pending".
+FOLLOW_OUTAGE_SECONDS = 300.0
+
+
+class _Outage:
+    """A run of unreachable answers while following: waited out, backing off, for
+    ``FOLLOW_OUTAGE_SECONDS`` from the first; said once."""
+
+    def __init__(self, warn: Callable[[str], None] | None):
+        self.warn, self.count, self.said = warn, 0, False
+        self.since: float | None = None
+
+    def ok(self) -> None:
+        self.since, self.count = None, 0
+
+    def wait(self, what: str, error: XrunError) -> None:
+        """Sleep before the next try; raise ``error`` once the outage is too long."""
+        now = time.monotonic()
+        self.since = now if self.since is None else self.since
+        if now - self.since > FOLLOW_OUTAGE_SECONDS:
+            raise error
+        if self.warn and not self.said:
+            self.warn(f"{what}: {error}; waiting for it (up to {FOLLOW_OUTAGE_SECONDS:.0f} s)")
+            self.said = True
+        self.count += 1
+        time.sleep(min(0.2 * self.count, 2.0))
+
+
+def _unreachable(e: XrunError) -> bool:
+    return e.exit_code == EXIT_UNREACHABLE
 
 
 def check_hosts(storage: Storage, name: str, hosts: set[str] | None) -> None:
@@ -96,15 +131,21 @@ def stamped_log_lines(storage: Storage, name: str, backend: Backend, *, follow: 
 
     live: set[int] = set()
     from_pods = False
-    if backend.serves_logs:
+    outage = _Outage(warn)
+    while backend.serves_logs:
         try:
             live = backend.live_attempts(name)
             status = backend.status(name) if follow and not live else None
         except XrunError as e:
+            if follow and _unreachable(e):  # which attempts the pods hold decides where lines come from
+                outage.wait(f"{backend.name} backend", e)
+                continue
             if warn:
                 warn(f"{backend.name} backend: {e}; showing the logs in storage")
             live, status = set(), None
         from_pods = bool(live) or (status is not None and not is_terminal(status.state))
+        break
+    outage.ok()
     first_live = min(live) if live else None
     follower = LogFollower(storage, name, hosts, since)
 
@@ -137,10 +178,26 @@ def stamped_log_lines(storage: Storage, name: str, backend: Backend, *, follow: 
     if not follow:
         return
     while True:  # storage only: poll new chunks until the run is over (or the backend lost it)
-        status = observe(storage, name, backend, warn)
+        failed: list[XrunError] = []
+        status = observe(storage, name, backend, asked=functools.partial(_asked, backend, name, failed))
         yield from (x for x in follower.poll_stamped() if keep(x))
+        if failed and _unreachable(failed[0]):
+            outage.wait(f"{backend.name} backend", failed[0])  # not over: not known yet
+            continue
+        if failed and warn:
+            warn(f"{backend.name} backend: {failed[0]}; showing what storage says")
+        outage.ok()
         if status is None or is_terminal(status.state):
             # the last chunks are written before the pods exit
             yield from (x for x in follower.poll_stamped() if keep(x))
             return
         time.sleep(POLL_SECONDS)
+
+
+def _asked(backend: Backend, name: str, failed: list[XrunError]) -> BackendStatus | None:
+    """``backend.status(name)``, its error kept in ``failed`` (None then)."""
+    try:
+        return backend.status(name)
+    except XrunError as e:
+        failed.append(e)
+        return None
