@@ -187,7 +187,9 @@ def test_deferral_never_waits_for_a_previous_save(gcs_proxy, gcs_bucket, monkeyp
     gcs_proxy.throttle(2 << 20)  # 2 MiB/s for a 2 MiB state (plus the emulator's own pace)
     state = random_state(0, 2)
     held, step = [], 0
-    while len(m.steps("started")) < 3 and step < 400:
+    # Ends at the third save; the cap only stops a hang. Under load the first write took 351
+    # of 400 capped steps, so the third save fell past a cap of 400 (counts, not seconds, move).
+    while len(m.steps("started")) < 3 and step < 4000:
         step += 1
         time.sleep(0.04)  # the "step"
         held.append(ck.after_step(step, state, lambda s=step: {"position": s}))
