@@ -402,7 +402,7 @@ for kind in ("einsum", "splash"):
     program = Program(cfg, mesh, 8)
     source = data.make_source("synthetic", "uint16", 0, cfg.seq_len, cfg.vocab_size)
     state, losses = program.init(), []
-    for step in range(2):
+    for step in range(3):
         batch = data.make_batch(source, step * 8, 8, cfg.seq_len, program.batch_sharding)
         state, o = program.train_step(state, batch)
         losses.append(float(o["loss"]))
@@ -422,7 +422,7 @@ def test_splash_inside_fsdp_training_matches_einsum():
     assert r.returncode == 0, r.stderr[-3000:]
     losses = json.loads(r.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(losses["splash"], losses["einsum"], rtol=1e-5)
-    assert losses["einsum"][1] < losses["einsum"][0]
+    assert losses["einsum"][2] < losses["einsum"][0]
 
 
 @pytest.mark.parametrize("env,expected", [
