@@ -100,7 +100,10 @@ def test_proxy_throttles_fails_and_has_outages(gcs_proxy, gcs_bucket, monkeypatc
     bucket.blob("b").upload_from_string(data)
     assert bucket.blob("b").download_as_bytes() == data
     slow = time.monotonic() - t
-    assert 0.9 < slow < 3.0 and fast < slow / 2, (fast, slow)
+    # 4 MiB through 4 MiB/s: at least ~1 s of waits; at most that plus the same transfers'
+    # own work, bounded by the unthrottled upload measured here (so a loaded machine, which
+    # slows both, cannot break it).
+    assert 0.9 < slow < 2.0 + 4 * fast and slow > fast + 0.5, (fast, slow)
     gcs_proxy.throttle(None)
 
     from google.api_core.exceptions import Forbidden, ServiceUnavailable
@@ -184,7 +187,9 @@ def test_deferral_never_waits_for_a_previous_save(gcs_proxy, gcs_bucket, monkeyp
     gcs_proxy.throttle(2 << 20)  # 2 MiB/s for a 2 MiB state (plus the emulator's own pace)
     state = random_state(0, 2)
     held, step = [], 0
-    while len(m.steps("started")) < 3 and step < 400:
+    # Ends at the third save; the cap only stops a hang. Under load the first write took 351
+    # of 400 capped steps, so the third save fell past a cap of 400 (counts, not seconds, move).
+    while len(m.steps("started")) < 3 and step < 4000:
         step += 1
         time.sleep(0.04)  # the "step"
         held.append(ck.after_step(step, state, lambda s=step: {"position": s}))
@@ -206,7 +211,10 @@ def test_deferral_never_waits_for_a_previous_save(gcs_proxy, gcs_bucket, monkeyp
     assert started[2] >= started[1] + first_write, started
     assert set(committed) == set(started)  # every started save committed
     assert m.steps("exit_wait") == [step] and waited > 0
-    assert max(held) < 1.0, held  # the copy, never a seconds-long write
+    # The copy, never a write: each hold is shorter than the quickest write (throttled to
+    # seconds), both measured in this run.
+    writes = [seconds for e, _, seconds, _ in m.events if e == "committed"]
+    assert max(held) < min(writes), (held, writes)
     assert gcs_proxy.stats.outage_hits >= 1 and not m.steps("write_failed")
     assert committed_steps(open_storage(root), Layout.checkpoints("r")) == sorted(set(started))
 
@@ -332,19 +340,18 @@ def test_failed_write_on_one_host_stops_every_host_restartable(gcs_proxy, gcs_bu
     from workload_helpers import wait_for_line
 
     wait_for_line(hosts[0], "checkpoint save started: step 4", timeout=120)
-    t = time.monotonic()
     codes = wait_all(hosts, timeout=90)
-    stopped = time.monotonic() - t
     out = hosts[0].output()
     assert codes == [RESTARTABLE_EXIT_CODE] * 2, (codes, out[-3000:], hosts[1].output()[-3000:])
-    assert stopped < 15, stopped
     assert gcs_proxy.stats.injected.get(403, 0) >= 1
     assert "checkpoint write failed: step 4, process 1, error:" in out
     records = metrics(root, "wf")
     end = records[-1]
     assert end["kind"] == "end" and end["exit_code"] == RESTARTABLE_EXIT_CODE
     assert "checkpoint write failed" in end["reason"]
-    assert max(losses(records)) < 30  # it stopped right after, not at the end
+    # It stopped right after, not at the end: counted in steps, which a loaded machine slows
+    # as much as the failure's detection (a bound in seconds was not load-proof).
+    assert max(losses(records)) < 30
     assert not CKPT_WAIT_PREVIOUS_RE.search(out)
     assert committed_steps(open_storage(root), Layout.checkpoints("wf")) == []
     wl = json.loads(open_storage(root).read_text(Layout.run_json("wf")))["workload"]

@@ -95,6 +95,9 @@ class Env:
     TEST_STEP_DELAY = "XRUN_TEST_STEP_DELAY"  # seconds added to every step (tests of kills, screens)
     # seconds the optimized train step's compile waits (tests of quick_compile's switch)
     TEST_OPTIMIZED_DELAY = "XRUN_TEST_OPTIMIZED_DELAY"
+    # step N: from it on, a process still running the quick step waits for its own optimized
+    # one, so that every process has switched by step N however slow the machine compiles
+    TEST_SWITCH_BY = "XRUN_TEST_SWITCH_BY"
 
     # The pod's shared folder (an emptyDir mounted in every container of the pod): the
     # launcher lives there and the user's output goes there for the log shipper (PodFiles).
