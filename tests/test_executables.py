@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Both scripts' start: the checkout first, 2 CPU devices, JAX's cache in argv[2] for all.
@@ -72,10 +74,24 @@ def entries(cache: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.pkl"))
 
 
-def test_a_warm_start_loads_both_executables_and_trains_exactly_alike(tmp_path):
-    cache = tmp_path / "cache"
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory) -> tuple[Path, dict]:
+    """One cold run (JAX's cache and ours empty) for the module: its cache folder and what
+    it printed. Each test starts from a copy of the folder."""
+    cache = tmp_path_factory.mktemp("cold") / "cache"
     first, _ = run(cache)
     assert first["source"] == "compiled, written"
+    return cache, first
+
+
+def after_cold(cold: tuple[Path, dict], tmp_path: Path) -> tuple[Path, dict]:
+    cache = tmp_path / "cache"
+    shutil.copytree(cold[0], cache)
+    return cache, cold[1]
+
+
+def test_a_warm_start_loads_both_executables_and_trains_exactly_alike(cold, tmp_path):
+    cache, first = after_cold(cold, tmp_path)
     assert entries(cache) == [f"{first['key']}/init.pkl", f"{first['key']}/train_step.pkl"]
     warm, _ = run(cache)
     assert warm["source"] == "loaded" and warm["key"] == first["key"]
@@ -90,13 +106,12 @@ def test_a_warm_start_loads_both_executables_and_trains_exactly_alike(tmp_path):
     assert len(entries(cache)) == 4
 
 
-def test_an_entry_made_from_jaxs_own_cache_entry_runs(tmp_path):
+def test_an_entry_made_from_jaxs_own_cache_entry_runs(cold, tmp_path):
     """JAX's cache is warm, ours is empty (the workload's source changed, the lowered program
     did not): JAX loads the executables from its cache, and re-serialising such an executable
     gives one that fails when run (XLA:CPU, NOT_FOUND). The entry is written from the bytes
     JAX's cache holds instead, and the next start loads and runs it."""
-    cache = tmp_path / "cache"
-    first, _ = run(cache)
+    cache, first = after_cold(cold, tmp_path)
     shutil.rmtree(cache / "xrun-executables")
     refill, _ = run(cache)
     assert refill["source"] == "compiled, written" and refill["losses"] == first["losses"]
@@ -152,9 +167,8 @@ def test_writing_a_program_deletes_programs_not_written_for_two_weeks(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["b" * 32, "c" * 32, "d" * 32]
 
 
-def test_an_unreadable_entry_is_a_miss_and_is_written_again(tmp_path):
-    cache = tmp_path / "cache"
-    first, _ = run(cache)
+def test_an_unreadable_entry_is_a_miss_and_is_written_again(cold, tmp_path):
+    cache, first = after_cold(cold, tmp_path)
     step = cache / "xrun-executables" / first["key"] / "train_step.pkl"
     step.write_bytes(step.read_bytes()[:1000])  # cut short, as a full disk leaves it
     again, err = run(cache)

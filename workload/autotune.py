@@ -97,11 +97,12 @@ def needed_bytes(compiled: Any) -> int:
     return sum(memory_parts(compiled))
 
 
-def memory_parts(compiled: Any) -> tuple[int, int]:
-    """(bytes that do not depend on the batch: arguments, outputs, code; temporaries)."""
+def memory_parts(compiled: Any) -> tuple[int, int, int]:
+    """(arguments and outputs not aliased to them: the state and the batch, the same for
+    every candidate; code; temporaries)."""
     m = compiled.memory_analysis()
-    return (int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
-                + m.generated_code_size_in_bytes), int(m.temp_size_in_bytes))
+    return (int(m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes),
+            int(m.generated_code_size_in_bytes), int(m.temp_size_in_bytes))
 
 
 def static_choice(cfg: Config) -> Choice:
@@ -114,14 +115,20 @@ def search(cfg: Config, limit: int, global_batch: int, devices: int,
     """The first candidate whose program fits ``limit`` less HEADROOM; ``compile_candidate(
     cfg)`` compiles one and returns what the caller keeps of it (its ``compiled`` first).
     Returns the choice and the winner's compile result. A candidate whose need, its temporaries
-    scaled from a compiled split of the same policy, is over 1.3x the budget is skipped.
-    Raises MemoryError when nothing fits."""
+    scaled from a compiled split of the same policy, is over 1.3x the budget is skipped; so is
+    every candidate once the arguments and outputs alone (no policy or split changes them) are
+    over the budget. Raises MemoryError when nothing fits."""
     budget = limit * (1 - HEADROOM)
     gib = 2**30
     tried: list[dict[str, Any]] = []
     known: dict[str, tuple[int, int, int]] = {}  # policy -> (micro-batches, fixed, temp) seen
+    state = 0  # arguments and outputs of a compiled candidate: every candidate's
     t0 = time.perf_counter()
     for policy, k in candidates(global_batch, devices):
+        if state > budget:
+            tried.append({"remat": policy, "micro_batches": k, "skipped":
+                          f"arguments and outputs alone {state / gib:.2f} GiB"})
+            continue
         if policy in known:
             k0, fixed0, temp0 = known[policy]
             guess = fixed0 + temp0 * k0 / k  # temporaries scale about with the micro-batch
@@ -132,7 +139,8 @@ def search(cfg: Config, limit: int, global_batch: int, devices: int,
         t = time.perf_counter()
         try:
             result = compile_candidate(dataclasses.replace(cfg, remat=policy, micro_batches=k))
-            fixed, temp = memory_parts(result[0])
+            state, code, temp = memory_parts(result[0])
+            fixed = state + code
             need = fixed + temp
         except Exception as e:  # noqa: BLE001 - a candidate the compiler refuses (memory)
             tried.append({"remat": policy, "micro_batches": k, "error": f"{e!r:.200}",
