@@ -30,6 +30,18 @@ _NOT_OPS_LINES = ("XLA Modules", "Steps", "XLA TraceMe", "Framework Name Scope",
                   "Source code", "Launch Stats", "Sparse Core Ops")
 
 
+def _varint(mv: memoryview, pos: int) -> tuple[int, int]:
+    """The base-128 varint at ``pos`` and the position after it."""
+    value, shift = 0, 0
+    while True:
+        b = mv[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return value, pos
+
+
 def _fields(buf: bytes | memoryview, start: int = 0, end: int | None = None
             ) -> Iterator[tuple[int, int, Any]]:
     """(field number, wire type, value) of one message: ints for varints and fixed widths,
@@ -37,34 +49,13 @@ def _fields(buf: bytes | memoryview, start: int = 0, end: int | None = None
     mv = memoryview(buf)
     pos, end = start, len(mv) if end is None else end
     while pos < end:
-        key, shift = 0, 0
-        while True:
-            b = mv[pos]
-            pos += 1
-            key |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                break
+        key, pos = _varint(mv, pos)
         field, wire = key >> 3, key & 7
         if wire == 0:
-            value, shift = 0, 0
-            while True:
-                b = mv[pos]
-                pos += 1
-                value |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
+            value, pos = _varint(mv, pos)
             yield field, wire, value
         elif wire == 2:
-            size, shift = 0, 0
-            while True:
-                b = mv[pos]
-                pos += 1
-                size |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
+            size, pos = _varint(mv, pos)
             if pos + size > end:
                 raise ValueError(f"a field of {size} bytes runs past its message's end")
             yield field, wire, mv[pos:pos + size]
