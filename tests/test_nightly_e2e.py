@@ -27,6 +27,7 @@ from cli_helpers import run_in_process, xrun, xrun_env
 from synthetic_runs import RunShape, write_stored_run
 
 from orchestrator.analysis.compare import RUN_METRICS
+from orchestrator.readers.history import night_order
 from orchestrator.readers.loaders import load_run
 from orchestrator.services import nightly
 from xrun_contract import Env
@@ -181,7 +182,7 @@ def test_a_crashing_candidate_is_incomplete_and_history_has_both_nights(nights):
     assert "INCOMPLETE" in r2.stdout and "no regression" not in r2.stdout
     assert re.search(rf"\| {crash['name']} \| feat/crash \| tiny \| 1 \| Failed", r2.stdout)
     # History: one object per nightly, one record per run.
-    objs = sorted((store / "history").iterdir())
+    objs = sorted((store / "history").iterdir(), key=lambda o: night_order(o.name))
     assert [o.name for o in objs] == [f"{first.name}.jsonl", f"{second.name}.jsonl"]
     recs = [json.loads(line) for o in objs for line in o.read_text().splitlines()]
     assert len(recs) == 3 * REPEATS + 2

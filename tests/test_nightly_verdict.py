@@ -90,3 +90,36 @@ def test_a_quiet_night_ends_within_noise(tmp_path, monkeypatch, slower):
     page = next((tmp_path / "store" / "reports").iterdir()) / "index.html"
     html = page.read_text()  # one night: said once, not under each of the 8 trend charts
     assert html.count("One night so far") == 1 and "No step change beyond noise" not in html
+
+
+def test_two_nights_started_in_one_second_get_names_of_their_own(tmp_path, monkeypatch):
+    """A second nightly in the same second (a scheduler's retry; a quick first night) once
+    met "already exists" on its first submit: its runs take the next free second."""
+    import datetime as dt
+
+    from orchestrator.nightly_file import load_nightly
+
+    root = tmp_path / "store"
+    spec = {"prefix": "nv", "storage": str(root), "slice": {"accelerator": "cpu-1"}, "base": "main",
+            "branches": {"main": {"image": "i:a", "commit": "a1"}, "feat": {"image": "i:b", "commit": "b2"}},
+            "configs": {"tiny": {"command": "python3 -m workload.train --preset tiny steps=60", "repeats": 1}},
+            "backend": "local", "threshold": "10%"}
+    path = tmp_path / "nightly.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    monkeypatch.setattr(svc, "submit_run", lambda run: write_stored_run(
+        root, run.name, RunShape(seed=run.index, **STEADY), branch=run.branch.name))
+    when = dt.datetime(2026, 12, 7, 3, 14, 51, tzinfo=dt.UTC)
+    first = svc.run_nightly(load_nightly(str(path)), log=lambda _line: None, now=when)
+    second = svc.run_nightly(load_nightly(str(path)), log=lambda _line: None, now=when)
+    names = [[o.planned.name for o in night.outcomes] for night in (first, second)]
+    assert names[0] == ["nv-main-20261207-031451-0", "nv-feat-20261207-031451-1"], names
+    assert names[1] == ["nv-main-20261207-031452-0", "nv-feat-20261207-031452-1"], names
+    assert all(o.state == "Succeeded" for night in (first, second) for o in night.outcomes)
+    # Their reports and history: "<second>" then "<second>-2", read back in that order
+    # (as plain names "...-2.jsonl" sorts first).
+    from orchestrator.readers.history import read_history
+    from xrun_contract.storage import LocalStorage
+
+    stamps = [night.summary["nightly"] for night in (first, second)]
+    assert stamps == ["2026-12-07-031451", "2026-12-07-031451-2"], stamps
+    assert [r["nightly"] for r in read_history(LocalStorage(str(root)))] == [stamps[0]] * 2 + [stamps[1]] * 2

@@ -191,11 +191,11 @@ def _run_nightly(cfg: NightlyConfig, log: Callable[[str], None],
 
     started = now or _dt.datetime.now(_dt.UTC)
     date = started.strftime("%Y-%m-%d")
-    planned = plan_runs(cfg, started)
     try:
         storage = open_storage(cfg.storage)
     except ValueError as e:
         raise XrunError(f"storage: {e}") from None
+    planned = _plan_unused(cfg, started, storage)
     poll_s = 0.2 if planned[0].spec.backend_name == "local" else 10.0
     outcomes: list[RunOutcome] = []
     for index, run in enumerate(planned, 1):
@@ -322,6 +322,24 @@ def _code_sha(rec: Any) -> str:
 
 
 TREND_NIGHTS = 30  # nights shown in the report's trend charts
+
+
+def _plan_unused(cfg: NightlyConfig, started: _dt.datetime, storage: Any) -> list[PlannedRun]:
+    """The night's runs, named with the first second from ``started`` whose names no stored
+    run holds: two nights started within one second (a scheduler's retry, a quick first
+    night) would otherwise meet "already exists" on the second's first submit."""
+    from xrun_contract import Layout
+
+    try:
+        for k in range(60):
+            planned = plan_runs(cfg, started + _dt.timedelta(seconds=k))
+            if not any(storage.exists(Layout.run_json(p.name)) for p in planned):
+                return planned
+    except XrunError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any client error: storage is unreachable
+        raise XrunError(f"storage: cannot read {storage.url()}: {e}", EXIT_UNREACHABLE) from None
+    return planned  # a minute of nights already: submit says "already exists" by name
 
 
 def _report_stamp(storage: Any, started: _dt.datetime) -> str:
