@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from xrun_contract import (
     CKPT_BLOCKED_LINE,
     CKPT_COMMIT_LINE,
@@ -191,3 +193,14 @@ def write_stored_run(root: Path, name: str, shape: RunShape, branch: str = "main
     }))
     assert Layout.run_json(name) == f"runs/{name}/run.json"
     return run_dir
+
+
+def write_nightly_file(path: Path, root: Path, repeats: int) -> Path:
+    """A nightly file of two branches (main, feat) x one tiny config on the local backend,
+    storing under ``root``: what the tests that replace only the submission run."""
+    spec = {"prefix": "nv", "storage": str(root), "slice": {"accelerator": "cpu-1"}, "base": "main",
+            "branches": {"main": {"image": "i:a", "commit": "a1"}, "feat": {"image": "i:b", "commit": "b2"}},
+            "configs": {"tiny": {"command": "python3 -m workload.train --preset tiny steps=60", "repeats": repeats}},
+            "backend": "local", "threshold": "10%"}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path

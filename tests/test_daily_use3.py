@@ -436,18 +436,13 @@ def test_the_nightly_reads_whole_at_80_and_132_columns(tmp_path):
     runs (only the submission is replaced), from a PTY."""
     import sys
 
-    import yaml
     from pty_screens import screen
+    from synthetic_runs import write_nightly_file
 
     root = tmp_path / "store"
     driver = tmp_path / "driver.py"
     driver.write_text(NIGHT_DRIVER.format(tests=str(REPO / "tests"), root=str(root)))
-    spec = {"prefix": "nv", "storage": str(root), "slice": {"accelerator": "cpu-1"}, "base": "main",
-            "branches": {"main": {"image": "i:a", "commit": "a1"}, "feat": {"image": "i:b", "commit": "b2"}},
-            "configs": {"tiny": {"command": "python3 -m workload.train --preset tiny steps=60", "repeats": 2}},
-            "backend": "local", "threshold": "10%"}
-    night = tmp_path / "nightly.yaml"
-    night.write_text(yaml.safe_dump(spec, sort_keys=False))
+    night = write_nightly_file(tmp_path / "nightly.yaml", root, repeats=2)
     for columns in (80, 132):
         rc, lines = screen("nightly", "-f", str(night), columns=columns, storage=root,
                            program=[sys.executable, str(driver)], timeout=120)

@@ -11,9 +11,8 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 from cli_helpers import xrun_here
-from synthetic_runs import RunShape, write_stored_run
+from synthetic_runs import RunShape, write_nightly_file, write_stored_run
 
 from orchestrator.services import nightly as svc
 
@@ -22,12 +21,7 @@ STEADY = dict(loss_decay=0.0, jitter=0.004)
 
 def _night(tmp_path: Path, monkeypatch, shape_of, state_of=lambda run: "Succeeded"):
     root = tmp_path / "store"
-    spec = {"prefix": "nv", "storage": str(root), "slice": {"accelerator": "cpu-1"}, "base": "main",
-            "branches": {"main": {"image": "i:a", "commit": "a1"}, "feat": {"image": "i:b", "commit": "b2"}},
-            "configs": {"tiny": {"command": "python3 -m workload.train --preset tiny steps=60", "repeats": 4}},
-            "backend": "local", "threshold": "10%"}
-    path = tmp_path / "nightly.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    path = write_nightly_file(tmp_path / "nightly.yaml", root, repeats=4)
 
     def submit(run):
         write_stored_run(root, run.name, shape_of(run), branch=run.branch.name, state=state_of(run))
@@ -100,12 +94,7 @@ def test_two_nights_started_in_one_second_get_names_of_their_own(tmp_path, monke
     from orchestrator.nightly_file import load_nightly
 
     root = tmp_path / "store"
-    spec = {"prefix": "nv", "storage": str(root), "slice": {"accelerator": "cpu-1"}, "base": "main",
-            "branches": {"main": {"image": "i:a", "commit": "a1"}, "feat": {"image": "i:b", "commit": "b2"}},
-            "configs": {"tiny": {"command": "python3 -m workload.train --preset tiny steps=60", "repeats": 1}},
-            "backend": "local", "threshold": "10%"}
-    path = tmp_path / "nightly.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    path = write_nightly_file(tmp_path / "nightly.yaml", root, repeats=1)
     monkeypatch.setattr(svc, "submit_run", lambda run: write_stored_run(
         root, run.name, RunShape(seed=run.index, **STEADY), branch=run.branch.name))
     when = dt.datetime(2026, 12, 7, 3, 14, 51, tzinfo=dt.UTC)
