@@ -95,15 +95,16 @@ def test_the_nightly_runs_each_branchs_head_and_flags_the_slow_one(night):
     assert {run["branch"]: run["commit"] for run in summary["runs"]} == heads  # found, not typed
     (entry,) = summary["comparisons"]
     assert entry["candidate"] == "feat-slow"
-    # feat-slow's steps wait 0.5 s for each batch, main's 0.1 s. Where main's own steps (this
-    # night's figure) stay well under that, feat-slow is beyond the threshold whatever the
-    # load, and must be flagged. A host loaded far past its cores (a load of 45 on 2) once
-    # slowed main's steps to 0.51 s, hiding the pipeline: then either verdict is honest.
-    rows = {row["metric"]: row for row in entry["comparison"]["rows"]}
-    base_s = rows["Steady-state s/step (median)"]["base_value"]
-    if base_s * (1 + summary["threshold_pct"] / 100) < 0.8 * SLOW_BATCH_S:
+    # feat-slow's steps wait 0.5 s for each batch, main's 0.1 s. The verdict stands on the
+    # runs' values (4 against 4, two-sided Mann-Whitney U at 0.05), which is significant only
+    # when every main run is faster than every feat-slow run. Where each of main's four runs
+    # stays well under the pipeline's 0.5 s, feat-slow must be flagged. A host loaded far past
+    # its cores (a load of 45 on 2) once slowed one main run to feat-slow's pace, hiding the
+    # pipeline in that run: then "within noise" at n=4/4 is the honest answer too.
+    base_runs = [v["steady_s_per_step"] for v in entry["comparison"]["base_values"]]
+    if max(base_runs) * (1 + summary["threshold_pct"] / 100) < 0.8 * SLOW_BATCH_S:
         assert r.returncode == 1, r.stderr[-3000:] + r.stdout[-2000:]  # feat-slow regressed
-        assert summary["verdict"] == "REGRESSED" and entry["state"] == "REGRESSED", (base_s, entry["verdict"])
+        assert summary["verdict"] == "REGRESSED" and entry["state"] == "REGRESSED", (base_runs, entry["verdict"])
         assert "Steady-state s/step (median)" in entry["regressions"]
     else:
         assert entry["state"] in ("REGRESSED", "within noise"), entry["verdict"]
