@@ -2,7 +2,10 @@
 
 A spec comes from a YAML run file and/or CLI flags (flags override the file); the
 orchestrator reads those (``orchestrator.runfile``) and resolves the storage root, and
-hands the values here. Pure: no I/O, no environment reads. Everything downstream
+hands the values here. Each field carries its one-line doc and its constraint in its
+annotation (``Annotated[int, Meta(ge=0, le=100)]``, ``Literal``, patterns): msgspec checks
+those when the values are decoded, and :func:`_refusal` says msgspec's refusal in xrun's
+words; rules that join fields are :func:`validate`'s. Pure: no I/O, no environment reads. Everything downstream
 (manifests, backends, readers) trusts a RunSpec and never re-validates. Errors are
 :class:`~xrun_contract.errors.XrunError` (exit 2): one line naming the field and what is
 allowed.
@@ -14,7 +17,11 @@ import re
 import shlex
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
+import msgspec.inspect
+from msgspec import Meta
 
 from manifests import catalogue
 from manifests.k8s_names import (
@@ -87,70 +94,102 @@ TPU_ONLY_FLAG_PREFIXES = ("--xla_tpu_", "--megascale_")
 GPU_ONLY_FLAG_PREFIXES = ("--xla_gpu_",)
 
 
+# Field types with their constraint beside them: msgspec checks these when a spec is decoded
+# (``_decode``), and ``extra["allowed"]`` is what a refusal says is allowed where the
+# constraint alone would not say it in words.
+Sha256 = Annotated[str, Meta(pattern=r"^([0-9a-f]{64})?\Z", extra={"allowed": "64 lowercase hex digits"})]
+ObjectName = Annotated[str, Meta(pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?)?\Z", extra={
+    "allowed": "a Kubernetes object name (lowercase letters, digits, '-' and '.')"})]
+LabelName = Annotated[str, Meta(max_length=MAX_LABEL, pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?)?\Z", extra={
+    "allowed": "a valid label value / DNS-1123 label (lowercase letters, digits, '-'; at most 63)"})]
+OneLine = Annotated[str, Meta(max_length=200, pattern=r"^[^\n]*\Z",
+                              extra={"allowed": "one line of at most 200 characters"})]
+Port = Annotated[int, Meta(ge=1, le=65535)]
+ExitCode = Annotated[int, Meta(ge=1, le=255)]
+
+
+def _doc(text: str, **meta: Any) -> Meta:
+    """A field's one-line doc (and constraint, where it has one) as msgspec metadata."""
+    return Meta(description=text, **meta)
+
+
 @dataclass
 class RunSpec:
-    name: str = ""
-    image: str = ""  # the user's container: any image with /bin/sh
-    command: str = "python3 -m workload.train"
-    # xrun's image for the init container + log-shipping sidecar; "" = none of xrun's: a
-    # cluster run's pods run xrun_python_image with xrun's pod code from storage.
-    xrun_image: str = ""
-    xrun_python_image: str = DEFAULT_XRUN_PYTHON_IMAGE
-    # sha256 of <storage>/xrun-pod/<sha>.zip, set by the orchestrator for a cluster run
-    # without xrun_image (manifests.podcode).
-    pod_code_sha256: str = ""
-    accelerator: str = ""  # a catalogue shape (v6e-32, h200-141gb-8) or cpu-N
-    num_slices: int = 1  # TPU multislice
-    nodes: int = 1  # GPU nodes
-    cpu_devices_per_host: int = 2  # cpu-N shapes only
-    storage: str = ""  # local folder or gs://bucket/prefix (resolved by the orchestrator)
-    env: dict[str, str] = field(default_factory=dict)
-    max_restarts: int = 3
-    restartable_exit_codes: list[int] = field(
-        default_factory=lambda: list(DEFAULT_RESTARTABLE_EXIT_CODES)
-    )
-    termination_grace_seconds: int = 120
-    ttl_seconds_after_finished: int = 86400
-    # Pod serviceAccountName; omitted when empty. Not a GCS identity for TPU/GPU pods: they use
-    # hostNetwork, where GKE Workload Identity does not apply (the node's account does).
-    service_account: str = ""
-    priority_class: str = ""  # pod priorityClassName
-    # Kueue LocalQueue (label kueue.x-k8s.io/queue-name). "" = found at submit: the namespace's
-    # only LocalQueue (orchestrator.services.cluster); QUEUE_NONE = on purpose without Kueue.
-    queue: str = ""
-    kueue_priority: str = ""  # label kueue.x-k8s.io/priority-class
-    privileged: bool = False
-    coordinator_port: int = 8476  # jax.distributed coordinator on process 0 (TPU7x: TPU7X_COORDINATOR_PORT)
-    megascale_port: int = 8080
-    branch: str = ""  # for reports: which branch the image (or the workdir) was built from
-    commit: str = ""
+    """A run's description. Flags over a run file: ``extra={"flags": "merge"}`` maps merge
+    per key, ``extra={"flags": "add"}`` lists add to the file's; any other field is replaced."""
+
+    name: Annotated[str, _doc("the run's name: a DNS-1035 label (checked with its length by validate)")] = ""
+    image: Annotated[str, _doc("the user's container: any image with /bin/sh")] = ""
+    command: Annotated[str, _doc("the shell command the workload container runs")] = "python3 -m workload.train"
+    xrun_image: Annotated[str, _doc(
+        "xrun's image for the init container + log shipper; '' = none: a cluster run's pods run "
+        "xrun_python_image with xrun's pod code from storage")] = ""
+    xrun_python_image: Annotated[str, _doc("a public python3 image for xrun's pod code")] = DEFAULT_XRUN_PYTHON_IMAGE
+    pod_code_sha256: Annotated[Sha256, _doc(
+        "sha256 of <storage>/xrun-pod/<sha>.zip, set by the orchestrator (manifests.podcode)")] = ""
+    accelerator: Annotated[str, _doc("a catalogue shape (v6e-32, h200-141gb-8) or cpu-N")] = ""
+    num_slices: Annotated[int, _doc("TPU multislice: how many slices", ge=1)] = 1
+    nodes: Annotated[int, _doc("GPU nodes", ge=1)] = 1
+    cpu_devices_per_host: Annotated[int, _doc("cpu-N shapes only: XLA host devices", ge=1, le=64)] = 2
+    storage: Annotated[str, _doc("local folder or gs://bucket/prefix (resolved by the orchestrator)")] = ""
+    env: Annotated[dict[str, str], _doc("the container's environment", extra={"flags": "merge"})] = field(
+        default_factory=dict)
+    max_restarts: Annotated[int, _doc("JobSet failurePolicy.maxRestarts", ge=0, le=MAX_RESTARTS)] = 3
+    restartable_exit_codes: Annotated[list[ExitCode], _doc(
+        "exit codes that mean 'restart me'", min_length=1,
+        extra={"allowed": "a non-empty list of codes in 1..255"})] = field(
+        default_factory=lambda: list(DEFAULT_RESTARTABLE_EXIT_CODES))
+    termination_grace_seconds: Annotated[int, _doc(
+        "SIGTERM to SIGKILL: time to checkpoint", ge=1, le=MAX_GRACE_SECONDS)] = 120
+    ttl_seconds_after_finished: Annotated[int, _doc(
+        "how long a finished JobSet stays", ge=0, le=MAX_TTL_SECONDS)] = 86400
+    # Not a GCS identity for TPU/GPU pods: they use hostNetwork, where GKE Workload Identity
+    # does not apply (the node's account does).
+    service_account: Annotated[ObjectName, _doc("pod serviceAccountName; omitted when empty")] = ""
+    priority_class: Annotated[ObjectName, _doc("pod priorityClassName (the older spelling of priority)")] = ""
+    queue: Annotated[LabelName, _doc(
+        "Kueue LocalQueue; '' = the namespace's only one (orchestrator.services.cluster), "
+        "QUEUE_NONE = without Kueue")] = ""
+    kueue_priority: Annotated[LabelName, _doc("label kueue.x-k8s.io/priority-class")] = ""
+    privileged: Annotated[bool, _doc("run the workload container privileged")] = False
+    coordinator_port: Annotated[Port, _doc(
+        "jax.distributed coordinator on process 0 (TPU7x: TPU7X_COORDINATOR_PORT)")] = 8476
+    megascale_port: Annotated[Port, _doc("TPU multislice (megascale) port")] = 8080
+    branch: Annotated[OneLine, _doc("for reports: the branch the image (or the workdir) was built from")] = ""
+    commit: Annotated[OneLine, _doc("for reports: the commit the image (or the workdir) was built from")] = ""
     # The user's working tree, shipped through the run's storage (orchestrator/workdir.py packs
     # it; the init container unpacks it; the command runs there). The orchestrator fills
     # ``code_sha256`` (the archive <root>/code/<sha256>.tar.gz) when it packs ``workdir``; a
     # run file may name an archive already uploaded instead.
-    workdir: str = ""
-    code_sha256: str = ""
-    # Where to submit: "" (local unless a context is named), "local" or "kube".
-    backend: str = ""
-    context: str = ""  # kubeconfig context
-    # "" = the kubeconfig context's namespace (the manifest then names none, as kubectl expects)
-    namespace: str = ""
+    workdir: Annotated[str, _doc("the folder to ship and run in", max_length=4096, pattern=r"^[^\n]*\Z",
+                                 extra={"allowed": "one line, a folder's path"})] = ""
+    code_sha256: Annotated[Sha256, _doc("the workdir's archive under <storage>/code/")] = ""
+    backend: Annotated[Literal["", "local", "kube"], _doc(
+        "where to submit: '' (local unless a context is named)", extra={"allowed": "local or kube"})] = ""
+    context: Annotated[str, _doc("kubeconfig context")] = ""
+    namespace: Annotated[LabelName, _doc(
+        "'' = the kubeconfig context's (the manifest then names none, as kubectl expects)")] = ""
     # --- GKE operator knobs (README "GKE knobs"; xpk flag names alongside) -------------
-    capacity: str = "on-demand"  # on-demand | spot | reservation:<name> | flex-start
-    node_selector: dict[str, str] = field(default_factory=dict)  # merged with xrun's
-    tolerations: list[dict[str, Any]] = field(default_factory=list)  # added to xrun's
-    pod_annotations: dict[str, str] = field(default_factory=dict)
-    pod_labels: dict[str, str] = field(default_factory=dict)
-    priority: str = ""  # very-low..very-high (xpk's ladder) or a PriorityClass name
-    mounts: list[dict[str, Any]] = field(default_factory=list)  # GCS buckets, PVCs
-    scheduler: str = ""  # schedulerName, or gke.io/topology-aware-auto (a scheduling gate)
-    kueue_topology: str = ""  # required:<node label> | preferred:<node label>
-    # Secrets (kubernetes.io/dockerconfigjson) the kubelet pulls every image of the pod with:
-    # a private registry (xpk --docker-image-pull-secret).
-    image_pull_secrets: list[str] = field(default_factory=list)
-    # GKE Network objects for a GPU stack's NICs eth1.. (accelerators.yaml ``networks`` by
-    # default; a cluster submit reads the cluster's when those do not exist there).
-    networks: list[str] = field(default_factory=list)
+    capacity: Annotated[str, _doc("on-demand | spot | reservation:<name> | flex-start")] = "on-demand"
+    node_selector: Annotated[dict[str, str], _doc("merged with xrun's", extra={"flags": "merge"})] = field(
+        default_factory=dict)
+    tolerations: Annotated[list[dict[str, Any]], _doc("added to xrun's", extra={"flags": "add"})] = field(
+        default_factory=list)
+    pod_annotations: Annotated[dict[str, str], _doc("on every pod", extra={"flags": "merge"})] = field(
+        default_factory=dict)
+    pod_labels: Annotated[dict[str, str], _doc("on every pod", extra={"flags": "merge"})] = field(
+        default_factory=dict)
+    priority: Annotated[str, _doc("very-low..very-high (xpk's ladder) or a PriorityClass name")] = ""
+    mounts: Annotated[list[dict[str, Any]], _doc("GCS buckets, PVCs", extra={"flags": "add"})] = field(
+        default_factory=list)
+    scheduler: Annotated[str, _doc("schedulerName, or gke.io/topology-aware-auto (a scheduling gate)")] = ""
+    kueue_topology: Annotated[str, _doc("required:<node label> | preferred:<node label>")] = ""
+    image_pull_secrets: Annotated[list[str], _doc(
+        "dockerconfigjson Secrets for a private registry (xpk --docker-image-pull-secret)",
+        extra={"flags": "add"})] = field(default_factory=list)
+    networks: Annotated[list[str], _doc(
+        "GKE Network objects for a GPU stack's NICs eth1.. (default: accelerators.yaml's)",
+        extra={"flags": "add"})] = field(default_factory=list)
 
     # --- derived -----------------------------------------------------------------
     @property
@@ -220,75 +259,120 @@ def _digits(value: int) -> int:
         return int(abs(value).bit_length() * 0.30102999566398) + 1
 
 
-def _coerce(name: str, value: Any) -> Any:
-    """Type-check one field's value against the dataclass annotation."""
-    kind = FIELDS[name].type
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise XrunError(f"{name}: must be true or false, got {short_repr(value)}")
-        return value
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            if not (isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip())):
-                raise XrunError(f"{name}: must be an integer, got {short_repr(value)}")
-            digits = len(value.strip().lstrip("-"))
-        else:
-            digits = _digits(value)
-        if digits > MAX_INT_DIGITS:  # no field wants more; a refusal quoting a 4,000-digit
-            # number is no line (and past 4,300 digits Python will not format it)
+_INFO = msgspec.inspect.type_info(RunSpec)
+assert isinstance(_INFO, msgspec.inspect.DataclassType)
+_TYPES = {f.name: f.type for f in _INFO.fields}  # each field's type, constraint and doc
+
+
+def _bare(t: msgspec.inspect.Type) -> msgspec.inspect.Type:
+    """The type under a field's doc metadata."""
+    return t.type if isinstance(t, msgspec.inspect.Metadata) else t
+
+
+def _extra(name: str) -> dict[str, Any]:
+    t = _TYPES[name]
+    return (t.extra or {}) if isinstance(t, msgspec.inspect.Metadata) else {}
+
+
+def _as_written(name: str, value: Any) -> Any:
+    """A run file's YAML scalars as the field's type wants them, before msgspec checks it:
+    numbers where text is wanted (``commit: 1234567``), digit strings where an integer is, a
+    single name where a list of names is, env-style mappings of scalars as strings. Integers
+    longer than any field allows are refused here, before anything formats them."""
+    t = _bare(_TYPES[name])
+    if isinstance(t, msgspec.inspect.IntType) and isinstance(value, int | str) and not isinstance(value, bool):
+        text = value.strip() if isinstance(value, str) else ""
+        if isinstance(value, str) and not re.fullmatch(r"-?\d+", text):
+            return value
+        digits = len(text.lstrip("-")) if isinstance(value, str) else _digits(value)
+        if digits > MAX_INT_DIGITS:  # a refusal quoting a 4,000-digit number is no line (and
+            # past 4,300 digits Python will not format it)
             raise XrunError(f"{name}: must be an integer of at most {MAX_INT_DIGITS} digits, "
                             f"got one of {digits} digits")
         return int(value)
-    if kind == "str":
-        if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise XrunError(f"{name}: must be a string, got {type(value).__name__}")
+    if isinstance(t, msgspec.inspect.StrType) and isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
-    if kind == "dict[str, str]":
-        if not isinstance(value, dict):
-            raise XrunError(f"{name}: must be a mapping of NAME: value")
+    if isinstance(t, msgspec.inspect.DictType) and isinstance(value, dict):
         return env_values(value, name)
-    if kind == "list[dict[str, Any]]":
-        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-            raise XrunError(f"{name}: must be a list of mappings")
-        return [dict(v) for v in value]
-    if kind == "list[str]":
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise XrunError(f"{name}: must be a list of names")
-        return list(value)
-    if kind == "list[int]":
-        if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value
-        ):
-            raise XrunError(f"{name}: must be a list of integers")
-        return list(value)
-    raise AssertionError(kind)
+    if isinstance(t, msgspec.inspect.ListType) and isinstance(t.item_type, msgspec.inspect.StrType) \
+            and isinstance(value, str):
+        return [value]
+    return value
+
+
+def _allowed(t: msgspec.inspect.Type) -> str:
+    """What a field of type ``t`` takes, in the words of a refusal."""
+    if isinstance(t, msgspec.inspect.Metadata):
+        return (t.extra or {}).get("allowed") or _allowed(t.type)
+    if isinstance(t, msgspec.inspect.BoolType):
+        return "true or false"
+    if isinstance(t, msgspec.inspect.IntType):
+        if t.ge is not None and t.le is not None:
+            return f"{t.ge}..{t.le}"
+        return f">= {t.ge}" if t.ge is not None else "an integer"
+    if isinstance(t, msgspec.inspect.DictType):
+        return "a mapping of NAME: value"
+    if isinstance(t, msgspec.inspect.ListType):
+        item = _bare(t.item_type)
+        return "a list of " + ("integers" if isinstance(item, msgspec.inspect.IntType) else
+                               "names" if isinstance(item, msgspec.inspect.StrType) else "mappings")
+    if isinstance(t, msgspec.inspect.LiteralType):
+        return " or ".join(str(v) for v in t.values if v != "")
+    return "a string"
+
+
+_KINDS = {"int": "an integer", "bool": "true or false", "str": "a string"}
+
+
+def _refusal(error: msgspec.ValidationError, values: dict[str, Any]) -> str:
+    """msgspec's refusal (``Expected `int` <= 100 - at `$.max_restarts```) in xrun's words:
+    the field, what it takes, what it got."""
+    m = re.fullmatch(r"(?s)(.*) - at `\$\.(\w+)(.*)`", str(error))
+    if not m or m[2] not in _TYPES:
+        return f"run spec: {error}"
+    what, name = m[1], m[2]
+    value = values.get(name)
+    got = (f"an integer of {_digits(value)} digits" if isinstance(value, int) and _digits(value) > MAX_INT_DIGITS
+           else short_repr(value))
+    kind = re.match(r"Expected `(\w+)`, got", what)
+    if kind and kind[1] in _KINDS and not m[3]:  # the wrong type, not a value out of range
+        return f"{name}: must be {_KINDS[kind[1]]}, got {got}"
+    return f"{name}: must be {_allowed(_TYPES[name])}, got {got}"
+
+
+def _decode(values: dict[str, Any]) -> RunSpec:
+    """The values (known keys only) as a RunSpec, each field's type and constraint checked."""
+    try:
+        return msgspec.convert(values, RunSpec)
+    except msgspec.ValidationError as e:
+        raise XrunError(_refusal(e, values)) from None
 
 
 def build_spec(file_values: dict[str, Any], flag_values: dict[str, Any],
                storage_default: str = "") -> RunSpec:
     """Merge run-file values and CLI flags (flags win; maps merge, flags win per key; the
-    tolerations and mounts of flags add to the file's).
+    tolerations, mounts and names of flags add to the file's: each field's ``flags`` rule).
 
     ``storage_default`` is the root used when neither names one (the orchestrator resolves
     it from ``$XRUN_STORAGE`` or the per-user folder: this module reads no environment).
     """
     _known_keys("run file", file_values, FIELDS)
-    merged: dict[str, Any] = {}
     for name, value in file_values.items():
         if value is None:
             raise XrunError(f"{name}: empty value in run file; remove the key or give a value")
-        merged[name] = _coerce(name, value)
-    for name, value in flag_values.items():
-        if value is None:
-            continue
-        if FIELDS[name].type == "dict[str, str]":  # env, node_selector, pod_*: per key
-            merged[name] = {**merged.get(name, {}), **_coerce(name, value)}
-        elif FIELDS[name].type in ("list[dict[str, Any]]", "list[str]"):  # tolerations, mounts, secrets: added
-            merged[name] = merged.get(name, []) + _coerce(name, value)
-        else:
-            merged[name] = _coerce(name, value)
+    flag_values = {k: v for k, v in flag_values.items() if v is not None}
+    merged: dict[str, Any] = {}
+    for source in (file_values, flag_values):
+        given = {name: _as_written(name, value) for name, value in source.items()}
+        checked = _decode(given)  # each source on its own, so a merge only meets checked values
+        for name in given:
+            value, rule = getattr(checked, name), _extra(name).get("flags")
+            if rule == "merge":  # env, node_selector, pod_*: per key
+                merged[name] = {**merged.get(name, {}), **value}
+            elif rule == "add":  # tolerations, mounts, secrets, networks: added
+                merged[name] = merged.get(name, []) + value
+            else:
+                merged[name] = value
     if not merged.get("storage") and storage_default:
         merged["storage"] = storage_default
     shape = catalogue.shapes().get(str(merged.get("accelerator", "")))
@@ -349,6 +433,9 @@ def check_cluster_xrun_image(spec: RunSpec) -> None:
 
 
 def validate(spec: RunSpec) -> None:
+    """Each field's type and constraint (msgspec, from the field's annotation; again here, as
+    callers ``dataclasses.replace`` a spec), then the rules that join fields."""
+    _decode(asdict(spec))
     if not spec.name:
         raise XrunError("name: required (a DNS-1035 label: lowercase letters, digits, '-')")
     if not DNS1035.match(spec.name):
@@ -362,8 +449,6 @@ def validate(spec: RunSpec) -> None:
         shape = spec.shape
     except catalogue.UnknownAccelerator as e:
         raise XrunError(f"accelerator: {e}") from None
-    if spec.num_slices < 1:
-        raise XrunError(f"num_slices: must be >= 1, got {spec.num_slices}")
     if spec.num_slices > 1 and shape.kind != "tpu":
         raise XrunError(f"num_slices: multislice is for TPU shapes only, not {spec.accelerator}")
     if spec.num_slices > 1 and shape.single_host:
@@ -373,12 +458,8 @@ def validate(spec: RunSpec) -> None:
                  if s.family == shape.family and not s.single_host][:1]
         raise XrunError(f"num_slices: {spec.accelerator} is a single-host slice and GKE runs multislice only on "
                         f"multi-host slices; use num_slices 1 or a multi-host shape (e.g. {', '.join(multi)})")
-    if spec.nodes < 1:
-        raise XrunError(f"nodes: must be >= 1, got {spec.nodes}")
     if spec.nodes > 1 and shape.kind != "gpu":
         raise XrunError(f"nodes: only for GPU shapes; {spec.accelerator} has a fixed host count")
-    if not 1 <= spec.cpu_devices_per_host <= 64:
-        raise XrunError(f"cpu_devices_per_host: must be 1..64, got {spec.cpu_devices_per_host}")
     limit = max_name_length(spec)
     if len(spec.name) > limit:
         raise XrunError(
@@ -405,9 +486,6 @@ def validate(spec: RunSpec) -> None:
     if not spec.xrun_python_image.strip() or any(c.isspace() for c in spec.xrun_python_image):
         raise XrunError(f"xrun_python_image: must be an image name without whitespace, with a python3 >= 3.12 "
                         f"(default {DEFAULT_XRUN_PYTHON_IMAGE}), got {short_repr(spec.xrun_python_image)}")
-    if spec.pod_code_sha256 and not re.fullmatch(r"[0-9a-f]{64}", spec.pod_code_sha256):
-        raise XrunError(f"pod_code_sha256: must be 64 lowercase hex digits (set by xrun), "
-                        f"got {short_repr(spec.pod_code_sha256)}")
     if not spec.command.strip():
         raise XrunError("command: must not be empty (default: python3 -m workload.train)")
     try:
@@ -427,38 +505,12 @@ def validate(spec: RunSpec) -> None:
         if "\x00" in value:
             raise XrunError(f"env: value of {key} contains a NUL byte")
     check_flag_envs(spec.env, shape)
-    if not 0 <= spec.max_restarts <= MAX_RESTARTS:
-        raise XrunError(f"max_restarts: must be 0..{MAX_RESTARTS}, got {spec.max_restarts}")
-    if not spec.restartable_exit_codes or not all(
-        1 <= c <= 255 for c in spec.restartable_exit_codes
-    ):
-        raise XrunError("restartable_exit_codes: must be a non-empty list of codes in 1..255")
     if len(set(spec.restartable_exit_codes)) != len(spec.restartable_exit_codes):
         raise XrunError("restartable_exit_codes: duplicate codes")
-    if not 1 <= spec.termination_grace_seconds <= MAX_GRACE_SECONDS:
-        raise XrunError(f"termination_grace_seconds: must be 1..{MAX_GRACE_SECONDS}, "
-                        f"got {spec.termination_grace_seconds}")
-    if not 0 <= spec.ttl_seconds_after_finished <= MAX_TTL_SECONDS:
-        raise XrunError(f"ttl_seconds_after_finished: must be 0..{MAX_TTL_SECONDS}, "
-                        f"got {spec.ttl_seconds_after_finished}")
-    for port_field in ("coordinator_port", "megascale_port"):
-        port = getattr(spec, port_field)
-        if not 1 <= port <= 65535:
-            raise XrunError(f"{port_field}: must be 1..65535, got {port}")
     if spec.coordinator_port == 8476 and spec.accelerator in catalogue.shapes() \
             and spec.shape.family in LIBTPU_HOLDS_8476:
         raise XrunError(f"coordinator_port: 8476 is libtpu's on {spec.accelerator} nodes (a host port under "
                         f"hostNetwork); leave it out for {TPU7X_COORDINATOR_PORT}, or pick another")
-    for opt in ("service_account", "priority_class"):
-        value = getattr(spec, opt)
-        if value and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", value):
-            raise XrunError(f"{opt}: {short_repr(value)} is not a valid Kubernetes object name")
-    for opt in ("queue", "kueue_priority", "namespace"):
-        value = getattr(spec, opt)
-        if value and not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value) or len(value) > 63:
-            raise XrunError(f"{opt}: {short_repr(value)} is not a valid label value / DNS-1123 label")
-    if spec.backend not in ("", "local", "kube"):
-        raise XrunError(f"backend: must be local or kube, got {short_repr(spec.backend)}")
     if spec.backend == "local" and spec.context:
         raise XrunError("backend: local runs take no --context")
     root = spec.storage
@@ -472,15 +524,6 @@ def validate(spec: RunSpec) -> None:
         raise XrunError("storage: cluster runs need a gs://bucket/prefix storage root "
                         "(pods cannot see your local folder)")
     validate_gke_knobs(spec)
-    if spec.code_sha256 and not re.fullmatch(r"[0-9a-f]{64}", spec.code_sha256):
-        raise XrunError(f"code_sha256: must be 64 lowercase hex digits (an archive under <storage>/code/), "
-                        f"got {short_repr(spec.code_sha256)}")
-    if "\n" in spec.workdir or len(spec.workdir) > 4096:
-        raise XrunError("workdir: must be one line, a folder's path")
-    for label_field in ("branch", "commit"):
-        value = getattr(spec, label_field)
-        if value and ("\n" in value or len(value) > 200):
-            raise XrunError(f"{label_field}: must be one line of at most 200 characters")
 
 
 def _key_value_map(name: str, mapping: dict[str, str], values_are_labels: bool) -> None:
