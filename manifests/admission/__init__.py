@@ -4,7 +4,8 @@ Pure (dict in, violations out; no I/O, clients or env). Four layers, as a cluste
 
 * ``apiserver``: kube-apiserver on the JobSet itself: object metadata
   (apimachinery ``pkg/api/validation/objectmeta.go``) and the JobSet CRD's OpenAPI schema
-  (enums, minimums, list-map keys, CEL rules from ``api/jobset/v1alpha2/jobset_types.go``).
+  (enums, minimums, list-map keys, CEL rules from ``api/jobset/v1alpha2/jobset_types.go``),
+  read from ``crd_rules``, which ``gen_crd_rules`` generates from the upstream CRD.
   A real server answers 422 Invalid.
 * ``mutating``: JobSet's mutating webhook ``mjobset.kb.io`` failing to decode the JobSet into
   its Go types (an int32 field out of range, a value that is no resource quantity). It runs
@@ -40,11 +41,11 @@ from manifests.admission.apiserver import (  # noqa: F401 - re-exported
     int32_fields,
     jobset_name,
     labels,
-    replicated_job_names_unique,
     resource_quantity_format,
+    schema_bounds,
+    schema_cel,
     schema_enums,
-    schema_minimums,
-    startup_policy_excludes_depends_on,
+    schema_list_maps,
 )
 from manifests.admission.base import *  # noqa: F403 - re-exported: callers name them admission.X
 from manifests.admission.base import AdmissionError, Violation
@@ -113,8 +114,8 @@ def check(obj: dict[str, Any]) -> None:
 
 RULES: tuple[Callable[[dict[str, Any]], list[Violation]], ...] = (
     # apiserver on the JobSet
-    jobset_name, labels, annotation_keys, schema_enums, replicated_job_names_unique, schema_minimums,
-    startup_policy_excludes_depends_on, resource_quantity_format, int32_fields,
+    jobset_name, labels, annotation_keys, schema_enums, schema_list_maps, schema_bounds, schema_cel,
+    resource_quantity_format, int32_fields,
     # JobSet validating webhook
     feature_gates, kueue_queue_name, managed_by, network_subdomain, group_names, job_names, pod_names,
     replicas_times_parallelism, depends_on,

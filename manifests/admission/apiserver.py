@@ -1,5 +1,10 @@
 """kube-apiserver on the JobSet itself: object metadata and the JobSet CRD's OpenAPI schema
-(enums, minimums, list-map keys, CEL rules), and the mutating webhook's decode failures."""
+(enums, minimums, list-map keys, CEL rules), and the mutating webhook's decode failures.
+
+The CRD's rules are data in ``crd_rules`` (generated from the upstream CRD by
+``gen_crd_rules``); the functions here walk the JobSet and word each refusal as the API
+server does. Object metadata and the Go decoding stay hand-written: they are no part of the
+CRD."""
 
 from __future__ import annotations
 
@@ -7,18 +12,19 @@ import json
 import re
 from typing import Any
 
+from manifests.admission import crd_rules as crd
 from manifests.admission.base import (
     APISERVER,
     DUPLICATE,
     INTERNAL,
     INVALID,
-    JS_TYPES,
     K8S_LABELS,
     K8S_META,
     MUTATING,
     NOT_SUPPORTED,
     REQUIRED,
     TOO_LONG,
+    TOO_MANY,
     GoLiteral,
     Violation,
     _all_containers,
@@ -26,7 +32,6 @@ from manifests.admission.base import (
     _int,
     _list,
     _metas,
-    _rjobs,
 )
 from manifests.k8s_names import (
     is_dns1123_subdomain,
@@ -91,84 +96,170 @@ def annotation_keys(obj: dict[str, Any]) -> list[Violation]:
     return out
 
 
-def _enum(value: Any, allowed: tuple[str, ...], path: str, rule: str, src: str) -> list[Violation]:
-    if value is None or value in allowed:
-        return []
-    supported = ", ".join(json.dumps(a) for a in allowed)
-    return [Violation(path, rule, f"{json.dumps(value)} is not one of {supported}", src, APISERVER,
-                      NOT_SUPPORTED, value, f"supported values: {supported}")]
+# --------------------------------------------------------------------------------------
+# The CRD's own rules, read from manifests.admission.crd_rules (generated from the upstream
+# CRD; gen_crd_rules.py). Each refusal is worded as apiextensions-apiserver words it.
+
+CRD_FILE = f"{crd.SOURCE}"
+# Stable ids of the CRD rules tests and reports name; any other is "crd-<keyword>".
+_RULE_IDS = {
+    ("enum", "spec.successPolicy.operator"): "success-policy-operator",
+    ("enum", "spec.startupPolicy.startupPolicyOrder"): "startup-policy-order",
+    ("enum", "spec.failurePolicy.restartStrategy"): "restart-strategy",
+    ("enum", "spec.failurePolicy.rules[].action"): "failure-rule-action",
+    ("enum", "spec.replicatedJobs[].dependsOn[].status"): "depends-on-status",
+    ("minimum", "spec.ttlSecondsAfterFinished"): "ttl-minimum",
+    ("required", "spec.replicatedJobs"): "replicated-job-name",
+    ("unique", "spec.replicatedJobs"): "replicated-job-unique",
+    ("cel", "StartupPolicy and DependsOn APIs are mutually exclusive"): "startup-policy-depends-on",
+}
+
+
+def _rule_id(keyword: str, path: str) -> str:
+    return _RULE_IDS.get((keyword, path), f"crd-{keyword}")
+
+
+def _src(keyword: str) -> str:
+    return f"{CRD_FILE}:{keyword}"
+
+
+def _at(obj: Any, path: str) -> list[tuple[Any, str]]:
+    """(value, its path) of every value at a schema path (``[]``: each item of a list)."""
+    found: list[tuple[Any, str]] = [(obj, "")]
+    for token in path.split("."):
+        name, each = token.removesuffix("[]"), token.endswith("[]")
+        step: list[tuple[Any, str]] = []
+        for node, where in found:
+            value = _dict(node).get(name)
+            at = f"{where}.{name}" if where else name
+            if each:
+                step += [(item, f"{at}[{i}]") for i, item in enumerate(_list(value))]
+            elif value is not None:
+                step.append((value, at))
+        found = step
+    return found
+
+
+def _fields(obj: dict[str, Any], table: dict[str, Any]) -> list[tuple[Any, str, Any, str, str]]:
+    """(value, path, the table's entry, the schema path, the field's name) of each field
+    ``table`` names that is set; an absent required field of the parent as "" (below)."""
+    out = []
+    for schema_path, entry in table.items():
+        parent_path, _, name = schema_path.rpartition(".")
+        for parent, where in _at(obj, parent_path):
+            if not isinstance(parent, dict):
+                continue
+            value = parent.get(name)
+            if value is None and name in crd.REQUIRED.get(parent_path, ()):
+                # A required Go field without omitempty (``json:"operator"``): the mutating
+                # webhook decodes the JobSet into Go types and patches it back, so an absent
+                # one reaches the schema as its zero value "", which the enum refuses.
+                value = ""
+            if value is not None:
+                out.append((value, f"{where}.{name}", entry, schema_path, name))
+    return out
 
 
 def schema_enums(obj: dict[str, Any]) -> list[Violation]:
-    """jobset_types.go ``+kubebuilder:validation:Enum`` markers, enforced by the CRD schema:
+    """The CRD's ``enum``s (jobset_types.go ``+kubebuilder:validation:Enum`` markers):
     successPolicy.operator, startupPolicy.startupPolicyOrder, failurePolicy.restartStrategy,
-    failure rule actions, dependsOn status. The four without a default are Go fields without
-    ``omitempty`` (``json:"operator"``, ``json:"startupPolicyOrder"``, ``json:"action"``,
-    ``json:"status"``; the CRD's ``required:`` lists them): the mutating webhook decodes the
-    JobSet and patches it back, so an absent one reaches the schema as "" and the enum
-    refuses it."""
-    spec = _dict(obj.get("spec"))
+    failure rule actions, dependsOn status, ... (crd_rules.ENUMS)."""
     out = []
-    if isinstance(spec.get("successPolicy"), dict):
-        out += _enum(spec["successPolicy"].get("operator", ""), ("All", "Any"),
-                     "spec.successPolicy.operator", "success-policy-operator", f"{JS_TYPES}:SuccessPolicy")
-    if isinstance(spec.get("startupPolicy"), dict):
-        out += _enum(spec["startupPolicy"].get("startupPolicyOrder", ""), ("AnyOrder", "InOrder"),
-                     "spec.startupPolicy.startupPolicyOrder", "startup-policy-order", f"{JS_TYPES}:StartupPolicy")
-    fp = _dict(spec.get("failurePolicy"))
-    out += _enum(fp.get("restartStrategy"), ("Recreate", "BlockingRecreate", "InPlaceRestart"),
-                 "spec.failurePolicy.restartStrategy", "restart-strategy", f"{JS_TYPES}:JobSetRestartStrategy")
-    actions = ("FailJobSet", "RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts", "RestartJob",
-               "RestartJobAndIgnoreMaxRestarts")
-    for i, rule in enumerate(_list(fp.get("rules"))):
-        out += _enum(_dict(rule).get("action", ""), actions, f"spec.failurePolicy.rules[{i}].action",
-                     "failure-rule-action", f"{JS_TYPES}:FailurePolicyRule")
-    for _, rj, base in _rjobs(obj):
-        for j, dep in enumerate(_list(rj.get("dependsOn"))):
-            out += _enum(_dict(dep).get("status", ""), ("Ready", "Complete"), f"{base}.dependsOn[{j}].status",
-                         "depends-on-status", f"{JS_TYPES}:DependsOn")
+    for value, path, allowed, schema_path, _ in _fields(obj, crd.ENUMS):
+        if value not in allowed:
+            supported = ", ".join(json.dumps(a) for a in allowed)
+            out.append(Violation(path, _rule_id("enum", schema_path), f"{json.dumps(value)} is not one of {supported}",
+                                 _src("enum"), APISERVER, NOT_SUPPORTED, value, f"supported values: {supported}"))
     return out
 
 
-def replicated_job_names_unique(obj: dict[str, Any]) -> list[Violation]:
-    """jobset_types.go: ReplicatedJobs is ``+listType=map +listMapKey=name``; the apiserver
-    refuses a second entry with the same name (structural list-map validation)."""
-    seen: set[Any] = set()
+def schema_bounds(obj: dict[str, Any]) -> list[Violation]:
+    """The CRD's ``minimum``/``maximum`` (``+kubebuilder:validation:Minimum=0`` on
+    ttlSecondsAfterFinished and replicas), ``maxLength``/``pattern`` and ``maxItems`` (dependsOn at
+    most 5), in kube-openapi's validate words (errors.go: should be greater than or equal to)."""
     out = []
-    for _, rj, base in _rjobs(obj):
-        name = rj.get("name")
-        if not name:
-            out.append(Violation(f"{base}.name", "replicated-job-name", "required", f"{JS_TYPES}:ReplicatedJob",
-                                 APISERVER, REQUIRED))
-        elif name in seen:
-            out.append(Violation(base, "replicated-job-unique", f"duplicate replicatedJob name {json.dumps(name)}",
-                                 f"{JS_TYPES}:JobSetSpec", APISERVER, DUPLICATE,
-                                 GoLiteral(f'map[string]interface {{}}{{"name":{json.dumps(name)}}}')))
-        seen.add(name)
+    for value, path, low, schema_path, _ in _fields(obj, crd.MINIMUMS):
+        if _int(value) is not None and value < low:
+            out.append(Violation(path, _rule_id("minimum", schema_path), f"{value} must be >= {low}", _src("minimum"),
+                                 APISERVER, INVALID, value, f"{path} in body should be greater than or equal to {low}"))
+    for value, path, high, schema_path, _ in _fields(obj, crd.MAXIMUMS):
+        if _int(value) is not None and value > high:
+            out.append(Violation(path, _rule_id("maximum", schema_path), f"{value} must be <= {high}", _src("maximum"),
+                                 APISERVER, INVALID, value, f"{path} in body should be less than or equal to {high}"))
+    for value, path, most, schema_path, _ in _fields(obj, crd.MAX_LENGTHS):
+        if isinstance(value, str) and len(value) > most:
+            out.append(Violation(path, _rule_id("max-length", schema_path), f"{len(value)} characters; at most {most}",
+                                 _src("maxLength"), APISERVER, TOO_LONG, value, f"may not be more than {most} bytes"))
+    for value, path, pattern, schema_path, _ in _fields(obj, crd.PATTERNS):
+        if isinstance(value, str) and not re.search(pattern, value):
+            out.append(Violation(path, _rule_id("pattern", schema_path), f"{json.dumps(value)} must match {pattern}",
+                                 _src("pattern"), APISERVER, INVALID, value, f"should match '{pattern}'"))
+    for value, path, most, schema_path, _ in _fields(obj, crd.MAX_ITEMS):
+        if isinstance(value, list) and len(value) > most:
+            out.append(Violation(path, _rule_id("max-items", schema_path), f"{len(value)} items; at most {most}",
+                                 _src("maxItems"), APISERVER, TOO_MANY, len(value), f"must have at most {most} items"))
     return out
 
 
-def schema_minimums(obj: dict[str, Any]) -> list[Violation]:
-    """jobset_types.go ``+kubebuilder:validation:Minimum=0`` on ttlSecondsAfterFinished."""
-    ttl = _int(_dict(obj.get("spec")).get("ttlSecondsAfterFinished"))
-    if ttl is not None and ttl < 0:
-        return [Violation("spec.ttlSecondsAfterFinished", "ttl-minimum", f"{ttl} must be >= 0",
-                          f"{JS_TYPES}:JobSetSpec", APISERVER, INVALID, ttl,
-                          "spec.ttlSecondsAfterFinished in body should be greater than or equal to 0")]
-    return []
+def schema_list_maps(obj: dict[str, Any]) -> list[Violation]:
+    """The CRD's ``x-kubernetes-list-type: map`` lists (replicatedJobs and dependsOn, keyed by
+    name): each item names its keys, and no two items share them (apiextensions-apiserver
+    pkg/apiserver/schema/listtype/validation.go: ValidateListSetsAndMaps answers Duplicate
+    with the keys as a Go map)."""
+    out = []
+    for schema_path, keys in crd.LIST_MAP_KEYS.items():
+        for items, where in _at(obj, schema_path):
+            seen: set[tuple[Any, ...]] = set()
+            for i, item in enumerate(_list(items)):
+                item = _dict(item)
+                missing = [k for k in keys if not item.get(k)]
+                for key in missing:
+                    out.append(Violation(f"{where}[{i}].{key}", _rule_id("required", schema_path), "required",
+                                         _src("x-kubernetes-list-map-keys"), APISERVER, REQUIRED))
+                ident = tuple(item.get(k) for k in keys)
+                if not missing and ident in seen:
+                    shown = ", ".join(f"{json.dumps(k)}:{json.dumps(item[k])}" for k in keys)
+                    out.append(Violation(f"{where}[{i}]", _rule_id("unique", schema_path),
+                                         f"duplicate {schema_path.rsplit('.', 1)[-1]} entry {{{shown}}}",
+                                         _src("x-kubernetes-list-map-keys"), APISERVER, DUPLICATE,
+                                         GoLiteral(f"map[string]interface {{}}{{{shown}}}")))
+                seen.add(ident)
+    return out
 
 
-def startup_policy_excludes_depends_on(obj: dict[str, Any]) -> list[Violation]:
-    """jobset_types.go JobSetSpec ``XValidation``: startupPolicy InOrder and dependsOn are
-    mutually exclusive (a CEL rule the apiserver evaluates)."""
-    spec = _dict(obj.get("spec"))
+def _startup_in_order_without_depends_on(spec: dict[str, Any]) -> bool:
     in_order = _dict(spec.get("startupPolicy")).get("startupPolicyOrder") == "InOrder"
-    if in_order and any("dependsOn" in rj for _, rj, _ in _rjobs(obj)):
-        msg = "StartupPolicy and DependsOn APIs are mutually exclusive"
-        # apiextensions reports a failed CEL rule as Invalid with the schema type as the value.
-        return [Violation("spec", "startup-policy-depends-on", msg, f"{JS_TYPES}:JobSetSpec", APISERVER,
-                          INVALID, "object", msg)]
-    return []
+    return not (in_order and any("dependsOn" in _dict(rj) for rj in _list(spec.get("replicatedJobs"))))
+
+
+def _templates_without_namespace(policy: dict[str, Any]) -> bool:
+    return all(not _dict(_dict(t).get("metadata")).get("namespace") for t in _list(policy.get("templates")))
+
+
+# The CRD's create-time CEL rules (crd_rules.CEL), each as Python: a rule the CRD gains is
+# missing here, and tests/test_admission_crd.py says so.
+CEL_CHECKS = {
+    "!(has(self.startupPolicy) && self.startupPolicy.startupPolicyOrder == 'InOrder' && "
+    "self.replicatedJobs.exists(x, has(x.dependsOn)))": _startup_in_order_without_depends_on,
+    "self.templates.all(t, !has(t.metadata.namespace) || size(t.metadata.namespace) == 0)":
+        _templates_without_namespace,
+}
+
+
+def schema_cel(obj: dict[str, Any]) -> list[Violation]:
+    """The CRD's ``x-kubernetes-validations`` (jobset_types.go ``XValidation`` markers) on
+    create: startupPolicy InOrder and dependsOn are mutually exclusive; a volumeClaimPolicy's
+    templates name no namespace."""
+    out = []
+    for schema_path, checks in crd.CEL.items():
+        for node, where in _at(obj, schema_path):
+            for rule, message in checks:
+                check = CEL_CHECKS.get(rule)
+                if isinstance(node, dict) and check is not None and not check(node):
+                    # apiextensions reports a failed CEL rule as Invalid with the schema type as the value.
+                    out.append(Violation(where, _rule_id("cel", message), message, _src("x-kubernetes-validations"),
+                                         APISERVER, INVALID, "object", message))
+    return out
 
 
 # apimachinery pkg/api/resource/quantity.go: splitREString, and the errors ParseQuantity returns.

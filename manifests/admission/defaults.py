@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from manifests.admission import crd_rules as crd
 from manifests.admission.base import (
     _containers,
     _dict,
@@ -21,13 +22,13 @@ def default(obj: dict[str, Any]) -> dict[str, Any]:
     """A copy of ``obj`` with what the cluster sets before storing it. Idempotent.
 
     CRD structural defaults (apiextensions-apiserver applies the schema's ``default:``
-    values; jobset_types.go ``+kubebuilder:default`` markers): failurePolicy.restartStrategy
-    Recreate, replicatedJobs[].groupName "default" and replicas 1, container ports' protocol
-    TCP, empty names of env key refs; a volume without a source becomes an emptyDir (core/v1
-    defaults.go SetDefaults_Volume, applied when the Job is decoded). Then the JobSet
-    mutating webhook (jobset_webhook.go: Default): successPolicy {operator: All}, startupPolicy
-    {startupPolicyOrder: AnyOrder}, each Job's completionMode Indexed and pod restartPolicy
-    OnFailure when unset, every
+    values, read from crd_rules.DEFAULTS; jobset_types.go ``+kubebuilder:default`` markers):
+    failurePolicy.restartStrategy Recreate, replicatedJobs[].groupName "default" and replicas
+    1; and core types' defaults: container ports' protocol TCP, empty names of env key refs;
+    a volume without a source becomes an emptyDir (core/v1 defaults.go SetDefaults_Volume,
+    applied when the Job is decoded). Then the JobSet mutating webhook (jobset_webhook.go:
+    Default): successPolicy {operator: All}, startupPolicy {startupPolicyOrder: AnyOrder},
+    each Job's completionMode Indexed and pod restartPolicy OnFailure when unset, every
     container's resources {} when absent (its answer is the object re-encoded from Go types),
     network.enableDNSHostnames and publishNotReadyAddresses true, failure policy rule names
     failurePolicyRule<i> when empty, volumeClaimPolicies retentionPolicy Delete. Job fields
@@ -39,12 +40,12 @@ def default(obj: dict[str, Any]) -> dict[str, Any]:
     # CRD schema defaults.
     fp = spec.get("failurePolicy")
     if isinstance(fp, dict):
-        fp.setdefault("restartStrategy", "Recreate")
+        fp.setdefault("restartStrategy", crd.DEFAULTS["spec.failurePolicy.restartStrategy"])
     for rj in _list(spec.get("replicatedJobs")):
         if not isinstance(rj, dict):
             continue
-        rj.setdefault("groupName", "default")
-        rj.setdefault("replicas", 1)
+        rj.setdefault("groupName", crd.DEFAULTS["spec.replicatedJobs[].groupName"])
+        rj.setdefault("replicas", crd.DEFAULTS["spec.replicatedJobs[].replicas"])
         pod = _pod_spec(rj)
         for vol in _list(pod.get("volumes")):
             # core/v1 defaults.go SetDefaults_Volume (applied when the Job is decoded): a
