@@ -435,7 +435,7 @@ def check_cluster_xrun_image(spec: RunSpec) -> None:
 def validate(spec: RunSpec) -> None:
     """Each field's type and constraint (msgspec, from the field's annotation; again here, as
     callers ``dataclasses.replace`` a spec), then the rules that join fields."""
-    _decode(asdict(spec))
+    _decode(msgspec.to_builtins(spec))
     if not spec.name:
         raise XrunError("name: required (a DNS-1035 label: lowercase letters, digits, '-')")
     if not DNS1035.match(spec.name):
