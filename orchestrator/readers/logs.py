@@ -3,7 +3,8 @@
 The pod's log-shipping sidecar ships each host's output to ``runs/<name>/logs/<slice>-<host>/attempt-NNN/``
 as numbered chunk objects; reading them back works from a folder or gs:// after the pods
 are gone. Listing is one (paged) listing of the run's logs folder, or one per host asked
-for; a tail reads chunks from the newest back, only as many as it needs.
+for; a tail reads chunks from the newest back, only as many as it needs; a follow lists each
+host's chunks from the last one it read (``LogFollower``).
 """
 
 from __future__ import annotations
