@@ -142,3 +142,20 @@ def test_a_poll_of_a_gcs_root_lists_from_the_last_chunk_read(gcs_bucket, gcs_pro
     assert sorted(offsets[-3:]) == [f"{Layout.host_logs('long', '0-0', 1)}/00000000",
                                     f"{Layout.host_logs('long', '0-1', 0)}/00000060",
                                     f"{Layout.host_logs('long', '0-2', 0)}/00000000"], offsets[-3:]
+
+
+def test_a_follow_after_a_tail_lists_from_the_chunks_the_tail_covered(tmp_path):
+    """`xrun logs --tail N -f`: the chunks the tail listed are taken as read, and the
+    follow's next poll lists from each host's last one, not the run's every chunk."""
+    from orchestrator.readers.logs import list_log_chunks
+
+    st = counting(LocalStorage)(str(tmp_path))
+    for seq in range(100):
+        for h in ("0-0", "0-1"):
+            put_log(st, "r", h, 0, seq)
+    follower = LogFollower(st, "r")
+    follower.skip(list_log_chunks(st, "r"))
+    new = put_log(st, "r", "0-1", 0, 100)
+    st.listed = 0
+    assert [text for _h, _a, text in follower.poll()] == [new]
+    assert st.listed <= 3, st.listed

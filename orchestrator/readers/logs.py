@@ -167,6 +167,11 @@ class LogFollower:
         self.listed = sum(len(x) for x in listed)
         return merge_order([c for objects in listed for c in log_chunks(base, objects, self.hosts)])
 
+    def skip(self, chunks: Iterable[LogChunk]) -> None:
+        """Take ``chunks`` as read (a tail printed them): the follow goes on after them."""
+        for c in chunks:
+            self._read(c)
+
     def _read(self, c: LogChunk) -> None:
         self.seen.add(c.key)
         self.chunks_read += 1
