@@ -159,3 +159,21 @@ def test_a_follow_after_a_tail_lists_from_the_chunks_the_tail_covered(tmp_path):
     st.listed = 0
     assert [text for _h, _a, text in follower.poll()] == [new]
     assert st.listed <= 3, st.listed
+
+
+def test_an_attempt_of_more_digits_is_found_though_it_sorts_first(tmp_path):
+    """``attempt-1000`` sorts before ``attempt-150`` (a run resumed past 999 attempts): the
+    listing never starts after it, so it is still found, as is the metrics'."""
+    st = counting(LocalStorage)(str(tmp_path))
+    reader, follower = StoredRun(st, "r"), LogFollower(st, "r")
+    first = put_log(st, "r", "0-0", 150, 0)
+    put_metrics(st, "r", 150, 0)
+    assert poll(reader, follower)[1] == [first]
+    second = put_log(st, "r", "0-0", 151, 0)
+    put_metrics(st, "r", 151, 0)
+    assert poll(reader, follower)[1] == [second]
+    assert poll(reader, follower)[1] == []  # attempt 150 is left now: the floor is 151
+    third = put_log(st, "r", "0-0", 1000, 0)
+    put_metrics(st, "r", 1000, 0)
+    assert poll(reader, follower)[1] == [third]
+    assert list(reader.rec.steps.attempt) == [150, 151, 1000]

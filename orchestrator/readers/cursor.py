@@ -53,7 +53,10 @@ class AttemptCursor:
         """The key to list from: ``head`` + the floor attempt + ``sep`` + its highest number
         read (zero-padded as ``Layout`` writes them). Never after a longer attempt number:
         ``attempt-1000`` sorts before ``attempt-101``, so from attempt 101 on the bound is
-        the first name of the next width (a run resumed past 100 attempts lists a little more)."""
+        the first name of the next width (a run resumed past 100 attempts lists a little more).
+        Before any chunk is read: from the start (a name of another form, read as before)."""
+        if not self.top and not self.floor:
+            return ""
         key = f"{head}{self.floor:03d}{sep}{self.top.get(self.floor, 0):08d}"
         wider = f"{head}1{'0' * max(3, len(str(self.floor)))}"
         return min(key, wider)

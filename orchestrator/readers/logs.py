@@ -144,6 +144,8 @@ class LogFollower:
         if hosts is None:
             cost = self.storage.listing_cost * max(1, len(self.cursors))
             if cost > self.chunks_read:
+                for cursor in self.cursors.values():  # floors move on here too
+                    cursor.begin()
                 chunks = list_log_chunks(self.storage, self.name)
                 self.listed = len(chunks)
                 for c in chunks:
