@@ -177,3 +177,26 @@ def test_an_attempt_of_more_digits_is_found_though_it_sorts_first(tmp_path):
     put_metrics(st, "r", 1000, 0)
     assert poll(reader, follower)[1] == [third]
     assert list(reader.rec.steps.attempt) == [150, 151, 1000]
+
+
+KEYS = ["p/a.txt", "p/a-b/x", "p/a/b", "p/a/c/d", "p/a0", "p/b/attempt-000/00000001-ab.log",
+        "p/b/attempt-000/00000002-0a.log", "p/b/attempt-000/00000002-ab.log", "p/b/attempt-1000/00000000-ab.log",
+        "p/b/attempt-101/00000000-ab.log", "q/outside"]
+STARTS = ["", "p", "p/", "p/a", "p/a/", "p/a/b", "p/a/bb", "p/a-", "p/a/c", "p/b/attempt-000/00000002",
+          "p/b/attempt-1000", "p/b/attempt-101", "p/c", "z"]
+
+
+def test_list_from_is_a_whole_listing_filtered_on_every_store(tmp_path, gcs_bucket):
+    """``list_from(prefix, start)``: exactly the keys below ``prefix`` at or after ``start``,
+    in key order, on a folder, on GCS through google-cloud-storage and through the JSON API."""
+    from xrun_contract.gcs_http import GCSHttpStorage
+
+    for st in (LocalStorage(str(tmp_path)), GCSStorage(gcs_bucket), GCSHttpStorage(f"{gcs_bucket}/a/root"),
+               GCSStorage(f"{gcs_bucket}/a/root/")):
+        for key in KEYS:
+            st.write_bytes(key, b"x")
+        whole = [o.key for o in st.list("p", delimiter=None)[0]]
+        assert whole == sorted(k for k in KEYS if k.startswith("p/")), (st, whole)
+        for start in STARTS:
+            got = [o.key for o in st.list_from("p", start)]
+            assert got == [k for k in whole if k >= start], (type(st).__name__, start, got)

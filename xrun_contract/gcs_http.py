@@ -105,6 +105,11 @@ class GCSHttpStorage(Storage):
         key = check_key(key).strip("/")
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    def _offset(self, start: str) -> str:
+        """A key as a listing's bound: its trailing '/' kept (``a/`` sorts after ``a-b``)."""
+        start = check_key(start).lstrip("/")
+        return f"{self.prefix}/{start}" if self.prefix else start
+
     def _object_url(self, key: str, query: dict[str, str] | None = None) -> str:
         return object_url(self.api, self.bucket_name, self._name(key), query)
 
@@ -148,7 +153,7 @@ class GCSHttpStorage(Storage):
             if delimiter:
                 query["delimiter"] = delimiter
             if start.strip("/"):
-                query["startOffset"] = self._name(start)
+                query["startOffset"] = self._offset(start)
             if token:
                 query["pageToken"] = token
             _, data = self._request("list", prefix, "GET", list_url(self.api, self.bucket_name, query))

@@ -125,6 +125,11 @@ class GCSStorage(Storage):
         key = check_key(key).strip("/")
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    def _offset(self, start: str) -> str:
+        """A key as a listing's bound: its trailing '/' kept (``a/`` sorts after ``a-b``)."""
+        start = check_key(start).lstrip("/")
+        return f"{self.prefix}/{start}" if self.prefix else start
+
     def _key(self, name: str) -> str:
         return name[len(self.prefix) + 1:] if self.prefix else name
 
@@ -265,7 +270,7 @@ class GCSStorage(Storage):
         names before it, so a poll transfers what is new, not the run's every chunk."""
         name = self._name(prefix)
         name = f"{name}/" if name else ""
-        offset = self._name(start) if start.strip("/") else None
+        offset = self._offset(start) if start.strip("/") else None
 
         def run() -> list:
             return list(self._client.list_blobs(self._bucket, prefix=name, start_offset=offset,
