@@ -14,7 +14,11 @@ fails):
   against ``xrun logs NAME``'s, as multisets);
 - the objects the run keeps: checkpoint steps within the retention (``max_to_keep``), and
   the metrics, rollup and log objects, counted;
-- the final loss equal to the uninterrupted run's (bit for bit).
+- the final loss equal to the uninterrupted run's (bit for bit);
+- what a poll of the follow lists (reported): a follower in this process, the follow's own
+  readers (``StoredRun``, ``LogFollower``) polling the soak every 2 s beside it, counts the
+  objects each poll's listings return, at the start of the run and at its end (each poll
+  lists the chunks written since the last one read: a few, not the run's every chunk).
 """
 
 from __future__ import annotations
@@ -98,6 +102,38 @@ def _state(root: Path, name: str) -> dict[str, Any]:
         return {}
 
 
+def _observe(root: Path, name: str, stop: threading.Event, listed: list[tuple[int, int]]) -> None:
+    """Poll run ``name`` every 2 s as the follow does, in this process, until ``stop``:
+    (metrics objects, log objects) each poll listed."""
+    from orchestrator.readers.loaders import StoredRun
+    from orchestrator.readers.logs import LogFollower
+    from xrun_contract.storage import open_storage
+
+    storage = open_storage(str(root))
+    reader, follower = StoredRun(storage, name), LogFollower(storage, name)
+    while not stop.wait(2.0):
+        try:
+            reader.poll()
+            for _ in follower.poll():
+                pass
+        except Exception:  # noqa: BLE001 - a poll before the run's first objects: the next one
+            continue
+        listed.append((reader.listed, follower.listed))
+
+
+def _per_poll(listed: list[tuple[int, int]], polls: int = 5) -> dict[str, Any]:
+    """Objects listed per poll (metrics + logs): the median of the first polls after the
+    first (which reads what is there) and of the last ones."""
+    import statistics
+
+    totals = [m + g for m, g in listed]
+    first, last = totals[1:1 + polls], totals[-polls:]
+    return {"polls": len(totals),
+            "objects_listed_per_poll_start": statistics.median(first) if first else None,
+            "objects_listed_per_poll_end": statistics.median(last) if last else None,
+            "objects_listed_per_poll_max_after_first": max(totals[1:], default=None)}
+
+
 def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0) -> dict[str, Any]:
     """Run the reference and the soak under ``root``; the figures, and the checks' verdicts."""
     t0 = time.monotonic()
@@ -115,6 +151,10 @@ def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0) -> dict[
     for t in readers:
         t.start()
     samples: list[tuple[float, int, int]] = []  # (seconds, restarts, RSS KiB)
+    listed: list[tuple[int, int]] = []
+    stop_observing = threading.Event()
+    observer = threading.Thread(target=_observe, args=(root, "soak", stop_observing, listed), daemon=True)
+    observer.start()
     deadline = time.monotonic() + timeout_s
     while follow.poll() is None:
         if time.monotonic() > deadline:
@@ -124,6 +164,8 @@ def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0) -> dict[
         if rss is not None:
             samples.append((time.monotonic() - t0, int(_state(root, "soak").get("restarts") or 0), rss))
         time.sleep(0.5)
+    stop_observing.set()
+    observer.join(60)
     for t in readers:
         t.join(30)
     wait = _xrun(root, "wait", "ref", "--timeout", str(timeout_s), timeout=timeout_s + 60)
@@ -136,7 +178,7 @@ def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0) -> dict[
     state = _state(root, "soak")
     objects = _objects(root, "soak")
     final, reference = _final_loss(root, "soak", steps), _final_loss(root, "ref", steps)
-    figures = {
+    figures: dict[str, Any] = {
         "steps": steps, "restart_every": every, "restarts": state.get("restarts"),
         "soak_state": state.get("state"), "follow_exit": follow.returncode, "reference_wait_exit": wait.returncode,
         "wall_seconds": round(time.monotonic() - t0, 1),
@@ -145,6 +187,9 @@ def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0) -> dict[
         "stored_log_lines": sum(stored.values()), "followed_log_lines": sum(followed.values()),
         "lines_missing": sum((stored - followed).values()), "lines_extra": sum((followed - stored).values()),
         "objects": objects, "final_loss": final, "reference_final_loss": reference,
+        # what each poll listed before #53's cursors: every chunk of the run, at its end this many
+        "follow_listing": {**_per_poll(listed), "objects_a_whole_listing_holds_at_end":
+                           objects["metrics_chunks"] + objects["log_chunks"]},
     }
     figures["checks"] = {
         "succeeded": follow.returncode == 0 and state.get("state") == "Succeeded" and wait.returncode == 0,

@@ -21,7 +21,7 @@ for TensorStore) and shape what it sees:
   reaching the emulator. TensorStore retries 429/5xx with backoff and fails at once on 403.
 
 Bounded: it serves at most ``lifetime_s`` seconds and then stops by itself; ``stop()`` ends it
-earlier. ``stats`` counts requests, bytes and injected faults.
+earlier. ``stats`` counts requests, bytes and injected faults; ``requests`` lists them.
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         url = urllib.parse.unquote(self.path)
         proxy.stats.requests += 1
+        if len(proxy.requests) < 100_000:
+            proxy.requests.append((self.command, self.path))
         body = self._read_body(proxy)
         fault = proxy._fault(self.command, url)
         if fault == "drop":
@@ -169,6 +171,9 @@ class GCSProxy:
         self.upstream_host, self.upstream_port = parsed.hostname or "127.0.0.1", parsed.port or 80
         self.lifetime_s, self.chunk = lifetime_s, chunk
         self.stats = Stats()
+        # (method, raw path and query) of every request, in order (the first 100,000): what a
+        # test asserts a client asked (a listing's startOffset, how many requests a poll made).
+        self.requests: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._rate: float | None = None
         self._next_free = 0.0

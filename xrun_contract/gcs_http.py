@@ -31,6 +31,7 @@ from xrun_contract.gcs_rest import (
 )
 from xrun_contract.storage_base import (
     ObjectInfo,
+    Objects,
     Storage,
     StorageError,
     check_key,
@@ -104,6 +105,11 @@ class GCSHttpStorage(Storage):
         key = check_key(key).strip("/")
         return f"{self.prefix}/{key}" if self.prefix else key
 
+    def _offset(self, start: str) -> str:
+        """A key as a listing's bound: its trailing '/' kept (``a/`` sorts after ``a-b``)."""
+        start = check_key(start).lstrip("/")
+        return f"{self.prefix}/{start}" if self.prefix else start
+
     def _object_url(self, key: str, query: dict[str, str] | None = None) -> str:
         return object_url(self.api, self.bucket_name, self._name(key), query)
 
@@ -134,7 +140,9 @@ class GCSHttpStorage(Storage):
         status, _ = self._request("delete", key, "DELETE", self._object_url(key), ok_404=True)
         return status != 404
 
-    def list(self, prefix: str, delimiter: str | None = "/") -> tuple[list[ObjectInfo], list[str]]:
+    listing_cost = 100  # objects: what a request's round trip costs against a page's items
+
+    def _list(self, prefix: str, delimiter: str | None, start: str) -> tuple[list[ObjectInfo], list[str]]:
         name = self._name(prefix)
         name = f"{name}/" if name else ""
         objects: list[ObjectInfo] = []
@@ -144,6 +152,8 @@ class GCSHttpStorage(Storage):
             query: dict[str, str] = {"prefix": name}
             if delimiter:
                 query["delimiter"] = delimiter
+            if start.strip("/"):
+                query["startOffset"] = self._offset(start)
             if token:
                 query["pageToken"] = token
             _, data = self._request("list", prefix, "GET", list_url(self.api, self.bucket_name, query))
@@ -158,6 +168,13 @@ class GCSHttpStorage(Storage):
                 break
         objects.sort(key=lambda o: o.key)
         return objects, sorted(prefixes)
+
+    def list(self, prefix: str, delimiter: str | None = "/") -> tuple[list[ObjectInfo], list[str]]:
+        return self._list(prefix, delimiter, "")
+
+    def list_from(self, prefix: str, start: str) -> Objects:
+        """objects.list's ``startOffset`` (names lexicographically equal to or after it)."""
+        return self._list(prefix, None, start)[0]
 
     def _key(self, name: str) -> str:
         return name[len(self.prefix) + 1:] if self.prefix else name

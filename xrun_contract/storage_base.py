@@ -202,6 +202,9 @@ class ObjectInfo:
     updated: float  # unix seconds
 
 
+Objects = list[ObjectInfo]  # (``Storage.list`` hides the builtin inside the classes)
+
+
 class Storage:
     """Keys are '/'-separated paths relative to the root."""
 
@@ -220,6 +223,18 @@ class Storage:
         the trailing '/'. With ``delimiter=None`` every object below is returned.
         """
         raise NotImplementedError
+
+    # What one listing request costs, in objects listed: a reader picks one listing of many
+    # writers' chunks or one per writer by it. 0 where a listing is a folder read (local).
+    listing_cost = 0
+
+    def list_from(self, prefix: str, start: str) -> Objects:
+        """Every object below ``prefix`` (recursively) whose key sorts at or after ``start``,
+        in key order: what a follow lists to find only the chunks written since its last
+        poll. Here a whole listing, filtered; GCS asks the store (``startOffset``), a folder
+        skips the names before ``start`` without reading their metadata."""
+        objects, _ = self.list(prefix, delimiter=None)
+        return [o for o in objects if o.key >= start]
 
     def delete_prefix(self, prefix: str) -> int:
         raise NotImplementedError

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.readers.cursor import AttemptCursor
 from orchestrator.readers.logparse import READ_CHARS, LogParser
 from orchestrator.readers.record import RunRecord, _maybe_json, format_params
 from orchestrator.readers.seen import SeenKeys
@@ -308,6 +309,8 @@ class StoredRun:
         self.storage, self.name = storage, name
         self.rec = RunRecord(name=name, source=storage.url(Layout.run(name)), kind="storage")
         self._seen = SeenKeys()  # bounded: a range per writer, not a name per chunk
+        self._cursor = AttemptCursor()  # each poll lists the chunks from the last one read
+        self.listed = 0  # metrics objects the last poll listed (what its listing cost)
         self.bad_lines = 0
         self.found = False  # run.json or state.json exists
 
@@ -321,23 +324,38 @@ class StoredRun:
         if run:
             apply_run_json(self.rec, run)
         if metrics:
-            objects, _ = self.storage.list(Layout.metrics(self.name))
-            new = [o.key for o in objects if o.key not in self._seen]
-            if not self._seen and len(new) > METRICS_ROLLUP_EVERY:
-                new = self._with_rollups(new)
-            # Fetched together (a long run has a chunk per 2 s), folded in key order.
-            for key, data in zip(new, _read_many(self.storage, new), strict=True):
-                if data is None:
-                    continue
-                self._seen.add(key)
-                self.bad_lines += read_jsonl_lines(
-                    self.rec, data.decode("utf-8", errors="replace").splitlines())
+            self._poll_metrics()
         if state:
             apply_state(self.rec, state)
         self.found = self.found or run is not None or state is not None or bool(self.rec.problems)
         if self.rec.problems:
             mark_unknown(self.rec)
         return self.rec
+
+    def _poll_metrics(self) -> None:
+        """The metrics chunks listed from the last one read (``AttemptCursor``: new chunks
+        and new attempts sort after it), each new one read and folded once, in key order."""
+        folder = Layout.metrics(self.name)
+        self._cursor.begin()
+        objects = self.storage.list_from(folder, self._cursor.start(f"{folder}/attempt-", "-"))
+        self.listed = len(objects)
+        new = [o.key for o in objects if o.key not in self._seen]
+        if not self._seen and len(new) > METRICS_ROLLUP_EVERY:
+            new = self._with_rollups(new)
+        # Fetched together (a long run has a chunk per 2 s), folded in key order.
+        for key, data in zip(new, _read_many(self.storage, new), strict=True):
+            if data is None:
+                continue
+            self._mark(key)
+            self.bad_lines += read_jsonl_lines(
+                self.rec, data.decode("utf-8", errors="replace").splitlines())
+        self._cursor.end()
+
+    def _mark(self, key: str) -> None:
+        self._seen.add(key)
+        m = METRICS_CHUNK_RE.search(key)
+        if m and "/metrics/" in key:  # a rollup (metrics-rollup/) is not a chunk of the folder
+            self._cursor.read(int(m[1]), int(m[2]))
 
     def _with_rollups(self, keys: list[str]) -> list[str]:
         """The objects to read for every record of ``keys`` (all metrics chunks, in order):
@@ -363,7 +381,7 @@ class StoredRun:
             attempt, seq, tag = int(m[1]), int(m[2]), m[3] or ""
             rollup = best.get((attempt, tag))
             if rollup is not None and seq <= rollup[0]:
-                self._seen.add(key)
+                self._mark(key)
                 if (attempt, tag) not in placed:  # where its first chunk was
                     placed.add((attempt, tag))
                     out.append(((attempt, seq, 0), rollup[1]))

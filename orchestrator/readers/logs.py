@@ -3,18 +3,20 @@
 The pod's log-shipping sidecar ships each host's output to ``runs/<name>/logs/<slice>-<host>/attempt-NNN/``
 as numbered chunk objects; reading them back works from a folder or gs:// after the pods
 are gone. Listing is one (paged) listing of the run's logs folder, or one per host asked
-for; a tail reads chunks from the newest back, only as many as it needs.
+for; a tail reads chunks from the newest back, only as many as it needs; a follow lists each
+host's chunks from the last one it read (``LogFollower``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from orchestrator.readers.cursor import AttemptCursor
 from orchestrator.readers.seen import SeenKeys
-from xrun_contract import ATTEMPT_RE, Layout, split_stamp
-from xrun_contract.storage import Storage
+from xrun_contract import ATTEMPT_RE, CHUNK_SEQ_RE, Layout, split_stamp
+from xrun_contract.storage import ObjectInfo, Storage
 
 StampedLine = tuple[str, int, float, str]  # (host, attempt, epoch seconds, text)
 
@@ -35,14 +37,25 @@ def list_log_chunks(storage: Storage, name: str, hosts: set[str] | None = None) 
     chunks: list[LogChunk] = []
     for prefix in ([f"{base}/{h}" for h in sorted(hosts)] if hosts else [base]):
         objects, _ = storage.list(prefix, delimiter=None)
-        for o in objects:
-            parts = o.key[len(base) + 1:].split("/")
-            if len(parts) != 3 or (hosts and parts[0] not in hosts):
-                continue
-            m = ATTEMPT_RE.fullmatch(parts[1])
-            if m:
-                chunks.append(LogChunk(parts[0], int(m[1]), o.key, o.updated))
-    # Merge order: attempt, then write time, then host and sequence.
+        chunks += log_chunks(base, objects, hosts)
+    return merge_order(chunks)
+
+
+def log_chunks(base: str, objects: Iterable[ObjectInfo], hosts: set[str] | None = None) -> list[LogChunk]:
+    """The objects that are log chunks (``<base>/<host>/attempt-NNN/<chunk>``)."""
+    chunks = []
+    for o in objects:
+        parts = o.key[len(base) + 1:].split("/")
+        if len(parts) != 3 or (hosts and parts[0] not in hosts):
+            continue
+        m = ATTEMPT_RE.fullmatch(parts[1])
+        if m:
+            chunks.append(LogChunk(parts[0], int(m[1]), o.key, o.updated))
+    return chunks
+
+
+def merge_order(chunks: list[LogChunk]) -> list[LogChunk]:
+    """Merge order: attempt, then write time, then host and sequence."""
     chunks.sort(key=lambda c: (c.attempt, c.updated, c.host, c.key))
     return chunks
 
@@ -113,14 +126,68 @@ class LogFollower:
                  since: float | None = None):
         self.storage, self.name, self.hosts, self.since = storage, name, hosts, since
         self.seen = SeenKeys()  # bounded: a range per writer, not a name per chunk
+        # Per host, where its next listing starts (``AttemptCursor``): a poll lists the
+        # chunks each host wrote since the last one read, not every chunk of the run.
+        self.cursors: dict[str, AttemptCursor] = {}
+        self.chunks_read = 0
+        self.listed = 0  # objects the last poll listed (what its listings cost)
+
+    def _list(self) -> list[LogChunk]:
+        """This poll's listing. One listing of the whole logs folder costs a request per
+        1,000 chunks of the run; one per host from its cursor costs a request per host and
+        lists only what is new. Per host once the run holds more chunks than its hosts'
+        requests cost (at once on a folder; on GCS past ~100 chunks a host), and always for
+        the hosts asked for. A host not seen yet is found by a delimiter listing of the
+        logs folder (its host folders: one entry a host, whatever the chunks)."""
+        base = Layout.logs(self.name)
+        hosts = sorted(self.hosts) if self.hosts else None
+        if hosts is None:
+            cost = self.storage.listing_cost * max(1, len(self.cursors))
+            if cost > self.chunks_read:
+                for cursor in self.cursors.values():  # floors move on here too
+                    cursor.begin()
+                chunks = list_log_chunks(self.storage, self.name)
+                self.listed = len(chunks)
+                for c in chunks:
+                    self.cursors.setdefault(c.host, AttemptCursor())
+                return chunks
+            _, prefixes = self.storage.list(base)
+            hosts = [p.rsplit("/", 1)[-1] for p in prefixes]
+        for h in hosts:
+            self.cursors.setdefault(h, AttemptCursor()).begin()
+
+        def one(h: str) -> list[ObjectInfo]:
+            return self.storage.list_from(f"{base}/{h}", self.cursors[h].start(f"{base}/{h}/attempt-", "/"))
+
+        if len(hosts) < 3:
+            listed = [one(h) for h in hosts]
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(FOLLOW_THREADS) as pool:
+                listed = list(pool.map(one, hosts))
+        self.listed = sum(len(x) for x in listed)
+        return merge_order([c for objects in listed for c in log_chunks(base, objects, self.hosts)])
+
+    def skip(self, chunks: Iterable[LogChunk]) -> None:
+        """Take ``chunks`` as read (a tail printed them): the follow goes on after them."""
+        for c in chunks:
+            self._read(c)
+
+    def _read(self, c: LogChunk) -> None:
+        self.seen.add(c.key)
+        self.chunks_read += 1
+        m = CHUNK_SEQ_RE.search(c.key)
+        if m:
+            self.cursors.setdefault(c.host, AttemptCursor()).read(c.attempt, int(m[1]))
 
     def poll_stamped(self) -> Iterator[StampedLine]:
         new = []
-        for c in list_log_chunks(self.storage, self.name, self.hosts):
+        for c in self._list():
             if c.key in self.seen:
                 continue
             if self.since is not None and c.updated < self.since:
-                self.seen.add(c.key)
+                self._read(c)
                 continue
             new.append(c)
         # A poll of a thousand hosts finds a new chunk for each: read FOLLOW_THREADS at
@@ -135,8 +202,10 @@ class LogFollower:
                 for c, lines in zip(batch, read, strict=True):
                     if lines is None:
                         continue
-                    self.seen.add(c.key)
+                    self._read(c)
                     yield from lines
+        for cursor in self.cursors.values():  # every chunk listed is read: on from there
+            cursor.end()
 
     def poll(self) -> Iterator[tuple[str, int, str]]:
         for host, attempt, _t, line in self.poll_stamped():

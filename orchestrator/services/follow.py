@@ -9,8 +9,10 @@ What a tick costs does not grow with the run: a backend that can watch (kube:
 ``KubeBackend.watch``) answers from its list-then-watch cache, so a tick makes no request;
 state.json is written only when the state or the restart count changes (not read back each
 tick); storage is polled every ``storage_seconds``, each poll one listing of the metrics
-and one of the checkpoints; with logs, a thread of its own lists every host's chunks (one
-paged listing) and reads the new ones, spaced by how long that takes.
+chunks written since the last one read (``orchestrator.readers.cursor``) and one of the
+checkpoints; with logs, a thread of its own lists the hosts' new chunks (from each host's
+last chunk read; early in a run of many hosts on GCS, one paged listing of them all) and
+reads them, spaced by how long that takes.
 """
 
 from __future__ import annotations
@@ -122,9 +124,9 @@ def _follow(storage: Storage, name: str, backend: Backend, logs: bool,
 
 
 class _LinePoller:
-    """Every host's new log lines, polled from storage in a thread of its own: a poll lists
-    every chunk of the run (a request per 1,000), which at a thousand hosts takes longer
-    than a tick, and must not hold up the state's ticks. Polls are spaced by
+    """Every host's new log lines, polled from storage in a thread of its own: a poll makes a
+    listing per host (or one of every chunk, a request per 1,000), which at a thousand hosts
+    takes longer than a tick, and must not hold up the state's ticks. Polls are spaced by
     ``every`` or by four times what the last one took, whichever is longer."""
 
     def __init__(self, follower: LogFollower, every: float):

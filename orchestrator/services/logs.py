@@ -157,7 +157,7 @@ def stamped_log_lines(storage: Storage, name: str, backend: Backend, *, follow: 
     elif tail is not None or tail_per_host is not None:
         # only the chunks the tail needs, newest first (follow goes on from every chunk seen)
         chunks = list_log_chunks(storage, name, hosts)
-        follower.seen.update(c.key for c in chunks)  # -f goes on after them
+        follower.skip(chunks)  # -f goes on after them
         yield from tail_lines(storage, name, hosts=hosts, since=since, tail=tail,
                               tail_per_host=tail_per_host, keep=keep, attempts=stored_attempt,
                               chunks=chunks)
