@@ -141,8 +141,8 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("render-storage-scheme", R("--storage", "ftp://host/x"), 2, "storage"),
     # render: files
     ("render-nonutf8-file", ["render", "-f", "nonutf8.yaml"], 2, "not UTF-8"),
-    ("render-deep-yaml", ["render", "-f", "deep.yaml"], 2, "run file"),
-    ("render-deep-map-yaml", ["render", "-f", "deepmap.yaml"], 2, "run file"),
+    ("render-deep-yaml", ["render", "-f", "deep.yaml"], 2, "run file: deep.yaml is nested too deeply (over 100"),
+    ("render-deep-map-yaml", ["render", "-f", "deepmap.yaml"], 2, "deepmap.yaml is nested too deeply (over 100"),
     ("render-dup-keys", ["render", "-f", "dup.yaml"], 2, "duplicate key"),
     ("render-not-mapping", ["render", "-f", "list.yaml"], 2, "mapping"),
     ("render-unknown-key", ["render", "-f", "unknown.yaml"], 2, "bogus"),
@@ -174,7 +174,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("submit-steps-neg", S("--command", f"{TRAIN} steps=-1"), 2, "steps"),
     ("submit-preset-nope", S("--command", f"{TRAIN} --preset nope"), 2, "preset"),
     ("submit-nonutf8-file", ["submit", "-f", "nonutf8.yaml"], 2, "UTF-8"),
-    ("submit-deep-yaml", ["submit", "-f", "deep.yaml"], 2, "run file"),
+    ("submit-deep-yaml", ["submit", "-f", "deep.yaml"], 2, "run file: deep.yaml is nested too deeply (over 100"),
     ("submit-yaml-bomb", ["submit", "-f", "bomb.yaml"], 2, "YAML aliases are not allowed"),
     ("submit-fifo-file", ["submit", "-f", "fifo.yaml"], 2, "not a regular file"),
     ("submit-codes-huge-range", S("--restartable-exit-codes", "1-99999999"), 2, "restartable_exit_codes"),
@@ -254,7 +254,7 @@ CASES: list[tuple[str, list[str], int, str]] = [
     # nightly
     ("nightly-nonutf8", ["nightly", "-f", "nightly-nonutf8.yaml", "--dry-run"], 2, "UTF-8"),
     ("nightly-dup-keys", ["nightly", "-f", "nightly-dup.yaml", "--dry-run"], 2, "duplicate key"),
-    ("nightly-deep", ["nightly", "-f", "deep.yaml", "--dry-run"], 2, ""),
+    ("nightly-deep", ["nightly", "-f", "deep.yaml", "--dry-run"], 2, "nested too deeply (over 100"),
     ("nightly-missing", ["nightly", "-f", "missing.yaml", "--dry-run"], 2, "missing.yaml"),
     ("nightly-yaml-bomb", ["nightly", "-f", "nightly-bomb.yaml", "--dry-run"], 2, "YAML aliases are not allowed"),
     ("nightly-big-file", ["nightly", "-f", "big.yaml", "--dry-run"], 2, "at most 1048576"),

@@ -149,3 +149,19 @@ def test_the_status_hosts_render_as_rich_renders_their_text():
                     Console(file=buf, width=width, soft_wrap=soft_wrap, **colour).print(table)
                     outs.append(buf.getvalue())
                 assert outs[0] == outs[1], (colour, width, soft_wrap)
+
+
+def test_flow_depth_is_counted_outside_quotes_and_comments_and_100_levels_still_load():
+    """Run files are refused past MAX_FLOW_DEPTH nested brackets before PyYAML's scanner
+    (quadratic in that depth) sees them; brackets inside quoted scalars and comments do not
+    count, and a file at the limit still loads."""
+    from orchestrator.runfile import MAX_FLOW_DEPTH, flow_depth, load_yaml_mapping
+
+    text = "a: [1, [2, {b: '[[[', c: \"x[\\\"[[\"}]]  # [[[[\nd: 3 #{{{{\n"
+    assert flow_depth(text) == 3
+    assert load_yaml_mapping(text, "run file", "f.yaml") == {"a": [1, [2, {"b": "[[[", "c": 'x["[['}]], "d": 3}
+    at_limit = "a: " + "[" * MAX_FLOW_DEPTH + "]" * MAX_FLOW_DEPTH + "\n"
+    value = load_yaml_mapping(at_limit, "run file", "f.yaml")["a"]
+    for _ in range(MAX_FLOW_DEPTH - 1):
+        (value,) = value
+    assert value == []
