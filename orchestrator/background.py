@@ -1,10 +1,41 @@
-"""A call run beside the caller's own work, for one-shot commands that wait on the network."""
+"""Calls run beside the caller's own work: one in a thread of its own (:class:`Background`,
+for one-shot commands that wait on the network), or many over one process-wide pool
+(:func:`io_map`, for the readers' concurrent storage requests)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+IO_THREADS = 8  # below the storage client's connection pool (10)
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+_in_pool = threading.local()
+
+
+def _mark_worker() -> None:
+    _in_pool.yes = True
+
+
+def io_map(fn: Callable[[T], R], items: Iterable[T], *, inline_below: int = 3) -> Iterator[R]:
+    """``fn`` over ``items``, results in order, IO_THREADS at a time on one pool the process
+    keeps: a follow polls storage every 2 s for days, and a pool made per poll made and
+    ended threads each time (and with them allocator arenas and stacks). Fewer than
+    ``inline_below`` items, or a call from one of the pool's own threads (which would wait
+    on itself), run here, one after the other."""
+    items = list(items)
+    if len(items) < inline_below or getattr(_in_pool, "yes", False):
+        return map(fn, items)
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="xrun-io", initializer=_mark_worker)
+    return _pool.map(fn, items)
 
 
 class Background:

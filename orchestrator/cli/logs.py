@@ -121,7 +121,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
                 screen.line(host, attempt, line, stamp_of(t))
                 printed += 1
             if not printed:  # silence would read as a hang or a broken command
-                _no_lines(name, runs.live_view(reader, backend, warn),
+                _no_lines(name, runs.live_view(reader, backend, warn, goodput=False),
                           bool(hosts or since_ts or grep or exclude or tail == 0 or tail_per_host == 0
                                or only_attempt is not None))
             return EXIT_OK
@@ -132,11 +132,11 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
                     screen.line(host, attempt, line, stamp_of(t))
                     printed += 1
                 else:
-                    screen.update(runs.live_view(reader, backend, warn))
+                    screen.update(runs.live_view(reader, backend, warn, goodput=False))
     except KeyboardInterrupt:
         info(f"stopped following {name}; the run itself is not stopped ('xrun delete {name}' stops it)")
         return EXIT_INTERRUPTED
-    view = runs.live_view(reader, backend, warn)  # the follow ends when the run does: say how
+    view = runs.live_view(reader, backend, warn, goodput=False)  # the follow ends when the run does: say how
     msg = f" ({view['message']})" if view.get("message") else ""
     info(f"run {name} ended: {view['state']}{msg}" + ("" if printed else "; it wrote no log lines"))
     return EXIT_OK

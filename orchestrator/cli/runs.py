@@ -330,7 +330,8 @@ def follow_run(sub: runs.Submitted, show_logs: bool, *, verbose: bool = False,
             live_ctx.start()
         if screen:
             screen.__enter__()
-        for event in following.follow(sub.storage, name, sub.backend, logs=show_logs, warn=warn):
+        for event in following.follow(sub.storage, name, sub.backend, logs=show_logs, warn=warn,
+                                      live_goodput=table_screen):
             if isinstance(event, following.Line):
                 if screen:
                     screen.line(event.host, event.attempt, event.text)

@@ -113,21 +113,16 @@ def stall(rec: RunRecord, state: str, restarts: int, now: float,
     steps = rec.steps
     if floor <= 0 or state != "Running" or not len(steps):
         return None
-    step_times = _finite(steps.time)
-    if not step_times:
+    last_step_time = steps.last_time()
+    if last_step_time is None:
         return None  # a log without times: nothing to measure from
-    last_step_time = max(step_times)
     activity = [last_step_time,
                 *_finite(c.get("time") for c in rec.checkpoints),
                 *_finite(p.get("time") for p in rec.phases),
                 *_finite(t.get("time") for t in rec.transitions)]
     idle = now - max(activity)
-    firsts: dict[int, int] = {}
-    steady = []
-    for i, attempt in enumerate(steps.attempt):
-        if firsts.setdefault(attempt, i) != i:
-            steady.append(steps.seconds[i])
-    slowest = max(_finite(steady), default=0.0)
+    slowest = steps.slowest_after_first()
+    slowest = 0.0 if slowest is None else slowest
     saves = _finite(c.get("seconds") for c in rec.checkpoints
                     if c.get("event") in ("committed", "blocked", "waited", "exit_wait"))
     longest_save = max(saves, default=0.0)
@@ -136,7 +131,7 @@ def stall(rec: RunRecord, state: str, restarts: int, now: float,
              f"{STALL_SAVE_FACTOR} x the longest save, {longest_save:.3g}s": STALL_SAVE_FACTOR * longest_save}
     if steps.attempt[-1] < restarts:  # a restart that has not logged a step yet
         startups = _finite(p.get("seconds") for p in rec.phases if p.get("phase") == "first_step")
-        startup = max(startups or _finite(steps.seconds[i] for i in firsts.values()), default=0.0)
+        startup = max(startups or _finite(steps.seconds[i] for i in steps.first_rows().values()), default=0.0)
         terms[f"{STALL_STARTUP_FACTOR} x the longest start-up, {startup:.3g}s"] = STALL_STARTUP_FACTOR * startup
     limit = max(terms.values())
     if idle <= limit:

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.background import io_map
 from orchestrator.readers.cursor import AttemptCursor
 from orchestrator.readers.logparse import READ_CHARS, LogParser
 from orchestrator.readers.record import RunRecord, _maybe_json, format_params
@@ -401,17 +402,9 @@ class StoredRun:
         return obj
 
 
-READ_THREADS = 8  # below the storage client's connection pool (10)
-
-
 def _read_many(storage: Storage, keys: list[str]) -> list[bytes | None]:
     """The objects' contents, in order; several at once when there are several."""
-    if len(keys) < 3:
-        return [storage.read_bytes(k) for k in keys]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(READ_THREADS) as pool:
-        return list(pool.map(storage.read_bytes, keys))
+    return list(io_map(storage.read_bytes, keys))
 
 
 def record_problems(storage: Storage, name: str) -> list[str]:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from orchestrator.background import io_map
 from orchestrator.readers.cursor import AttemptCursor
 from orchestrator.readers.seen import SeenKeys
 from xrun_contract import ATTEMPT_RE, CHUNK_SEQ_RE, Layout, split_stamp
@@ -84,8 +85,6 @@ def tail_lines(storage: Storage, name: str, *, hosts: set[str] | None = None,
     but reading chunks from the newest back only until enough lines are found: a tail of
     100 lines reads a chunk or two, not every host's whole log. ``chunks``: a listing
     already made."""
-    from concurrent.futures import ThreadPoolExecutor
-
     chunks = [c for c in (list_log_chunks(storage, name, hosts) if chunks is None else chunks)
               if attempts(c.attempt) and (since is None or c.updated >= since)]
     Keyed = tuple[int, int, StampedLine]  # (chunk's place in merge order, line in chunk, line)
@@ -103,15 +102,13 @@ def tail_lines(storage: Storage, name: str, *, hosts: set[str] | None = None,
         by_host: dict[str, list[int]] = {}
         for i, c in enumerate(chunks):
             by_host.setdefault(c.host, []).append(i)
-        with ThreadPoolExecutor(8) as pool:
-            keyed = sorted(k for got in pool.map(lambda o: last(o, tail_per_host), by_host.values())
-                           for k in got)
+        keyed = sorted(k for got in io_map(lambda o: last(o, tail_per_host), by_host.values())
+                       for k in got)
         lines = [x for _i, _j, x in keyed]
         return (lines[len(lines) - tail:] if tail else []) if tail is not None else lines
     return [x for _i, _j, x in last(list(range(len(chunks))), tail)]
 
 
-FOLLOW_THREADS = 8  # below the storage client's connection pool (10)
 FOLLOW_BATCH = 64  # chunks read ahead of the lines yielded (a 256 KiB chunk: 16 MiB at most)
 
 
@@ -159,13 +156,7 @@ class LogFollower:
         def one(h: str) -> list[ObjectInfo]:
             return self.storage.list_from(f"{base}/{h}", self.cursors[h].start(f"{base}/{h}/attempt-", "/"))
 
-        if len(hosts) < 3:
-            listed = [one(h) for h in hosts]
-        else:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(FOLLOW_THREADS) as pool:
-                listed = list(pool.map(one, hosts))
+        listed = list(io_map(one, hosts))
         self.listed = sum(len(x) for x in listed)
         return merge_order([c for objects in listed for c in log_chunks(base, objects, self.hosts)])
 
@@ -190,20 +181,17 @@ class LogFollower:
                 self._read(c)
                 continue
             new.append(c)
-        # A poll of a thousand hosts finds a new chunk for each: read FOLLOW_THREADS at
-        # once (one after the other they took tens of seconds), a batch at a time so
-        # memory stays bounded, lines in listing order.
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(FOLLOW_THREADS) as pool:
-            for i in range(0, len(new), FOLLOW_BATCH):
-                batch = new[i:i + FOLLOW_BATCH]
-                read = pool.map(lambda c: read_chunk_lines(self.storage, c, self.since), batch)
-                for c, lines in zip(batch, read, strict=True):
-                    if lines is None:
-                        continue
-                    self._read(c)
-                    yield from lines
+        # A poll of a thousand hosts finds a new chunk for each: read IO_THREADS at once
+        # (one after the other they took tens of seconds), a batch at a time so memory
+        # stays bounded, lines in listing order.
+        for i in range(0, len(new), FOLLOW_BATCH):
+            batch = new[i:i + FOLLOW_BATCH]
+            read = io_map(lambda c: read_chunk_lines(self.storage, c, self.since), batch)
+            for c, lines in zip(batch, read, strict=True):
+                if lines is None:
+                    continue
+                self._read(c)
+                yield from lines
         for cursor in self.cursors.values():  # every chunk listed is read: on from there
             cursor.end()
 

@@ -5,7 +5,9 @@ change into storage), and yields the view; every ``storage_seconds`` it also fol
 metrics and checkpoints into the run's record and, with logs, yields the hosts' new lines
 first. The last view is yielded as :class:`Done`.
 
-What a tick costs does not grow with the run: a backend that can watch (kube:
+What a tick costs does not grow with the run (the goodput, which walks every step, is
+computed for the summary only, unless the screen shows it: ``live_goodput``; the stall
+check and the phase's start read aggregates the step series keeps): a backend that can watch (kube:
 ``KubeBackend.watch``) answers from its list-then-watch cache, so a tick makes no request;
 state.json is written only when the state or the restart count changes (not read back each
 tick); storage is polled every ``storage_seconds``, each poll one listing of the metrics
@@ -31,7 +33,7 @@ from orchestrator.readers.checkpoints import list_checkpoints
 from orchestrator.readers.loaders import StoredRun
 from orchestrator.readers.logs import LogFollower
 from orchestrator.services.runcore import record_state
-from orchestrator.services.view import run_view
+from orchestrator.services.view import goodput_of, run_view
 from xrun_contract import is_terminal
 from xrun_contract.errors import XrunError
 from xrun_contract.storage import Storage
@@ -70,15 +72,17 @@ Event = Tick | Line | Ended | Done
 def follow(storage: Storage, name: str, backend: Backend, *, logs: bool = False,
            warn: Callable[[str], None] | None = None,
            tick_seconds: float = TICK_SECONDS,
-           storage_seconds: float = STORAGE_SECONDS) -> Iterator[Event]:
+           storage_seconds: float = STORAGE_SECONDS, live_goodput: bool = False) -> Iterator[Event]:
+    """``live_goodput``: every Tick's view carries the goodput (a screen that shows it);
+    else only Ended's and Done's, for the summary (``run_view``'s ``goodput``)."""
     watch = getattr(backend, "watch", None)
     with watch(name) if watch is not None else contextlib.nullcontext():
-        yield from _follow(storage, name, backend, logs, warn, tick_seconds, storage_seconds)
+        yield from _follow(storage, name, backend, logs, warn, tick_seconds, storage_seconds, live_goodput)
 
 
 def _follow(storage: Storage, name: str, backend: Backend, logs: bool,
             warn: Callable[[str], None] | None, tick_seconds: float,
-            storage_seconds: float) -> Iterator[Event]:
+            storage_seconds: float, live_goodput: bool) -> Iterator[Event]:
     reader = StoredRun(storage, name)
     lines = _LinePoller(LogFollower(storage, name), storage_seconds) if logs else None
     recorded: tuple[str, int] | None = None
@@ -96,9 +100,10 @@ def _follow(storage: Storage, name: str, backend: Backend, logs: bool,
             # hosts' last lines (a whole poll of every host's chunks: seconds at a thousand
             # hosts) come after it, as Ended says for the end.
             if ended and lines is not None:
-                yield Ended(run_view(storage, reader.rec, live, checkpoints=checkpoints))
+                yield Ended(run_view(storage, reader.rec, live, checkpoints=checkpoints, goodput=live_goodput))
             elif changed and not ended and recorded is not None:  # (the first view: after the poll below)
-                yield Tick(run_view(storage, reader.rec, live, checkpoints=checkpoints, stall_floor=floor))
+                yield Tick(run_view(storage, reader.rec, live, checkpoints=checkpoints, stall_floor=floor,
+                                    goodput=live_goodput))
             if changed:
                 assert live is not None
                 record_state(storage, name, live, backend.name)
@@ -110,8 +115,11 @@ def _follow(storage: Storage, name: str, backend: Backend, logs: bool,
                 polled_at = now
                 reader.poll()
                 checkpoints = list_checkpoints(storage, name)
-            view = run_view(storage, reader.rec, live, checkpoints=checkpoints, stall_floor=floor)
+            view = run_view(storage, reader.rec, live, checkpoints=checkpoints, stall_floor=floor,
+                            goodput=live_goodput)
             if is_terminal(view["state"]):
+                if not live_goodput:  # the summary's
+                    view["goodput"] = goodput_of(reader.rec)
                 if lines is not None:  # the last chunks are written before the pods exit
                     yield from lines.last()
                 yield Done(view)

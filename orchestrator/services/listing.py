@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.backends.base import Backend, BackendStatus
+from orchestrator.background import io_map
 from orchestrator.readers import figures
 from orchestrator.readers.checkpoints import CheckpointInfo, list_checkpoints
 from orchestrator.readers.loaders import read_stored_run
@@ -88,7 +89,6 @@ def matches(run: dict[str, Any], f: RunFilter, now: float) -> bool:
     return not (f.newer_than is not None and (age is None or age > f.newer_than))
 
 
-LIST_THREADS = 8  # below the storage client's connection pool (10)
 
 
 def list_runs(storage: Storage, cluster: Backend | None = None,
@@ -125,10 +125,7 @@ def list_runs(storage: Storage, cluster: Backend | None = None,
 
     # Runs without a summary take a few small reads each, independent: in parallel (1,000
     # runs one after the other is 5,000 round trips in a row).
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(LIST_THREADS) as pool:
-        rows = [r for r in pool.map(read, names) if r is not None]
+    rows = [r for r in io_map(read, names) if r is not None]
     runs = []
     local: Backend | None = None  # made once, for the first live local run
     for row in rows:

@@ -138,9 +138,10 @@ def wait(storage: Storage, name: str, timeout_s: float | None = None, context: s
         time.sleep(poll_seconds if deadline is None else max(0.0, min(poll_seconds, deadline - time.monotonic())))
 
 
-def live_view(reader: StoredRun, backend: Backend, warn: Any = None) -> dict[str, Any]:
-    """One refresh of a followed run: the backend's view, then storage's (incrementally)."""
+def live_view(reader: StoredRun, backend: Backend, warn: Any = None, goodput: bool = True) -> dict[str, Any]:
+    """One refresh of a followed run: the backend's view, then storage's (incrementally);
+    ``goodput``: as ``run_view`` takes it."""
     live = observe(reader.storage, reader.name, backend, warn)
-    return run_view(reader.storage, reader.poll(), live, stall_floor=settings.stall_floor())
+    return run_view(reader.storage, reader.poll(), live, stall_floor=settings.stall_floor(), goodput=goodput)
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from orchestrator.services import code
 from orchestrator.services.listing import (
-    LIST_THREADS,
     Deleted,
     RunFilter,
     checkpoints,
@@ -56,7 +55,7 @@ from orchestrator.services.submit import (
 )
 
 __all__ = [
-    "LIST_THREADS", "RESUME_LOCK_STALE_S", "SHELL_OPERATORS", "STALLED", "Deleted", "RunFilter",
+    "RESUME_LOCK_STALE_S", "SHELL_OPERATORS", "STALLED", "Deleted", "RunFilter",
     "Submitted", "WaitOutcome", "admit", "backend_for", "backend_for_spec", "backend_of",
     "check_workload_args", "checkpoints", "dry_run", "code", "delete", "dump_yaml", "list_runs", "live_view",
     "matches", "observe", "parse_selector", "purge_run", "record_state", "render",

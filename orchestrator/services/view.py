@@ -99,10 +99,12 @@ def _state_from_end(rec: RunRecord) -> str | None:
 
 def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None,
              checkpoints: list[Any] | None = None,
-             stall_floor: float = figures.STALL_FLOOR_S) -> dict[str, Any]:
+             stall_floor: float = figures.STALL_FLOOR_S, goodput: bool = True) -> dict[str, Any]:
     """Everything known about a run, as a plain dict (``checkpoints``: a listing already
     made, else one is made here; ``stall_floor``: the least silence that is a stall,
-    ``figures.stall``)."""
+    ``figures.stall``). ``goodput=False``: None in its place, for a live screen that does
+    not show it: it walks every step of the run, each tick of a follow that would make a
+    20,000-step run's follow cost (and allocate) 20,000 rows twice a second."""
     if checkpoints is None:
         checkpoints = list_checkpoints(storage, rec.name)
     latest = latest_committed(checkpoints)
@@ -147,7 +149,7 @@ def run_view(storage: Storage, rec: RunRecord, live: BackendStatus | None = None
         "phase": phase(rec, current, restarts, hosts, in_progress),
         "phase_since": None,
         "transitions": list(state_info.get("transitions", [])),
-        "goodput": _goodput(rec),
+        "goodput": goodput_of(rec) if goodput else None,
         "stall": figures.stall(rec, current, restarts, time.time(), stall_floor),
     }
     view["phase_since"] = phase_since(rec, view)
@@ -173,19 +175,17 @@ def phase_since(rec: RunRecord, view: dict[str, Any]) -> float | None:
     if ph == "starting":
         return last_transition(RUNNING) or rec.submitted_at
     if ph in ("training", "checkpointing"):
-        steps = rec.steps
-        times = [t for t, a in zip(steps.time, steps.attempt, strict=True) if a >= restarts and t == t]
         began = [p["time"] for p in rec.phases
                  if p.get("phase") == "compiled" and p.get("attempt", 0) >= restarts and p.get("time")]
         if ph == "training":
-            return max(began) if began else (times[0] if times else None)
+            return max(began) if began else rec.steps.first_time_from(restarts)
         return None
     if rec.phase and rec.phase.get("time") is not None:
         return float(rec.phase["time"])
     return None
 
 
-def _goodput(rec: RunRecord) -> dict[str, Any] | None:
+def goodput_of(rec: RunRecord) -> dict[str, Any] | None:
     """Wall-time breakdown (None while there is nothing to break down)."""
     from orchestrator.analysis.goodput import goodput  # statistics and all: when asked
 
