@@ -4,8 +4,11 @@ exactly as a compiled program does; entries made from JAX's own cache entries ru
 entries are misses; anything that changes the program changes the key.
 
 Each run is a fresh Python process (JAX's cache settings are process-wide), one host with 2
-CPU devices. That two hosts train identically from loaded executables (and restore into
-their shardings) is checked in test_workload_hosts.py (kill and resume).
+CPU devices. JAX's cache keys hold the cache folder's path (the XLA autotune cache folder
+under it, ``jax_persistent_cache_enable_xla_caches``, is one of the compile options), so a
+test that needs JAX's cache warm runs in the folder the cold run wrote, never in a copy of
+it. That two hosts train identically from loaded executables (and restore into their
+shardings) is checked in test_workload_hosts.py (kill and resume).
 """
 
 from __future__ import annotations
@@ -41,11 +44,16 @@ from workload.executables import Executables, program_key
 from workload.train import Program
 from xrun_contract.storage import open_storage
 
-cfg = load_config("tiny", sys.argv[3:])
+quick = "--quick-first" in sys.argv  # compile the quick step before the optimized one
+cfg = load_config("tiny", [a for a in sys.argv[3:] if a != "--quick-first"])
 mesh = make_mesh(None)
 batch = cfg.batch_size(jax.device_count())
 key = program_key(cfg.to_dict(), mesh, batch)
-program = Program(cfg, mesh, batch, executables=Executables(open_storage(sys.argv[2]), key))
+program = Program(cfg, mesh, batch, executables=Executables(open_storage(sys.argv[2]), key),
+                  compile_now=not quick)
+if quick:
+    program.compile_quick()
+    program.compile()
 state = program.init()
 source = data.make_source(cfg.data, cfg.data_dtype, cfg.seed, cfg.seq_len, cfg.vocab_size)
 losses = []
@@ -74,24 +82,41 @@ def entries(cache: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.pkl"))
 
 
+def jax_entries(cache: Path) -> list[str]:
+    """JAX's own cache entries (``jit_<function>-<key>-cache``)."""
+    return sorted(p.name for p in cache.iterdir() if p.name.startswith("jit_"))
+
+
+class Cold:
+    """The module's one cold run: the folder it wrote its caches in, a copy of them as the
+    run left them, and what it printed."""
+
+    def __init__(self, cache: Path, pristine: Path, first: dict):
+        self.cache, self.pristine, self.first = cache, pristine, first
+
+    def restore(self) -> tuple[Path, dict]:
+        """The cache folder as the cold run left it, at the path it ran in (see the module's
+        docstring); the tests run one after another in one process (a module fixture)."""
+        shutil.rmtree(self.cache, ignore_errors=True)
+        shutil.copytree(self.pristine, self.cache)
+        return self.cache, self.first
+
+
 @pytest.fixture(scope="module")
-def cold(tmp_path_factory) -> tuple[Path, dict]:
-    """One cold run (JAX's cache and ours empty) for the module: its cache folder and what
-    it printed. Each test starts from a copy of the folder."""
-    cache = tmp_path_factory.mktemp("cold") / "cache"
-    first, _ = run(cache)
+def cold(tmp_path_factory) -> Cold:
+    """One cold run (JAX's cache and ours empty) for the module, compiling the quick train
+    step before the optimized one as a cold start does. Each test starts from its folder as
+    it left it (Cold.restore)."""
+    folder = tmp_path_factory.mktemp("cold")
+    cache = folder / "cache"
+    first, _ = run(cache, "--quick-first")
     assert first["source"] == "compiled, written"
-    return cache, first
+    shutil.copytree(cache, folder / "pristine")
+    return Cold(cache, folder / "pristine", first)
 
 
-def after_cold(cold: tuple[Path, dict], tmp_path: Path) -> tuple[Path, dict]:
-    cache = tmp_path / "cache"
-    shutil.copytree(cold[0], cache)
-    return cache, cold[1]
-
-
-def test_a_warm_start_loads_both_executables_and_trains_exactly_alike(cold, tmp_path):
-    cache, first = after_cold(cold, tmp_path)
+def test_a_warm_start_loads_both_executables_and_trains_exactly_alike(cold):
+    cache, first = cold.restore()
     assert entries(cache) == [f"{first['key']}/init.pkl", f"{first['key']}/train_step.pkl"]
     warm, _ = run(cache)
     assert warm["source"] == "loaded" and warm["key"] == first["key"]
@@ -106,16 +131,18 @@ def test_a_warm_start_loads_both_executables_and_trains_exactly_alike(cold, tmp_
     assert len(entries(cache)) == 4
 
 
-def test_an_entry_made_from_jaxs_own_cache_entry_runs(cold, tmp_path):
+def test_an_entry_made_from_jaxs_own_cache_entry_runs(cold):
     """JAX's cache is warm, ours is empty (the workload's source changed, the lowered program
     did not): JAX loads the executables from its cache, and re-serialising such an executable
     gives one that fails when run (XLA:CPU, NOT_FOUND). The entry is written from the bytes
     JAX's cache holds instead, and the next start loads and runs it."""
-    cache, first = after_cold(cold, tmp_path)
+    cache, first = cold.restore()
     shutil.rmtree(cache / "xrun-executables")
+    jax_before = jax_entries(cache)
     refill, _ = run(cache)
     assert refill["source"] == "compiled, written" and refill["losses"] == first["losses"]
     assert len(entries(cache)) == 2
+    assert jax_entries(cache) == jax_before  # JAX loaded both from its cache: nothing new
     warm, _ = run(cache)
     assert warm["source"] == "loaded"
     assert warm["losses"] == first["losses"] and warm["params"] == first["params"]
@@ -167,8 +194,8 @@ def test_writing_a_program_deletes_programs_not_written_for_two_weeks(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["b" * 32, "c" * 32, "d" * 32]
 
 
-def test_an_unreadable_entry_is_a_miss_and_is_written_again(cold, tmp_path):
-    cache, first = after_cold(cold, tmp_path)
+def test_an_unreadable_entry_is_a_miss_and_is_written_again(cold):
+    cache, first = cold.restore()
     step = cache / "xrun-executables" / first["key"] / "train_step.pkl"
     step.write_bytes(step.read_bytes()[:1000])  # cut short, as a full disk leaves it
     again, err = run(cache)
@@ -232,26 +259,9 @@ def test_whatever_decides_the_program_is_in_the_key():
     assert {"model.py", "train.py", "loss.py", "attention.py", "config.py"} <= set(result["files"])
 
 
-QUICK_SCRIPT = PRELUDE + r"""
-from workload.config import load_config
-from workload.distributed import make_mesh
-from workload.train import Program
-
-cfg = load_config("tiny", [])
-mesh = make_mesh(None)
-program = Program(cfg, mesh, cfg.batch_size(jax.device_count()), compile_now=False)
-program.compile_quick()
-program.compile()
-"""
-
-
-def test_the_quick_step_is_not_written_to_jaxs_cache_the_optimized_one_is(tmp_path):
+def test_the_quick_step_is_not_written_to_jaxs_cache_the_optimized_one_is(cold):
     """The quick train step serves one cold start: JAX's cache write (serialise, compress) would
     sit on the first step's path for an entry nothing reads. The optimized step's entry is
-    written as before."""
-    cache = tmp_path / "cache"
-    out = subprocess.run([sys.executable, "-c", QUICK_SCRIPT, str(REPO), str(cache)],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    steps = sorted(p.name for p in cache.iterdir() if p.name.startswith("jit_train_step-"))
+    written as before. (The module's cold run compiled both, the quick one first.)"""
+    steps = [name for name in jax_entries(cold.pristine) if name.startswith("jit_train_step-")]
     assert len(steps) == 1, steps
