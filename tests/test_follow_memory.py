@@ -113,3 +113,29 @@ def test_polls_share_one_pool_and_a_nested_map_runs_inline(tmp_path, monkeypatch
     inner = list(background.io_map(lambda i: list(background.io_map(lambda j: (i, j), range(4))),
                                    range(2 * background.IO_THREADS)))
     assert inner[3] == [(3, j) for j in range(4)] and len(inner) == 2 * background.IO_THREADS
+
+
+def test_a_live_followers_record_keeps_no_chart_series(tmp_path, monkeypatch):
+    """grad_norm and learning_rate per step are drawn by ``xrun report`` only: a follow's
+    record (its reader made with ``charts=False``) does not keep them; status's and
+    report's do."""
+    from orchestrator.readers.loaders import StoredRun
+    from orchestrator.services import follow as follow_module
+
+    write_stored_run(tmp_path, "r", RunShape(steps=10), state="Running")
+    storage = open_storage(str(tmp_path))
+    storage.write_text(Layout.metrics("r") + "/attempt-000-00000009.jsonl", "".join(
+        f'{{"kind": "step", "attempt": 0, "step": {s}, "seconds": 0.1, "loss": 1.0, "grad_norm": 0.5, '
+        f'"learning_rate": 0.001}}\n' for s in range(11, 15)))
+    assert set(StoredRun(storage, "r").poll().extra) == {"grad_norm", "learning_rate"}
+    readers: list[StoredRun] = []
+
+    class Recorded(StoredRun):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            readers.append(self)
+
+    monkeypatch.setattr(follow_module, "StoredRun", Recorded)
+    events = list(follow(storage, "r", RunsThenEnds(2), tick_seconds=0.01, storage_seconds=0.01))
+    assert events[-1].view["step"] == 14
+    assert len(readers) == 1 and readers[0].rec.extra == {} and len(readers[0].rec.steps) == 14

@@ -114,7 +114,7 @@ def logs(name: str, storage: str | None, follow: bool, hosts: tuple[str, ...],
         tail=tail, tail_per_host=tail_per_host, grep=grep, warn=warn,
         shown=None if screen.filter.verbose else LineFilter().keep, exclude=exclude, attempt=only_attempt)
     printed = 0
-    reader = StoredRun(st, name)
+    reader = StoredRun(st, name, charts=False)
     try:
         if not follow:
             for host, attempt, t, line in items:

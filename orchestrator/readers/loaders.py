@@ -306,9 +306,11 @@ class StoredRun:
     one-shot read (``status``, ``compare``) build the very same record.
     """
 
-    def __init__(self, storage: Storage, name: str):
+    def __init__(self, storage: Storage, name: str, charts: bool = True):
+        """``charts=False``: a live view's record, without the per-step figures only charts
+        read (``RunRecord.charts``)."""
         self.storage, self.name = storage, name
-        self.rec = RunRecord(name=name, source=storage.url(Layout.run(name)), kind="storage")
+        self.rec = RunRecord(name=name, source=storage.url(Layout.run(name)), kind="storage", charts=charts)
         self._seen = SeenKeys()  # bounded: a range per writer, not a name per chunk
         self._cursor = AttemptCursor()  # each poll lists the chunks from the last one read
         self.listed = 0  # metrics objects the last poll listed (what its listing cost)

@@ -228,6 +228,9 @@ class RunRecord:
     # name -> (steps, values), thinned like the steps past STEP_CAP (add_extra).
     # Typed columns as the steps' (a float object per value: ~70 bytes a step more).
     extra: dict[str, tuple[array[int], array[float]]] = field(default_factory=dict)
+    # False: add_extra keeps nothing. A live follow (``submit --follow``, ``logs -f``) never
+    # draws a chart: a third of what its record would grow by a step.
+    charts: bool = True
     # (attempt, step) of steps that took a stall no line attributed (steady_mask found them).
     stall_outliers: set[tuple[int, int]] = field(default_factory=set)
     submitted_at: float | None = None
@@ -429,6 +432,8 @@ class RunRecord:
 
     def add_extra(self, name: str, step: int, value: float) -> None:
         """One per-step figure for the charts (every other one dropped past STEP_CAP)."""
+        if not self.charts:
+            return
         steps, values = self.extra.setdefault(name, (array("q"), array("d")))
         steps.append(step)
         values.append(value)

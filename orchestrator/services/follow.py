@@ -83,7 +83,7 @@ def follow(storage: Storage, name: str, backend: Backend, *, logs: bool = False,
 def _follow(storage: Storage, name: str, backend: Backend, logs: bool,
             warn: Callable[[str], None] | None, tick_seconds: float,
             storage_seconds: float, live_goodput: bool) -> Iterator[Event]:
-    reader = StoredRun(storage, name)
+    reader = StoredRun(storage, name, charts=False)
     lines = _LinePoller(LogFollower(storage, name), storage_seconds) if logs else None
     recorded: tuple[str, int] | None = None
     polled_at = -float("inf")
