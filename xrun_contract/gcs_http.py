@@ -36,6 +36,8 @@ from xrun_contract.storage_base import (
     StorageError,
     check_key,
     classify_storage_error,
+    listing_offset,
+    object_name,
     storage_timeout,
 )
 
@@ -102,13 +104,10 @@ class GCSHttpStorage(Storage):
                                    unreachable=fault.unreachable) from None
 
     def _name(self, key: str) -> str:
-        key = check_key(key).strip("/")
-        return f"{self.prefix}/{key}" if self.prefix else key
+        return object_name(self.prefix, key)
 
     def _offset(self, start: str) -> str:
-        """A key as a listing's bound: its trailing '/' kept (``a/`` sorts after ``a-b``)."""
-        start = check_key(start).lstrip("/")
-        return f"{self.prefix}/{start}" if self.prefix else start
+        return listing_offset(self.prefix, start)
 
     def _object_url(self, key: str, query: dict[str, str] | None = None) -> str:
         return object_url(self.api, self.bucket_name, self._name(key), query)

@@ -43,6 +43,19 @@ def check_key(key: str) -> str:
     return key
 
 
+def object_name(prefix: str, key: str) -> str:
+    """A key's object name in a bucket whose root is under ``prefix`` (both GCS clients)."""
+    key = check_key(key).strip("/")
+    return f"{prefix}/{key}" if prefix else key
+
+
+def listing_offset(prefix: str, start: str) -> str:
+    """A key as a listing's bound (``startOffset``): its trailing '/' kept (``a/`` sorts
+    after ``a-b``)."""
+    start = check_key(start).lstrip("/")
+    return f"{prefix}/{start}" if prefix else start
+
+
 def file_kind(mode: int) -> str:
     """'a FIFO', 'a character device', ... for a file that is not a regular file."""
     for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),

@@ -19,6 +19,8 @@ from xrun_contract.storage_base import (
     _one_line,
     check_key,
     classify_storage_error,
+    listing_offset,
+    object_name,
     storage_timeout,
     unreachable_reason,
 )
@@ -122,13 +124,10 @@ class GCSStorage(Storage):
         return urlsplit(url).netloc or url or "storage.googleapis.com"
 
     def _name(self, key: str) -> str:
-        key = check_key(key).strip("/")
-        return f"{self.prefix}/{key}" if self.prefix else key
+        return object_name(self.prefix, key)
 
     def _offset(self, start: str) -> str:
-        """A key as a listing's bound: its trailing '/' kept (``a/`` sorts after ``a-b``)."""
-        start = check_key(start).lstrip("/")
-        return f"{self.prefix}/{start}" if self.prefix else start
+        return listing_offset(self.prefix, start)
 
     def _key(self, name: str) -> str:
         return name[len(self.prefix) + 1:] if self.prefix else name
