@@ -3,6 +3,7 @@
 
     python bench/bench_soak.py                          # 20,000 steps, a restart every 1,000
     python bench/bench_soak.py --steps 2000 --every 200 --root /tmp/soak
+    python bench/bench_soak.py --trainer fake           # the same soak, bench/soak_trainer.py: minutes
 
 Each forced restart is the workload's own (``XRUN_TEST_RESTART_EVERY``: at every multiple
 of N it saves that step, as after a SIGTERM, and exits with the restartable code; the local
@@ -50,9 +51,12 @@ def _env(root: Path) -> dict[str, str]:
     return env
 
 
-def _spec(name: str, steps: int, every: int) -> list[str]:
+def _spec(name: str, steps: int, every: int, trainer: str = "jax", step_seconds: float = 0.02) -> list[str]:
     command = (f"python3 -m workload.train --preset tiny steps={steps} checkpoint_every={every} "
                f"max_to_keep={MAX_TO_KEEP}")
+    if trainer == "fake":  # bench/soak_trainer.py: the workload's lines and records, no JAX
+        command = (f"python3 {REPO / 'bench' / 'soak_trainer.py'} steps={steps} checkpoint_every={every} "
+                   f"max_to_keep={MAX_TO_KEEP} step_seconds={step_seconds}")
     return ["--name", name, "--accelerator", "cpu-2", "--image", "img", "--command", command,
             "--max-restarts", "100", "--termination-grace-seconds", "60"]
 
@@ -134,14 +138,16 @@ def _per_poll(listed: list[tuple[int, int]], polls: int = 5) -> dict[str, Any]:
             "objects_listed_per_poll_max_after_first": max(totals[1:], default=None)}
 
 
-def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0) -> dict[str, Any]:
+def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0, trainer: str = "jax",
+         step_seconds: float = 0.02) -> dict[str, Any]:
     """Run the reference and the soak under ``root``; the figures, and the checks' verdicts."""
     t0 = time.monotonic()
-    ref = _xrun(root, "submit", *_spec("ref", steps, every), "--detach", timeout=300)
+    ref = _xrun(root, "submit", *_spec("ref", steps, every, trainer, step_seconds), "--detach", timeout=300)
     if ref.returncode != 0:
         raise RuntimeError(f"reference submit: {ref.stderr}")
     env = {**_env(root)}
-    cmd = [sys.executable, "-m", "orchestrator.cli", "submit", *_spec("soak", steps, every), "--follow",
+    cmd = [sys.executable, "-m", "orchestrator.cli", "submit", *_spec("soak", steps, every, trainer, step_seconds),
+           "--follow",
            "--env", f"{Env.TEST_RESTART_EVERY}={every}", "--progress-interval", "30"]
     follow = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     out: list[str] = []
@@ -179,7 +185,7 @@ def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0) -> dict[
     objects = _objects(root, "soak")
     final, reference = _final_loss(root, "soak", steps), _final_loss(root, "ref", steps)
     figures: dict[str, Any] = {
-        "steps": steps, "restart_every": every, "restarts": state.get("restarts"),
+        "trainer": trainer, "steps": steps, "restart_every": every, "restarts": state.get("restarts"),
         "soak_state": state.get("state"), "follow_exit": follow.returncode, "reference_wait_exit": wait.returncode,
         "wall_seconds": round(time.monotonic() - t0, 1),
         "follow_rss_after_first_restart_kib": base, "follow_rss_peak_after_kib": peak,
@@ -209,12 +215,16 @@ def main() -> int:
     ap.add_argument("--every", type=int, default=1000, help="a forced restart every this many steps")
     ap.add_argument("--root", type=Path, default=None, help="storage root (default: a temporary folder)")
     ap.add_argument("--timeout", type=float, default=7200.0)
+    ap.add_argument("--trainer", choices=("jax", "fake"), default="jax",
+                    help="fake: bench/soak_trainer.py, the workload's lines, records and restarts "
+                         "without JAX (20,000 steps in minutes, not 100; its loss is a function of the step)")
+    ap.add_argument("--step-seconds", type=float, default=0.02, help="the fake trainer's step time")
     args = ap.parse_args()
     if args.steps < 2 or not 1 <= args.every < args.steps:
         ap.error("--every: between 1 and --steps - 1")
     with tempfile.TemporaryDirectory(prefix="xrun-soak-") as tmp:
         root = args.root or Path(tmp)
-        figures = soak(root, args.steps, args.every, args.timeout)
+        figures = soak(root, args.steps, args.every, args.timeout, args.trainer, args.step_seconds)
     print(json.dumps(figures, indent=2))
     return 0 if all(figures["checks"].values()) else 1
 
