@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -177,6 +178,7 @@ def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0, trainer:
     wait = _xrun(root, "wait", "ref", "--timeout", str(timeout_s), timeout=timeout_s + 60)
     logs = _xrun(root, "logs", "soak", timeout=600)
     followed = Counter(line.rstrip("\n") for line in out if line.startswith("["))
+    step_lines = Counter(m[1] for line in logs.stdout.splitlines() if (m := re.search(r"completed step: (\d+),", line)))
     stored = Counter(line for line in logs.stdout.splitlines() if line.startswith("["))
     after = [s for s in samples if s[1] >= 1]
     base = after[0][2] if after else None
@@ -192,6 +194,8 @@ def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0, trainer:
         "follow_rss_growth": None if not base or peak is None else round(peak / base - 1, 4),
         "stored_log_lines": sum(stored.values()), "followed_log_lines": sum(followed.values()),
         "lines_missing": sum((stored - followed).values()), "lines_extra": sum((followed - stored).values()),
+        # steps a restart ran again (a forced restart saves its step first: none)
+        "steps_logged": len(step_lines), "steps_redone": sum(step_lines.values()) - len(step_lines),
         "objects": objects, "final_loss": final, "reference_final_loss": reference,
         # what each poll listed before #53's cursors: every chunk of the run, at its end this many
         "follow_listing": {**_per_poll(listed), "objects_a_whole_listing_holds_at_end":

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from workload.distributed import Cluster  # noqa: E402
 from workload.metrics import Metrics, say  # noqa: E402
 from xrun_contract import Env, Layout  # noqa: E402
-from xrun_contract.storage import open_storage  # noqa: E402
+from xrun_contract.storage import Storage, open_storage  # noqa: E402
 
 MARKER = "commit_success.txt"
 
@@ -37,6 +37,17 @@ MARKER = "commit_success.txt"
 def loss_at(step: int) -> float:
     """Deterministic in the step: the same step gives the same loss in any attempt."""
     return 2.0 / math.sqrt(step) + 0.01 * math.sin(step)
+
+
+def _wait_for(storage: Storage, key: str, timeout_s: float = 120.0) -> None:
+    """Host 0 writes each save; the others wait for it, as the JAX hosts' collectives keep
+    them in step (left alone, a host that ran ahead exited first at a restart step and the
+    supervisor stopped host 0 before its save)."""
+    deadline = time.monotonic() + timeout_s
+    while storage.read_bytes(key) is None:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"soak trainer: host 0's save {key} not written within {timeout_s:.0f}s")
+        time.sleep(0.05)
 
 
 def main(argv: list[str]) -> int:
@@ -75,6 +86,8 @@ def main(argv: list[str]) -> int:
                     storage.delete_prefix(f"{folder}/{old}")
                 saved = [*saved[-(keep - 1):], step] if keep > 1 else [step]
                 metrics.checkpoint("committed", step, 0.0)
+            else:  # as a collective save would: no host goes on (or exits) before it is written
+                _wait_for(storage, f"{folder}/{step}/{MARKER}")
             if restart_every and step % restart_every == 0 and step < steps:
                 say(f"xrun: test restart ({Env.TEST_RESTART_EVERY}) at step {step}")
                 metrics.end(cluster.restartable_exit_code, f"test restart at step {step}")

@@ -52,3 +52,5 @@ def test_soak_fast_form_with_the_jax_free_trainer(tmp_path):
     # Every step's line once: 300 step lines, each attempt's resumed after the last save.
     assert figures["followed_log_lines"] == figures["stored_log_lines"] >= 300
     assert figures["objects"]["checkpoint_steps"] == 3
+    # Each attempt resumed after the save its restart made: no step ran twice.
+    assert figures["steps_logged"] == 300 and figures["steps_redone"] == 0
