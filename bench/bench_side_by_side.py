@@ -45,6 +45,9 @@ def _cluster(tree: Path, out: Path, args: argparse.Namespace) -> dict[str, float
     _run(tree, ["bench/bench_cluster_scale.py", "--pods", str(args.pods), "--json", str(out)])
     raw = json.loads(out.read_text())
     (r,) = raw if isinstance(raw, list) else raw.get("results", [raw])
+    if "broke" in r:  # its pods were not all Running within --start-limit: no status, no list
+        print(f"{tree}: {args.pods} pods not all Running at once (the machine broke): {r['broke']}", flush=True)
+        return {}
     figs = {f"status of {args.pods} Running pods: CPU seconds (lower)": r["status_running_cpu_s"],
             f"status of {args.pods} Running pods: wall seconds (lower)": r["status_running_s"]}
     for label, cmd in (r.get("commands") or {}).items():
