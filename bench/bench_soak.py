@@ -192,6 +192,9 @@ def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0, trainer:
         "wall_seconds": round(time.monotonic() - t0, 1),
         "follow_rss_after_first_restart_kib": base, "follow_rss_peak_after_kib": peak,
         "follow_rss_growth": None if not base or peak is None else round(peak / base - 1, 4),
+        # the RSS the follow had when each attempt began (its last sample before the next
+        # restart), and its peak over the run's last attempt and the summary after it
+        "follow_rss_by_restart_kib": {r: rss for _, r, rss in samples},
         "stored_log_lines": sum(stored.values()), "followed_log_lines": sum(followed.values()),
         "lines_missing": sum((stored - followed).values()), "lines_extra": sum((followed - stored).values()),
         # steps a restart ran again (a forced restart saves its step first: none)
