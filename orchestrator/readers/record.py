@@ -343,25 +343,34 @@ class RunRecord:
         over 3x the steady median and 1 s more, with the step after it: a stall the log's
         lines did not attribute (a line glued or cut), which no steady-state figure or its
         CI may keep."""
-        kept = [s for s, ok in zip(self.steps.seconds, mask, strict=True) if ok]
+        # Read from the columns in place: a list of every row (a tuple and its numbers, ~120
+        # bytes a step) was the summary's largest allocation at the end of a long follow.
+        seconds, step_col, attempt_col = self.steps.seconds, self.steps.step, self.steps.attempt
+        kept = sorted(s for s, ok in zip(seconds, mask, strict=True) if ok)
         if len(kept) < 3:
             return mask
-        med = sorted(kept)[len(kept) // 2]
+        med = kept[len(kept) // 2]
+        del kept
         limit = max(3 * med, med + 1.0)
         saves = {(c.get("attempt", 0), c["step"]) for c in self.checkpoints
                  if c["event"] in ("started", "device_wait", "blocked", "waited")}
         out = list(mask)
-        rows = list(zip(self.steps.step, self.steps.attempt, self.steps.seconds, strict=True))
-        for i, (step, attempt, seconds) in enumerate(rows):
-            if out[i] and seconds > limit and ({(attempt, step), (attempt, step - 1)} & saves):
-                out[i] = False
-                self.stall_outliers.add((attempt, step))
-                if i + 1 < len(out) and rows[i + 1][1] == attempt:
-                    out[i + 1] = False
+        n = len(out)
+        for i in range(n):
+            if out[i] and seconds[i] > limit:
+                step, attempt = step_col[i], attempt_col[i]
+                if {(attempt, step), (attempt, step - 1)} & saves:
+                    out[i] = False
+                    self.stall_outliers.add((attempt, step))
+                    if i + 1 < n and attempt_col[i + 1] == attempt:
+                        out[i + 1] = False
         return out
 
     def final_mask(self) -> list[bool]:
         """False for executions that a later attempt redid (the same step ran again)."""
+        steps = self.steps.step
+        if all(a < b for a, b in zip(steps, steps[1:], strict=False)):  # no step ran twice (restarts resumed
+            return [True] * len(steps)  # after their save): no map of every step to build
         last: dict[int, int] = {}
         for i, step in enumerate(self.steps.step):
             last[step] = i
