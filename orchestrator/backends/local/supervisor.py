@@ -330,7 +330,10 @@ class Supervisor:
                     pod.failed_at = time.monotonic()
                     break
             if code is None and not pod.stopping:
-                pod.proc = self._popen(pod.argv, {**base, **extra, **pod.env})
+                # The pod's env over the default cache; a shared folder over the pod's env (a
+                # gs:// root's manifest names its own cache: the folder is "whatever the root").
+                shared = {k: v for k, v in extra.items() if _shared_compilation_cache()}
+                pod.proc = self._popen(pod.argv, {**base, **extra, **pod.env, **shared})
                 self.save()
                 while True:
                     try:  # woken by the exit itself: the blame below is by its moment
@@ -544,6 +547,11 @@ def _end_group(proc: subprocess.Popen, deadline: float | None) -> None:
     end = time.monotonic() + 5
     while _group_members(proc.pid) and time.monotonic() < end:
         time.sleep(0.05)
+
+
+def _shared_compilation_cache() -> bool:
+    """XRUN_LOCAL_COMPILATION_CACHE names a folder (shared by every root)."""
+    return os.path.isabs(os.environ.get("XRUN_LOCAL_COMPILATION_CACHE", "").strip())
 
 
 def _compilation_cache(storage: Storage) -> str | None:
