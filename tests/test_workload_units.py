@@ -256,11 +256,16 @@ def test_fused_output_cross_entropy_matches_autodiff_of_the_reference(compute_dt
         np.testing.assert_allclose(g, r, atol=tol * scale, rtol=tol, err_msg=str(path))
 
     tx, _ = make_optimizer(load_config("tiny", ["learning_rate=3e-3", "steps=6"]))
-    state, losses = tx.init(params), []
+
+    @jax.jit  # one program, not one eager dispatch (and compile) per optax op and leaf
+    def update(g, state, params):
+        updates, state = tx.update(g, state, params)
+        return optax.apply_updates(params, updates), state
+
+    state, losses = jax.jit(tx.init)(params), []
     for _ in range(6):
         (value, _), g = step(params)
-        updates, state = tx.update(g, state, params)
-        params = optax.apply_updates(params, updates)
+        params, state = update(g, state, params)
         losses.append(float(value))
     assert losses[-1] < losses[0]
 
