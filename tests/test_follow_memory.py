@@ -14,10 +14,10 @@ import random
 import threading
 
 from synthetic_runs import RunShape, write_stored_run
+from test_follow_end import EndsAfter
 
 from orchestrator import background
 from orchestrator.analysis import goodput as goodput_module
-from orchestrator.backends.base import BackendStatus, HostStatus
 from orchestrator.readers.logs import LogFollower
 from orchestrator.readers.record import StepSeries
 from orchestrator.services.follow import Done, Tick, follow
@@ -63,24 +63,12 @@ def test_the_series_aggregates_equal_a_scan_of_every_row_as_rows_arrive_and_thin
     assert series.stride > 1  # it did thin
 
 
-class RunsThenEnds:
-    name, serves_logs = "fake", False
-
-    def __init__(self, ticks: int):
-        self.ticks = ticks
-
-    def status(self, name: str) -> BackendStatus:
-        self.ticks -= 1
-        state = "Running" if self.ticks >= 0 else "Succeeded"
-        return BackendStatus(state, hosts=[HostStatus("0-0", state)])
-
-
 def test_a_follows_ticks_leave_the_goodput_to_the_summary(tmp_path, monkeypatch):
     write_stored_run(tmp_path, "r", RunShape(steps=40), state="Running")
     calls = []
     real = goodput_module.goodput
     monkeypatch.setattr(goodput_module, "goodput", lambda rec: calls.append(1) or real(rec))
-    events = list(follow(open_storage(str(tmp_path)), "r", RunsThenEnds(6), tick_seconds=0.01,
+    events = list(follow(open_storage(str(tmp_path)), "r", EndsAfter(6), tick_seconds=0.01,
                          storage_seconds=0.01))
     ticks = [e for e in events if isinstance(e, Tick)]
     assert len(ticks) >= 5 and all(t.view["goodput"] is None for t in ticks)
@@ -88,7 +76,7 @@ def test_a_follows_ticks_leave_the_goodput_to_the_summary(tmp_path, monkeypatch)
     assert len(calls) == 1  # the summary's, once
     # A screen that shows it (the live table) gets it on every tick.
     calls.clear()
-    events = list(follow(open_storage(str(tmp_path)), "r", RunsThenEnds(3), tick_seconds=0.01,
+    events = list(follow(open_storage(str(tmp_path)), "r", EndsAfter(3), tick_seconds=0.01,
                          storage_seconds=0.01, live_goodput=True))
     assert all(e.view["goodput"] for e in events if isinstance(e, Tick | Done))
     assert len(calls) == sum(isinstance(e, Tick | Done) for e in events)
@@ -136,6 +124,6 @@ def test_a_live_followers_record_keeps_no_chart_series(tmp_path, monkeypatch):
             readers.append(self)
 
     monkeypatch.setattr(follow_module, "StoredRun", Recorded)
-    events = list(follow(storage, "r", RunsThenEnds(2), tick_seconds=0.01, storage_seconds=0.01))
+    events = list(follow(storage, "r", EndsAfter(2), tick_seconds=0.01, storage_seconds=0.01))
     assert events[-1].view["step"] == 14
     assert len(readers) == 1 and readers[0].rec.extra == {} and len(readers[0].rec.steps) == 14

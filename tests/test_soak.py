@@ -14,19 +14,23 @@ from orchestrator.backends.local.backend import run_processes, stop_processes
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_soak.py"
 
 
-def test_soak_shortened(tmp_path):
+def _soak(root: Path, **kw: object) -> dict:
+    """bench_soak.soak under ``root``; every process of its two runs stopped after."""
     spec = importlib.util.spec_from_file_location("bench_soak", BENCH)
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    root = tmp_path / "store"
     try:
-        figures = bench.soak(root, steps=30, every=10, timeout_s=600)
+        return bench.soak(root, **kw)
     finally:
         for name in ("ref", "soak"):
             pids = run_processes(str(root), name)
             if pids:
                 stop_processes(pids, 2.0)
+
+
+def test_soak_shortened(tmp_path):
+    figures = _soak(tmp_path / "store", steps=30, every=10, timeout_s=600)
     assert all(figures["checks"].values()), figures
     assert figures["restarts"] == 2 and figures["stored_log_lines"] > 0
 
@@ -35,18 +39,7 @@ def test_soak_fast_form_with_the_jax_free_trainer(tmp_path):
     """``bench_soak.py --trainer fake`` (bench/soak_trainer.py: the workload's own lines,
     records, saves and forced restarts without JAX), the form that runs the issue's 20,000
     steps in minutes: it restarts, resumes after the saved step, and passes the same checks."""
-    spec = importlib.util.spec_from_file_location("bench_soak", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    root = tmp_path / "store"
-    try:
-        figures = bench.soak(root, steps=300, every=100, timeout_s=300, trainer="fake", step_seconds=0.01)
-    finally:
-        for name in ("ref", "soak"):
-            pids = run_processes(str(root), name)
-            if pids:
-                stop_processes(pids, 2.0)
+    figures = _soak(tmp_path / "store", steps=300, every=100, timeout_s=300, trainer="fake", step_seconds=0.01)
     assert all(figures["checks"].values()), figures
     assert figures["restarts"] == 2 and figures["trainer"] == "fake"
     # Every step's line once: 300 step lines, each attempt's resumed after the last save.
