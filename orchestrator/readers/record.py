@@ -58,10 +58,7 @@ class StepSeries:
         # What the live views ask on every tick (``figures.stall``, the phase's start),
         # folded in as rows arrive (``_scan``): a follow's tick costs the same at step 20,000
         # as at step 20, and allocates nothing per row.
-        self._scanned = 0
-        self._max_time: float | None = None
-        self._first_row: dict[int, int] = {}  # attempt -> its first kept row
-        self._slowest: float | None = None  # rows after the first of their attempt
+        self._reset_aggregates()
 
     def __len__(self) -> int:
         return len(self.step)
@@ -121,7 +118,13 @@ class StepSeries:
             col = getattr(self, name)
             setattr(self, name, col[::2])
         self.stride *= 2
-        self._scanned, self._max_time, self._first_row, self._slowest = 0, None, {}, None
+        self._reset_aggregates()
+
+    def _reset_aggregates(self) -> None:
+        self._scanned = 0
+        self._max_time: float | None = None
+        self._first_row: dict[int, int] = {}  # attempt -> its first kept row
+        self._slowest: float | None = None  # rows after the first of their attempt
 
     def _scan(self) -> None:
         for i in range(self._scanned, len(self.step)):

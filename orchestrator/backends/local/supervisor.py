@@ -332,7 +332,7 @@ class Supervisor:
             if code is None and not pod.stopping:
                 # The pod's env over the default cache; a shared folder over the pod's env (a
                 # gs:// root's manifest names its own cache: the folder is "whatever the root").
-                shared = {k: v for k, v in extra.items() if _shared_compilation_cache()}
+                shared = extra if _shared_compilation_cache() else {}
                 pod.proc = self._popen(pod.argv, {**base, **extra, **pod.env, **shared})
                 self.save()
                 while True:
