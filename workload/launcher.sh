@@ -76,6 +76,17 @@ now() {
   fi
 }
 
+# This shell's parent now, from /proc (without it: $PPID, the parent it started with).
+parent() {
+  line=
+  if read -r line </proc/$$/stat 2>/dev/null; then
+    set -- ${line##*) }  # after "pid (comm) ": state ppid ...
+    echo "$2"
+  else
+    echo "$PPID"
+  fi
+}
+
 # Is a process other than this shell and its tail still in this shell's process group?
 # (/proc, where there is one; without it, no.)
 group_busy() {
@@ -96,16 +107,23 @@ group_busy() {
 # supervisor dying right after it started the pod): before this trap it killed the shell,
 # leaving `tail -f` (it ignores TERM) running for ever, or it came before the command
 # started, which then ran unsignalled. Now it is forwarded, and the command never starts.
+# A forwarded signal can also be lost: a child forked just before it keeps this shell's
+# handler until it execs, and the exec forgets the caught signal (1 local-backend run in
+# 25-60 went on running its command after its supervisor was killed). So the signal is
+# first written down ($stopped), and the command's shell reads that before running it.
 forwarded=
+stopped="$dir/launch.stopped"
 forward() {
   [ -n "$forwarded" ] && return
   forwarded=1
+  : >"$stopped" 2>/dev/null
   trap '' TERM INT  # the group signal below reaches this shell too
   kill -TERM 0 2>/dev/null
 }
 trap forward TERM INT
 
 mkdir -p "$dir" || exit 127
+rm -f "$stopped"  # left by an earlier start of this container (an emptyDir outlives it)
 # xrun's own lines: plain into the file (storage); on stdout plain, or one JSON object per line
 # with XRUN_LOG_FORMAT=json (Cloud Logging reads "severity"). The user's lines stay as written.
 emit() {
@@ -173,11 +191,11 @@ fi
 
 code=143  # 128 + SIGTERM: stopped before the command started
 if [ -z "$forwarded" ]; then
-  /bin/sh -c "$cmd" </dev/null >>"$out" 2>&1 &
+  # The check on its own line: forwarded after the test above, the signal may have missed
+  # the command's shell (or found TERM ignored in it, inherited from forward()).
+  XRUN_LAUNCH_STOPPED=$stopped /bin/sh -c "[ ! -e \"\$XRUN_LAUNCH_STOPPED\" ] || exit 143
+$cmd" </dev/null >>"$out" 2>&1 &
   child=$!
-  # Forwarded between the test above and the fork: the command may have been forked after
-  # forward() set TERM to ignored (a child inherits that), so the group signal missed it.
-  [ -n "$forwarded" ] && kill -KILL "$child" 2>/dev/null
   while :; do
     wait "$child"
     code=$?
@@ -221,7 +239,12 @@ emit "EXIT_CODE=$code" "$severity"
 # the signal: a command shorter than python's start (an echo) killed the shipper before it
 # shipped a line, and the host's whole log was lost. It writes shipper.ready once SIGTERM
 # waits for its drain (xrun_contract PodFiles.SHIPPER_READY): wait for that, at most 20 s.
+# Not when the process that started this shell is gone (the local backend's supervisor,
+# killed): the kernel signalled the shipper at the same moment (PR_SET_PDEATHSIG), so it is
+# draining or dead, and waiting only kept this pod 20 s past its supervisor. In a container
+# this shell's parent never changes (PID 1's is 0).
 n=0
+[ -n "$forwarded" ] && [ "$(parent)" != "$PPID" ] && n=200
 while [ ! -e "$dir/shipper.ready" ] && [ "$n" -lt 200 ]; do
   if sleep 0.1 2>/dev/null; then n=$((n + 1)); else sleep 1; n=$((n + 10)); fi
 done
