@@ -21,10 +21,13 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 # Every local-backend run of the session (the CLI's and LocalBackend's supervisors) shares one
 # JAX compilation cache, the folder the hosts tests/workload_helpers.py starts use, instead
-# of one under each test's fresh storage root: a program compiles once per session, not once
-# per test (a cold tiny program: 15-40 s of a loaded 2-core machine; warm: ~3 s). What a run
-# computes does not depend on it (the cache holds the same executables XLA would build);
-# a test about the cache under a root sets XRUN_LOCAL_COMPILATION_CACHE=1 itself.
+# of one under each test's fresh storage root: a program compiles once per machine (the
+# folder is a build cache in ~/.cache, kept between sessions; workload_helpers says how to
+# measure cold), not once per test (a cold tiny program: 15-40 s of a loaded 2-core machine;
+# warm: ~3 s). What a run computes does not depend on it (the cache holds the same
+# executables XLA would build); a test about the cache under a root sets
+# XRUN_LOCAL_COMPILATION_CACHE=1 itself, and a test that must see a compile uses a folder of
+# its own (workload_helpers.compilation_cache_at).
 if "XRUN_LOCAL_COMPILATION_CACHE" not in os.environ:
     from workload_helpers import compilation_cache
 

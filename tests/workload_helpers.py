@@ -4,9 +4,11 @@ with the contract env, the coordinator on 127.0.0.1, CPU devices per host. Plain
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -75,14 +77,53 @@ def host_env(run: str, storage: str | Path, *, process_id: int, hosts: int, devi
 _CACHE: list[str] = []
 
 
+# The suite's JAX compilation cache is a build cache, kept between sessions as Go's is
+# (~/.cache/xrun-cluster): a program compiles once per machine, not once per session. A cold
+# tiny program costs ~37 s of CPU (the README's run: 57 s of CPU cold, 20 s warm), and the
+# suite compiles ~40 programs through this folder. What a run computes does not depend on it:
+# JAX keys an entry by the program, its compiler and flags, xrun's executable cache by the
+# workload's sources and versions (workload/executables.py program_key). Entries unused for
+# CACHE_KEEP_DAYS go at a session's start. XRUN_TEST_JAX_CACHE names another folder ("" for
+# a fresh one of the session's own, removed at its end: a cold measurement).
+TEST_JAX_CACHE = "XRUN_TEST_JAX_CACHE"
+SESSION_CACHE = "XRUN_LOCAL_COMPILATION_CACHE"  # the local backend's override (conftest sets it)
+CACHE_KEEP_DAYS = 14
+
+
 def compilation_cache() -> str:
-    """One JAX compilation cache folder per test session (as the local backend keeps one per
+    """The folder of the suite's JAX compilation cache (as the local backend keeps one per
     storage root): later runs of the same program skip compiling."""
     if not _CACHE:
         import tempfile
 
-        _CACHE.append(tempfile.mkdtemp(prefix="xrun-test-jax-cache-"))
+        session = os.environ.get(SESSION_CACHE, "")
+        if os.path.isabs(session):  # an xdist worker: the folder its controller chose
+            _CACHE.append(session)
+            return session
+        path = os.environ.get(TEST_JAX_CACHE)
+        if path is None:
+            path = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                "xrun-tests", "jax-cache")
+        if path:
+            os.makedirs(path, exist_ok=True)
+            _prune(path, CACHE_KEEP_DAYS * 86400)
+        else:
+            path = tempfile.mkdtemp(prefix="xrun-test-jax-cache-")
+            atexit.register(shutil.rmtree, path, True)
+        _CACHE.append(path)
     return _CACHE[0]
+
+
+def _prune(path: str, age_s: float) -> None:
+    """Removes the files under ``path`` neither written nor read for ``age_s`` seconds."""
+    cutoff = time.time() - age_s
+    for folder, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(folder, name)
+            with contextlib.suppress(OSError):
+                st = os.stat(full)
+                if max(st.st_mtime, st.st_atime) < cutoff:
+                    os.unlink(full)
 
 
 @contextlib.contextmanager
