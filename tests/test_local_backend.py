@@ -429,3 +429,30 @@ def test_the_pods_compilation_cache_is_under_the_root_off_or_a_shared_folder(mon
         monkeypatch.setenv("XRUN_LOCAL_COMPILATION_CACHE", value)
     storage = SimpleNamespace(root=root, url=lambda key: f"{root}/{key}")  # a root's url(): root/key
     assert _compilation_cache(storage) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, "gs://b/x/cache/jax-compilation"),  # the manifest's cache, in the bucket
+    ("1", "gs://b/x/cache/jax-compilation"),
+    ("0", "gs://b/x/cache/jax-compilation"),  # off: xrun adds none, the manifest's stays
+    ("/shared/jax", "/shared/jax"),  # a folder wins over the manifest's too
+])
+def test_a_shared_cache_folder_wins_over_the_manifests_cache(monkeypatch, value, expected):
+    """The main container's env (supervisor.main_env) for a gs:// root, whose manifest names
+    its own cache: the tests' session folder must reach the pods all the same."""
+    from types import SimpleNamespace
+
+    from orchestrator.backends.local.supervisor import _compilation_cache, main_env
+    from xrun_contract import Env
+
+    if value is None:
+        monkeypatch.delenv("XRUN_LOCAL_COMPILATION_CACHE", raising=False)
+    else:
+        monkeypatch.setenv("XRUN_LOCAL_COMPILATION_CACHE", value)
+    storage = SimpleNamespace(root="gs://b/x", url=lambda key: f"gs://b/x/{key}")
+    folder = _compilation_cache(storage)  # type: ignore[arg-type]
+    cache = {Env.COMPILATION_CACHE: folder} if folder else {}
+    pod = {Env.COMPILATION_CACHE: "gs://b/x/cache/jax-compilation", "A": "pod"}
+    env = main_env({"A": "base", "B": "base"}, cache, pod)
+    assert env[Env.COMPILATION_CACHE] == expected
+    assert (env["A"], env["B"]) == ("pod", "base")

@@ -330,10 +330,7 @@ class Supervisor:
                     pod.failed_at = time.monotonic()
                     break
             if code is None and not pod.stopping:
-                # The pod's env over the default cache; a shared folder over the pod's env (a
-                # gs:// root's manifest names its own cache: the folder is "whatever the root").
-                shared = extra if _shared_compilation_cache() else {}
-                pod.proc = self._popen(pod.argv, {**base, **extra, **pod.env, **shared})
+                pod.proc = self._popen(pod.argv, main_env(base, extra, pod.env))
                 self.save()
                 while True:
                     try:  # woken by the exit itself: the blame below is by its moment
@@ -552,6 +549,14 @@ def _end_group(proc: subprocess.Popen, deadline: float | None) -> None:
 def _shared_compilation_cache() -> bool:
     """XRUN_LOCAL_COMPILATION_CACHE names a folder (shared by every root)."""
     return os.path.isabs(os.environ.get("XRUN_LOCAL_COMPILATION_CACHE", "").strip())
+
+
+def main_env(base: dict[str, str], cache: dict[str, str], pod: dict[str, str]) -> dict[str, str]:
+    """The main container's env: the pod's (the manifest's) over ``base`` and the default
+    cache (``cache``: ``_compilation_cache``'s folder as the env, or {}), except that a
+    folder XRUN_LOCAL_COMPILATION_CACHE names wins over the pod's own too: a gs:// root's
+    manifest names a cache in the bucket, and the folder is "whatever the root"."""
+    return {**base, **cache, **pod, **(cache if _shared_compilation_cache() else {})}
 
 
 def _compilation_cache(storage: Storage) -> str | None:
