@@ -21,7 +21,8 @@ unset PYTHONDONTWRITEBYTECODE
 python -m compileall -q -j 0 orchestrator manifests workload xrun_contract tests bench >/dev/null
 # Workers: most tests wait (on subprocesses, the control plane, the emulator), so more
 # workers than cores. Tests that need one process stay together (tests/conftest.py groups).
-# A test failed on a loaded 2-core machine is run again, at most twice (the summary names
-# each rerun: "R" in the progress, "N rerun" in the last line). Five tests failed so in
-# some parallel runs (issue 54: flaky is failing; named in the closing note to be fixed).
-python -m pytest -q -n "${XRUN_TEST_WORKERS:-4}" --dist loadgroup --reruns 2 --reruns-delay 5 "$@"
+# A test failed on a loaded 2-core machine is run again, at most twice; "rerun test summary
+# info" names each one with the traceback of its failed attempt (issue 54: flaky is failing,
+# and a rerun without its cause cannot be fixed: "R" and "N rerun" alone named none).
+python -m pytest -q -n "${XRUN_TEST_WORKERS:-4}" --dist loadgroup --reruns 2 --reruns-delay 5 \
+  --rerun-show-tracebacks "$@"
