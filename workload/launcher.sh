@@ -19,7 +19,8 @@
 #   * forwards SIGTERM/SIGINT to every process of its process group (the container: the
 #     runtime starts PID 1 as a session leader; the local backend starts each pod with
 #     setsid), so a pipeline's python gets it too; a signal before the command started means
-#     it never starts (exit 143);
+#     it never starts (exit 143: the command's shell checks a file the forward writes, on a
+#     line before the user's command);
 #   * prints the start, end and EXIT_CODE lines (xrun_contract WRAPPER_*_LINE, EXIT_CODE_LINE)
 #     and exits with the command's code (128+N for a signal) - the pod's exit code, which the
 #     Job's podFailurePolicy reads - once the log shipper takes SIGTERM (shipper.ready);
