@@ -15,6 +15,7 @@ import re
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from xrun_contract import SUCCEEDED
@@ -372,7 +373,7 @@ class RunRecord:
     def final_mask(self) -> list[bool]:
         """False for executions that a later attempt redid (the same step ran again)."""
         steps = self.steps.step
-        if all(a < b for a, b in zip(steps, steps[1:], strict=False)):  # no step ran twice (restarts resumed
+        if all(a < b for a, b in pairwise(steps)):  # no step ran twice (restarts resumed
             return [True] * len(steps)  # after their save): no map of every step to build
         last: dict[int, int] = {}
         for i, step in enumerate(self.steps.step):

@@ -73,8 +73,9 @@ def follow(storage: Storage, name: str, backend: Backend, *, logs: bool = False,
            warn: Callable[[str], None] | None = None,
            tick_seconds: float = TICK_SECONDS,
            storage_seconds: float = STORAGE_SECONDS, live_goodput: bool = False) -> Iterator[Event]:
-    """``live_goodput``: every Tick's view carries the goodput (a screen that shows it);
-    else only Ended's and Done's, for the summary (``run_view``'s ``goodput``)."""
+    """``live_goodput``: every view carries the goodput (a screen that shows it); else
+    only Done's, for the summary (``run_view``'s ``goodput``: Ended's view gives the end
+    state only)."""
     watch = getattr(backend, "watch", None)
     with watch(name) if watch is not None else contextlib.nullcontext():
         yield from _follow(storage, name, backend, logs, warn, tick_seconds, storage_seconds, live_goodput)

@@ -89,8 +89,6 @@ def matches(run: dict[str, Any], f: RunFilter, now: float) -> bool:
     return not (f.newer_than is not None and (age is None or age > f.newer_than))
 
 
-
-
 def list_runs(storage: Storage, cluster: Backend | None = None,
               where: RunFilter | None = None, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Every run under the root, newest first; with ``cluster`` its JobSets are merged in.
