@@ -95,6 +95,9 @@ WRITE_RETRY_SECONDS = (0.5, 5.0)
 # At the end, how long the supervisor keeps trying to record the final state before it
 # exits anyway (a full disk: "recorded when space allows"); XRUN_LOCAL_FINAL_WRITE_SECONDS.
 FINAL_WRITE_SECONDS = 600.0
+# How long an ending supervisor waits for its writer to finish a write under way: a local
+# write takes milliseconds (cut, it left its temporary file); a cut gs:// upload leaves nothing.
+WRITER_CLOSE_SECONDS = 5.0
 
 
 def say(line: str) -> None:
@@ -144,6 +147,7 @@ class Supervisor:
         self._write_cond = threading.Condition()
         self._unwritten: bytes | None = None
         self._version = self._written_version = 0
+        self._closed = False  # close(): the writer takes no new write
         self.storage_failure: StorageFault | None = None  # a permanent error of our own write
         self._writer = threading.Thread(target=self._write_loop, name="xrun-state-writer", daemon=True)
         self._writer.start()
@@ -203,8 +207,10 @@ class Supervisor:
         delay = WRITE_RETRY_SECONDS[0]
         while True:
             with self._write_cond:
-                while self._unwritten is None:
+                while self._unwritten is None and not self._closed:
                     self._write_cond.wait()
+                if self._closed:
+                    return
                 data, version = self._unwritten, self._version
             try:
                 self.storage.write_bytes(Layout.state(self.name), data)
@@ -226,6 +232,15 @@ class Supervisor:
                     self._unwritten = None
                 self._written_version = max(self._written_version, version)
                 self._write_cond.notify_all()
+
+    def close(self, timeout: float) -> None:
+        """Stop the writer between two writes before this process exits: a daemon thread cut
+        by the interpreter's exit inside a write (a retry on a full disk after the final
+        state went in place) left its temporary file behind."""
+        with self._write_cond:
+            self._closed = True
+            self._write_cond.notify_all()
+        self._writer.join(timeout)
 
     def flush(self, timeout: float) -> bool:
         """Wait until the newest state is written (True) or ``timeout`` passed. On a local
@@ -588,6 +603,7 @@ def main(argv: list[str]) -> int:
         if sup.state["state"] not in TERMINAL_STATES:
             sup.transition(FAILED, f"local supervisor error: {e!r}")
         sup.flush(final_s)
+        sup.close(WRITER_CLOSE_SECONDS)
         if storage.root.startswith("gs://"):  # a local root has the file already (stderr)
             import traceback
 
@@ -598,6 +614,7 @@ def main(argv: list[str]) -> int:
     # disk once there is room (or in state.json's own blocks).
     if not sup.flush(final_s):
         say(f"xrun-supervisor: the final state ({sup.state['state']}) could not be written in {final_s:.0f}s")
+    sup.close(WRITER_CLOSE_SECONDS)
     return code
 
 
