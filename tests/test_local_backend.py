@@ -214,9 +214,14 @@ def test_failure_decision_takes_the_first_rule_any_failed_job_matches():
 def test_a_bug_in_one_slice_fails_the_run_though_another_slice_failed_first(tmp_path):
     """Slice 1's host exits 42 (restartable: no rule) and slice 0's host exits 3 (a bug,
     FailOnUserError) 0.3 s later, in the same sync: the run fails at once naming 0-0,
-    without a restart (the old order, the first failed Job, restarted and blamed 1-0)."""
-    store = tmp_path / "store"
-    cmd = ('if [ "$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX" = 1-0 ]; then exit 42; fi; '
+    without a restart (the old order, the first failed Job, restarted and blamed 1-0).
+    The hosts meet first: under load one pod started over a second after another, and the
+    two exits fell into two syncs."""
+    store, met = tmp_path / "store", tmp_path / "met"
+    met.mkdir()
+    cmd = (f'touch {met}/$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX; '
+           f'while [ "$(ls {met} | wc -l)" -lt $((2 * XRUN_HOSTS_PER_SLICE)) ]; do sleep 0.05; done; '
+           'if [ "$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX" = 1-0 ]; then exit 42; fi; '
            'if [ "$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX" = 0-0 ]; then sleep 0.3; exit 3; fi; sleep 30')
     r = xrun("submit", "--name", "order", "--accelerator", "v6e-8", "--num-slices", "2", "--image", "i",
              "--max-restarts", "1", "--command", cmd, storage=store)
