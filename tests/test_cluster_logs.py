@@ -175,20 +175,20 @@ def test_logs_follow_ends_when_the_run_ends(cluster, storage, tmp_path):
     assert (ended - began).total_seconds() < 10, (completed, first, ended.isoformat())
 
 
-def watches_after(cluster: Cluster, name: str, since: str) -> list[int]:
-    """The resourceVersions xrun's pod watches of run ``name`` resumed from, in order, for
-    the watches the API server received after ``since`` (RFC3339, from the audit log)."""
-    out = []
+def pod_requests_after(cluster: Cluster, name: str, since: str) -> list[tuple[str, int | None]]:
+    """xrun's list and watch requests for run ``name``'s pods that the API server received
+    after ``since`` (RFC3339, from the audit log), in order: (verb, the resourceVersion a
+    watch resumed from, None for a list)."""
+    out: list[tuple[str, int | None]] = []
+    stage = {"list": "ResponseComplete", "watch": "ResponseStarted"}  # one line a request
     for e in cluster.audit_lines():
-        uri = e.get("requestURI", "")
-        if (e.get("verb") == "watch" and e.get("stage") == "ResponseStarted"
-                and f"jobset-name%3D{name}" in uri and e["requestReceivedTimestamp"] > since):
-            m = re.search(r"resourceVersion=(\d+)", uri)
-            if m:
-                out.append(int(m[1]))
+        uri, verb = e.get("requestURI", ""), e.get("verb", "")
+        if (stage.get(verb) != e.get("stage") or "/pods?" not in uri
+                or f"jobset-name%3D{name}" not in uri or e["requestReceivedTimestamp"] <= since):
+            continue
+        m = re.search(r"resourceVersion=(\d+)", uri)
+        out.append((verb, int(m[1]) if m and verb == "watch" else None))
     return out
-
-
 
 
 class AuditTail:
@@ -376,11 +376,18 @@ def test_logs_follow_survives_a_compaction_410(cluster, restart):
     its last resourceVersion (now compacted away), is answered 410 Gone (an ERROR event);
     it lists the pods again and watches from the list."""
     followed(restart, "lgc")
-    rvs = watches_after(cluster, restart["names"]["lgc"], restart["since"])
-    # The new API server's first watch of the follower resumed from before the kill, older
-    # than the new watch cache (the 410), a later one from the list it made then.
+    seen = pod_requests_after(cluster, restart["names"]["lgc"], restart["since"])
+    # The new API server's first request of the follower is a watch resumed from before the
+    # kill, older than the new watch cache (the 410); then a list, and a watch from that
+    # list: from etcd's revision at the kill at least (equal when nothing was written between
+    # the kill and the list), never again the old one.
     marks = {k: restart[k] for k in ("compacted", "killed_at", "since")}
-    assert len(rvs) >= 2 and rvs[0] <= restart["killed_at"] < rvs[-1], (marks, rvs)
+    verbs = [v for v, _ in seen]
+    assert verbs[:1] == ["watch"] and "list" in verbs, (marks, seen)
+    first, after = seen[0][1], [rv for v, rv in seen[verbs.index("list"):] if v == "watch"]
+    assert first is not None and first <= restart["killed_at"], (marks, seen)
+    assert after and all(rv is not None and rv >= restart["killed_at"] and rv > first
+                         for rv in after), (marks, seen)
 
 
 def test_logs_follow_reads_a_restarted_containers_previous_log(restart):
