@@ -144,7 +144,7 @@ def cluster(tmp_path_factory):
 # its own worker with its own control plane (a file named nowhere here goes to the second).
 CLUSTER_GROUPS = {f"tests/{name}.py": "cluster-a" for name in (
     "test_cluster_logs", "test_cluster_scale", "test_cluster_lifecycle", "test_cluster_kueue",
-    "test_real_cluster", "test_cluster_faults")}
+    "test_real_cluster", "test_cluster_faults", "test_cluster_drills")}
 
 
 def _group(item: pytest.Item) -> str | None:
