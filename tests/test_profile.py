@@ -9,8 +9,10 @@ import sys
 
 import pytest
 from cli_helpers import REPO, xrun
+from workload_helpers import compilation_cache
 
 from workload.config import load_config
+from xrun_contract import Env
 
 
 def test_profile_spec_is_checked():
@@ -26,7 +28,7 @@ def test_profile_of_two_steps_is_written_under_the_run(tmp_path):
                         "checkpoint_every=0", "profile=2:2", "--storage", str(root),
                         "--run-name", "prof"], capture_output=True, text=True, timeout=600,
                        cwd=REPO, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin",
-                                      "JAX_PLATFORMS": "cpu"})
+                                      "JAX_PLATFORMS": "cpu", Env.COMPILATION_CACHE: compilation_cache()})
     assert r.returncode == 0, r.stderr[-3000:]
     folder = root / "runs" / "prof" / "profile"
     traces = list(folder.glob("plugins/profile/*/*.xplane.pb"))

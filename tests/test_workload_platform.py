@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from workload_helpers import TEST_XLA_FLAGS, TIMEOUT_SCALE, launch, metrics, wait_for_line
+from workload_helpers import TEST_XLA_FLAGS, TIMEOUT_SCALE, jax_cache_env, launch, metrics, wait_for_line
 
 from workload.config import load_config, parse_overrides
 from xrun_contract import (
@@ -416,7 +416,8 @@ def test_splash_inside_fsdp_training_matches_einsum():
     the batch on a 4-device FSDP mesh, under scan and grad; same losses as einsum."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("XRUN_")}
     env.update(PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu",  # compiled as the hosts of tests are
-               XLA_FLAGS=f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count=4")
+               XLA_FLAGS=f"{TEST_XLA_FLAGS} --xla_force_host_platform_device_count=4",
+               **jax_cache_env())
     r = subprocess.run([sys.executable, "-c", _SPLASH_TRAINING], env=env, capture_output=True,
                        text=True, timeout=300 * TIMEOUT_SCALE, cwd=REPO)
     assert r.returncode == 0, r.stderr[-3000:]

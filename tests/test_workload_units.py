@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from workload_helpers import cheap_compiles
+from workload_helpers import cheap_compiles, jax_cache_env
 
 from workload.config import PRESETS, Config, load_config, parse_overrides, step_flops
 from xrun_contract import FLOPS_LINE, PARAMS_LINE
@@ -168,7 +168,7 @@ def test_gpu_bench_runs_on_cpu_with_tiny(tmp_path):
          "--checkpoint-every", "3", "--peak-tflops", "2.0", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
         env={**{k: v for k, v in os.environ.items() if not k.startswith("XRUN_")},
-             "JAX_DISABLE_MOST_OPTIMIZATIONS": "1"})  # as cheap_compiles()
+             "JAX_DISABLE_MOST_OPTIMIZATIONS": "1", **jax_cache_env()})  # as cheap_compiles()
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(out.read_text())
     assert set(res) >= {"preset", "backend", "device_kind", "n_layers", "global_batch", "reduced",

@@ -114,6 +114,13 @@ def compilation_cache() -> str:
     return _CACHE[0]
 
 
+def jax_cache_env() -> dict[str, str]:
+    """The env that points a JAX program the tests start outside the workload's contract (a
+    bench script, tests/tpu_checks.py) at the suite's compilation cache."""
+    return {"JAX_COMPILATION_CACHE_DIR": compilation_cache(),
+            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+
+
 def _prune(path: str, age_s: float) -> None:
     """Removes the files under ``path`` neither written nor read for ``age_s`` seconds."""
     cutoff = time.time() - age_s
