@@ -209,9 +209,9 @@ class Supervisor:
             with self._write_cond:
                 while self._unwritten is None and not self._closed:
                     self._write_cond.wait()
-                if self._closed:
-                    return
                 data, version = self._unwritten, self._version
+                if self._closed or data is None:
+                    return
             try:
                 self.storage.write_bytes(Layout.state(self.name), data)
                 summary.write_state(self.storage, self.name, json.loads(data))  # what list reads
