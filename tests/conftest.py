@@ -36,12 +36,14 @@ if "XRUN_LOCAL_COMPILATION_CACHE" not in os.environ:
 
 # The test processes' own compiles (the in-process workload tests: ~330 s of CPU in a suite
 # run) use the same kept cache, through jax.config, never the environment: JAX_* variables
-# would reach every subprocess, including the ones that must see a compile. JAX reads the
-# folder at its first compile; every module that compiles imports jax when it is collected,
-# before its first test's setup. JAX still reports a cache hit as a compile
-# (/jax/core/compile/backend_compile_duration), which tests that count compiles read.
-# Measured: test_workload_units, test_autotune and test_workload_speed_paths took 250 s of CPU
-# (-n 2) with the cache cold, 128 s warm with only programs over 0.2 s kept, 103 s with all.
+# would reach every subprocess, including the ones that must see a compile. Set at a test's
+# setup once jax is imported: JAX opens the folder at its first compile after it is set
+# (jax/_src/compilation_cache.py _initialize_cache tries again while none is), so only a
+# worker's first test that imports jax in its body compiles uncached. JAX still reports a
+# cache hit as a compile (/jax/core/compile/backend_compile_duration), which tests that
+# count compiles read. Measured: test_workload_units, test_autotune and
+# test_workload_speed_paths took 250 s of CPU (-n 2) with the cache cold, 128 s warm with
+# only programs over 0.2 s kept, 103 s with all.
 _JAX_CACHE_SET: list[bool] = []
 
 
