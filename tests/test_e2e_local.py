@@ -172,8 +172,10 @@ def test_readme_runs_step_seconds_are_the_devices(readme_run):
     for side in ("base", "candidate"):
         gp = cmp[side]["goodput"]
         # The best rate (a low percentile of the steps) is a real step's, not an artefact's:
-        # with late reads moving time between steps it was ~0.005 s against a 0.15 s median.
-        assert gp["best_step_s"] >= 0.5 * gp["steady_step_s"], gp
+        # with late reads moving time between steps it was ~0.005 s against a 0.15 s median
+        # (30x). A fifth, as for each step above: under a load of 8 on the 2 cores real steps
+        # spread 2.4x (0.199 s best against a 0.479 s steady step in a full run at 829ba60).
+        assert gp["best_step_s"] >= gp["steady_step_s"] / 5, gp
         assert gp["categories"]["other"] == pytest.approx(0.0, abs=0.05 * gp["wall_s"]), gp
         # No fast step named an unexplained outlier: a fast one is a timing artefact.
         assert not [o for o in cmp[side].get("outliers", [])
