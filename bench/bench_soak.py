@@ -52,14 +52,15 @@ def _env(root: Path) -> dict[str, str]:
     return env
 
 
-def _spec(name: str, steps: int, every: int, trainer: str = "jax", step_seconds: float = 0.02) -> list[str]:
+def _spec(name: str, steps: int, every: int, trainer: str = "jax", step_seconds: float = 0.02,
+          devices_per_host: int = 2) -> list[str]:
     command = (f"python3 -m workload.train --preset tiny steps={steps} checkpoint_every={every} "
                f"max_to_keep={MAX_TO_KEEP}")
     if trainer == "fake":  # bench/soak_trainer.py: the workload's lines and records, no JAX
         command = (f"python3 {REPO / 'bench' / 'soak_trainer.py'} steps={steps} checkpoint_every={every} "
                    f"max_to_keep={MAX_TO_KEEP} step_seconds={step_seconds}")
-    return ["--name", name, "--accelerator", "cpu-2", "--image", "img", "--command", command,
-            "--max-restarts", "100", "--termination-grace-seconds", "60"]
+    return ["--name", name, "--accelerator", "cpu-2", "--cpu-devices-per-host", str(devices_per_host),
+            "--image", "img", "--command", command, "--max-restarts", "100", "--termination-grace-seconds", "60"]
 
 
 def _xrun(root: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -140,15 +141,16 @@ def _per_poll(listed: list[tuple[int, int]], polls: int = 5) -> dict[str, Any]:
 
 
 def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0, trainer: str = "jax",
-         step_seconds: float = 0.02) -> dict[str, Any]:
+         step_seconds: float = 0.02, devices_per_host: int = 2) -> dict[str, Any]:
     """Run the reference and the soak under ``root``; the figures, and the checks' verdicts."""
     t0 = time.monotonic()
-    ref = _xrun(root, "submit", *_spec("ref", steps, every, trainer, step_seconds), "--detach", timeout=300)
+    ref = _xrun(root, "submit", *_spec("ref", steps, every, trainer, step_seconds, devices_per_host), "--detach",
+                timeout=300)
     if ref.returncode != 0:
         raise RuntimeError(f"reference submit: {ref.stderr}")
     env = {**_env(root)}
-    cmd = [sys.executable, "-m", "orchestrator.cli", "submit", *_spec("soak", steps, every, trainer, step_seconds),
-           "--follow",
+    cmd = [sys.executable, "-m", "orchestrator.cli", "submit",
+           *_spec("soak", steps, every, trainer, step_seconds, devices_per_host), "--follow",
            "--env", f"{Env.TEST_RESTART_EVERY}={every}", "--progress-interval", "30"]
     follow = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
     out: list[str] = []
@@ -187,7 +189,8 @@ def soak(root: Path, steps: int, every: int, timeout_s: float = 7200.0, trainer:
     objects = _objects(root, "soak")
     final, reference = _final_loss(root, "soak", steps), _final_loss(root, "ref", steps)
     figures: dict[str, Any] = {
-        "trainer": trainer, "steps": steps, "restart_every": every, "restarts": state.get("restarts"),
+        "trainer": trainer, "devices_per_host": devices_per_host, "steps": steps, "restart_every": every,
+        "restarts": state.get("restarts"),
         "soak_state": state.get("state"), "follow_exit": follow.returncode, "reference_wait_exit": wait.returncode,
         "wall_seconds": round(time.monotonic() - t0, 1),
         "follow_rss_after_first_restart_kib": base, "follow_rss_peak_after_kib": peak,
@@ -226,12 +229,16 @@ def main() -> int:
                     help="fake: bench/soak_trainer.py, the workload's lines, records and restarts "
                          "without JAX (20,000 steps in minutes, not 100; its loss is a function of the step)")
     ap.add_argument("--step-seconds", type=float, default=0.02, help="the fake trainer's step time")
+    ap.add_argument("--devices-per-host", type=int, default=2,
+                    help="CPU devices of each of the 2 hosts (1: gloo has 2 ranks, not 4, and a "
+                         "step costs about half the CPU; the follow and its checks are the same)")
     args = ap.parse_args()
     if args.steps < 2 or not 1 <= args.every < args.steps:
         ap.error("--every: between 1 and --steps - 1")
     with tempfile.TemporaryDirectory(prefix="xrun-soak-") as tmp:
         root = args.root or Path(tmp)
-        figures = soak(root, args.steps, args.every, args.timeout, args.trainer, args.step_seconds)
+        figures = soak(root, args.steps, args.every, args.timeout, args.trainer, args.step_seconds,
+                       args.devices_per_host)
     print(json.dumps(figures, indent=2))
     return 0 if all(figures["checks"].values()) else 1
 
