@@ -53,10 +53,10 @@ def _jax_cache_in_process() -> None:
         return
     from workload_helpers import compilation_cache
 
+    from workload.distributed import use_compilation_cache
+
     _JAX_CACHE_SET.append(True)
-    jax.config.update("jax_compilation_cache_dir", compilation_cache())
-    # Every program: the eager ops' many tiny compiles add up too.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    use_compilation_cache(compilation_cache())  # as the hosts do: every program, eager ops too
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -30,9 +30,8 @@ sys.path.insert(0, sys.argv[1])
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax
 jax.config.update("jax_platforms", "cpu")
-jax.config.update("jax_compilation_cache_dir", sys.argv[2])
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from workload.distributed import use_compilation_cache
+use_compilation_cache(sys.argv[2])
 """
 
 SCRIPT = PRELUDE + r"""

@@ -106,6 +106,17 @@ def compilation_cache_dir() -> str:
     return os.environ.get(Env.COMPILATION_CACHE, "").strip()
 
 
+def use_compilation_cache(path: str) -> None:
+    """Keep every program this process compiles in JAX's persistent cache at ``path``, and
+    read them back from there: JAX's defaults keep only programs that took over a second to
+    compile, and a small program's many quick compiles add up at every start."""
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def configure_platform(cluster: Cluster) -> None:
     """Before the first device use: CPU device count, platform, collectives, compile cache,
     and (CPU) the host allocator."""
@@ -124,9 +135,7 @@ def configure_platform(cluster: Cluster) -> None:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     cache = compilation_cache_dir()
     if cache:
-        jax.config.update("jax_compilation_cache_dir", cache)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        use_compilation_cache(cache)
         if (cluster.platform == "cpu" and cluster.num_processes > 1
                 and not cache_writes_on_every_process()):
             print("xrun: this JAX's compilation cache internals are not the ones known: only "
