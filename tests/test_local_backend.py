@@ -133,9 +133,13 @@ def test_non_restartable_exit_fails_run_naming_host_and_code(tmp_path):
 def test_non_restartable_exit_wins_over_a_peer_restartable_exit_a_moment_earlier(tmp_path):
     """A host that exits with a non-restartable code tears down the collective; its peer's
     restartable exit can land first. Both fall in one Job controller sync, where FailJob
-    comes first: the run fails for good, naming the host that failed, not the peer."""
-    store = tmp_path / "store"
-    cmd = 'if [ "$XRUN_HOST_INDEX" = 0 ]; then exit 42; fi; sleep 0.4; exit 3'
+    comes first: the run fails for good, naming the host that failed, not the peer.
+    The hosts meet first (as in the slice-order test below): under load one pod started
+    over half a second after the other, and the two exits fell into two syncs."""
+    store, met = tmp_path / "store", tmp_path / "met"
+    met.mkdir()
+    cmd = (f'touch {met}/$XRUN_HOST_INDEX; while [ "$(ls {met} | wc -l)" -lt 2 ]; do sleep 0.05; done; '
+           'if [ "$XRUN_HOST_INDEX" = 0 ]; then exit 42; fi; sleep 0.4; exit 3')
     r = xrun("submit", "--name", "tie", *BASE, "--command", cmd, storage=store)
     assert r.returncode == 1, r.stderr
     st = state_of(store, "tie")
