@@ -89,6 +89,10 @@ def test_restartable_fault_resumes_to_the_same_loss(readme_run, tmp_path):
 
 
 def test_non_restartable_exit_fails_the_run(tmp_path):
+    """Host 0-1 exits 3 (a bug) at step 2. The run fails without a restart, naming it; host
+    0-0, left waiting in a checkpoint round that 0-1 never joins, learns of the exit from the
+    coordination service and exits restartable at once (it waited for the supervisor's
+    SIGKILL at the end of the 15 s grace period before: exit 137)."""
     root = tmp_path / "store"
     r = xrun("submit", "-f", str(EXAMPLE), "--name", "boom", "--env", "XRUN_TEST_FAIL_AT_STEP=2:3:1",
              "--command", "python3 -m workload.train --preset tiny steps=6 checkpoint_every=3",
@@ -97,6 +101,10 @@ def test_non_restartable_exit_fails_the_run(tmp_path):
     state = json.loads((root / "runs/boom/state.json").read_text())
     assert state["state"] == "Failed" and state["restarts"] == 0
     assert "host 0-1 exited with code 3" in state["message"]
+    logs = xrun("logs", "boom", storage=root).stdout
+    assert ("[0-0] xrun failure: infrastructure: process 1 exited with code 3 (test failure at "
+            "step 2") in logs, logs[-3000:]
+    assert "[0-0] EXIT_CODE=42" in logs and "[0-1] EXIT_CODE=3" in logs, logs[-3000:]
 
 
 def test_gcs_root_reads_back_through_gcs(gcs_bucket, tmp_path):

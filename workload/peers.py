@@ -11,7 +11,9 @@ neither touches the devices nor waits behind a step's collectives.
 
 A failure flag (``publish_failure``) is a key every process can long-poll (``watch``): a
 process stuck where no round can reach it (inside an Orbax barrier that a failed peer will
-never join) still learns of the failure within a second.
+never join) still learns of the failure within a second. An exit flag (``publish_exit``)
+does the same for a process that ends on its own (an error, a failed write): the others
+would otherwise wait in their next barrier until they are killed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import threading
 from collections.abc import Callable
 
 FAILURE_KEY = "xrun/ckpt/failed"
+EXIT_KEY = "xrun/exit"  # "<process id> <exit code> <reason>": the first to end on its own
 
 
 class Peers:
@@ -71,6 +74,15 @@ class Peers:
         with contextlib.suppress(Exception):
             self.client.key_value_set(FAILURE_KEY, message, allow_overwrite=False)
 
+    def publish_exit(self, code: int, reason: str) -> None:
+        """This process ends without its peers: tell them (their ``watch`` of EXIT_KEY), so
+        that none waits for it in a collective or a barrier it will never join; idempotent."""
+        if self.client is None:
+            return
+        with contextlib.suppress(Exception):  # already set: the first one is the cause
+            self.client.key_value_set(EXIT_KEY, f"{self.process_id} {code} {reason}",
+                                      allow_overwrite=False)
+
     def failure(self) -> str | None:
         if self.client is None:
             return None
@@ -79,21 +91,23 @@ class Peers:
         except Exception:  # noqa: BLE001 - NOT_FOUND
             return None
 
-    def watch(self, on_failure: Callable[[str], None], stop: threading.Event) -> threading.Thread | None:
-        """A daemon thread long-polling the failure flag; calls ``on_failure(message)`` once."""
+    def watch(self, on_failure: Callable[[str], None], stop: threading.Event, key: str = FAILURE_KEY,
+              name: str = "xrun-ckpt-watch") -> threading.Thread | None:
+        """A daemon thread long-polling ``key`` (the failure flag); calls ``on_failure(message)``
+        once."""
         if self.client is None:
             return None
 
         def loop() -> None:
             while not stop.is_set():
                 try:
-                    message = self.client.blocking_key_value_get(FAILURE_KEY, 1000)  # type: ignore[union-attr]
+                    message = self.client.blocking_key_value_get(key, 1000)  # type: ignore[union-attr]
                 except Exception:  # noqa: BLE001 - DEADLINE_EXCEEDED: not set yet
                     continue
                 if not stop.is_set():
                     on_failure(message)
                 return
 
-        thread = threading.Thread(target=loop, name="xrun-ckpt-watch", daemon=True)
+        thread = threading.Thread(target=loop, name=name, daemon=True)
         thread.start()
         return thread

@@ -38,6 +38,7 @@ import faulthandler
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -70,6 +71,7 @@ from workload.optim import (  # noqa: F401
     make_optimizer,
     optimizer_step,
 )
+from workload.peers import EXIT_KEY, Peers
 from workload.program import (  # noqa: F401
     INIT_COMPILER_OPTIONS,
     QUICK_COMPILER_OPTIONS,
@@ -100,6 +102,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line, as ``workload.config.arg_parser`` defines it (the orchestrator checks
     the same arguments before submitting)."""
     return arg_parser(exit_on_error=True).parse_args(argv)
+
+
+# How long a process that learned of a peer's own end leaves its main thread to end by
+# itself (a collective that fails fast on the lost connection, then the usual record),
+# before it exits from the watching thread: the main thread may be in a barrier that only
+# the peer could complete (a checkpoint round waits up to 10 minutes, Orbax's longer).
+PEER_EXIT_GRACE_S = 2.0
+
+
+def watch_peer_exits(peers: Peers, metrics: Metrics, exit_code: int, ended: threading.Event) -> None:
+    """A peer that ended on its own (an error, a test failure, a failed write) never joins
+    another collective: without this, its peers waited in their next barrier until the
+    supervisor's kill after the grace period, and a restart waited with them (JobSet recreates
+    the pods once the old ones are gone). Exits restartable, unless this process ended first."""
+
+    def on_exit(message: str) -> None:
+        process, code, why = (message.split(" ", 2) + ["", ""])[:3]
+        if process == str(peers.process_id) or ended.wait(PEER_EXIT_GRACE_S):
+            return
+        reason = f"process {process} exited with code {code} ({why}); no collective completes without it"
+        say(FAILURE_LINE.format(kind="infrastructure", why=reason, code=exit_code))
+        try:
+            metrics.end(exit_code, reason, failure="infrastructure")
+            metrics.close()
+        finally:
+            sys.stdout.flush()
+            os._exit(exit_code)
+
+    peers.watch(on_exit, ended, key=EXIT_KEY, name="xrun-peer-exit")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,6 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     run_info: dict[str, Any] = {"attempt": cluster.attempt, "start_time": time.time(),
                                 "end_time": None, "exit_code": None}
     failure: dict[str, str] = {}
+    ended = threading.Event()
+    peers = Peers(prefix="xrun/exit/round") if jax.process_count() > 1 else None
+    if peers is not None:
+        watch_peer_exits(peers, metrics, cluster.restartable_exit_code, ended)
     try:
         check_platform(cluster)
         code, reason, clean = train(cfg, cluster, preemption, metrics, storage, run, run_info)
@@ -164,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         say(FAILURE_LINE.format(kind=verdict.kind, why=verdict.why, code=code))
         reason, clean = f"exception: {type(e).__name__}: {e}", False
         failure = {"failure": verdict.kind}
+    ended.set()
+    if peers is not None and not clean:
+        peers.publish_exit(code, reason)  # before storage writes, which may take their time
     run_info.update(failure)
     metrics.end(code, reason, data_bytes_read=run_info.get("data_bytes_read"),
                 failure=failure.get("failure"))
