@@ -26,6 +26,13 @@ from xrun_contract.errors import XrunError as BackendError
 BASE = ["--accelerator", "cpu-2", "--image", "local", "--max-restarts", "2"]
 
 
+def meet_first(folder, host, count):
+    """Shell: each pod marks ``folder`` with its ``host`` name and waits for ``count`` marks,
+    so that tests timing exits against the 1 s sync start from pods that all run (under load
+    one pod started over half a second after another)."""
+    return f'touch {folder}/{host}; while [ "$(ls {folder} | wc -l)" -lt {count} ]; do sleep 0.05; done; '
+
+
 def state_of(storage, name):
     return json.loads((storage / "runs" / name / "state.json").read_text())
 
@@ -138,8 +145,8 @@ def test_non_restartable_exit_wins_over_a_peer_restartable_exit_a_moment_earlier
     over half a second after the other, and the two exits fell into two syncs."""
     store, met = tmp_path / "store", tmp_path / "met"
     met.mkdir()
-    cmd = (f'touch {met}/$XRUN_HOST_INDEX; while [ "$(ls {met} | wc -l)" -lt 2 ]; do sleep 0.05; done; '
-           'if [ "$XRUN_HOST_INDEX" = 0 ]; then exit 42; fi; sleep 0.4; exit 3')
+    cmd = (meet_first(met, "$XRUN_HOST_INDEX", "2")
+           + 'if [ "$XRUN_HOST_INDEX" = 0 ]; then exit 42; fi; sleep 0.4; exit 3')
     r = xrun("submit", "--name", "tie", *BASE, "--command", cmd, storage=store)
     assert r.returncode == 1, r.stderr
     st = state_of(store, "tie")
@@ -223,9 +230,8 @@ def test_a_bug_in_one_slice_fails_the_run_though_another_slice_failed_first(tmp_
     two exits fell into two syncs."""
     store, met = tmp_path / "store", tmp_path / "met"
     met.mkdir()
-    cmd = (f'touch {met}/$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX; '
-           f'while [ "$(ls {met} | wc -l)" -lt $((2 * XRUN_HOSTS_PER_SLICE)) ]; do sleep 0.05; done; '
-           'if [ "$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX" = 1-0 ]; then exit 42; fi; '
+    cmd = (meet_first(met, "$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX", "$((2 * XRUN_HOSTS_PER_SLICE))")
+           + 'if [ "$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX" = 1-0 ]; then exit 42; fi; '
            'if [ "$XRUN_SLICE_INDEX-$XRUN_HOST_INDEX" = 0-0 ]; then sleep 0.3; exit 3; fi; sleep 30')
     r = xrun("submit", "--name", "order", "--accelerator", "v6e-8", "--num-slices", "2", "--image", "i",
              "--max-restarts", "1", "--command", cmd, storage=store)

@@ -721,12 +721,7 @@ class Checkpoints:
             return
         reason = f"checkpoint write failed elsewhere, stuck for {self.grace_s:.0f}s: {message}"
         print(f"xrun: {reason}; exiting {self.exit_code}", file=sys.stderr, flush=True)
-        try:
-            self.metrics.end(self.exit_code, reason)
-            self.metrics.close()
-        finally:
-            sys.stdout.flush()
-            os._exit(self.exit_code)
+        self.metrics.end_and_exit(self.exit_code, reason)
 
     def close(self) -> None:
         """After ``finish``: every save committed, nothing left to wait for."""

@@ -10,9 +10,11 @@ parsers read them as-is.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from xrun_contract import (
     CKPT_BLOCKED_LINE,
@@ -218,6 +220,17 @@ class Metrics:
         if self.primary:
             self.record(records.End(exit_code=exit_code, reason=reason,
                                     data_bytes_read=data_bytes_read, failure=failure))
+
+    def end_and_exit(self, exit_code: int, reason: str, failure: str | None = None) -> NoReturn:
+        """From a watching thread, while the main thread is stuck where only a lost peer could
+        free it: the end record, then the process's exit (no interpreter shutdown, which
+        would wait for the stuck thread)."""
+        try:
+            self.end(exit_code, reason, failure=failure)
+            self.close()
+        finally:
+            sys.stdout.flush()
+            os._exit(exit_code)
 
     def close(self) -> None:
         if self.events is not None:

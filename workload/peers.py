@@ -26,6 +26,12 @@ FAILURE_KEY = "xrun/ckpt/failed"
 EXIT_KEY = "xrun/exit"  # "<process id> <exit code> <reason>": the first to end on its own
 
 
+def exit_notice(message: str) -> tuple[str, str, str]:
+    """(process id, exit code, reason) of EXIT_KEY's value, as ``Peers.publish_exit`` wrote it."""
+    process, code, reason = (message.split(" ", 2) + ["", ""])[:3]
+    return process, code, reason
+
+
 class Peers:
     """Rounds of agreement; a single process agrees with itself without any RPC."""
 

@@ -71,7 +71,7 @@ from workload.optim import (  # noqa: F401
     make_optimizer,
     optimizer_step,
 )
-from workload.peers import EXIT_KEY, Peers
+from workload.peers import EXIT_KEY, Peers, exit_notice
 from workload.program import (  # noqa: F401
     INIT_COMPILER_OPTIONS,
     QUICK_COMPILER_OPTIONS,
@@ -118,17 +118,12 @@ def watch_peer_exits(peers: Peers, metrics: Metrics, exit_code: int, ended: thre
     the pods once the old ones are gone). Exits restartable, unless this process ended first."""
 
     def on_exit(message: str) -> None:
-        process, code, why = (message.split(" ", 2) + ["", ""])[:3]
+        process, code, why = exit_notice(message)
         if process == str(peers.process_id) or ended.wait(PEER_EXIT_GRACE_S):
             return
         reason = f"process {process} exited with code {code} ({why}); no collective completes without it"
         say(FAILURE_LINE.format(kind="infrastructure", why=reason, code=exit_code))
-        try:
-            metrics.end(exit_code, reason, failure="infrastructure")
-            metrics.close()
-        finally:
-            sys.stdout.flush()
-            os._exit(exit_code)
+        metrics.end_and_exit(exit_code, reason, failure="infrastructure")
 
     peers.watch(on_exit, ended, key=EXIT_KEY, name="xrun-peer-exit")
 
