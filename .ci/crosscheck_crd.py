@@ -34,7 +34,7 @@ OPTIONS = [
 
 
 def main(crd_path: Path) -> int:
-    crd = yaml.safe_load(crd_path.read_text())
+    crd = yaml.load(crd_path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - safe
     (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2"]
     schema = version["schema"]["openAPIV3Schema"]
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft7Validator)(schema)
