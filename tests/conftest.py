@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -36,32 +39,50 @@ if "XRUN_LOCAL_COMPILATION_CACHE" not in os.environ:
 
 # The test processes' own compiles (the in-process workload tests: ~330 s of CPU in a suite
 # run) use the same kept cache, through jax.config, never the environment: JAX_* variables
-# would reach every subprocess, including the ones that must see a compile. Set at a test's
-# setup once jax is imported: JAX opens the folder at its first compile after it is set
-# (jax/_src/compilation_cache.py _initialize_cache tries again while none is), so only a
-# worker's first test that imports jax in its body compiles uncached. JAX still reports a
-# cache hit as a compile (/jax/core/compile/backend_compile_duration), which tests that
-# count compiles read. Measured: test_workload_units, test_autotune and
-# test_workload_speed_paths took 250 s of CPU (-n 2) with the cache cold, 128 s warm with
-# only programs over 0.2 s kept, 103 s with all.
-_JAX_CACHE_SET: list[bool] = []
-
-
+# would reach every subprocess, including the ones that must see a compile. Set the moment
+# jax's own import completes (an import hook: most tests import jax in their body), so every
+# compile of the worker reads the cache; set at a test's setup instead, the worker's first
+# test that imported jax compiled everything uncached: the slowest one, since the slowest
+# tests run first (17.8 s of CPU for the fused cross-entropy test, 2-6 s with the cache).
+# JAX opens the folder at its first compile after it is set. It still reports a cache hit
+# as a compile (/jax/core/compile/backend_compile_duration), which tests that count compiles
+# read. Measured: test_workload_units, test_autotune and test_workload_speed_paths took
+# 250 s of CPU (-n 2) with the cache cold, 128 s warm with only programs over 0.2 s kept,
+# 103 s with all.
 def _jax_cache_in_process() -> None:
-    jax = sys.modules.get("jax")
-    if jax is None or _JAX_CACHE_SET or os.environ.get("XRUN_LOCAL_COMPILATION_CACHE") == "0":
-        return
     from workload_helpers import compilation_cache
 
     from workload.distributed import use_compilation_cache
 
-    _JAX_CACHE_SET.append(True)
     use_compilation_cache(compilation_cache())  # as the hosts do: every program, eager ops too
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    _jax_cache_in_process()
+class _AfterJaxImport(importlib.abc.MetaPathFinder):
+    """Runs _jax_cache_in_process once ``import jax`` has executed jax/__init__.py."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "jax":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("jax")
+        loader = spec.loader if spec is not None else None
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            _jax_cache_in_process()
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+if os.environ.get("XRUN_LOCAL_COMPILATION_CACHE") != "0":
+    if "jax" in sys.modules:
+        _jax_cache_in_process()
+    else:
+        sys.meta_path.insert(0, _AfterJaxImport())
 
 
 @pytest.fixture(scope="session")
