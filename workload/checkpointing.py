@@ -62,7 +62,7 @@ from etils import epath
 
 from workload.config import Config
 from workload.metrics import Metrics, say
-from workload.peers import Peers
+from workload.peers import POLL_S, Peers
 from workload.private_seam import array_metadata_store, serialization_types, type_handler_registry
 from xrun_contract import CKPT_WRITE_FAILED_LINE, RESTARTABLE_EXIT_CODE
 from xrun_contract.checkpoints import COMMITTED, EMPTY, step_folders, step_state, uses_commit_file
@@ -730,4 +730,4 @@ class Checkpoints:
         if self.manager is not None:
             self.manager.close()
         if self._watch is not None:
-            self._watch.join(timeout=2)
+            self._watch.join(timeout=2 * POLL_S)  # out of its long poll (train.main says why)

@@ -24,6 +24,9 @@ from collections.abc import Callable
 
 FAILURE_KEY = "xrun/ckpt/failed"
 EXIT_KEY = "xrun/exit"  # "<process id> <exit code> <reason>": the first to end on its own
+# A watch's long poll: one RPC a second to the coordination service per process and key, and
+# the longest a thread that stops it may wait for it to notice (join it before exiting).
+POLL_S = 1.0
 
 
 def exit_notice(message: str) -> tuple[str, str, str]:
@@ -107,7 +110,7 @@ class Peers:
         def loop() -> None:
             while not stop.is_set():
                 try:
-                    message = self.client.blocking_key_value_get(key, 1000)  # type: ignore[union-attr]
+                    message = self.client.blocking_key_value_get(key, int(POLL_S * 1000))  # type: ignore[union-attr]
                 except Exception:  # noqa: BLE001 - DEADLINE_EXCEEDED: not set yet
                     continue
                 if not stop.is_set():

@@ -71,7 +71,7 @@ from workload.optim import (  # noqa: F401
     make_optimizer,
     optimizer_step,
 )
-from workload.peers import EXIT_KEY, Peers, exit_notice
+from workload.peers import EXIT_KEY, POLL_S, Peers, exit_notice
 from workload.program import (  # noqa: F401
     INIT_COMPILER_OPTIONS,
     QUICK_COMPILER_OPTIONS,
@@ -111,7 +111,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 PEER_EXIT_GRACE_S = 2.0
 
 
-def watch_peer_exits(peers: Peers, metrics: Metrics, exit_code: int, ended: threading.Event) -> None:
+def watch_peer_exits(peers: Peers, metrics: Metrics, exit_code: int,
+                     ended: threading.Event) -> threading.Thread | None:
     """A peer that ended on its own (an error, a test failure, a failed write) never joins
     another collective: without this, its peers waited in their next barrier until the
     supervisor's kill after the grace period, and a restart waited with them (JobSet recreates
@@ -125,7 +126,7 @@ def watch_peer_exits(peers: Peers, metrics: Metrics, exit_code: int, ended: thre
         say(FAILURE_LINE.format(kind="infrastructure", why=reason, code=exit_code))
         metrics.end_and_exit(exit_code, reason, failure="infrastructure")
 
-    peers.watch(on_exit, ended, key=EXIT_KEY, name="xrun-peer-exit")
+    return peers.watch(on_exit, ended, key=EXIT_KEY, name="xrun-peer-exit")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,8 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     failure: dict[str, str] = {}
     ended = threading.Event()
     peers = Peers(prefix="xrun/exit/round") if jax.process_count() > 1 else None
-    if peers is not None:
-        watch_peer_exits(peers, metrics, cluster.restartable_exit_code, ended)
+    watcher = watch_peer_exits(peers, metrics, cluster.restartable_exit_code, ended) if peers else None
     try:
         check_platform(cluster)
         code, reason, clean = train(cfg, cluster, preemption, metrics, storage, run, run_info)
@@ -213,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     if not clean:
         os._exit(code)  # the peers go on without us: skip jax.distributed's shutdown barrier
+    if watcher is not None:
+        # Out of its long poll (at most 1 s) before the client goes and the interpreter
+        # finalizes: a poll that returned once finalizing had begun ended the thread inside
+        # jaxlib's C++ frames ("terminate called after throwing an instance of ''", SIGABRT,
+        # exit 134 after a finished run; 2 of 3 README runs at a load of 18).
+        watcher.join(timeout=2 * POLL_S)
     if jax.distributed.is_initialized():
         jax.distributed.shutdown()
     return code
