@@ -76,15 +76,25 @@ def test_exit_code_survives_unreachable_storage(gcs_proxy, gcs_bucket, mode, tmp
 
     ready.unlink()  # run_launcher's stand-in: the real one comes
     side = subprocess.Popen(ship, env=env, stderr=subprocess.PIPE, text=True)
+    said: list[str] = []  # its stderr lines as they come (list.extend appends each as read)
+    reader = threading.Thread(target=said.extend, args=(side.stderr,), daemon=True)
+    reader.start()
     started(side)
+    permanent = "xrun-logs: shipping failed (permanent), retrying:"
+    if mode == "403":  # said while running: wait for it (2 s were short at a load of 20)
+        deadline = time.monotonic() + 60
+        while not any(permanent in ln for ln in said) and time.monotonic() < deadline:
+            time.sleep(0.05)
     side.terminate()  # the kubelet's SIGTERM once the workload container ended
     time.sleep(2)
     side.kill()  # the grace period is over: the final shipping could not finish
-    err = side.communicate(timeout=30)[1]
+    side.wait(timeout=30)
+    reader.join(timeout=30)
+    err = "".join(said)
     assert "Traceback" not in err
     if mode == "403":
         # A 403 is permanent: said once while running, and the final drain gives up at once.
-        line = next(ln for ln in err.splitlines() if "xrun-logs: shipping failed (permanent), retrying:" in ln)
+        line = next(ln for ln in err.splitlines() if permanent in ln)
         assert "403" in line
         assert "xrun-logs: final shipping failed, not retried (permanent" in err, err
     gcs_proxy.clear()
