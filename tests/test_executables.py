@@ -28,15 +28,15 @@ REPO = Path(__file__).resolve().parent.parent
 # XLA's backend at the tests' optimisation level (workload_helpers.TEST_XLA_FLAGS): every run
 # here compiles from scratch on purpose, a third of the CPU at that level; each test compares
 # runs made with the same flags, and the flags are part of both caches' keys.
-PRELUDE = r"""
+PRELUDE = rf"""
 import hashlib, json, os, sys
 sys.path.insert(0, sys.argv[1])
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2 TEST_XLA_FLAGS"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2 {TEST_XLA_FLAGS}"
 import jax
 jax.config.update("jax_platforms", "cpu")
 from workload.distributed import use_compilation_cache
 use_compilation_cache(sys.argv[2])
-""".replace("TEST_XLA_FLAGS", TEST_XLA_FLAGS)
+"""
 
 SCRIPT = PRELUDE + r"""
 import numpy as np

@@ -40,12 +40,9 @@ def own_compilation_cache(tmp_path_factory):
     compiles (the startup timeline test reads that compile) and the later runs load what it
     wrote, whichever modules ran before in the session. With the session's cache, a module
     that ran the same program first made the reference load its executables instead."""
-    SESSION_CACHE[:] = [workload_helpers.compilation_cache()]
+    kept = workload_helpers.compilation_cache()  # the session's: a run whose compile no test reads
     with workload_helpers.compilation_cache_at(str(tmp_path_factory.mktemp("jax-cache"))):
-        yield
-
-
-SESSION_CACHE: list[str] = []  # the kept cache, for a run whose compile no test reads
+        yield kept
 
 
 @pytest.fixture(scope="module")
@@ -168,11 +165,11 @@ def test_startup_timeline_of_a_real_run(reference):
     assert "<br>startup " in report.read_text() and "to the first step" in report.read_text()
 
 
-def test_one_host_four_devices_matches_two_hosts(reference, tmp_path):
+def test_one_host_four_devices_matches_two_hosts(reference, own_compilation_cache, tmp_path):
     _, _, records = reference
     # 1 x 4 is another program than the module's 2 x 2: from the kept cache (warm after the
     # first session), not compiled afresh in the module's (18.8 s of CPU at a load of 13).
-    with workload_helpers.compilation_cache_at(SESSION_CACHE[0]):
+    with workload_helpers.compilation_cache_at(own_compilation_cache):
         codes, hosts = run_hosts("one", tmp_path, tmp_path / "logs", hosts=1, devices=4, args=ARGS)
     assert codes == [0], hosts[0].output()[-3000:]
     ref, one = losses(records), losses(metrics(tmp_path, "one"))
